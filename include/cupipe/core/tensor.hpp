@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// Non-owning tensor views, and owning host buffers with optional memory accounting.
+// A view does not know which memory space its pointer lives in; the backend that made it does.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "cupipe/core/dtype.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/shape.hpp"
+
+namespace cupipe {
+
+template <class T>
+class TensorView {
+ public:
+  using value_type = std::remove_const_t<T>;
+
+  constexpr TensorView() = default;
+  constexpr TensorView(T* data, Shape shape) : data_(data), shape_(shape) {}
+  /// A mutable view converts to a read-only one.
+  template <class U>
+    requires(std::is_const_v<T> && std::is_same_v<const U, T>)
+  constexpr TensorView(TensorView<U> other) : data_(other.data()), shape_(other.shape()) {}
+
+  constexpr T* data() const noexcept { return data_; }
+  constexpr const Shape& shape() const noexcept { return shape_; }
+  constexpr index_t numel() const noexcept { return shape_.numel(); }
+  constexpr index_t rows() const noexcept { return shape_.rows(); }
+  constexpr index_t cols() const noexcept { return shape_.cols(); }
+  constexpr bool empty() const noexcept { return numel() == 0; }
+  /// Element access; only meaningful for host memory.
+  constexpr T& operator[](index_t i) const noexcept { return data_[i]; }
+  constexpr T& at(index_t row, index_t col) const noexcept { return data_[row * cols() + col]; }
+
+  /// The same memory seen with another shape of the same element count.
+  TensorView reshaped(Shape shape) const {
+    CUPIPE_REQUIRE(shape.numel() == numel(), "cannot reshape ", shape_, " to ", shape);
+    return {data_, shape};
+  }
+  /// Rows [first, first + count) of the 2-D view.
+  TensorView row_slice(index_t first, index_t count) const {
+    CUPIPE_REQUIRE(first >= 0 && count >= 0 && first + count <= rows(), "rows [", first, ", ",
+                   first + count, ") out of range for ", shape_);
+    return {data_ + first * cols(), Shape{count, cols()}};
+  }
+
+ private:
+  T* data_ = nullptr;
+  Shape shape_{};
+};
+
+template <class T> using ConstView = TensorView<const T>;
+
+/// Checks that `view` is non-null (when non-empty) and has exactly `expected` shape; the message
+/// names `who` (a layer or op) and both shapes.
+template <class T>
+void check_view(const TensorView<T>& view, const Shape& expected, std::string_view who,
+                std::string_view what) {
+  if (!(view.shape() == expected))
+    CUPIPE_THROW(who, ": ", what, " expected shape ", expected, " but got ", view.shape());
+  if (view.data() == nullptr && expected.numel() != 0)
+    CUPIPE_THROW(who, ": ", what, " of shape ", expected, " is a null pointer");
+}
+
+/// An owning, zero-initialised host array, optionally accounted to a MemoryTracker under a tag.
+template <class T>
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  explicit HostBuffer(index_t count, MemoryTracker* tracker = nullptr, MemoryTag tag = MemoryTag::workspace)
+      : size_(count), tracker_(tracker), tag_(tag) {
+    CUPIPE_REQUIRE(count >= 0, "negative buffer size ", count);
+    if (count) data_.reset(new T[static_cast<std::size_t>(count)]());
+    if (tracker_) tracker_->allocate(tag_, bytes());
+  }
+  HostBuffer(HostBuffer&& other) noexcept { swap(other); }
+  HostBuffer& operator=(HostBuffer&& other) noexcept {
+    HostBuffer(std::move(other)).swap(*this);
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() {
+    if (tracker_) tracker_->release(tag_, bytes());
+  }
+
+  void swap(HostBuffer& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    std::swap(tracker_, other.tracker_);
+    std::swap(tag_, other.tag_);
+  }
+
+  T* data() noexcept { return data_.get(); }
+  const T* data() const noexcept { return data_.get(); }
+  index_t size() const noexcept { return size_; }
+  std::size_t bytes() const noexcept { return static_cast<std::size_t>(size_) * sizeof(T); }
+  T& operator[](index_t i) noexcept { return data_[i]; }
+  const T& operator[](index_t i) const noexcept { return data_[i]; }
+  std::span<T> span() noexcept { return {data(), static_cast<std::size_t>(size_)}; }
+  std::span<const T> span() const noexcept { return {data(), static_cast<std::size_t>(size_)}; }
+
+  /// A view of the first shape.numel() elements; throws if the buffer is too small.
+  TensorView<T> view(Shape shape) {
+    CUPIPE_REQUIRE(shape.numel() <= size_, "buffer of ", size_, " elements is too small for shape ", shape);
+    return {data(), shape};
+  }
+  ConstView<T> view(Shape shape) const {
+    CUPIPE_REQUIRE(shape.numel() <= size_, "buffer of ", size_, " elements is too small for shape ", shape);
+    return {data(), shape};
+  }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  index_t size_ = 0;
+  MemoryTracker* tracker_ = nullptr;
+  MemoryTag tag_ = MemoryTag::workspace;
+};
+
+/// True when every element of a host array is finite.
+template <class T>
+bool all_finite(std::span<const T> values) {
+  for (const T& v : values)
+    if (!std::isfinite(static_cast<double>(v))) return false;
+  return true;
+}
+
+}  // namespace cupipe
