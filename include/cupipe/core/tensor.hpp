@@ -35,7 +35,8 @@ class TensorView {
   constexpr index_t numel() const noexcept { return shape_.numel(); }
   constexpr index_t rows() const noexcept { return shape_.rows(); }
   constexpr index_t cols() const noexcept { return shape_.cols(); }
-  constexpr bool empty() const noexcept { return numel() == 0; }
+  /// True for a default (null) view or one with no elements.
+  constexpr bool empty() const noexcept { return data_ == nullptr || numel() == 0; }
   /// Element access; only meaningful for host memory.
   constexpr T& operator[](index_t i) const noexcept { return data_[i]; }
   constexpr T& at(index_t row, index_t col) const noexcept { return data_[row * cols() + col]; }
@@ -57,7 +58,12 @@ class TensorView {
   Shape shape_{};
 };
 
-template <class T> using ConstView = TensorView<const T>;
+/// A read-only view. The element type is not deduced from it (it sits in a non-deduced context), so
+/// an op templated on T accepts a mutable TensorView<T> where it asks for ConstView<T>, with T
+/// taken from the backend argument.
+template <class T> using ConstView = std::type_identity_t<TensorView<const T>>;
+/// A scalar argument whose type is not deduced (taken from the backend): `axpy(be, 1.0, x, y)` works for float.
+template <class T> using Scalar = std::type_identity_t<T>;
 
 /// Checks that `view` is non-null (when non-empty) and has exactly `expected` shape; the message
 /// names `who` (a layer or op) and both shapes.

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+// backend::Host<T>: the CPU backend. It is the reference every other backend is checked against, and
+// the training path for CI and GPU-less users. One context per pipeline stage (per worker thread).
+#pragma once
+
+#include <cstring>
+#include <span>
+#include <string_view>
+
+#include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/tensor.hpp"
+
+namespace cupipe::backend {
+
+template <class T>
+struct Host : ops::Dispatch {
+  using value_type = T;
+  static constexpr bool on_device = false;
+  static constexpr std::string_view name = "host";
+
+  template <class U>
+  using buffer = HostBuffer<U>;
+
+  Host() = default;
+  // Buffers point at `memory`, so a context stays where it was made.
+  Host(const Host&) = delete;
+  Host& operator=(const Host&) = delete;
+
+  /// Bytes this context allocated, by purpose; peaks are measured here.
+  MemoryTracker memory;
+
+  template <class U = T>
+  buffer<U> allocate(index_t count, MemoryTag tag) {
+    return buffer<U>(count, &memory, tag);
+  }
+
+  /// Copies host memory into this backend's memory (here: a plain copy).
+  template <class U>
+  void upload(std::span<const U> from, U* to) {
+    if (!from.empty()) std::memcpy(to, from.data(), from.size_bytes());
+  }
+  /// Copies this backend's memory into host memory.
+  template <class U>
+  void download(const U* from, std::span<U> to) {
+    if (!to.empty()) std::memcpy(to.data(), from, to.size_bytes());
+  }
+  /// Waits for all work issued on this context (host work is synchronous).
+  void synchronize() {}
+};
+
+}  // namespace cupipe::backend

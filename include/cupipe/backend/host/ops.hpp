@@ -1,0 +1,350 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host ops: the reference implementation of every op cupipe's layers call. The CUDA backend provides
+// the same functions, with the same signatures, overloaded on backend::Cuda<T>.
+//
+// Conventions, for every backend:
+// - tensors are row-major; an op sees them as 2-D (rows, cols) through TensorView::rows()/cols();
+// - ops named *_backward_weight and bias_backward ACCUMULATE into gradients (+=), so gradients of
+//   several microbatches sum without extra passes; everything else overwrites its output;
+// - every op validates shapes and null pointers first and throws cupipe::error naming the op and
+//   both shapes, before touching memory.
+#pragma once
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <type_traits>
+
+#include "cupipe/backend/host/host.hpp"
+#include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/tensor.hpp"
+
+namespace cupipe::ops {
+
+namespace detail {
+
+inline Shape transposed_if(const Shape& s, Transpose t) {
+  return t == Transpose::yes ? Shape{s.cols(), s.rows()} : Shape{s.rows(), s.cols()};
+}
+
+template <class T>
+void require_same_shape(std::string_view op, ConstView<T> a, std::string_view a_name, const Shape& expected) {
+  check_view(a, expected, op, a_name);
+}
+
+/// tanh-form GELU constants (Hendrycks & Gimpel), as in GPT-2.
+inline constexpr double gelu_k = 0.7978845608028654;  // sqrt(2 / pi)
+inline constexpr double gelu_c = 0.044715;
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// GEMM: c = alpha * op(a) * op(b) + beta * c, with op(a) (m, k), op(b) (k, n), c (m, n).
+template <class T>
+void gemm(backend::Host<T>&, Transpose ta, Transpose tb, Scalar<T> alpha, ConstView<T> a, ConstView<T> b, Scalar<T> beta,
+          TensorView<T> c) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "host gemm supports float and double");
+  const Shape opa = detail::transposed_if(a.shape(), ta), opb = detail::transposed_if(b.shape(), tb);
+  const index_t m = opa[0], k = opa[1], n = opb[1];
+  if (opb[0] != k || c.rows() != m || c.cols() != n)
+    CUPIPE_THROW("gemm: op(a) is ", opa, " and op(b) is ", opb, ", so c must be (", m, ", ", n, ") but is ",
+                 c.shape());
+  if (m == 0 || n == 0) return;
+  CUPIPE_REQUIRE(c.data() != nullptr && (k == 0 || (a.data() && b.data())), "gemm: null operand");
+  const auto cta = ta == Transpose::yes ? CblasTrans : CblasNoTrans;
+  const auto ctb = tb == Transpose::yes ? CblasTrans : CblasNoTrans;
+  const int lda = static_cast<int>(std::max<index_t>(a.cols(), 1)), ldb = static_cast<int>(std::max<index_t>(b.cols(), 1));
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a.data(), lda, b.data(), ldb, beta,
+                c.data(), int(n));
+  else
+    cblas_dgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a.data(), lda, b.data(), ldb, beta,
+                c.data(), int(n));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise and broadcast ops.
+
+/// y (rows, n) += bias (n) on every row.
+template <class T>
+void bias_add(backend::Host<T>&, TensorView<T> y, ConstView<T> bias) {
+  check_view(bias, Shape{y.cols()}, "bias_add", "bias");
+  for (index_t r = 0; r < y.rows(); ++r)
+    for (index_t c = 0; c < y.cols(); ++c) y.at(r, c) += bias[c];
+}
+
+/// dbias (n) += column sums of dy (rows, n).
+template <class T>
+void bias_backward(backend::Host<T>&, ConstView<T> dy, TensorView<T> dbias) {
+  check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
+  for (index_t r = 0; r < dy.rows(); ++r)
+    for (index_t c = 0; c < dy.cols(); ++c) dbias[c] += dy.at(r, c);
+}
+
+template <class T>
+void relu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
+  check_view(y, x.shape(), "relu_forward", "y");
+  for (index_t i = 0; i < x.numel(); ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+}
+
+/// dx = dy where x > 0, else 0 (x is the forward input).
+template <class T>
+void relu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
+  check_view(dy, x.shape(), "relu_backward", "dy");
+  check_view(dx, x.shape(), "relu_backward", "dx");
+  for (index_t i = 0; i < x.numel(); ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
+}
+
+/// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class T>
+void gelu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
+  check_view(y, x.shape(), "gelu_forward", "y");
+  for (index_t i = 0; i < x.numel(); ++i) {
+    const T v = x[i];
+    const T inner = T(detail::gelu_k) * (v + T(detail::gelu_c) * v * v * v);
+    y[i] = T(0.5) * v * (T(1) + std::tanh(inner));
+  }
+}
+
+template <class T>
+void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
+  check_view(dy, x.shape(), "gelu_backward", "dy");
+  check_view(dx, x.shape(), "gelu_backward", "dx");
+  for (index_t i = 0; i < x.numel(); ++i) {
+    const T v = x[i];
+    const T inner = T(detail::gelu_k) * (v + T(detail::gelu_c) * v * v * v);
+    const T t = std::tanh(inner);
+    const T dinner = T(detail::gelu_k) * (T(1) + T(3 * detail::gelu_c) * v * v);
+    dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
+  }
+}
+
+/// y = a + b (the residual connection); y may alias a or b.
+template <class T>
+void residual_add(backend::Host<T>&, ConstView<T> a, ConstView<T> b, TensorView<T> y) {
+  check_view(b, a.shape(), "residual_add", "b");
+  check_view(y, a.shape(), "residual_add", "y");
+  for (index_t i = 0; i < a.numel(); ++i) y[i] = a[i] + b[i];
+}
+
+/// y += alpha * x.
+template <class T>
+void axpy(backend::Host<T>&, Scalar<T> alpha, ConstView<T> x, TensorView<T> y) {
+  check_view(y, x.shape(), "axpy", "y");
+  for (index_t i = 0; i < x.numel(); ++i) y[i] += alpha * x[i];
+}
+
+template <class T>
+void copy(backend::Host<T>&, ConstView<T> from, TensorView<T> to) {
+  check_view(to, from.shape(), "copy", "destination");
+  std::copy_n(from.data(), from.numel(), to.data());
+}
+
+template <class T>
+void fill(backend::Host<T>&, TensorView<T> y, Scalar<T> value) {
+  std::fill_n(y.data(), y.numel(), value);
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm over the last axis: y = (x - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps),
+// with the biased variance (as PyTorch). mean and rstd (rows) are saved for backward.
+
+template <class T>
+void layernorm_forward(backend::Host<T>&, ConstView<T> x, ConstView<T> gamma, ConstView<T> beta, TensorView<T> y,
+                       TensorView<T> mean, TensorView<T> rstd, double eps) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
+  check_view(beta, Shape{n}, "layernorm_forward", "beta");
+  check_view(y, x.shape(), "layernorm_forward", "y");
+  check_view(mean, Shape{rows}, "layernorm_forward", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_forward", "rstd");
+  for (index_t r = 0; r < rows; ++r) {
+    const T* xr = x.data() + r * n;
+    T sum = 0;
+    for (index_t c = 0; c < n; ++c) sum += xr[c];
+    const T mu = sum / T(n);
+    T var = 0;
+    for (index_t c = 0; c < n; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+    const T rs = T(1) / std::sqrt(var / T(n) + T(eps));
+    mean[r] = mu;
+    rstd[r] = rs;
+    for (index_t c = 0; c < n; ++c) y.at(r, c) = (xr[c] - mu) * rs * gamma[c] + beta[c];
+  }
+}
+
+/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma, xhat = (x - mean) * rstd.
+template <class T>
+void layernorm_backward_input(backend::Host<T>&, ConstView<T> x, ConstView<T> gamma, ConstView<T> mean,
+                              ConstView<T> rstd, ConstView<T> dy, TensorView<T> dx) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
+  check_view(mean, Shape{rows}, "layernorm_backward_input", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_backward_input", "rstd");
+  check_view(dy, x.shape(), "layernorm_backward_input", "dy");
+  check_view(dx, x.shape(), "layernorm_backward_input", "dx");
+  for (index_t r = 0; r < rows; ++r) {
+    T mean_g = 0, mean_gx = 0;
+    for (index_t c = 0; c < n; ++c) {
+      const T g = dy.at(r, c) * gamma[c];
+      const T xhat = (x.at(r, c) - mean[r]) * rstd[r];
+      mean_g += g;
+      mean_gx += g * xhat;
+    }
+    mean_g /= T(n);
+    mean_gx /= T(n);
+    for (index_t c = 0; c < n; ++c) {
+      const T g = dy.at(r, c) * gamma[c];
+      const T xhat = (x.at(r, c) - mean[r]) * rstd[r];
+      dx.at(r, c) = rstd[r] * (g - mean_g - xhat * mean_gx);
+    }
+  }
+}
+
+/// dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy.
+template <class T>
+void layernorm_backward_weight(backend::Host<T>&, ConstView<T> x, ConstView<T> mean, ConstView<T> rstd,
+                               ConstView<T> dy, TensorView<T> dgamma, TensorView<T> dbeta) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_backward_weight", "rstd");
+  check_view(dy, x.shape(), "layernorm_backward_weight", "dy");
+  check_view(dgamma, Shape{n}, "layernorm_backward_weight", "dgamma");
+  check_view(dbeta, Shape{n}, "layernorm_backward_weight", "dbeta");
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < n; ++c) {
+      dgamma[c] += dy.at(r, c) * (x.at(r, c) - mean[r]) * rstd[r];
+      dbeta[c] += dy.at(r, c);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused softmax cross-entropy. loss (1,) = sum over rows of (logsumexp(z_r) - z_r[label_r]) / normalizer.
+// The caller passes the normalizer (the whole batch's sample count), so that microbatches of a
+// split batch, ragged ones included, sum to the mean over the batch.
+
+namespace detail {
+template <class T>
+T row_logsumexp(const T* z, index_t n) {
+  T max = z[0];
+  for (index_t c = 1; c < n; ++c) max = std::max(max, z[c]);
+  T sum = 0;
+  for (index_t c = 0; c < n; ++c) sum += std::exp(z[c] - max);
+  return max + std::log(sum);
+}
+template <class T>
+void check_labels(std::string_view op, ConstView<T> logits, ConstView<std::int32_t> labels) {
+  check_view(labels, Shape{logits.rows()}, op, "labels");
+  for (index_t r = 0; r < logits.rows(); ++r)
+    if (labels[r] < 0 || labels[r] >= logits.cols())
+      CUPIPE_THROW(op, ": label ", labels[r], " at row ", r, " is outside [0, ", logits.cols(), ") for logits ",
+                   logits.shape());
+}
+}  // namespace detail
+
+template <class T>
+void softmax_cross_entropy_forward(backend::Host<T>&, ConstView<T> logits, ConstView<std::int32_t> labels,
+                                   TensorView<T> loss, index_t normalizer) {
+  detail::check_labels<T>("softmax_cross_entropy_forward", logits, labels);
+  check_view(loss, Shape{1}, "softmax_cross_entropy_forward", "loss");
+  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_forward: normalizer must be positive, got ", normalizer);
+  T total = 0;
+  for (index_t r = 0; r < logits.rows(); ++r) {
+    const T* z = logits.data() + r * logits.cols();
+    total += detail::row_logsumexp(z, logits.cols()) - z[labels[r]];
+  }
+  loss[0] = total / T(normalizer);
+}
+
+/// dlogits = (softmax(z) - onehot(label)) * dloss / normalizer.
+template <class T>
+void softmax_cross_entropy_backward(backend::Host<T>&, ConstView<T> logits, ConstView<std::int32_t> labels,
+                                    TensorView<T> dlogits, index_t normalizer, Scalar<T> dloss = T(1)) {
+  detail::check_labels<T>("softmax_cross_entropy_backward", logits, labels);
+  check_view(dlogits, logits.shape(), "softmax_cross_entropy_backward", "dlogits");
+  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_backward: normalizer must be positive, got ", normalizer);
+  const T scale = dloss / T(normalizer);
+  for (index_t r = 0; r < logits.rows(); ++r) {
+    const T* z = logits.data() + r * logits.cols();
+    const T lse = detail::row_logsumexp(z, logits.cols());
+    for (index_t c = 0; c < logits.cols(); ++c)
+      dlogits.at(r, c) = (std::exp(z[c] - lse) - (c == labels[r] ? T(1) : T(0))) * scale;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding: y (rows, dim) = table[ids] with table (vocab, dim). Backward accumulates rows of dy into
+// dtable in row order, so it is deterministic.
+
+namespace detail {
+template <class T>
+void check_ids(std::string_view op, ConstView<std::int32_t> ids, index_t vocab) {
+  for (index_t r = 0; r < ids.numel(); ++r)
+    if (ids[r] < 0 || ids[r] >= vocab)
+      CUPIPE_THROW(op, ": token id ", ids[r], " at row ", r, " is outside the vocabulary [0, ", vocab, ")");
+}
+}  // namespace detail
+
+template <class T>
+void embedding_forward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y) {
+  check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
+  detail::check_ids<T>("embedding_forward", ids, table.rows());
+  for (index_t r = 0; r < ids.numel(); ++r)
+    std::copy_n(table.data() + ids[r] * table.cols(), table.cols(), y.data() + r * table.cols());
+}
+
+template <class T>
+void embedding_backward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable) {
+  check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
+  detail::check_ids<T>("embedding_backward", ids, dtable.rows());
+  for (index_t r = 0; r < ids.numel(); ++r)
+    for (index_t c = 0; c < dtable.cols(); ++c) dtable.at(ids[r], c) += dy.at(r, c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer updates and reductions.
+
+/// Sum of squares of all elements, accumulated in double.
+template <class T>
+double sum_of_squares(backend::Host<T>&, ConstView<T> x) {
+  double sum = 0;
+  for (index_t i = 0; i < x.numel(); ++i) sum += double(x[i]) * double(x[i]);
+  return sum;
+}
+
+template <class T>
+void sgd_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, TensorView<T> velocity,
+                const SgdHyper& h, Scalar<T> grad_scale) {
+  check_view(grad, param.shape(), "sgd_update", "grad");
+  check_view(velocity, param.shape(), "sgd_update", "velocity");
+  for (index_t i = 0; i < param.numel(); ++i) {
+    const T g = grad[i] * grad_scale + T(h.weight_decay) * param[i];
+    velocity[i] = T(h.momentum) * velocity[i] + g;
+    param[i] -= T(h.lr) * (h.nesterov ? g + T(h.momentum) * velocity[i] : velocity[i]);
+  }
+}
+
+/// `step` counts from 1 (the first update uses step 1 for the bias corrections).
+template <class T>
+void adamw_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, TensorView<T> m, TensorView<T> v,
+                  const AdamWHyper& h, std::int64_t step, Scalar<T> grad_scale) {
+  check_view(grad, param.shape(), "adamw_update", "grad");
+  check_view(m, param.shape(), "adamw_update", "m");
+  check_view(v, param.shape(), "adamw_update", "v");
+  CUPIPE_REQUIRE(step >= 1, "adamw_update: step counts from 1, got ", step);
+  const T bias1 = T(1) - T(std::pow(h.beta1, double(step)));
+  const T bias2 = T(1) - T(std::pow(h.beta2, double(step)));
+  const T decay = T(1) - T(h.lr * h.weight_decay);
+  for (index_t i = 0; i < param.numel(); ++i) {
+    const T g = grad[i] * grad_scale;
+    m[i] = T(h.beta1) * m[i] + T(1 - h.beta1) * g;
+    v[i] = T(h.beta2) * v[i] + T(1 - h.beta2) * g * g;
+    const T mhat = m[i] / bias1, vhat = v[i] / bias2;
+    param[i] = param[i] * decay - T(h.lr) * mhat / (std::sqrt(vhat) + T(h.eps));
+  }
+}
+
+}  // namespace cupipe::ops

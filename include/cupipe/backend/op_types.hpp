@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+// Types shared by every backend's ops: the contract that host ops define and CUDA ops mirror.
+#pragma once
+
+#include <cstdint>
+
+namespace cupipe::ops {
+
+/// Every backend context derives from this empty type. That makes cupipe::ops an associated
+/// namespace of every backend, so layers call ops unqualified (`gemm(be, ...)`) and argument-dependent
+/// lookup finds the overload for their backend wherever it was declared, before or after the layer.
+struct Dispatch {};
+
+/// Whether a GEMM operand is used as stored (row-major) or transposed.
+enum class Transpose : std::uint8_t { no, yes };
+
+/// SGD with momentum, PyTorch semantics (dampening 0):
+///   g = grad * grad_scale + weight_decay * p;  v = momentum * v + g;
+///   p -= lr * (nesterov ? g + momentum * v : v).
+struct SgdHyper {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+/// AdamW, PyTorch semantics (decoupled weight decay):
+///   p *= 1 - lr * weight_decay;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+///   p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps),  with g = grad * grad_scale.
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+}  // namespace cupipe::ops

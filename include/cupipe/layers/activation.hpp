@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shape-preserving activations. They save nothing beyond their input.
+#pragma once
+
+#include <string>
+
+#include "cupipe/layers/layer.hpp"
+
+namespace cupipe {
+
+struct ReLU : Stateless {
+  static constexpr index_t in_features = any_features;
+  static constexpr index_t out_features_for(index_t in) { return in; }
+  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
+  static std::string describe() { return "ReLU"; }
+
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) { relu_forward(be, x, y); }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstView<T> x, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
+    relu_backward(be, x, dy, dx);
+  }
+};
+
+/// GELU, tanh approximation (torch.nn.GELU(approximate="tanh"), as in GPT-2).
+struct GELU : Stateless {
+  static constexpr index_t in_features = any_features;
+  static constexpr index_t out_features_for(index_t in) { return in; }
+  static constexpr double forward_flops_per_sample(index_t in) { return 8.0 * double(in); }
+  static std::string describe() { return "GELU"; }
+
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) { gelu_forward(be, x, y); }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstView<T> x, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
+    gelu_backward(be, x, dy, dx);
+  }
+};
+
+}  // namespace cupipe

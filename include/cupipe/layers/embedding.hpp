@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: Apache-2.0
+// Embedding<Vocab, Dim>: token ids (n,) -> rows of the table (n, Dim), as torch.nn.Embedding.
+// It reads int32 ids, so it can only be a model's first layer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cupipe/core/rng.hpp"
+#include "cupipe/layers/layer.hpp"
+
+namespace cupipe {
+
+template <index_t Vocab, index_t Dim>
+struct Embedding {
+  static_assert(Vocab > 0 && Dim > 0, "Embedding<Vocab, Dim> needs positive sizes");
+  static constexpr index_t in_features = 1;  // one token id per row
+  static constexpr index_t out_features_for(index_t) { return Dim; }
+  static constexpr bool takes_token_ids = true;
+  static constexpr bool is_loss = false;
+  static constexpr std::array<ParamSpec, 1> params(index_t) { return {{{"weight", Vocab, Dim}}}; }
+  static constexpr index_t saved_per_row(index_t) { return 0; }
+  static constexpr double forward_flops_per_sample(index_t) { return double(Dim); }
+  static std::string describe() { return "Embedding<" + std::to_string(Vocab) + ", " + std::to_string(Dim) + ">"; }
+
+  /// torch.nn.Embedding initialises from N(0, 1).
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng& rng) {
+    for (T& w : p) w = T(rng.normal());
+  }
+
+  // ids (n, 1) -> y (n, Dim)
+  template <class B, class T>
+  static void forward(B& be, const T* p, ConstView<std::int32_t> ids, TensorView<T> y, TensorView<T>) {
+    embedding_forward(be, ids, table(p), y);
+  }
+  // The ids have no gradient.
+  template <class B, class T>
+  static void backward_input(B&, const T*, ConstView<std::int32_t>, ConstView<T>, ConstView<T>, TensorView<T>) {}
+  template <class B, class T>
+  static void backward_weight(B& be, ConstView<std::int32_t> ids, ConstView<T>, ConstView<T> dy, T* g) {
+    embedding_backward(be, ids, dy, TensorView<T>{g, Shape{Vocab, Dim}});
+  }
+
+ private:
+  template <class T>
+  static ConstView<T> table(const T* p) { return {p, Shape{Vocab, Dim}}; }
+};
+
+}  // namespace cupipe

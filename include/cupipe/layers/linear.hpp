@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// Linear<In, Out>: y = x W^T + b, with W (Out, In) and b (Out), as torch.nn.Linear.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/rng.hpp"
+#include "cupipe/layers/layer.hpp"
+
+namespace cupipe {
+
+template <index_t In, index_t Out>
+struct Linear {
+  static_assert(In > 0 && Out > 0, "Linear<In, Out> needs positive sizes");
+  static constexpr index_t in_features = In;
+  static constexpr index_t out_features_for(index_t) { return Out; }
+  static constexpr bool takes_token_ids = false;
+  static constexpr bool is_loss = false;
+  static constexpr std::array<ParamSpec, 2> params(index_t) { return {{{"weight", Out, In}, {"bias", Out, 0}}}; }
+  static constexpr index_t saved_per_row(index_t) { return 0; }
+  static constexpr double forward_flops_per_sample(index_t) { return 2.0 * In * Out; }
+  static std::string describe() { return "Linear<" + std::to_string(In) + ", " + std::to_string(Out) + ">"; }
+
+  /// PyTorch's reset_parameters: kaiming_uniform_(a = sqrt(5)) gives W ~ U(-1/sqrt(In), 1/sqrt(In));
+  /// the bias is drawn from the same range.
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng& rng) {
+    const double bound = 1.0 / std::sqrt(double(In));
+    for (T& w : p) w = T(rng.uniform(-bound, bound));
+  }
+
+  // x (n, In) -> y (n, Out)
+  template <class B, class T>
+  static void forward(B& be, const T* p, ConstView<T> x, TensorView<T> y, TensorView<T>) {
+    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, weight(p), T(0), y);
+    bias_add(be, y, bias(p));
+  }
+  // dx (n, In) = dy (n, Out) W (Out, In)
+  template <class B, class T>
+  static void backward_input(B& be, const T* p, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
+    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, weight(p), T(0), dx);
+  }
+  // dW (Out, In) += dy^T x;  db (Out) += sum over rows of dy
+  template <class B, class T>
+  static void backward_weight(B& be, ConstView<T> x, ConstView<T>, ConstView<T> dy, T* g) {
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), TensorView<T>{g, Shape{Out, In}});
+    bias_backward(be, dy, TensorView<T>{g + Out * In, Shape{Out}});
+  }
+
+ private:
+  template <class T>
+  static ConstView<T> weight(const T* p) { return {p, Shape{Out, In}}; }
+  template <class T>
+  static ConstView<T> bias(const T* p) { return {p + Out * In, Shape{Out}}; }
+};
+
+}  // namespace cupipe

@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// Network<Model, Backend>: a whole model on one backend, unpipelined. It owns parameters and
+// gradients and trains on a whole batch at once: the oracle that every synchronous pipeline schedule
+// must reproduce, and the simplest way to run a model.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/tensor.hpp"
+#include "cupipe/layers/loss.hpp"
+#include "cupipe/layers/sequential.hpp"
+
+namespace cupipe {
+
+/// The loss a model trains with: its own last layer, or softmax cross-entropy over its outputs.
+template <class Model>
+using loss_of_t = std::conditional_t<Model::has_loss, typename Model::loss, SoftmaxCrossEntropy<Model::body::out_features>>;
+
+/// Element type of a model's input: int32 token ids when it starts with an Embedding.
+template <class Body, class T>
+using model_input_t = std::conditional_t<Body::takes_token_ids, std::int32_t, T>;
+
+template <class Model, class Backend>
+class Network {
+ public:
+  using T = typename Backend::value_type;
+  using Body = typename Model::body;
+  using Loss = loss_of_t<Model>;
+  using input_type = model_input_t<Body, T>;
+  static constexpr index_t in_features = Body::in_features;
+  static constexpr index_t out_features = Body::out_features;
+
+  /// The backend is built in place from `backend_args` (a device id for CUDA); buffers keep a
+  /// pointer to its memory tracker, so it never moves.
+  template <class... BackendArgs>
+  explicit Network(std::uint64_t seed = 0, BackendArgs&&... backend_args)
+      : backend_(std::forward<BackendArgs>(backend_args)...),
+        params_(backend_.template allocate<T>(Body::param_count, MemoryTag::weights)),
+        grads_(backend_.template allocate<T>(Body::param_count, MemoryTag::gradients)) {
+    std::vector<T> host(static_cast<std::size_t>(Body::param_count));
+    Body::init(std::span<T>(host), seed);
+    set_parameters(host);
+    zero_grad();
+  }
+
+  Backend& backend() noexcept { return backend_; }
+  T* parameter_data() noexcept { return params_.data(); }
+  T* gradient_data() noexcept { return grads_.data(); }
+  static std::vector<ParamInfo> parameter_table() { return Body::parameter_table(); }
+
+  std::vector<T> parameters() { return download(params_.data()); }
+  std::vector<T> gradients() { return download(grads_.data()); }
+  void set_parameters(std::span<const T> values) {
+    CUPIPE_REQUIRE(index_t(values.size()) == Body::param_count, "set_parameters: got ", values.size(),
+                   " values for a model of ", Body::param_count, " parameters");
+    backend_.upload(values, params_.data());
+  }
+  void zero_grad() { fill(backend_, TensorView<T>{grads_.data(), Shape{Body::param_count}}, T(0)); }
+
+  /// Inference: x (n, in_features) -> out (n, out_features), in the backend's memory.
+  void forward(ConstView<input_type> x, TensorView<T> out) {
+    check_view(out, Shape{x.rows(), out_features}, "Network::forward", "output");
+    auto record = backend_.template allocate<T>(Body::record_elements(x.rows()), MemoryTag::activations);
+    Body::forward(backend_, params_.data(), x, record.data());
+    copy(backend_, ConstView<T>(Body::output(record.data(), x.rows())), out);
+  }
+
+  /// One forward and backward over x (n, in_features) and labels (n,), both in the backend's memory.
+  /// Gradients accumulate (call zero_grad between steps). The loss is divided by `normalizer`
+  /// (n when 0). Returns the loss; throws if it is not finite.
+  T forward_backward(ConstView<input_type> x, ConstView<std::int32_t> labels, index_t normalizer = 0) {
+    const index_t n = x.rows();
+    if (normalizer == 0) normalizer = n;
+    if (labels.numel() != n)
+      CUPIPE_THROW(Loss::describe(), ": expected labels (", n, ",) for input ", x.shape(), " but got labels ", labels.shape());
+    auto record = backend_.template allocate<T>(Body::record_elements(n), MemoryTag::activations);
+    auto grad_record = backend_.template allocate<T>(Body::grad_record_elements(n), MemoryTag::activations);
+    auto dlogits = backend_.template allocate<T>(n * out_features, MemoryTag::activations);
+    auto loss = backend_.template allocate<T>(1, MemoryTag::workspace);
+    Body::forward(backend_, params_.data(), x, record.data());
+    const ConstView<T> logits = Body::output(record.data(), n);
+    Loss::forward(backend_, logits, labels, TensorView<T>{loss.data(), Shape{1}}, normalizer);
+    T value{};
+    backend_.download(loss.data(), std::span<T>(&value, 1));
+    Loss::check_finite(value, logits, labels);
+    Loss::backward(backend_, logits, labels, TensorView<T>{dlogits.data(), Shape{n, out_features}}, normalizer);
+    Body::backward(backend_, params_.data(), x, record.data(), ConstView<T>{dlogits.data(), Shape{n, out_features}},
+                   TensorView<T>{}, grads_.data(), grad_record.data(), true);
+    return value;
+  }
+
+ private:
+  std::vector<T> download(const T* from) {
+    std::vector<T> out(static_cast<std::size_t>(Body::param_count));
+    backend_.download(from, std::span<T>(out));
+    return out;
+  }
+
+  Backend backend_;
+  typename Backend::template buffer<T> params_;
+  typename Backend::template buffer<T> grads_;
+};
+
+}  // namespace cupipe

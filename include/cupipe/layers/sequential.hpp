@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: Apache-2.0
+// LayerSeq and Sequential: a compile-time list of layers with resolved widths, a flat parameter
+// layout with PyTorch state_dict names, and forward/backward over a microbatch.
+//
+// Memory layout, for a microbatch of n rows through layers 0..L-1 with widths w[0..L]:
+//   parameters  one flat array; layer i's tensors at param_offsets[i], in L::params() order;
+//   record      the forward's saved state: x_1..x_L (x_L is the output), then each layer's extras;
+//               x_0, the input, stays with the caller (a received message, or the batch itself);
+//   grad record the backward's per-layer output gradients g_0..g_{L-2} (g_{L-1} is the incoming dy),
+//               kept between the B and W passes of zero-bubble schedules.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/rng.hpp"
+#include "cupipe/core/tensor.hpp"
+#include "cupipe/layers/layer.hpp"
+
+namespace cupipe {
+
+/// Instantiated for each pair of neighbouring layers. When the sizes differ, the compiler shows this
+/// template with both layers and both sizes, under one sentence.
+template <class Previous, index_t PreviousOutFeatures, class Next, index_t NextInFeatures>
+struct neighbouring_layers_fit {
+  static_assert(PreviousOutFeatures == NextInFeatures,
+                "Sequential: the previous layer's output features must equal the next layer's input features "
+                "(both layers and both sizes are the arguments of neighbouring_layers_fit<previous layer, "
+                "its output features, next layer, its input features> named above)");
+  static constexpr bool value = PreviousOutFeatures == NextInFeatures;
+};
+
+/// One parameter tensor of a model: its PyTorch state_dict name, shape and offset in the flat array.
+struct ParamInfo {
+  std::string name;
+  Shape shape;
+  index_t offset = 0;
+  index_t numel = 0;
+};
+
+namespace detail {
+template <bool Ok>
+struct checked {};
+}  // namespace detail
+
+/// Layers numbered from FirstIndex (their index in the whole model, for names and initialisation),
+/// with input width InFeatures (any_features: taken from the first layer).
+template <std::size_t FirstIndex, index_t InFeatures, class... Layers>
+struct LayerSeq;
+
+template <std::size_t FirstIndex, index_t InFeatures, class... Layers>
+struct LayerSeq {
+  static_assert(sizeof...(Layers) > 0, "a layer sequence needs at least one layer");
+  static_assert((Layer<Layers> && ...), "every element of a Sequential must be a cupipe layer");
+
+  static constexpr std::size_t size = sizeof...(Layers);
+  static constexpr std::size_t first_index = FirstIndex;
+  template <std::size_t I>
+  using layer = std::tuple_element_t<I, std::tuple<Layers...>>;
+  using first_layer = layer<0>;
+  using last_layer = layer<size - 1>;
+
+  static_assert(InFeatures != any_features || first_layer::in_features != any_features,
+                "Sequential: the first layer of a model must have a fixed input size (ReLU or GELU cannot start a model)");
+  static constexpr bool takes_token_ids = first_layer::takes_token_ids;
+  /// Element type of the input: int32 token ids for an Embedding, else the backend's T.
+  template <class T>
+  using input_t = std::conditional_t<takes_token_ids, std::int32_t, T>;
+
+  /// widths[i] is layer i's input width; widths[size] the output width.
+  static constexpr std::array<index_t, size + 1> widths = [] {
+    std::array<index_t, size + 1> w{};
+    w[0] = InFeatures != any_features ? InFeatures : first_layer::in_features;
+    std::size_t i = 0;
+    ((w[i + 1] = Layers::out_features_for(w[i]), ++i), ...);
+    return w;
+  }();
+  static constexpr index_t in_features = widths[0];
+  static constexpr index_t out_features = widths[size];
+
+ private:
+  template <std::size_t I>
+  static constexpr bool fits() {
+    using L = layer<I>;
+    if constexpr (L::takes_token_ids) {
+      static_assert(I == 0 && FirstIndex == 0,
+                    "Sequential: a layer that reads token ids (Embedding) can only be the first layer of a model");
+      return true;
+    } else if constexpr (L::is_loss && I + 1 != size) {
+      static_assert(I + 1 == size, "Sequential: a loss layer can only be the last layer of a model");
+      return false;
+    } else if constexpr (L::in_features == any_features) {
+      return true;
+    } else if constexpr (I == 0) {
+      static_assert(InFeatures == any_features || InFeatures == L::in_features,
+                    "Sequential: the first layer's input features must equal the features given to the sequence");
+      return true;
+    } else {
+      return neighbouring_layers_fit<layer<I - 1>, widths[I], L, L::in_features>::value;
+    }
+  }
+  template <std::size_t... I>
+  static constexpr bool all_fit(std::index_sequence<I...>) {
+    return (fits<I>() && ...);
+  }
+  // Instantiating this member's type runs the checks above, so a bad model fails where it is named.
+  [[no_unique_address]] detail::checked<all_fit(std::make_index_sequence<size>())> check_;
+
+  template <std::size_t... I>
+  static constexpr std::array<index_t, size + 1> param_offsets_impl(std::index_sequence<I...>) {
+    std::array<index_t, size + 1> o{};
+    ((o[I + 1] = o[I] + param_elements<layer<I>>(widths[I])), ...);
+    return o;
+  }
+  template <std::size_t... I>
+  static constexpr std::array<index_t, size + 1> saved_offsets_impl(std::index_sequence<I...>) {
+    std::array<index_t, size + 1> o{};
+    ((o[I + 1] = o[I] + layer<I>::saved_per_row(widths[I])), ...);
+    return o;
+  }
+
+ public:
+  /// Offset of layer i's parameters in the flat array; param_offsets[size] is the total.
+  static constexpr std::array<index_t, size + 1> param_offsets = param_offsets_impl(std::make_index_sequence<size>());
+  static constexpr index_t param_count = param_offsets[size];
+
+  /// Per-row offsets inside a record: x_i (i >= 1) starts at act_offsets[i - 1]; extras after.
+  static constexpr std::array<index_t, size + 1> act_offsets = [] {
+    std::array<index_t, size + 1> o{};
+    for (std::size_t i = 0; i < size; ++i) o[i + 1] = o[i] + widths[i + 1];
+    return o;
+  }();
+  static constexpr std::array<index_t, size + 1> saved_offsets = saved_offsets_impl(std::make_index_sequence<size>());
+  static constexpr index_t record_per_row = act_offsets[size] + saved_offsets[size];
+  /// Output gradients g_0..g_{L-2}, per row.
+  static constexpr index_t grad_record_per_row = act_offsets[size - 1];
+
+  static constexpr index_t record_elements(index_t rows) { return rows * record_per_row; }
+  static constexpr index_t grad_record_elements(index_t rows) { return rows * grad_record_per_row; }
+
+  /// Forward FLOPs per sample, from the layer types (the cost model of partition<>).
+  static constexpr double forward_flops_per_sample = [] {
+    double f = 0;
+    std::size_t i = 0;
+    ((f += Layers::forward_flops_per_sample(widths[i]), ++i), ...);
+    return f;
+  }();
+
+  static std::string describe() {
+    std::string out;
+    std::size_t i = 0;
+    ((out += (i++ ? ", " : "") + Layers::describe()), ...);
+    return out;
+  }
+  template <std::size_t I>
+  static std::string describe_layer() {
+    return layer<I>::describe() + " (layer " + std::to_string(FirstIndex + I) + ")";
+  }
+
+  /// Names, shapes and offsets of every parameter, as torch.nn.Sequential's state_dict names them.
+  static std::vector<ParamInfo> parameter_table() {
+    std::vector<ParamInfo> table;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (add_params<I>(table), ...);
+    }(std::make_index_sequence<size>());
+    return table;
+  }
+
+  /// Initialises host parameters as PyTorch would. Layer i draws from its own stream derived from
+  /// (seed, its index in the model), so a model initialises identically however it is split.
+  template <class T>
+  static void init(std::span<T> params, std::uint64_t seed) {
+    CUPIPE_REQUIRE(index_t(params.size()) == param_count, "init: ", params.size(), " parameters given, ",
+                   param_count, " needed");
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((void)[&] {
+        Rng rng = Rng::derive(seed, FirstIndex + I);
+        layer<I>::init(params.subspan(param_offsets[I], param_elements<layer<I>>(widths[I])), widths[I], rng);
+      }(), ...);
+    }(std::make_index_sequence<size>());
+  }
+
+  /// Layer i's input (i >= 1) or the output (i == size) inside a record of `rows` rows.
+  template <class T>
+  static TensorView<T> activation(T* record, index_t rows, std::size_t i) {
+    return {record + rows * act_offsets[i - 1], Shape{rows, widths[i]}};
+  }
+  template <class T>
+  static TensorView<T> saved(T* record, index_t rows, std::size_t i) {
+    return {record + rows * (act_offsets[size] + saved_offsets[i]), Shape{rows * (saved_offsets[i + 1] - saved_offsets[i])}};
+  }
+  template <class T>
+  static TensorView<T> output(T* record, index_t rows) { return activation(record, rows, size); }
+  /// Gradient of layer i's output (i < size - 1) inside a grad record.
+  template <class T>
+  static TensorView<T> output_grad(T* grad_record, index_t rows, std::size_t i) {
+    return {grad_record + rows * act_offsets[i], Shape{rows, widths[i + 1]}};
+  }
+
+  /// Runs every layer on x0 (rows, in_features), filling `record` (record_elements(rows)).
+  template <class B, class T>
+  static void forward(B& be, const T* params, ConstView<input_t<T>> x0, T* record) {
+    const index_t rows = x0.rows();
+    check_view(x0, Shape{rows, in_features}, describe_layer<0>(), "input");
+    CUPIPE_REQUIRE(params != nullptr && record != nullptr, describe_layer<0>(), ": null parameters or record");
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (forward_layer<I>(be, params, x0, record, rows), ...);
+    }(std::make_index_sequence<size>());
+  }
+
+  /// Backward through every layer, last to first, from dy (rows, out_features).
+  /// - dx (rows, in_features) receives the input gradient; pass an empty view to skip it (first stage).
+  /// - with_weight_grads: also accumulate parameter gradients into `grads` now (the fused B of flush
+  ///   schedules); otherwise leave them to backward_weight (the W of zero-bubble schedules).
+  /// - grad_record (grad_record_elements(rows)) receives the per-layer output gradients W needs.
+  template <class B, class T>
+  static void backward(B& be, const T* params, ConstView<input_t<T>> x0, const T* record, ConstView<T> dy, TensorView<T> dx,
+                       T* grads, T* grad_record, bool with_weight_grads) {
+    const index_t rows = x0.rows();
+    check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
+    if (!dx.empty()) check_view(dx, Shape{rows, in_features}, describe_layer<0>(), "input gradient");
+    CUPIPE_REQUIRE(grad_record != nullptr || size == 1, describe_layer<0>(), ": null grad record");
+    CUPIPE_REQUIRE(grads != nullptr || !with_weight_grads, describe_layer<0>(), ": null gradients");
+    [&]<std::size_t... R>(std::index_sequence<R...>) {
+      (backward_layer<size - 1 - R>(be, params, x0, record, rows, dy, dx, grads, grad_record, with_weight_grads), ...);
+    }(std::make_index_sequence<size>());
+  }
+
+  /// Accumulates parameter gradients from a grad record that backward(..., false) filled.
+  template <class B, class T>
+  static void backward_weight(B& be, ConstView<input_t<T>> x0, const T* record, ConstView<T> dy, const T* grad_record, T* grads) {
+    const index_t rows = x0.rows();
+    check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (weight_layer<I>(be, x0, record, rows, dy, grad_record, grads), ...);
+    }(std::make_index_sequence<size>());
+  }
+
+ private:
+  template <std::size_t I>
+  static void add_params(std::vector<ParamInfo>& table) {
+    index_t offset = param_offsets[I];
+    for (const ParamSpec& spec : layer<I>::params(widths[I])) {
+      table.push_back({std::to_string(FirstIndex + I) + "." + std::string(spec.name), spec.shape(), offset, spec.numel()});
+      offset += spec.numel();
+    }
+  }
+
+  template <std::size_t I, class T>
+  static auto layer_input(ConstView<input_t<T>> x0, const T* record, index_t rows) {
+    if constexpr (I == 0) return x0;
+    else return ConstView<T>(activation(const_cast<T*>(record), rows, I));
+  }
+
+  template <std::size_t I, class B, class T>
+  static void forward_layer(B& be, const T* params, ConstView<input_t<T>> x0, T* record, index_t rows) {
+    using L = layer<I>;
+    try {
+      L::forward(be, params + param_offsets[I], layer_input<I>(x0, record, rows), activation(record, rows, I + 1),
+                 saved(record, rows, I));
+    } catch (const error& e) {
+      rethrow_naming<I>(e, "forward");
+    }
+  }
+
+  template <std::size_t I, class B, class T>
+  static void backward_layer(B& be, const T* params, ConstView<input_t<T>> x0, const T* record, index_t rows, ConstView<T> dy,
+                             TensorView<T> dx, T* grads, T* grad_record, bool with_weight_grads) {
+    using L = layer<I>;
+    T* rec = const_cast<T*>(record);
+    const ConstView<T> g = I + 1 == size ? dy : ConstView<T>(output_grad(grad_record, rows, I));
+    try {
+      if constexpr (I == 0) {
+        if (!dx.empty()) L::backward_input(be, params, x0, saved(rec, rows, 0), g, dx);
+      } else {
+        L::backward_input(be, params + param_offsets[I], layer_input<I>(x0, record, rows), saved(rec, rows, I), g,
+                          output_grad(grad_record, rows, I - 1));
+      }
+      if (with_weight_grads && param_elements<L>(widths[I]) > 0)
+        L::backward_weight(be, layer_input<I>(x0, record, rows), saved(rec, rows, I), g, grads + param_offsets[I]);
+    } catch (const error& e) {
+      rethrow_naming<I>(e, "backward");
+    }
+  }
+
+  template <std::size_t I, class B, class T>
+  static void weight_layer(B& be, ConstView<input_t<T>> x0, const T* record, index_t rows, ConstView<T> dy,
+                           const T* grad_record, T* grads) {
+    using L = layer<I>;
+    if constexpr (param_elements<L>(widths[I]) > 0) {
+      T* rec = const_cast<T*>(record);
+      const ConstView<T> g = I + 1 == size ? dy : ConstView<T>(output_grad(const_cast<T*>(grad_record), rows, I));
+      try {
+        L::backward_weight(be, layer_input<I>(x0, record, rows), saved(rec, rows, I), g, grads + param_offsets[I]);
+      } catch (const error& e) {
+        rethrow_naming<I>(e, "weight gradient");
+      }
+    }
+  }
+
+  template <std::size_t I>
+  [[noreturn]] static void rethrow_naming(const error& e, std::string_view pass) {
+    throw error(describe_layer<I>() + " " + std::string(pass) + ": " + e.message(), e.call(), e.file(), e.line());
+  }
+};
+
+namespace detail {
+template <class Seq, class Indices>
+struct drop_last_impl;
+template <std::size_t F, index_t In, class... Ls, std::size_t... I>
+struct drop_last_impl<LayerSeq<F, In, Ls...>, std::index_sequence<I...>> {
+  using type = LayerSeq<F, In, std::tuple_element_t<I, std::tuple<Ls...>>...>;
+};
+template <class Last>
+struct loss_of {
+  using type = std::conditional_t<Last::is_loss, Last, void>;
+};
+}  // namespace detail
+
+/// A model: layers in order, optionally ending with a loss layer. `body` is the model without its
+/// loss; `loss` is the loss layer, or void when the model has none (the pipeline then uses
+/// SoftmaxCrossEntropy over the output).
+template <class... Layers>
+struct Sequential;
+
+namespace detail {
+template <class... Layers>
+struct split_loss {
+  using all = LayerSeq<0, any_features, Layers...>;
+  using loss = typename loss_of<typename all::last_layer>::type;
+  static constexpr bool has_loss = !std::is_void_v<loss>;
+  static_assert(!has_loss || sizeof...(Layers) > 1, "Sequential: a model needs a layer before its loss");
+  using body = std::conditional_t<has_loss,
+                                  typename drop_last_impl<all, std::make_index_sequence<sizeof...(Layers) - 1>>::type, all>;
+};
+}  // namespace detail
+
+/// Sequential<Layers...> runs as its body (the layers before the loss); forward and backward stop
+/// at the logits, and whoever trains it applies the loss.
+template <class... Layers>
+struct Sequential : detail::split_loss<Layers...>::body {
+  using all = typename detail::split_loss<Layers...>::all;
+  using body = typename detail::split_loss<Layers...>::body;
+  using loss = typename detail::split_loss<Layers...>::loss;
+  static constexpr bool has_loss = detail::split_loss<Layers...>::has_loss;
+  static constexpr std::size_t layer_count = sizeof...(Layers);
+
+ private:
+  // Checking the whole list (loss included) reports a loss layer placed anywhere but last.
+  static constexpr bool all_checked = all::size == layer_count;
+};
+
+}  // namespace cupipe
