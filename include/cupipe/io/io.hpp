@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
+// Everything in io/: atomic file writes, safetensors, IDX and Fashion-MNIST.
+#pragma once
+
+#include "cupipe/io/atomic_file.hpp"
+#include "cupipe/io/fashion_mnist.hpp"
+#include "cupipe/io/idx.hpp"
+#include "cupipe/io/safetensors.hpp"
