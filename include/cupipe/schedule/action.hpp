@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// The vocabulary of a schedule: actions, the configuration a policy is asked for, and the plan it
+// produces. A plan is plain data, computed by constexpr code, so a trainer can static_assert it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace cupipe::schedule {
+
+/// B is the whole backward unless the plan splits it; then B computes the input gradient only and W
+/// the weight gradient (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024).
+enum class ActionKind : std::uint8_t { F, B, W };
+
+/// One unit of work on one stage. `chunk` is the LOCAL chunk index on the stage (0..V-1); stage s
+/// chunk c is virtual stage c*p + s (Megatron's layout). F of virtual stage k feeds k+1, B flows back.
+struct Action {
+  ActionKind kind;
+  int microbatch;
+  int chunk;
+
+  friend constexpr bool operator==(const Action&, const Action&) = default;
+};
+
+constexpr int virtual_stage(int stage, int chunk, int stages) { return chunk * stages + stage; }
+
+/// What a policy is asked to schedule. Asynchronous policies (PipeDream, 2BW) run
+/// batches*microbatches microbatches without a flush; microbatch ids are global.
+struct Config {
+  int stages;
+  int microbatches;
+  int chunks = 1;
+  int batches = 1;
+
+  constexpr int total_microbatches() const { return batches * microbatches; }
+  constexpr int virtual_stages() const { return stages * chunks; }
+  friend constexpr bool operator==(const Config&, const Config&) = default;
+};
+
+/// When a stage applies its optimizer step: once per batch after a flush, after each of its
+/// microbatches' backward (PipeDream), or once per batch into a second buffer (PipeDream-2BW).
+enum class UpdateRule : std::uint8_t { flush, per_microbatch, double_buffered };
+
+/// A schedule: for every stage, the ordered list of actions its worker runs.
+struct Plan {
+  Config config;
+  std::vector<std::vector<Action>> actions;  // [stage] -> ordered list
+  bool split_backward;
+  UpdateRule update;
+};
+
+namespace detail {
+
+/// The stage that holds a virtual stage.
+constexpr int stage_of(int virtual_stage_index, int stages) { return virtual_stage_index % stages; }
+
+/// Dense index of (kind, virtual stage, microbatch), for per-action tables.
+constexpr int action_slot(const Config& config, ActionKind kind, int virtual_stage_index, int microbatch) {
+  return (static_cast<int>(kind) * config.virtual_stages() + virtual_stage_index) * config.total_microbatches() +
+         microbatch;
+}
+
+constexpr int action_slots(const Config& config) { return 3 * config.virtual_stages() * config.total_microbatches(); }
+
+}  // namespace detail
+}  // namespace cupipe::schedule

@@ -1,0 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+// Everything in schedule/: actions, policies, verify, simulate, weight versions, timelines.
+#pragma once
+
+#include "cupipe/schedule/action.hpp"
+#include "cupipe/schedule/policies.hpp"
+#include "cupipe/schedule/simulate.hpp"
+#include "cupipe/schedule/timeline.hpp"
+#include "cupipe/schedule/verify.hpp"
+#include "cupipe/schedule/weights.hpp"

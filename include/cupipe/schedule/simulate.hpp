@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+// simulate: the predicted timing of a plan under per-action costs. Every action starts as soon as
+// its stage is free and its inputs have arrived; the result is what the explorer prints and what
+// the runtime's measurements are compared against. Labelled "simulated" wherever it is shown.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/schedule/action.hpp"
+#include "cupipe/schedule/policies.hpp"
+#include "cupipe/schedule/verify.hpp"
+#include "cupipe/schedule/weights.hpp"
+
+namespace cupipe::schedule {
+
+/// Costs of one whole stage (all its layers); an interleaved chunk costs 1/V of them.
+struct StageCosts {
+  double forward = 1;
+  double backward = 2;  // whole backward when weight == 0, else the input-gradient part
+  double weight = 0;    // weight-gradient part; 0 means folded into backward
+};
+
+/// Per-action costs. `transfer` is the latency of a hand-over between different stages.
+/// `per_stage`, when not empty, holds one entry per stage and overrides forward/backward/weight.
+struct Costs {
+  double forward = 1;
+  double backward = 2;
+  double weight = 0;
+  double transfer = 0;
+  std::vector<StageCosts> per_stage{};
+
+  constexpr StageCosts of_stage(int stage) const {
+    if (per_stage.empty()) return {forward, backward, weight};
+    return per_stage[static_cast<std::size_t>(stage)];
+  }
+};
+
+struct ActionTime {
+  double start;
+  double end;
+};
+
+/// Simulated timing of a plan. times[s][i] belongs to plan.actions[s][i].
+struct SimResult {
+  double makespan = 0;
+  std::vector<double> busy;              // [stage]
+  std::vector<double> idle;              // [stage] makespan - busy
+  double bubble_fraction = 0;            // sum(idle) / (stages * makespan)
+  std::vector<int> peak_activations;     // [stage] most (chunk, microbatch) pairs held from F to B (or W)
+  std::vector<int> weight_versions;      // [stage]
+  std::vector<std::vector<ActionTime>> times;
+
+  constexpr double total_idle() const {
+    double total = 0;
+    for (double t : idle) total += t;
+    return total;
+  }
+  constexpr int max_peak_activations() const {
+    int most = 0;
+    for (int a : peak_activations) most = std::max(most, a);
+    return most;
+  }
+  constexpr int max_weight_versions() const {
+    int most = 0;
+    for (int v : weight_versions) most = std::max(most, v);
+    return most;
+  }
+};
+
+/// Peak in-flight activations per stage: (chunk, microbatch) pairs between F and B, or between F
+/// and W when the backward is split (W still needs the layer inputs).
+constexpr std::vector<int> peak_activations(const Plan& plan) {
+  std::vector<int> peak(plan.actions.size(), 0);
+  const ActionKind release = plan.split_backward ? ActionKind::W : ActionKind::B;
+  for (std::size_t s = 0; s < plan.actions.size(); ++s) {
+    int held = 0;
+    for (const Action& a : plan.actions[s]) {
+      if (a.kind == ActionKind::F) peak[s] = std::max(peak[s], ++held);
+      if (a.kind == release) --held;
+    }
+  }
+  return peak;
+}
+
+/// How long one action takes on its stage.
+constexpr double duration(const Plan& plan, const Costs& costs, int stage, const Action& a) {
+  const StageCosts stage_costs = costs.of_stage(stage);
+  const double per_chunk = 1.0 / plan.config.chunks;
+  switch (a.kind) {
+    case ActionKind::F: return stage_costs.forward * per_chunk;
+    case ActionKind::B:
+      return (plan.split_backward ? stage_costs.backward : stage_costs.backward + stage_costs.weight) * per_chunk;
+    case ActionKind::W: return stage_costs.weight * per_chunk;
+  }
+  return 0;
+}
+
+/// Simulates a plan. Throws cupipe::error (a compile error in constant evaluation) when the plan
+/// cannot run, with verify's reason.
+constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
+  const Config& c = plan.config;
+  const auto p = static_cast<std::size_t>(c.stages);
+  if (!costs.per_stage.empty() && costs.per_stage.size() != p)
+    CUPIPE_THROW("costs.per_stage holds ", costs.per_stage.size(), " entries, expected one per stage (", p, ")");
+  constexpr double unknown = -1;
+  std::vector<double> end(static_cast<std::size_t>(detail::action_slots(c)), unknown);
+  SimResult out;
+  out.busy.assign(p, 0);
+  out.times.resize(p);
+  std::vector<double> free_at(p, 0);
+  std::vector<std::size_t> next(p, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t s = 0; s < p; ++s) {
+      const auto& list = plan.actions[s];
+      const int stage = static_cast<int>(s);
+      for (; next[s] < list.size(); ++next[s]) {
+        const Action& a = list[next[s]];
+        double ready = free_at[s];
+        if (const detail::Dependency in = detail::input_of(c, stage, a); in.exists) {
+          const double arrival = end[static_cast<std::size_t>(detail::slot_of(c, in.stage, in.peer))];
+          if (arrival == unknown) break;
+          ready = std::max(ready, arrival + (in.stage == stage ? 0 : costs.transfer));
+        }
+        // B of the last virtual stage and W consume this stage's own F or B, done earlier in order.
+        const double length = duration(plan, costs, stage, a);
+        out.times[s].push_back({ready, ready + length});
+        end[static_cast<std::size_t>(detail::slot_of(c, stage, a))] = ready + length;
+        free_at[s] = ready + length;
+        out.busy[s] += length;
+        progress = true;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < p; ++s) {
+    if (next[s] < plan.actions[s].size()) {
+      const VerifyResult why = verify(plan);
+      CUPIPE_THROW("simulate: the plan cannot run: ", why.message());
+    }
+    out.makespan = std::max(out.makespan, free_at[s]);
+  }
+  out.idle.assign(p, 0);
+  for (std::size_t s = 0; s < p; ++s) out.idle[s] = out.makespan - out.busy[s];
+  out.bubble_fraction = out.makespan > 0 ? out.total_idle() / (static_cast<double>(p) * out.makespan) : 0;
+  out.peak_activations = peak_activations(plan);
+  out.weight_versions = weight_versions(plan);
+  return out;
+}
+
+/// Generates a policy's plan and simulates it.
+template <class Policy>
+constexpr SimResult simulate(int stages, int microbatches, const Costs& costs, int chunks = Policy::chunks,
+                             int batches = Policy::default_batches) {
+  return simulate(generate<Policy>(Config{stages, microbatches, chunks, batches}), costs);
+}
+
+}  // namespace cupipe::schedule

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// How many weight versions each stage must hold, under the vertical-sync semantics the pipeline
+// runtime implements. Depends only on the order of actions, not on their timing.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "cupipe/schedule/action.hpp"
+
+namespace cupipe::schedule {
+
+/// Versions per stage, or the first action that needs a version its stage has not created yet.
+struct WeightVersionAnalysis {
+  std::vector<int> versions;  // [stage] -> most versions held at once
+  bool feasible = true;
+  int stage = -1;             // where infeasible: the stage, action, version needed and updates applied
+  Action action{ActionKind::F, -1, -1};
+  int needed = 0;
+  int applied = 0;
+};
+
+namespace detail {
+
+/// The version microbatch j runs on, on every stage (vertical sync).
+constexpr std::vector<int> microbatch_versions(const Plan& plan) {
+  const Config& c = plan.config;
+  std::vector<int> version(static_cast<std::size_t>(c.total_microbatches()), 0);
+  if (plan.update == UpdateRule::per_microbatch) {
+    // Tagged at entry: the number of updates stage 0 had applied before it ran F_j of chunk 0.
+    int updates = 0;
+    const ActionKind update_after = plan.split_backward ? ActionKind::W : ActionKind::B;
+    for (const Action& a : plan.actions.front()) {
+      if (a.kind == ActionKind::F && a.chunk == 0) version[static_cast<std::size_t>(a.microbatch)] = updates;
+      if (a.kind == update_after) ++updates;
+    }
+  } else if (plan.update == UpdateRule::double_buffered) {
+    for (int j = 0; j < c.total_microbatches(); ++j)
+      version[static_cast<std::size_t>(j)] = std::max(j / c.microbatches - 1, 0);
+  }
+  return version;
+}
+
+}  // namespace detail
+
+/// Walks each stage's actions: the stage applies updates (after each B or W for PipeDream; after
+/// its last one of batch t for 2BW) and must keep, at every moment, its latest version and every
+/// version a microbatch between its F and its B still uses: latest - min(in flight) + 1.
+constexpr WeightVersionAnalysis analyze_weight_versions(const Plan& plan) {
+  const Config& c = plan.config;
+  WeightVersionAnalysis out;
+  out.versions.assign(static_cast<std::size_t>(c.stages), 1);
+  if (plan.update == UpdateRule::flush) return out;
+  const std::vector<int> version = detail::microbatch_versions(plan);
+  const ActionKind release = plan.split_backward ? ActionKind::W : ActionKind::B;
+  const int n = c.total_microbatches();
+  for (int s = 0; s < c.stages; ++s) {
+    // Microbatch j is in flight on the stage while it holds any of its chunks between F and B.
+    std::vector<int> chunks_in_flight(static_cast<std::size_t>(n), 0);
+    std::vector<int> released_in_batch(static_cast<std::size_t>(c.batches), 0);
+    int latest = 0;
+    int most = 1;
+    for (const Action& a : plan.actions[static_cast<std::size_t>(s)]) {
+      const auto j = static_cast<std::size_t>(a.microbatch);
+      if (a.kind == ActionKind::F) {
+        if (latest < version[j] && out.feasible) {
+          out.feasible = false;
+          out.stage = s;
+          out.action = a;
+          out.needed = version[j];
+          out.applied = latest;
+        }
+        ++chunks_in_flight[j];
+      } else if (a.kind == ActionKind::B) {
+        --chunks_in_flight[j];
+      }
+      if (a.kind == release) {
+        if (plan.update == UpdateRule::per_microbatch) {
+          ++latest;
+        } else if (++released_in_batch[j / static_cast<std::size_t>(c.microbatches)] == c.microbatches * c.chunks) {
+          ++latest;
+        }
+      }
+      int oldest = latest;
+      for (int i = 0; i < n; ++i)
+        if (chunks_in_flight[static_cast<std::size_t>(i)] > 0) oldest = std::min(oldest, version[static_cast<std::size_t>(i)]);
+      most = std::max(most, latest - oldest + 1);
+    }
+    out.versions[static_cast<std::size_t>(s)] = most;
+  }
+  return out;
+}
+
+/// Weight versions each stage must hold: 1 for flush policies; see analyze_weight_versions.
+constexpr std::vector<int> weight_versions(const Plan& plan) { return analyze_weight_versions(plan).versions; }
+
+}  // namespace cupipe::schedule
