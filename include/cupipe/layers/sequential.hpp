@@ -210,7 +210,8 @@ struct LayerSeq {
   static void forward(B& be, const T* params, ConstView<input_t<T>> x0, T* record) {
     const index_t rows = x0.rows();
     check_view(x0, Shape{rows, in_features}, describe_layer<0>(), "input");
-    CUPIPE_REQUIRE(params != nullptr && record != nullptr, describe_layer<0>(), ": null parameters or record");
+    CUPIPE_REQUIRE((params != nullptr || param_count == 0) && record != nullptr, describe_layer<0>(),
+                   ": null parameters or record");
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (forward_layer<I>(be, params, x0, record, rows), ...);
     }(std::make_index_sequence<size>());
@@ -228,7 +229,7 @@ struct LayerSeq {
     check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
     if (!dx.empty()) check_view(dx, Shape{rows, in_features}, describe_layer<0>(), "input gradient");
     CUPIPE_REQUIRE(grad_record != nullptr || size == 1, describe_layer<0>(), ": null grad record");
-    CUPIPE_REQUIRE(grads != nullptr || !with_weight_grads, describe_layer<0>(), ": null gradients");
+    CUPIPE_REQUIRE(grads != nullptr || !with_weight_grads || param_count == 0, describe_layer<0>(), ": null gradients");
     [&]<std::size_t... R>(std::index_sequence<R...>) {
       (backward_layer<size - 1 - R>(be, params, x0, record, rows, dy, dx, grads, grad_record, with_weight_grads), ...);
     }(std::make_index_sequence<size>());

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a training step measured. Every figure here comes from clocks or allocators during the step;
+// nothing is estimated.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cupipe/schedule/action.hpp"
+
+namespace cupipe {
+
+/// One action as it ran: worker (physical stage), what, and when, in seconds since the step began.
+struct ActionRecord {
+  int stage;
+  schedule::ActionKind kind;
+  int microbatch;
+  int chunk;
+  double start;
+  double end;
+};
+
+struct StepStats {
+  /// The batch's mean loss (the microbatches' shares summed; for PipeDream the mean of the
+  /// microbatch means, each of which was its own update).
+  double loss = 0;
+  /// Global gradient norm before clipping (flush schedules), per-stage norms combined otherwise.
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  /// From the first action's start to the last action's end.
+  double makespan_seconds = 0;
+  std::vector<double> busy_seconds;  ///< per stage: time inside actions
+  std::vector<double> idle_seconds;  ///< per stage: makespan - busy
+  /// Sum of idle over stages * makespan: the measured bubble.
+  double bubble_fraction = 0;
+  std::vector<std::int64_t> peak_activation_bytes;  ///< per stage, from its allocator
+  std::vector<std::int64_t> peak_weight_bytes;      ///< per stage, all versions held
+  std::vector<int> peak_weight_versions;            ///< per stage
+  std::vector<ActionRecord> actions;                ///< every action, in start order per stage
+  std::int64_t samples = 0;
+
+  /// busy / makespan for stage s.
+  double utilisation(int s) const { return makespan_seconds > 0 ? busy_seconds[std::size_t(s)] / makespan_seconds : 0; }
+};
+
+}  // namespace cupipe
