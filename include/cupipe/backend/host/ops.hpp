@@ -50,7 +50,10 @@ void gemm(backend::Host<T>&, Transpose ta, Transpose tb, Scalar<T> alpha, ConstV
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "host gemm supports float and double");
   const Shape opa = detail::transposed_if(a.shape(), ta), opb = detail::transposed_if(b.shape(), tb);
   const index_t m = opa[0], k = opa[1], n = opb[1];
-  if (opb[0] != k || c.rows() != m || c.cols() != n)
+  if (opb[0] != k)
+    CUPIPE_THROW("gemm: op(a) is ", opa, " but op(b) is ", opb, ": their inner extents ", k, " and ", opb[0],
+                 " must be equal");
+  if (c.rows() != m || c.cols() != n)
     CUPIPE_THROW("gemm: op(a) is ", opa, " and op(b) is ", opb, ", so c must be (", m, ", ", n, ") but is ",
                  c.shape());
   if (m == 0 || n == 0) return;
@@ -72,6 +75,7 @@ void gemm(backend::Host<T>&, Transpose ta, Transpose tb, Scalar<T> alpha, ConstV
 /// y (rows, n) += bias (n) on every row.
 template <class T>
 void bias_add(backend::Host<T>&, TensorView<T> y, ConstView<T> bias) {
+  check_view(y, y.shape(), "bias_add", "y");
   check_view(bias, Shape{y.cols()}, "bias_add", "bias");
   for (index_t r = 0; r < y.rows(); ++r)
     for (index_t c = 0; c < y.cols(); ++c) y.at(r, c) += bias[c];
@@ -80,6 +84,7 @@ void bias_add(backend::Host<T>&, TensorView<T> y, ConstView<T> bias) {
 /// dbias (n) += column sums of dy (rows, n).
 template <class T>
 void bias_backward(backend::Host<T>&, ConstView<T> dy, TensorView<T> dbias) {
+  check_view(dy, dy.shape(), "bias_backward", "dy");
   check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
   for (index_t r = 0; r < dy.rows(); ++r)
     for (index_t c = 0; c < dy.cols(); ++c) dbias[c] += dy.at(r, c);
@@ -87,6 +92,7 @@ void bias_backward(backend::Host<T>&, ConstView<T> dy, TensorView<T> dbias) {
 
 template <class T>
 void relu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
+  check_view(x, x.shape(), "relu_forward", "x");
   check_view(y, x.shape(), "relu_forward", "y");
   for (index_t i = 0; i < x.numel(); ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
 }
@@ -94,6 +100,7 @@ void relu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
 /// dx = dy where x > 0, else 0 (x is the forward input).
 template <class T>
 void relu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
+  check_view(x, x.shape(), "relu_backward", "x");
   check_view(dy, x.shape(), "relu_backward", "dy");
   check_view(dx, x.shape(), "relu_backward", "dx");
   for (index_t i = 0; i < x.numel(); ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
@@ -102,6 +109,7 @@ void relu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <class T>
 void gelu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
+  check_view(x, x.shape(), "gelu_forward", "x");
   check_view(y, x.shape(), "gelu_forward", "y");
   for (index_t i = 0; i < x.numel(); ++i) {
     const T v = x[i];
@@ -112,6 +120,7 @@ void gelu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
 
 template <class T>
 void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
+  check_view(x, x.shape(), "gelu_backward", "x");
   check_view(dy, x.shape(), "gelu_backward", "dy");
   check_view(dx, x.shape(), "gelu_backward", "dx");
   for (index_t i = 0; i < x.numel(); ++i) {
@@ -126,6 +135,7 @@ void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
 /// y = a + b (the residual connection); y may alias a or b.
 template <class T>
 void residual_add(backend::Host<T>&, ConstView<T> a, ConstView<T> b, TensorView<T> y) {
+  check_view(a, a.shape(), "residual_add", "a");
   check_view(b, a.shape(), "residual_add", "b");
   check_view(y, a.shape(), "residual_add", "y");
   for (index_t i = 0; i < a.numel(); ++i) y[i] = a[i] + b[i];
@@ -134,18 +144,21 @@ void residual_add(backend::Host<T>&, ConstView<T> a, ConstView<T> b, TensorView<
 /// y += alpha * x.
 template <class T>
 void axpy(backend::Host<T>&, Scalar<T> alpha, ConstView<T> x, TensorView<T> y) {
+  check_view(x, x.shape(), "axpy", "x");
   check_view(y, x.shape(), "axpy", "y");
   for (index_t i = 0; i < x.numel(); ++i) y[i] += alpha * x[i];
 }
 
 template <class T>
 void copy(backend::Host<T>&, ConstView<T> from, TensorView<T> to) {
+  check_view(from, from.shape(), "copy", "source");
   check_view(to, from.shape(), "copy", "destination");
   std::copy_n(from.data(), from.numel(), to.data());
 }
 
 template <class T>
 void fill(backend::Host<T>&, TensorView<T> y, Scalar<T> value) {
+  check_view(y, y.shape(), "fill", "y");
   std::fill_n(y.data(), y.numel(), value);
 }
 
@@ -157,6 +170,7 @@ template <class T>
 void layernorm_forward(backend::Host<T>&, ConstView<T> x, ConstView<T> gamma, ConstView<T> beta, TensorView<T> y,
                        TensorView<T> mean, TensorView<T> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_forward", "x");
   check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
   check_view(beta, Shape{n}, "layernorm_forward", "beta");
   check_view(y, x.shape(), "layernorm_forward", "y");
@@ -181,6 +195,7 @@ template <class T>
 void layernorm_backward_input(backend::Host<T>&, ConstView<T> x, ConstView<T> gamma, ConstView<T> mean,
                               ConstView<T> rstd, ConstView<T> dy, TensorView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_backward_input", "x");
   check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
   check_view(mean, Shape{rows}, "layernorm_backward_input", "mean");
   check_view(rstd, Shape{rows}, "layernorm_backward_input", "rstd");
@@ -209,6 +224,7 @@ template <class T>
 void layernorm_backward_weight(backend::Host<T>&, ConstView<T> x, ConstView<T> mean, ConstView<T> rstd,
                                ConstView<T> dy, TensorView<T> dgamma, TensorView<T> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_backward_weight", "x");
   check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
   check_view(rstd, Shape{rows}, "layernorm_backward_weight", "rstd");
   check_view(dy, x.shape(), "layernorm_backward_weight", "dy");
@@ -237,6 +253,7 @@ T row_logsumexp(const T* z, index_t n) {
 }
 template <class T>
 void check_labels(std::string_view op, ConstView<T> logits, ConstView<std::int32_t> labels) {
+  check_view(logits, logits.shape(), op, "logits");
   check_view(labels, Shape{logits.rows()}, op, "labels");
   for (index_t r = 0; r < logits.rows(); ++r)
     if (labels[r] < 0 || labels[r] >= logits.cols())
@@ -282,6 +299,7 @@ void softmax_cross_entropy_backward(backend::Host<T>&, ConstView<T> logits, Cons
 namespace detail {
 template <class T>
 void check_ids(std::string_view op, ConstView<std::int32_t> ids, index_t vocab) {
+  check_view(ids, ids.shape(), op, "ids");
   for (index_t r = 0; r < ids.numel(); ++r)
     if (ids[r] < 0 || ids[r] >= vocab)
       CUPIPE_THROW(op, ": token id ", ids[r], " at row ", r, " is outside the vocabulary [0, ", vocab, ")");
@@ -290,6 +308,7 @@ void check_ids(std::string_view op, ConstView<std::int32_t> ids, index_t vocab) 
 
 template <class T>
 void embedding_forward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y) {
+  check_view(table, table.shape(), "embedding_forward", "table");
   check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
   detail::check_ids<T>("embedding_forward", ids, table.rows());
   for (index_t r = 0; r < ids.numel(); ++r)
@@ -298,6 +317,7 @@ void embedding_forward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView
 
 template <class T>
 void embedding_backward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable) {
+  check_view(dtable, dtable.shape(), "embedding_backward", "dtable");
   check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
   detail::check_ids<T>("embedding_backward", ids, dtable.rows());
   for (index_t r = 0; r < ids.numel(); ++r)
@@ -310,6 +330,7 @@ void embedding_backward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstVie
 /// Sum of squares of all elements, accumulated in double.
 template <class T>
 double sum_of_squares(backend::Host<T>&, ConstView<T> x) {
+  check_view(x, x.shape(), "sum_of_squares", "x");
   double sum = 0;
   for (index_t i = 0; i < x.numel(); ++i) sum += double(x[i]) * double(x[i]);
   return sum;
@@ -318,6 +339,7 @@ double sum_of_squares(backend::Host<T>&, ConstView<T> x) {
 template <class T>
 void sgd_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, TensorView<T> velocity,
                 const SgdHyper& h, Scalar<T> grad_scale) {
+  check_view(param, param.shape(), "sgd_update", "param");
   check_view(grad, param.shape(), "sgd_update", "grad");
   check_view(velocity, param.shape(), "sgd_update", "velocity");
   for (index_t i = 0; i < param.numel(); ++i) {
@@ -331,6 +353,7 @@ void sgd_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, Tenso
 template <class T>
 void adamw_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, TensorView<T> m, TensorView<T> v,
                   const AdamWHyper& h, std::int64_t step, Scalar<T> grad_scale) {
+  check_view(param, param.shape(), "adamw_update", "param");
   check_view(grad, param.shape(), "adamw_update", "grad");
   check_view(m, param.shape(), "adamw_update", "m");
   check_view(v, param.shape(), "adamw_update", "v");
