@@ -152,7 +152,11 @@ inline constexpr std::array<PolicyInfo, 7> all_policies{
     info_of<GPipe>(),     info_of<OneFOneB>(),     info_of<Interleaved<2>>(),    info_of<PipeDream>(),
     info_of<PipeDream2BW>(), info_of<ZeroBubbleH1>(), info_of<ZeroBubbleH2>()};
 
-constexpr const PolicyInfo& info(PolicyId id) { return all_policies[static_cast<std::size_t>(id)]; }
+constexpr const PolicyInfo& info(PolicyId id) {
+  for (const PolicyInfo& policy : all_policies)
+    if (policy.id == id) return policy;
+  return all_policies.front();  // unreachable for valid ids
+}
 
 /// Why a policy rejects a configuration, or Rejection::none.
 constexpr Rejection rejection(PolicyId id, const Config& c) {

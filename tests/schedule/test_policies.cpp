@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every policy over the whole grid p <= 16, m <= 64: verify passes, and the simulated bubble, memory
+// and weight versions match closed forms or a brute-force run of the semantics.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <set>
+
+#include "cupipe/schedule/schedule.hpp"
+
+namespace sch = cupipe::schedule;
+using sch::Config;
+using sch::PolicyId;
+
+namespace {
+
+constexpr double tolerance = 1e-12;
+
+/// Every configuration of the grid a policy accepts.
+std::vector<Config> grid(PolicyId id, int max_stages = 16, int max_microbatches = 64) {
+  std::vector<Config> configs;
+  const std::vector<int> chunk_counts = id == PolicyId::interleaved ? std::vector<int>{2, 3, 4} : std::vector<int>{1};
+  for (int p = 1; p <= max_stages; ++p)
+    for (int m = 1; m <= max_microbatches; ++m)
+      for (int v : chunk_counts) {
+        const Config c{p, m, v, sch::info(id).default_batches};
+        if (sch::rejection(id, c) == sch::Rejection::none) configs.push_back(c);
+      }
+  return configs;
+}
+
+/// Brute force of the runtime's weight-version semantics: each stage keeps a ring of its last K
+/// versions, so K must cover, at every F and B of microbatch j, latest - v_j + 1 (v_j: the updates
+/// stage 0 had applied when j entered, or max(t-1, 0) for 2BW batch t).
+std::vector<int> brute_force_versions(const sch::Plan& plan) {
+  const Config& c = plan.config;
+  const int n = c.total_microbatches();
+  std::vector<int> tag(static_cast<std::size_t>(n), 0);
+  int stage0_updates = 0;
+  for (const auto& a : plan.actions[0]) {
+    if (a.kind == sch::ActionKind::F) tag[static_cast<std::size_t>(a.microbatch)] = stage0_updates;
+    if (a.kind == sch::ActionKind::B) ++stage0_updates;
+  }
+  if (plan.update == sch::UpdateRule::double_buffered)
+    for (int j = 0; j < n; ++j) tag[static_cast<std::size_t>(j)] = std::max(j / c.microbatches - 1, 0);
+  std::vector<int> ring(static_cast<std::size_t>(c.stages), 1);
+  for (int s = 0; s < c.stages; ++s) {
+    std::set<int> created{0};
+    std::vector<int> done_in_batch(static_cast<std::size_t>(c.batches), 0);
+    for (const auto& a : plan.actions[static_cast<std::size_t>(s)]) {
+      const int v = tag[static_cast<std::size_t>(a.microbatch)];
+      REQUIRE(created.count(v) == 1);  // the version this microbatch runs on must exist already
+      const int latest = *created.rbegin();
+      ring[static_cast<std::size_t>(s)] = std::max(ring[static_cast<std::size_t>(s)], latest - v + 1);
+      if (a.kind != sch::ActionKind::B) continue;
+      const bool update = plan.update == sch::UpdateRule::per_microbatch ||
+                          ++done_in_batch[static_cast<std::size_t>(a.microbatch / c.microbatches)] == c.microbatches;
+      if (update) created.insert(latest + 1);
+    }
+  }
+  return ring;
+}
+
+}  // namespace
+
+TEST_CASE("every policy plan verifies for p <= 16 and m <= 64", "[schedule][verify]") {
+  for (const auto& policy : sch::all_policies) {
+    for (const Config& c : grid(policy.id)) {
+      const sch::VerifyResult result = sch::verify(sch::generate(policy.id, c));
+      INFO(policy.name << " p=" << c.stages << " m=" << c.microbatches << " V=" << c.chunks << ": " << result.message());
+      REQUIRE(static_cast<bool>(result));
+    }
+  }
+}
+
+TEST_CASE("GPipe and 1F1B bubble is (p-1)/(m+p-1) with F=1 and B=2", "[schedule][simulate]") {
+  for (PolicyId id : {PolicyId::gpipe, PolicyId::one_f_one_b}) {
+    for (const Config& c : grid(id)) {
+      const int p = c.stages, m = c.microbatches;
+      const auto sim = sch::simulate(sch::generate(id, c), sch::Costs{1, 2});
+      INFO(sch::policy_name(id) << " p=" << p << " m=" << m);
+      REQUIRE(std::abs(sim.bubble_fraction - double(p - 1) / (m + p - 1)) <= tolerance);
+      REQUIRE(sim.makespan == 3.0 * (m + p - 1));  // closed form: (m + p - 1)(F + B)
+      for (int s = 0; s < p; ++s)
+        REQUIRE(sim.peak_activations[s] == (id == PolicyId::gpipe ? m : std::min(p - s, m)));
+    }
+  }
+}
+
+TEST_CASE("transfer latency adds 2(p-1) hand-overs to the 1F1B makespan", "[schedule][simulate]") {
+  for (int p = 1; p <= 8; ++p)
+    for (int m = p; m <= 16; ++m) {
+      const auto sim = sch::simulate<sch::OneFOneB>(p, m, sch::Costs{1, 2, 0, 0.5});
+      INFO("p=" << p << " m=" << m);
+      REQUIRE(sim.makespan >= 3.0 * (m + p - 1) + 2 * (p - 1) * 0.5);
+      const auto gpipe = sch::simulate<sch::GPipe>(p, m, sch::Costs{1, 2, 0, 0.5});
+      REQUIRE(gpipe.makespan == 3.0 * (m + p - 1) + 2 * (p - 1) * 0.5);  // closed form for GPipe
+    }
+}
+
+TEST_CASE("ZB-H1 with F=B=W=1 idles a third of 1F1B in the peak memory of 1F1B", "[schedule][zero-bubble]") {
+  const sch::Costs unit{1, 1, 1};
+  for (const Config& c : grid(PolicyId::zb_h1)) {
+    const int p = c.stages, m = c.microbatches;
+    if (m < p) continue;
+    const auto zb = sch::simulate(sch::generate(PolicyId::zb_h1, c), unit);
+    const auto base = sch::simulate(sch::generate(PolicyId::one_f_one_b, c), unit);
+    INFO("p=" << p << " m=" << m);
+    REQUIRE(zb.total_idle() <= base.total_idle() / 3 + tolerance);
+    REQUIRE(zb.makespan == 3.0 * m + p - 1);  // closed form: the last stage never waits after its start
+    REQUIRE(zb.max_peak_activations() == base.max_peak_activations());
+    REQUIRE(zb.max_peak_activations() == std::min(p, m));
+  }
+}
+
+TEST_CASE("ZB-H2 holds at most 2p-1 and never idles more than ZB-H1", "[schedule][zero-bubble]") {
+  for (const sch::Costs& costs : {sch::Costs{1, 1, 1}, sch::Costs{1, 2, 1}, sch::Costs{2, 2, 1}}) {
+    for (const Config& c : grid(PolicyId::zb_h2, 12, 48)) {
+      const int p = c.stages, m = c.microbatches;
+      const auto h2 = sch::simulate(sch::generate(PolicyId::zb_h2, c), costs);
+      const auto h1 = sch::simulate(sch::generate(PolicyId::zb_h1, c), costs);
+      INFO("p=" << p << " m=" << m << " F=" << costs.forward << " B=" << costs.backward);
+      REQUIRE(h2.makespan <= h1.makespan + tolerance);
+      REQUIRE(h2.max_peak_activations() == std::min(2 * p - 1, m));
+      // The last stage cannot start before (p-1) forwards: the bound H2 reaches once m >= 2p-1.
+      const double bound = m * (costs.forward + costs.backward + costs.weight) + (p - 1) * costs.forward;
+      REQUIRE(h2.makespan >= bound - tolerance);
+      if (m >= 2 * p - 1 && costs.forward == 1) REQUIRE(h2.makespan == bound);
+    }
+  }
+}
+
+TEST_CASE("Interleaved<V> bubble is (p-1)/(Vm+p-1) when p divides m", "[schedule][interleaved]") {
+  for (const Config& c : grid(PolicyId::interleaved)) {
+    const int p = c.stages, m = c.microbatches, v = c.chunks;
+    if (m % p != 0) continue;
+    const auto sim = sch::simulate(sch::generate(PolicyId::interleaved, c), sch::Costs{1, 2});
+    INFO("p=" << p << " m=" << m << " V=" << v);
+    REQUIRE(std::abs(sim.bubble_fraction - double(p - 1) / (v * m + p - 1)) <= tolerance);
+    REQUIRE(std::abs(sim.makespan - (3.0 * m + 3.0 * (p - 1) / v)) <= tolerance * sim.makespan);
+  }
+}
+
+TEST_CASE("Interleaved<V> rejects m not a multiple of p from 2p on with the reason", "[schedule][interleaved]") {
+  CHECK(sch::rejection(PolicyId::interleaved, {4, 9, 2}) == sch::Rejection::interleaved_microbatches);
+  CHECK(sch::rejection(PolicyId::interleaved, {4, 7, 2}) == sch::Rejection::none);  // one group of 7
+  CHECK(sch::rejection(PolicyId::interleaved, {4, 3, 2}) == sch::Rejection::none);  // m < p: one group
+  CHECK_THROWS_WITH(sch::generate<sch::Interleaved<2>>({4, 10, 2}), Catch::Contains("multiple of stages"));
+  CHECK_THROWS_WITH(sch::generate<sch::Interleaved<3>>({4, 8, 2}), Catch::Contains("V of Interleaved<V>"));
+  const auto result = sch::verify<sch::Interleaved<2>>(4, 9);
+  CHECK_FALSE(result);
+  CHECK(result.message().find("multiple of stages") != std::string_view::npos);
+}
+
+TEST_CASE("weight versions: flush 1; PipeDream as brute force; 2BW 2", "[schedule][weights]") {
+  for (PolicyId id : {PolicyId::gpipe, PolicyId::one_f_one_b, PolicyId::interleaved, PolicyId::zb_h1, PolicyId::zb_h2})
+    for (const Config& c : grid(id, 8, 16))
+      REQUIRE(sch::weight_versions(sch::generate(id, c)) == std::vector<int>(c.stages, 1));
+  for (PolicyId id : {PolicyId::pipedream, PolicyId::pipedream_2bw}) {
+    for (int batches : {1, 2, 3}) {
+      for (int p = 1; p <= 16; ++p) {
+        for (int m = 1; m <= 64; m += (m < 20 ? 1 : 7)) {
+          const Config c{p, m, 1, batches};
+          if (sch::rejection(id, c) != sch::Rejection::none) continue;
+          const sch::Plan plan = sch::generate(id, c);
+          const auto versions = sch::weight_versions(plan);
+          INFO(sch::policy_name(id) << " p=" << p << " m=" << m << " batches=" << batches);
+          REQUIRE(versions == brute_force_versions(plan));
+          if (id == PolicyId::pipedream_2bw && m >= p && batches > 1)
+            REQUIRE(*std::max_element(versions.begin(), versions.end()) == 2);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("PipeDream2BW rejects too few microbatches across batches", "[schedule][weights]") {
+  CHECK(sch::rejection(PolicyId::pipedream_2bw, {8, 2, 1, 2}) == sch::Rejection::two_bw_needs_microbatches);
+  CHECK(sch::rejection(PolicyId::pipedream_2bw, {8, 2, 1, 1}) == sch::Rejection::none);
+  CHECK(sch::verify<sch::PipeDream2BW>(4, 3));  // m = p - 1 still works, with 2 versions
+  CHECK(sch::simulate<sch::PipeDream2BW>(4, 3, {}).max_weight_versions() == 2);
+}

@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+// Compile-time checks, broken plans caught by verify, run-time dispatch and timelines.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "cupipe/schedule/schedule.hpp"
+
+namespace sch = cupipe::schedule;
+using sch::ActionKind;
+
+// verify and simulate are constant expressions, so a trainer can check its configuration.
+static_assert(sch::verify<sch::GPipe>(3, 4));
+static_assert(sch::verify<sch::OneFOneB>(3, 8));
+static_assert(sch::verify<sch::Interleaved<2>>(2, 4));
+static_assert(sch::verify<sch::PipeDream>(3, 4));
+static_assert(sch::verify<sch::PipeDream2BW>(3, 3));
+static_assert(sch::verify<sch::ZeroBubbleH1>(3, 6));
+static_assert(sch::verify<sch::ZeroBubbleH2>(3, 6));
+static_assert(!sch::verify<sch::Interleaved<2>>(3, 7));  // rejected: neither a multiple of 3 nor < 6
+static_assert(sch::simulate<sch::OneFOneB>(4, 8, sch::Costs{1, 2}).makespan == 33);
+static_assert(sch::simulate<sch::ZeroBubbleH1>(4, 8, sch::Costs{1, 1, 1}).makespan == 27);
+static_assert(sch::weight_versions(sch::generate<sch::PipeDream2BW>({3, 4, 1, 3})) == std::vector<int>{2, 2, 2});
+static_assert(sch::StaticSchedule<sch::OneFOneB, 4, 8>::plan().actions.size() == 4);
+
+namespace {
+
+/// Swaps two actions of one stage.
+sch::Plan swapped(sch::Plan plan, int stage, int first, int second) {
+  std::swap(plan.actions[stage][first], plan.actions[stage][second]);
+  return plan;
+}
+
+int index_of(const sch::Plan& plan, int stage, sch::Action action) {
+  const auto& list = plan.actions[stage];
+  return static_cast<int>(std::find(list.begin(), list.end(), action) - list.begin());
+}
+
+}  // namespace
+
+TEST_CASE("verify names both actions of a swap that breaks a plan", "[schedule][verify]") {
+  const sch::Plan plan = sch::generate<sch::OneFOneB>({4, 8});
+  REQUIRE(sch::verify(plan));
+
+  SECTION("B before its own F") {
+    const auto broken = swapped(plan, 1, index_of(plan, 1, {ActionKind::F, 3, 0}), index_of(plan, 1, {ActionKind::B, 3, 0}));
+    const auto result = sch::verify(broken);
+    REQUIRE_FALSE(result);
+    const std::string message(result.message());
+    CHECK(message.find("stage 1") != std::string::npos);
+    CHECK(message.find("B3") != std::string::npos);
+    CHECK(message.find("F3") != std::string::npos);
+  }
+  SECTION("two backwards out of order deadlock once sends block") {
+    const auto broken = swapped(plan, 1, index_of(plan, 1, {ActionKind::B, 2, 0}), index_of(plan, 1, {ActionKind::B, 3, 0}));
+    const auto result = sch::verify(broken);
+    REQUIRE_FALSE(result);
+    const std::string message(result.message());
+    INFO(message);
+    CHECK(message.find("deadlock") != std::string::npos);
+    CHECK(message.find("B2") != std::string::npos);
+    CHECK(message.find("B3") != std::string::npos);
+  }
+  SECTION("a forward ahead of its input is a dependency cycle") {
+    // Stage 2 runs B0 before F0: B0 waits on stage 3, which waits for F0 from stage 2.
+    auto broken = plan;
+    auto& list = broken.actions[2];
+    list.erase(list.begin() + index_of(plan, 2, {ActionKind::B, 0, 0}));
+    list.insert(list.begin(), sch::Action{ActionKind::B, 0, 0});
+    const auto result = sch::verify(broken);
+    REQUIRE_FALSE(result);
+    CHECK(std::string(result.message()).find("B0 comes before F0") != std::string::npos);
+  }
+  SECTION("missing, duplicated and foreign actions") {
+    auto missing = plan;
+    missing.actions[0].pop_back();
+    CHECK(std::string(sch::verify(missing).message()).find("is missing") != std::string::npos);
+    auto twice = plan;
+    twice.actions[0].push_back(twice.actions[0].front());
+    CHECK(std::string(sch::verify(twice).message()).find("appears twice") != std::string::npos);
+    auto weight = plan;
+    weight.actions[0].push_back({ActionKind::W, 0, 0});
+    CHECK(std::string(sch::verify(weight).message()).find("not split") != std::string::npos);
+  }
+  SECTION("cross-stage dependency that can never be met") {
+    // Stage 0 waits for B7 before sending F7, which B7 needs: a cycle through stage 3.
+    auto broken = plan;
+    auto& list = broken.actions[0];
+    const auto f7 = list.begin() + index_of(plan, 0, {ActionKind::F, 7, 0});
+    list.erase(f7);
+    list.insert(list.end(), sch::Action{ActionKind::F, 7, 0});
+    const auto result = sch::verify(broken);
+    REQUIRE_FALSE(result);
+    CHECK(std::string(result.message()).find("B7") != std::string::npos);
+  }
+  CHECK_THROWS_WITH(sch::simulate(swapped(plan, 1, index_of(plan, 1, {ActionKind::B, 2, 0}),
+                                          index_of(plan, 1, {ActionKind::F, 2, 0})),
+                                  sch::Costs{}),
+                    Catch::Contains("cannot run"));
+}
+
+TEST_CASE("policies dispatch by name and reject bad configurations with a sentence", "[schedule][dispatch]") {
+  CHECK(sch::parse_policy("gpipe") == sch::PolicyId::gpipe);
+  CHECK(sch::parse_policy("1f1b") == sch::PolicyId::one_f_one_b);
+  CHECK(sch::parse_policy("2bw") == sch::PolicyId::pipedream_2bw);
+  CHECK(sch::parse_policy("zb-h2") == sch::PolicyId::zb_h2);
+  CHECK_THROWS_WITH(sch::parse_policy("3f3b"), Catch::Contains("expected one of: gpipe, 1f1b, interleaved"));
+  for (const auto& policy : sch::all_policies) {
+    CHECK(sch::parse_policy(policy.name) == policy.id);
+    CHECK_THROWS_WITH(sch::generate(policy.id, {0, 4, policy.default_chunks}), Catch::Contains("at least 1 stage"));
+    CHECK_THROWS_WITH(sch::generate(policy.id, {2, 0, policy.default_chunks}), Catch::Contains("at least 1 microbatch"));
+  }
+  CHECK_THROWS_WITH(sch::generate(sch::PolicyId::gpipe, {2, 4, 2}), Catch::Contains("chunks must be 1"));
+  CHECK_THROWS_WITH(sch::generate(sch::PolicyId::gpipe, {2, 4, 1, 2}), Catch::Contains("batches must be 1"));
+  CHECK_THROWS_WITH(sch::generate(sch::PolicyId::interleaved, {2, 4, 1}), Catch::Contains("at least 2 chunks"));
+  CHECK(sch::generate<sch::OneFOneB>({3, 5}).actions == sch::generate(sch::PolicyId::one_f_one_b, {3, 5}).actions);
+}
+
+TEST_CASE("plans follow the policies' definitions", "[schedule][policies]") {
+  const auto gpipe = sch::generate<sch::GPipe>({2, 2});
+  CHECK(gpipe.actions[0] == std::vector<sch::Action>{{ActionKind::F, 0, 0}, {ActionKind::F, 1, 0}, {ActionKind::B, 0, 0}, {ActionKind::B, 1, 0}});
+  const auto one = sch::generate<sch::OneFOneB>({3, 4});
+  CHECK(one.actions[0] == std::vector<sch::Action>{{ActionKind::F, 0, 0}, {ActionKind::F, 1, 0}, {ActionKind::F, 2, 0},
+                                                   {ActionKind::B, 0, 0}, {ActionKind::F, 3, 0}, {ActionKind::B, 1, 0},
+                                                   {ActionKind::B, 2, 0}, {ActionKind::B, 3, 0}});
+  CHECK(one.actions[2].front() == sch::Action{ActionKind::F, 0, 0});
+  CHECK(one.actions[2][1] == sch::Action{ActionKind::B, 0, 0});
+  const auto interleaved = sch::generate<sch::Interleaved<2>>({2, 4, 2});
+  // Stage 1, chunk 0 is virtual stage 1; the first B belongs to the last virtual stage (chunk 1).
+  CHECK(sch::virtual_stage(1, 1, 2) == 3);
+  const auto& last = interleaved.actions[1];
+  CHECK(std::find(last.begin(), last.end(), sch::Action{ActionKind::B, 0, 1}) < std::find(last.begin(), last.end(), sch::Action{ActionKind::B, 0, 0}));
+  const auto pd = sch::generate<sch::PipeDream>({2, 3, 1, 2});
+  CHECK(pd.actions[0].size() == 12);  // 6 microbatches across 2 batches, no flush
+  CHECK(pd.update == sch::UpdateRule::per_microbatch);
+  CHECK(sch::generate<sch::ZeroBubbleH1>({2, 2}).split_backward);
+}
+
+TEST_CASE("ASCII timeline and Chrome trace of a simulated plan", "[schedule][timeline]") {
+  const sch::Plan plan = sch::generate<sch::OneFOneB>({2, 2});
+  const auto sim = sch::simulate(plan, sch::Costs{1, 2});
+  const auto events = sch::timeline_events(plan, sim);
+  REQUIRE(events.size() == 8);
+  const std::string chart = sch::ascii_timeline(events, 2);
+  INFO(chart);
+  CHECK(chart.find("stage 0| F0 F1 .  .  B0 ~~ .  B1 ~~\n") != std::string::npos);
+  CHECK(chart.find("stage 1| .  F0 B0 ~~ F1 B1 ~~ .  .\n") != std::string::npos);
+  CHECK(chart.find("legend") != std::string::npos);
+
+  const std::vector<sch::TraceGroup> groups{{"measured \"run\"", events, 1e6}, {"simulated (predicted)", events, 1e3}};
+  const std::string json = sch::chrome_trace_json(groups);
+  CHECK(json.find(R"j("name":"measured \"run\"")j") != std::string::npos);
+  CHECK(json.find(R"j("name":"simulated (predicted)")j") != std::string::npos);
+  CHECK(json.find(R"j({"name":"thread_name","ph":"M","pid":2,"tid":1,"args":{"name":"stage 1"}})j") != std::string::npos);
+  CHECK(json.find(R"j("ph":"X","pid":1,"tid":0,"ts":4000000.000000,"dur":2000000.000000,"args":{"microbatch":0,"chunk":0})j") !=
+        std::string::npos);
+  CHECK(sch::json_escape("a\\b\n\x01") == "a\\\\b\\n\\u0001");
+}
