@@ -238,54 +238,58 @@ TEST_CASE("safetensors load rejects corrupted headers with a message for each", 
   const auto load = [&](const std::string& header, const Bytes& buffer = eight_zero_bytes) {
     return load_built(dir, header, buffer);
   };
+  struct Case {
+    std::string header;  // tensor 'w' over an 8-byte buffer unless it says otherwise
+    std::string message;
+    Bytes buffer = eight_zero_bytes;
+  };
   const auto entry = [](const std::string& fields) { return R"({"w":{)" + fields + "}}"; };
-
-  REQUIRE_THROWS_WITH(load(R"({"w":)"), Contains("built.safetensors: header is not valid JSON"));
-  REQUIRE_THROWS_WITH(load("[1, 2]"), Contains("header is a JSON array, expected an object"));
-  REQUIRE_THROWS_WITH(load(R"({"w":5})"), Contains("tensor 'w': entry is a JSON number, expected an object"));
-  REQUIRE_THROWS_WITH(load(entry(R"("shape":[2],"data_offsets":[0,8])")), Contains("tensor 'w': entry has no \"dtype\""));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","data_offsets":[0,8])")), Contains("entry has no \"shape\""));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[2])")), Contains("entry has no \"data_offsets\""));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":32,"shape":[2],"data_offsets":[0,8])")),
-                      Contains("tensor 'w': dtype is a JSON number, expected a string"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8])")),
-                      Contains("tensor 'w': unsupported dtype \"F8_E4M3\"; cupipe reads F32, F64, BF16"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":"2","data_offsets":[0,8])")),
-                      Contains("tensor 'w': shape is a JSON string, expected an array of integers"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[-2],"data_offsets":[0,8])")),
-                      Contains("tensor 'w': shape[0] is -2, expected a non-negative integer"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[1,2.5],"data_offsets":[0,8])")),
-                      Contains("tensor 'w': shape[1] is 2.5, expected a non-negative integer"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,8])")),
-                      Contains("more elements than fit in 64 bits"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[2],"data_offsets":[0])")),
-                      Contains("tensor 'w': data_offsets is [0], expected [begin, end]"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[2],"data_offsets":[0,-8])")),
-                      Contains("data_offsets is [0,-8], expected [begin, end] with non-negative integers"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[0],"data_offsets":[8,0])")),
-                      Contains("tensor 'w': data_offsets [8, 0] end before they begin"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[3],"data_offsets":[0,8])")),
-                      Contains("tensor 'w': data_offsets [0, 8] hold 8 bytes but shape (3,) of F32 needs 12"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[4],"data_offsets":[0,16])")),
-                      Contains("tensor 'w': data_offsets [0, 16] run past the end of the 8-byte data buffer"));
-  REQUIRE_THROWS_WITH(load(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                           R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                           Bytes(12)),
-                      Contains("tensors 'a' [0, 8] and 'b' [4, 12] overlap"));
-  REQUIRE_THROWS_WITH(load(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                           R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-                           Bytes(12)),
-                      Contains("hole in the data buffer: no tensor holds bytes [4, 8) after 'a', before 'b'"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[1],"data_offsets":[4,8])")),
-                      Contains("no tensor holds bytes [0, 4), before 'w'"));
-  REQUIRE_THROWS_WITH(load(entry(R"("dtype":"F32","shape":[1],"data_offsets":[0,4])")),
-                      Contains("4 bytes after the last tensor's data"));
-  REQUIRE_THROWS_WITH(load(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                           R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})"),
-                      Contains("the header names 'w' twice"));
-  REQUIRE_THROWS_WITH(load(R"({"__metadata__":{"step":3}})", {}),
-                      Contains("metadata value for 'step' is a JSON number (3), expected a string"));
-  REQUIRE_THROWS_WITH(load(R"({"__metadata__":["a"]})", {}), Contains("__metadata__ is a JSON array"));
+  const auto pair = [](const std::string& a_fields, const std::string& b_fields) {
+    return R"({"a":{"dtype":"F32",)" + a_fields + R"(},"b":{"dtype":"F32",)" + b_fields + "}}";
+  };
+  const std::vector<Case> cases{
+      {R"({"w":)", "built.safetensors: header is not valid JSON"},
+      {"[1, 2]", "header is a JSON array, expected an object"},
+      {R"({"w":5})", "tensor 'w': entry is a JSON number, expected an object"},
+      {entry(R"("shape":[2],"data_offsets":[0,8])"), "tensor 'w': entry has no \"dtype\""},
+      {entry(R"("dtype":"F32","data_offsets":[0,8])"), "entry has no \"shape\""},
+      {entry(R"("dtype":"F32","shape":[2])"), "entry has no \"data_offsets\""},
+      {entry(R"("dtype":32,"shape":[2],"data_offsets":[0,8])"), "tensor 'w': dtype is a JSON number, expected a string"},
+      {entry(R"("dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8])"),
+       "tensor 'w': unsupported dtype \"F8_E4M3\"; cupipe reads F32, F64, BF16"},
+      {entry(R"("dtype":"F32","shape":"2","data_offsets":[0,8])"),
+       "tensor 'w': shape is a JSON string, expected an array of integers"},
+      {entry(R"("dtype":"F32","shape":[-2],"data_offsets":[0,8])"),
+       "tensor 'w': shape[0] is -2, expected a non-negative integer"},
+      {entry(R"("dtype":"F32","shape":[1,2.5],"data_offsets":[0,8])"),
+       "tensor 'w': shape[1] is 2.5, expected a non-negative integer"},
+      {entry(R"("dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,8])"),
+       "more elements than fit in 64 bits"},
+      {entry(R"("dtype":"F32","shape":[2],"data_offsets":[0])"), "tensor 'w': data_offsets is [0], expected [begin, end]"},
+      {entry(R"("dtype":"F32","shape":[2],"data_offsets":[0,-8])"),
+       "data_offsets is [0,-8], expected [begin, end] with non-negative integers"},
+      {entry(R"("dtype":"F32","shape":[0],"data_offsets":[8,0])"), "tensor 'w': data_offsets [8, 0] end before they begin"},
+      {entry(R"("dtype":"F32","shape":[3],"data_offsets":[0,8])"),
+       "tensor 'w': data_offsets [0, 8] hold 8 bytes but shape (3,) of F32 needs 12"},
+      {entry(R"("dtype":"F32","shape":[4],"data_offsets":[0,16])"),
+       "tensor 'w': data_offsets [0, 16] run past the end of the 8-byte data buffer"},
+      {pair(R"("shape":[2],"data_offsets":[0,8])", R"("shape":[2],"data_offsets":[4,12])"),
+       "tensors 'a' [0, 8] and 'b' [4, 12] overlap", Bytes(12)},
+      {pair(R"("shape":[1],"data_offsets":[0,4])", R"("shape":[1],"data_offsets":[8,12])"),
+       "hole in the data buffer: no tensor holds bytes [4, 8) after 'a', before 'b'", Bytes(12)},
+      {entry(R"("dtype":"F32","shape":[1],"data_offsets":[4,8])"), "no tensor holds bytes [0, 4), before 'w'"},
+      {entry(R"("dtype":"F32","shape":[1],"data_offsets":[0,4])"), "4 bytes after the last tensor's data"},
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+       "the header names tensor 'w' twice"},
+      {entry(R"("dtype":"F32","shape":[2],"dtype":"F64","data_offsets":[0,8])"),
+       "the header has the key 'dtype' twice in one object"},
+      {R"({"__metadata__":{"step":3}})", "metadata value for 'step' is a JSON number (3), expected a string", {}},
+      {R"({"__metadata__":["a"]})", "__metadata__ is a JSON array", {}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.header);
+    REQUIRE_THROWS_WITH(load(c.header, c.buffer), Contains(c.message));
+  }
 }
 
 TEST_CASE("write_file_atomically leaves the old file intact when the writer fails", "[cpu][io][atomic]") {

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -334,12 +335,16 @@ inline SafetensorsFile SafetensorsFile::load(const std::filesystem::path& path) 
   if (const std::size_t nul = text.find('\0'); nul != std::string::npos)
     CUPIPE_THROW(file, ": header has a NUL byte at offset ", nul, "; a safetensors header is JSON text");
 
-  // The parser callback rejects a repeated top-level key, which JSON would silently let win.
-  std::map<std::string, int, std::less<>> seen_keys;
+  // The parser callback rejects a repeated key, which JSON parsers would silently let win.
+  std::vector<std::set<std::string, std::less<>>> keys_per_object;
   const auto reject_duplicates = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string() &&
-        ++seen_keys[parsed.get_ref<const std::string&>()] > 1)
-      CUPIPE_THROW(file, ": the header names '", parsed.get_ref<const std::string&>(), "' twice");
+    using event_t = nlohmann::json::parse_event_t;
+    if (event == event_t::object_start) keys_per_object.emplace_back();
+    if (event == event_t::object_end) keys_per_object.pop_back();
+    if (event == event_t::key && !keys_per_object.back().insert(parsed.get<std::string>()).second) {
+      if (depth == 1) CUPIPE_THROW(file, ": the header names tensor '", parsed.get<std::string>(), "' twice");
+      CUPIPE_THROW(file, ": the header has the key '", parsed.get<std::string>(), "' twice in one object");
+    }
     return true;
   };
   nlohmann::json header;

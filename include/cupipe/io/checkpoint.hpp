@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checkpoints as two safetensors files, both by layer and not by stage, so that a checkpoint written
+// with one schedule and stage count loads into any other:
+//   <prefix>.safetensors        the model: PyTorch state_dict names and layouts ("0.weight" [out, in],
+//                               "0.bias", ...), so torch.nn.Sequential.load_state_dict accepts it;
+//   <prefix>.state.safetensors  the training state: optimizer slots per parameter
+//                               ("0.weight.exp_avg", ...), and in its metadata the optimizer, update
+//                               count, RNG state and data position.
+// Each file is written atomically. The two carry the same save id, so a crash between the two
+// renames is detected at load instead of resuming from a mismatched pair.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/rng.hpp"
+#include "cupipe/io/safetensors.hpp"
+#include "cupipe/layers/sequential.hpp"
+
+namespace cupipe::io {
+
+/// Where training stands, beyond the tensors.
+struct TrainingState {
+  std::string optimizer;          ///< "adamw", "sgd", or empty when there is no optimizer state
+  std::int64_t updates = 0;       ///< optimizer updates applied (the LR-schedule position)
+  Rng::state_type rng{};          ///< the data-order generator
+  std::int64_t epoch = 0;         ///< data position: epoch ...
+  std::int64_t batch = 0;         ///< ... and batches done within it
+  std::map<std::string, std::string> extra;  ///< anything else the trainer records (schedule, stages, ...)
+};
+
+inline std::filesystem::path model_file(const std::filesystem::path& prefix) {
+  return std::filesystem::path(prefix.string() + ".safetensors");
+}
+inline std::filesystem::path state_file(const std::filesystem::path& prefix) {
+  return std::filesystem::path(prefix.string() + ".state.safetensors");
+}
+
+namespace detail {
+
+inline std::vector<std::int64_t> extents(const Shape& shape) {
+  std::vector<std::int64_t> out;
+  for (int i = 0; i < shape.rank(); ++i) out.push_back(shape[i]);
+  return out;
+}
+
+template <class T>
+std::vector<TensorEntry> entries(const std::vector<ParamInfo>& table, std::span<const T> flat, const std::string& suffix) {
+  std::vector<TensorEntry> out;
+  for (const ParamInfo& p : table)
+    out.push_back(make_entry(p.name + suffix, extents(p.shape), flat.subspan(std::size_t(p.offset), std::size_t(p.numel))));
+  return out;
+}
+
+/// Reads every tensor of `table` (with `suffix`) into one flat array, checking that the file has
+/// exactly those names, shapes and dtypes, and saying everything that differs.
+template <class T>
+std::vector<T> read_flat(const SafetensorsFile& file, const std::vector<ParamInfo>& table, const std::string& suffix) {
+  std::vector<std::string> problems;
+  std::vector<std::string> expected_names;
+  index_t total = 0;
+  for (const ParamInfo& p : table) total += p.numel;
+  std::vector<T> flat(std::size_t(total));
+  for (const ParamInfo& p : table) {
+    const std::string name = p.name + suffix;
+    expected_names.push_back(name);
+    if (!file.contains(name)) {
+      problems.push_back("missing tensor '" + name + "' " + format_shape(extents(p.shape)));
+      continue;
+    }
+    const TensorEntry& e = file.at(name);
+    if (e.dtype != dtype_v<T> || e.shape != extents(p.shape)) {
+      problems.push_back("tensor '" + name + "' is " + std::string(cupipe::name(e.dtype)) + " " + format_shape(e.shape) +
+                         " but the model needs " + std::string(cupipe::name(dtype_v<T>)) + " " +
+                         format_shape(extents(p.shape)));
+      continue;
+    }
+    std::memcpy(flat.data() + p.offset, e.data.data(), e.data.size());
+  }
+  for (const std::string& name : file.names())
+    if (std::find(expected_names.begin(), expected_names.end(), name) == expected_names.end() &&
+        (suffix.empty() || name.ends_with(suffix)))
+      problems.push_back("unexpected tensor '" + name + "'");
+  if (!problems.empty()) {
+    std::string message = file.path().string() + ": does not fit the model:";
+    for (const std::string& p : problems) message += "\n  " + p;
+    CUPIPE_THROW(message);
+  }
+  return flat;
+}
+
+inline std::string rng_text(const Rng::state_type& state) {
+  std::string out;
+  for (std::uint64_t word : state) out += (out.empty() ? "" : " ") + std::to_string(word);
+  return out;
+}
+
+inline Rng::state_type parse_rng(const std::string& file, const std::string& text) {
+  Rng::state_type state{};
+  std::size_t pos = 0;
+  for (auto& word : state) {
+    std::size_t used = 0;
+    try {
+      word = std::stoull(text.substr(pos), &used);
+    } catch (const std::exception&) {
+      CUPIPE_THROW(file, ": metadata 'rng' must be four unsigned integers, got '", text, "'");
+    }
+    pos += used;
+  }
+  return state;
+}
+
+inline const std::string& meta(const SafetensorsFile& file, const std::string& key) {
+  const auto it = file.metadata().find(key);
+  if (it == file.metadata().end()) CUPIPE_THROW(file.path().string(), ": metadata has no '", key, "'");
+  return it->second;
+}
+
+inline std::int64_t meta_int(const SafetensorsFile& file, const std::string& key) {
+  const std::string& text = meta(file, key);
+  try {
+    std::size_t used = 0;
+    const std::int64_t value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  CUPIPE_THROW(file.path().string(), ": metadata '", key, "' must be an integer, got '", text, "'");
+}
+
+}  // namespace detail
+
+/// Writes the model file alone (what PyTorch loads).
+template <class T>
+void save_model(const std::filesystem::path& path, const std::vector<ParamInfo>& table, std::span<const T> params,
+                std::map<std::string, std::string> metadata = {}) {
+  metadata.emplace("format", "pt");
+  metadata.emplace("producer", "cupipe");
+  save_safetensors(path, std::span<const TensorEntry>(detail::entries(table, params, "")), metadata);
+}
+
+/// Reads a model file into the flat layout of `table`; throws listing every mismatch.
+template <class T>
+std::vector<T> load_model(const std::filesystem::path& path, const std::vector<ParamInfo>& table) {
+  return detail::read_flat<T>(SafetensorsFile::load(path), table, "");
+}
+
+/// Saves a trainer (anything with parameter_table(), parameters(), optimizer_state(slot)) and its
+/// optimizer's state under `prefix`.
+template <class Trainer, class Optimizer>
+void save_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, const Optimizer&, TrainingState state) {
+  using T = typename std::decay_t<decltype(trainer.parameters())>::value_type;
+  const auto table = trainer.parameter_table();
+  const std::string save_id = std::to_string(state.updates) + "-" + std::to_string(Rng(std::uint64_t(
+      std::chrono::steady_clock::now().time_since_epoch().count())).next_u64());
+
+  std::map<std::string, std::string> meta = state.extra;
+  meta["save_id"] = save_id;
+  meta["optimizer"] = std::string(Optimizer::name);
+  meta["updates"] = std::to_string(state.updates);
+  meta["rng"] = detail::rng_text(state.rng);
+  meta["epoch"] = std::to_string(state.epoch);
+  meta["batch"] = std::to_string(state.batch);
+  std::vector<TensorEntry> tensors;
+  for (std::size_t slot = 0; slot < Optimizer::slot_names.size(); ++slot) {
+    std::vector<T> values = trainer.optimizer_state(slot);
+    if (values.empty()) values.assign(trainer.parameters().size(), T(0));  // no update yet: zeros, as at start
+    auto part = detail::entries(table, std::span<const T>(values), "." + std::string(Optimizer::slot_names[slot]));
+    tensors.insert(tensors.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  // The state first: a crash before the model's rename leaves the old model with a new state file,
+  // which the save ids expose at load.
+  save_safetensors(state_file(prefix), std::span<const TensorEntry>(tensors), meta);
+  const std::vector<T> params = trainer.parameters();
+  save_model(model_file(prefix), table, std::span<const T>(params), {{"save_id", save_id}});
+}
+
+/// Loads a checkpoint saved by save_checkpoint into `trainer` and returns the training state.
+/// Throws, naming the file, on any mismatch: names, shapes, dtypes, optimizer, or a torn save.
+template <class Trainer, class Optimizer>
+TrainingState load_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, const Optimizer& optimizer) {
+  using T = typename std::decay_t<decltype(trainer.parameters())>::value_type;
+  const auto table = trainer.parameter_table();
+  const SafetensorsFile model = SafetensorsFile::load(model_file(prefix));
+  const SafetensorsFile state_file_ = SafetensorsFile::load(state_file(prefix));
+  if (detail::meta(model, "save_id") != detail::meta(state_file_, "save_id"))
+    CUPIPE_THROW(model.path().string(), " and ", state_file_.path().string(),
+                 " come from different saves (save ids ", detail::meta(model, "save_id"), " and ",
+                 detail::meta(state_file_, "save_id"), "): a save was interrupted; use an older checkpoint");
+  if (detail::meta(state_file_, "optimizer") != Optimizer::name)
+    CUPIPE_THROW(state_file_.path().string(), ": holds ", detail::meta(state_file_, "optimizer"),
+                 " state but the trainer uses ", Optimizer::name);
+
+  TrainingState state;
+  state.optimizer = detail::meta(state_file_, "optimizer");
+  state.updates = detail::meta_int(state_file_, "updates");
+  state.rng = detail::parse_rng(state_file_.path().string(), detail::meta(state_file_, "rng"));
+  state.epoch = detail::meta_int(state_file_, "epoch");
+  state.batch = detail::meta_int(state_file_, "batch");
+  for (const auto& [key, value] : state_file_.metadata())
+    if (key != "save_id" && key != "optimizer" && key != "updates" && key != "rng" && key != "epoch" && key != "batch")
+      state.extra[key] = value;
+
+  const std::vector<T> params = detail::read_flat<T>(model, table, "");
+  trainer.set_parameters(params);
+  for (std::size_t slot = 0; slot < Optimizer::slot_names.size(); ++slot) {
+    const std::vector<T> values =
+        detail::read_flat<T>(state_file_, table, "." + std::string(Optimizer::slot_names[slot]));
+    trainer.set_optimizer_state(optimizer, slot, values, state.updates);
+  }
+  return state;
+}
+
+}  // namespace cupipe::io
