@@ -203,20 +203,24 @@ constexpr Plan gpipe_plan(const Config& c) {
   return plan;
 }
 
+/// F and B of microbatches 0..n-1 in 1F1B order: `warmup` forwards, alternation, then the drain.
+constexpr std::vector<Action> one_f_one_b_order(int n, int warmup) {
+  std::vector<Action> list;
+  for (int j = 0; j < warmup; ++j) list.push_back({ActionKind::F, j, 0});
+  for (int j = 0; j + warmup < n; ++j) {
+    list.push_back({ActionKind::F, j + warmup, 0});
+    list.push_back({ActionKind::B, j, 0});
+  }
+  for (int j = n - warmup; j < n; ++j) list.push_back({ActionKind::B, j, 0});
+  return list;
+}
+
 /// 1F1B over all of the config's microbatches; PipeDream and 2BW run it across batches unflushed.
 constexpr Plan one_f_one_b_plan(PolicyId id, const Config& c) {
   Plan plan = empty_plan(id, c);
   const int n = c.total_microbatches();
-  for (int s = 0; s < c.stages; ++s) {
-    auto& list = plan.actions[static_cast<std::size_t>(s)];
-    const int warmup = std::min(c.stages - s - 1, n);
-    for (int j = 0; j < warmup; ++j) list.push_back({ActionKind::F, j, 0});
-    for (int j = 0; j + warmup < n; ++j) {
-      list.push_back({ActionKind::F, j + warmup, 0});
-      list.push_back({ActionKind::B, j, 0});
-    }
-    for (int j = n - warmup; j < n; ++j) list.push_back({ActionKind::B, j, 0});
-  }
+  for (int s = 0; s < c.stages; ++s)
+    plan.actions[static_cast<std::size_t>(s)] = one_f_one_b_order(n, std::min(c.stages - s - 1, n));
   return plan;
 }
 
@@ -275,16 +279,8 @@ constexpr Plan zero_bubble_plan(PolicyId id, const Config& c) {
   std::vector<int> backward_end(static_cast<std::size_t>(p * m), never);
   auto at = [m](int s, int j) { return static_cast<std::size_t>(s * m + j); };
   std::vector<std::vector<Action>> order(static_cast<std::size_t>(p));
-  for (int s = 0; s < p; ++s) {
-    const int warmup = std::min(h1 ? p - s - 1 : 2 * (p - s - 1), m);
-    auto& list = order[static_cast<std::size_t>(s)];
-    for (int j = 0; j < warmup; ++j) list.push_back({ActionKind::F, j, 0});
-    for (int j = 0; j + warmup < m; ++j) {
-      list.push_back({ActionKind::F, j + warmup, 0});
-      list.push_back({ActionKind::B, j, 0});
-    }
-    for (int j = m - warmup; j < m; ++j) list.push_back({ActionKind::B, j, 0});
-  }
+  for (int s = 0; s < p; ++s)
+    order[static_cast<std::size_t>(s)] = one_f_one_b_order(m, std::min(h1 ? p - s - 1 : 2 * (p - s - 1), m));
   std::vector<int> next(static_cast<std::size_t>(p), 0), forwards(static_cast<std::size_t>(p), 0),
       backwards(static_cast<std::size_t>(p), 0), weights(static_cast<std::size_t>(p), 0);
   int finished = 0;
