@@ -152,7 +152,7 @@ TEST_CASE("Interleaved<V> rejects m not a multiple of p from 2p on with the reas
   CHECK(result.message().find("multiple of stages") != std::string_view::npos);
 }
 
-TEST_CASE("weight versions: flush 1; PipeDream as brute force; 2BW 2", "[schedule][weights]") {
+TEST_CASE("weight versions are 1 for flush and 2 for 2BW and PipeDream matches a brute force", "[schedule][weights]") {
   for (PolicyId id : {PolicyId::gpipe, PolicyId::one_f_one_b, PolicyId::interleaved, PolicyId::zb_h1, PolicyId::zb_h2})
     for (const Config& c : grid(id, 8, 16))
       REQUIRE(sch::weight_versions(sch::generate(id, c)) == std::vector<int>(c.stages, 1));
