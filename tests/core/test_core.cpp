@@ -1,0 +1,444 @@
+// SPDX-License-Identifier: Apache-2.0
+// core/: errors, shapes, views and buffers, memory accounting, dtypes and the RNG.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cupipe/core/core.hpp"
+
+using namespace cupipe;
+using Catch::Contains;
+using Catch::EndsWith;
+
+// ---------------------------------------------------------------------------------------------
+// error
+
+TEST_CASE("cupipe::error carries message, call, file and line", "[cpu][core][error]") {
+  SECTION("CUPIPE_REQUIRE names the failed condition") {
+    int line = 0;
+    try {
+      line = __LINE__ + 1;
+      CUPIPE_REQUIRE(2 + 2 == 5, "arithmetic is off by ", 1, " at stage ", Shape{8, 50});
+      FAIL("CUPIPE_REQUIRE did not throw");
+    } catch (const cupipe::error& e) {
+      CHECK(e.message() == "arithmetic is off by 1 at stage (8, 50)");
+      CHECK(e.call() == "2 + 2 == 5");
+      CHECK_THAT(e.file(), EndsWith("test_core.cpp"));
+      CHECK(e.line() == line);
+      CHECK(std::string(e.what()) ==
+            "arithmetic is off by 1 at stage (8, 50) [2 + 2 == 5] (at " + e.file() + ":" + std::to_string(line) + ")");
+    }
+  }
+  SECTION("CUPIPE_REQUIRE does nothing when the condition holds, and evaluates it once") {
+    int evaluations = 0;
+    CHECK_NOTHROW([&] { CUPIPE_REQUIRE(++evaluations == 1, "never"); }());
+    CHECK(evaluations == 1);
+  }
+  SECTION("CUPIPE_THROW has no call") {
+    int line = 0;
+    try {
+      line = __LINE__ + 1;
+      CUPIPE_THROW("stage ", 2, " expected input ", Shape{8, 50}, " but got ", Shape{8, 20});
+    } catch (const std::runtime_error& base) {
+      const auto* e = dynamic_cast<const cupipe::error*>(&base);
+      REQUIRE(e != nullptr);
+      CHECK(e->message() == "stage 2 expected input (8, 50) but got (8, 20)");
+      CHECK(e->call().empty());
+      CHECK(e->line() == line);
+      CHECK(std::string(e->what()) == e->message() + " (at " + e->file() + ":" + std::to_string(line) + ")");
+    }
+  }
+  SECTION("constructed directly, e.g. to rethrow with more context") {
+    const cupipe::error e("cudaMalloc failed: out of memory", "cudaMalloc(&p, 1 << 30)", "alloc.cuh", 42);
+    CHECK(std::string(e.what()) == "cudaMalloc failed: out of memory [cudaMalloc(&p, 1 << 30)] (at alloc.cuh:42)");
+    CHECK(e.message() == "cudaMalloc failed: out of memory");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shape
+
+TEST_CASE("Shape prints as a tuple and folds to 2-D", "[cpu][core][shape]") {
+  CHECK(Shape{8, 50}.to_string() == "(8, 50)");
+  std::ostringstream out;
+  out << Shape{2, 3, 4};
+  CHECK(out.str() == "(2, 3, 4)");
+  CHECK(Shape{5}.to_string() == "(5,)");  // as Python writes a 1-tuple
+  CHECK(Shape{}.to_string() == "()");
+
+  CHECK(Shape{8, 50}.rank() == 2);
+  CHECK(Shape{8, 50}.numel() == 400);
+  CHECK(Shape{8, 50}.rows() == 8);
+  CHECK(Shape{8, 50}.cols() == 50);
+  CHECK(Shape{2, 3, 4}.rows() == 6);
+  CHECK(Shape{2, 3, 4}.cols() == 4);
+  CHECK(Shape{2, 3, 4, 5}.numel() == 120);
+  CHECK(Shape{7}.rows() == 1);
+  CHECK(Shape{7}.cols() == 7);
+  CHECK(Shape{}.numel() == 1);  // a scalar
+  CHECK(Shape{}.rows() == 1);
+  CHECK(Shape{}.cols() == 1);
+  CHECK(Shape{0, 5}.numel() == 0);
+  CHECK(Shape{0, 5}.rows() == 0);
+  CHECK(Shape{2, 3, 4}[1] == 3);
+
+  CHECK(Shape{8, 50} == Shape{8, 50});
+  CHECK_FALSE(Shape{8, 50} == Shape{50, 8});
+  CHECK_FALSE(Shape{5} == Shape{5, 1});  // rank matters
+  CHECK_FALSE(Shape{8, 50} == Shape{8, 50, 1});
+  CHECK(Shape{} == Shape{});
+
+  static_assert(Shape{3, 4}.numel() == 12, "Shape is usable in constant expressions");
+  CHECK_THROWS_AS((Shape{1, 2, 3, 4, 5}), std::length_error);
+  CHECK_THROWS_AS((Shape{3, -1}), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// TensorView and HostBuffer
+
+TEST_CASE("TensorView reshapes and slices rows, and says why it cannot", "[cpu][core][tensor]") {
+  std::vector<float> data(20);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = float(i);
+  const TensorView<float> v{data.data(), Shape{4, 5}};
+  CHECK(v.rows() == 4);
+  CHECK(v.cols() == 5);
+  CHECK(v.at(2, 3) == 13.0f);
+  CHECK_FALSE(v.empty());
+  CHECK(TensorView<float>{}.empty());
+  CHECK(TensorView<float>(data.data(), Shape{0, 5}).empty());
+
+  const auto r = v.reshaped(Shape{2, 10});
+  CHECK(r.data() == v.data());
+  CHECK(r.shape() == Shape{2, 10});
+  CHECK_THROWS_AS(v.reshaped(Shape{3, 7}), cupipe::error);
+  CHECK_THROWS_WITH(v.reshaped(Shape{3, 7}), Contains("cannot reshape (4, 5) to (3, 7)"));
+
+  const auto s = v.row_slice(1, 2);
+  CHECK(s.data() == data.data() + 5);
+  CHECK(s.shape() == Shape{2, 5});
+  CHECK(v.row_slice(4, 0).shape() == Shape{0, 5});
+  CHECK_THROWS_WITH(v.row_slice(3, 2), Contains("rows [3, 5) out of range for (4, 5)"));
+  CHECK_THROWS_WITH(v.row_slice(-1, 1), Contains("rows [-1, 0) out of range for (4, 5)"));
+  CHECK_THROWS_AS(v.row_slice(0, -1), cupipe::error);
+
+  // A 3-D view slices along its folded rows.
+  const TensorView<float> cube{data.data(), Shape{2, 2, 5}};
+  CHECK(cube.row_slice(3, 1).data() == data.data() + 15);
+
+  const TensorView<const float> read_only = v;  // mutable converts to read-only
+  CHECK(read_only.data() == v.data());
+  CHECK(read_only.shape() == v.shape());
+}
+
+TEST_CASE("check_view names who, what, and both shapes", "[cpu][core][tensor]") {
+  std::vector<double> data(12);
+  const TensorView<double> v{data.data(), Shape{3, 4}};
+  CHECK_NOTHROW(check_view(v, Shape{3, 4}, "stage 2", "input"));
+  CHECK_THROWS_WITH(check_view(v, Shape{8, 50}, "stage 2", "input"),
+                    Contains("stage 2: input expected shape (8, 50) but got (3, 4)"));
+  CHECK_THROWS_WITH(check_view(TensorView<double>{nullptr, Shape{3, 4}}, Shape{3, 4}, "Linear<4, 2>", "weights"),
+                    Contains("Linear<4, 2>: weights of shape (3, 4) is a null pointer"));
+  CHECK_NOTHROW(check_view(TensorView<double>{nullptr, Shape{0, 4}}, Shape{0, 4}, "empty", "input"));
+}
+
+TEST_CASE("HostBuffer: zeroed, views of the right size, accounted", "[cpu][core][tensor][memory]") {
+  MemoryTracker tracker;
+  {
+    HostBuffer<double> buffer(10, &tracker, MemoryTag::activations);
+    CHECK(buffer.size() == 10);
+    CHECK(buffer.bytes() == 80);
+    for (double x : buffer.span()) CHECK(x == 0.0);
+    CHECK(tracker.in_use(MemoryTag::activations) == 80);
+
+    CHECK(buffer.view(Shape{2, 5}).data() == buffer.data());
+    CHECK(buffer.view(Shape{3, 3}).shape() == Shape{3, 3});  // a prefix is fine
+    CHECK_THROWS_AS(buffer.view(Shape{4, 5}), cupipe::error);
+    CHECK_THROWS_WITH(buffer.view(Shape{4, 5}), Contains("buffer of 10 elements is too small for shape (4, 5)"));
+    const HostBuffer<double>& read_only = buffer;
+    CHECK_THROWS_WITH(read_only.view(Shape{11}), Contains("buffer of 10 elements is too small for shape (11,)"));
+
+    // Moving transfers the accounting: released once, by the last owner.
+    HostBuffer<double> moved = std::move(buffer);
+    CHECK(moved.size() == 10);
+    CHECK(buffer.size() == 0);
+    CHECK(tracker.in_use(MemoryTag::activations) == 80);
+    HostBuffer<double> assigned(4, &tracker, MemoryTag::weights);
+    assigned = std::move(moved);
+    CHECK(tracker.in_use(MemoryTag::weights) == 0);  // the old buffer of `assigned` was released
+    CHECK(tracker.in_use(MemoryTag::activations) == 80);
+  }
+  CHECK(tracker.in_use() == 0);
+  CHECK(tracker.peak(MemoryTag::activations) == 80);
+  CHECK(tracker.peak(MemoryTag::weights) == 32);
+  CHECK_THROWS_WITH(HostBuffer<float>(-1), Contains("negative buffer size -1"));
+  CHECK(HostBuffer<float>(0).data() == nullptr);
+}
+
+TEST_CASE("all_finite", "[cpu][core][tensor]") {
+  std::vector<float> v{1.0f, -2.0f, 0.0f};
+  CHECK(all_finite<float>(v));
+  v[1] = std::numeric_limits<float>::infinity();
+  CHECK_FALSE(all_finite<float>(v));
+  v[1] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_FALSE(all_finite<float>(v));
+  CHECK(all_finite<float>({}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// MemoryTracker
+
+TEST_CASE("MemoryTracker: in use and peak per tag and in total, exactly", "[cpu][core][memory]") {
+  MemoryTracker t;
+  t.allocate(MemoryTag::weights, 1000);     // weights 1000/1000             total 1000/1000
+  t.allocate(MemoryTag::activations, 300);  // activations 300/300           total 1300/1300
+  t.allocate(MemoryTag::activations, 500);  // activations 800/800           total 1800/1800
+  t.release(MemoryTag::activations, 300);   // activations 500/800           total 1500/1800
+  t.allocate(MemoryTag::workspace, 200);    // workspace 200/200             total 1700/1800
+  t.allocate(MemoryTag::activations, 100);  // activations 600/800           total 1800/1800
+  t.allocate(MemoryTag::gradients, 1000);   // gradients 1000/1000           total 2800/2800
+  t.release(MemoryTag::workspace, 200);     // workspace 0/200               total 2600/2800
+
+  CHECK(t.in_use(MemoryTag::weights) == 1000);
+  CHECK(t.peak(MemoryTag::weights) == 1000);
+  CHECK(t.in_use(MemoryTag::activations) == 600);
+  CHECK(t.peak(MemoryTag::activations) == 800);
+  CHECK(t.in_use(MemoryTag::workspace) == 0);
+  CHECK(t.peak(MemoryTag::workspace) == 200);
+  CHECK(t.in_use(MemoryTag::gradients) == 1000);
+  CHECK(t.peak(MemoryTag::gradients) == 1000);
+  CHECK(t.in_use(MemoryTag::optimizer) == 0);
+  CHECK(t.peak(MemoryTag::optimizer) == 0);
+  CHECK(t.in_use() == 2600);
+  CHECK(t.peak() == 2800);
+
+  t.reset_peaks();  // a new step: peaks restart from what is in use
+  for (MemoryTag tag : {MemoryTag::weights, MemoryTag::gradients, MemoryTag::optimizer, MemoryTag::activations,
+                        MemoryTag::workspace})
+    CHECK(t.peak(tag) == t.in_use(tag));
+  CHECK(t.peak() == 2600);
+  t.allocate(MemoryTag::activations, 50);
+  t.release(MemoryTag::activations, 650);
+  CHECK(t.peak(MemoryTag::activations) == 650);
+  CHECK(t.in_use(MemoryTag::activations) == 0);
+  CHECK(t.peak() == 2650);
+  CHECK(t.in_use() == 2000);
+
+  CHECK(name(MemoryTag::weights) == "weights");
+  CHECK(name(MemoryTag::activations) == "activations");
+  CHECK(name(MemoryTag::workspace) == "workspace");
+}
+
+TEST_CASE("MemoryTracker is exact under concurrent use", "[cpu][core][memory]") {
+  MemoryTracker t;
+  constexpr int threads = 4, rounds = 20000;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < threads; ++w)
+    workers.emplace_back([&] {
+      for (int i = 0; i < rounds; ++i) {
+        t.allocate(MemoryTag::activations, 8);
+        t.release(MemoryTag::activations, 8);
+      }
+    });
+  for (auto& w : workers) w.join();
+  CHECK(t.in_use(MemoryTag::activations) == 0);
+  CHECK(t.in_use() == 0);
+  CHECK(t.peak(MemoryTag::activations) >= 8);
+  CHECK(t.peak(MemoryTag::activations) <= 8 * threads);
+}
+
+// ---------------------------------------------------------------------------------------------
+// dtype
+
+TEST_CASE("dtypes: sizes, safetensors names, bfloat16 rounding", "[cpu][core][dtype]") {
+  CHECK(size_of(DType::f32) == 4);
+  CHECK(size_of(DType::bf16) == 2);
+  CHECK(size_of(DType::i64) == 8);
+  CHECK(size_of(DType::u8) == 1);
+  CHECK(name(DType::bf16) == "BF16");
+  DType parsed{};
+  CHECK(parse_dtype("F64", parsed));
+  CHECK(parsed == DType::f64);
+  CHECK_FALSE(parse_dtype("F8_E4M3", parsed));
+  CHECK(dtype_v<float> == DType::f32);
+
+  CHECK(bfloat16(1.0f).bits == 0x3f80);
+  CHECK(bfloat16(-2.0f).bits == 0xc000);
+  CHECK(bfloat16(1.0f + 0x1p-8f).bits == 0x3f80);      // tie: rounds to even (down)
+  CHECK(bfloat16(1.0f + 3 * 0x1p-8f).bits == 0x3f82);  // tie: rounds to even (up)
+  CHECK(bfloat16(1.0f + 0x1p-8f + 0x1p-12f).bits == 0x3f81);  // above the tie: up
+  CHECK(float(bfloat16(3.140625f)) == 3.140625f);              // representable: exact
+  CHECK(std::isnan(float(bfloat16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isinf(float(bfloat16(std::numeric_limits<float>::infinity()))));
+  CHECK(std::string(version_string) == std::to_string(CUPIPE_VERSION_MAJOR) + "." +
+                                           std::to_string(CUPIPE_VERSION_MINOR) + "." +
+                                           std::to_string(CUPIPE_VERSION_PATCH));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rng
+
+namespace {
+
+// An independent transcription of the reference generators (Vigna, prng.di.unimi.it):
+// splitmix64 for seeding, xoshiro256** for the stream.
+struct ReferenceXoshiro {
+  std::uint64_t s[4];
+
+  static std::uint64_t splitmix64(std::uint64_t& x) {
+    std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+  explicit ReferenceXoshiro(std::uint64_t seed) {
+    std::uint64_t x = seed;
+    for (auto& w : s) w = splitmix64(x);
+  }
+  std::uint64_t next() {
+    const std::uint64_t result = rotl(s[1] * 5, 7) * 9;
+    const std::uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Rng is xoshiro256** seeded by splitmix64, bit for bit", "[cpu][core][rng]") {
+  // splitmix64 from 0: the first outputs published with the reference code.
+  const Rng zero(0);
+  CHECK(zero.state() == Rng::state_type{0xe220a8397b1dcdafull, 0x6e789e6aa1b965f4ull, 0x06c45d188009454full,
+                                        0xf88bb8a8724c81ecull});
+  for (std::uint64_t seed : {0ull, 1ull, 42ull, 0xdeadbeefull, ~0ull}) {
+    CAPTURE(seed);
+    Rng rng(seed);
+    ReferenceXoshiro ref(seed);
+    bool all_equal = true;
+    for (int i = 0; i < 1000; ++i) all_equal &= rng.next_u64() == ref.next();
+    CHECK(all_equal);
+  }
+}
+
+TEST_CASE("Rng is reproducible and restartable", "[cpu][core][rng]") {
+  Rng a(1234), b(1234), c(1235);
+  std::vector<std::uint64_t> first, second, other;
+  for (int i = 0; i < 100; ++i) {
+    first.push_back(a.next_u64());
+    second.push_back(b.next_u64());
+    other.push_back(c.next_u64());
+  }
+  CHECK(first == second);
+  CHECK(first != other);
+
+  // Save, draw, restore: the stream continues identically, through every kind of draw.
+  for (int i = 0; i < 17; ++i) a.normal();
+  const Rng::state_type saved = a.state();
+  std::vector<double> draws;
+  for (int i = 0; i < 50; ++i) draws.push_back(a.uniform() + a.normal() + double(a.below(1000)));
+  Rng restored(999);
+  restored.set_state(saved);
+  std::vector<double> again;
+  for (int i = 0; i < 50; ++i) again.push_back(restored.uniform() + restored.normal() + double(restored.below(1000)));
+  CHECK(draws == again);
+
+  Rng reseeded(5);
+  reseeded.next_u64();
+  reseeded.reseed(1234);
+  CHECK(reseeded.next_u64() == first[0]);
+}
+
+TEST_CASE("Rng::derive gives distinct, reproducible streams", "[cpu][core][rng]") {
+  std::set<std::uint64_t> firsts;
+  for (std::uint64_t stream = 0; stream < 64; ++stream) {
+    Rng d = Rng::derive(7, stream);
+    Rng again = Rng::derive(7, stream);
+    CHECK(d.state() == again.state());
+    firsts.insert(d.next_u64());
+  }
+  CHECK(firsts.size() == 64);
+  CHECK(Rng::derive(7, 0).state() != Rng(7).state());
+  CHECK(Rng::derive(7, 3).state() != Rng::derive(8, 3).state());
+  // Independent of the parent's position: derive is a function of (seed, stream) alone.
+  Rng parent(7);
+  for (int i = 0; i < 10; ++i) parent.next_u64();
+  CHECK(Rng::derive(7, 5).state() == Rng::derive(7, 5).state());
+}
+
+TEST_CASE("Rng distributions: ranges, unbiased below(), normal moments", "[cpu][core][rng]") {
+  Rng rng(2024);
+  constexpr int n = 200000;
+
+  SECTION("uniform") {
+    double lo = 1, hi = 0, sum = 0;
+    for (int i = 0; i < n; ++i) {
+      const double u = rng.uniform();
+      lo = std::min(lo, u);
+      hi = std::max(hi, u);
+      sum += u;
+    }
+    CHECK(lo >= 0.0);
+    CHECK(hi < 1.0);
+    CHECK(lo < 1e-4);
+    CHECK(hi > 1 - 1e-4);
+    CHECK(std::abs(sum / n - 0.5) < 5 * std::sqrt(1.0 / 12 / n));
+    for (int i = 0; i < 10000; ++i) {
+      const double u = rng.uniform(-3.0, -2.5);
+      REQUIRE(u >= -3.0);
+      REQUIRE(u < -2.5);
+    }
+  }
+  SECTION("below: in range, flat (chi-square), and without modulo bias for huge n") {
+    constexpr std::uint64_t buckets = 7;
+    std::array<int, buckets> counts{};
+    for (int i = 0; i < 70000; ++i) {
+      const auto k = rng.below(buckets);
+      REQUIRE(k < buckets);
+      ++counts[k];
+    }
+    double chi2 = 0;
+    for (int c : counts) chi2 += (c - 10000.0) * (c - 10000.0) / 10000.0;
+    CHECK(chi2 < 27.9);  // chi-square, 6 degrees of freedom, p = 1e-4
+
+    // n = 3 * 2^62: a plain `r % n` would put half the draws below 2^62 instead of a third.
+    const std::uint64_t huge = 3ull << 62;
+    int low = 0;
+    for (int i = 0; i < 20000; ++i) {
+      const auto k = rng.below(huge);
+      REQUIRE(k < huge);
+      low += k < (1ull << 62);
+    }
+    CHECK(std::abs(low / 20000.0 - 1.0 / 3) < 0.02);
+    CHECK(rng.below(1) == 0);
+    CHECK(rng.below(0) == 0);
+  }
+  SECTION("normal: mean 0, variance 1, 68% within one sigma, finite") {
+    double sum = 0, sum_sq = 0;
+    int within = 0;
+    for (int i = 0; i < n; ++i) {
+      const double x = rng.normal();
+      REQUIRE(std::isfinite(x));
+      sum += x;
+      sum_sq += x * x;
+      within += std::abs(x) < 1;
+    }
+    const double mean = sum / n, var = sum_sq / n - mean * mean;
+    CHECK(std::abs(mean) < 5 / std::sqrt(double(n)));
+    CHECK(std::abs(var - 1) < 5 * std::sqrt(2.0 / n));
+    CHECK(std::abs(within / double(n) - 0.682689) < 0.005);
+  }
+}
