@@ -68,7 +68,7 @@ std::vector<T> read_flat(const SafetensorsFile& file, const std::vector<ParamInf
   std::vector<std::string> expected_names;
   index_t total = 0;
   for (const ParamInfo& p : table) total += p.numel;
-  std::vector<T> flat(std::size_t(total));
+  std::vector<T> flat(static_cast<std::size_t>(total));
   for (const ParamInfo& p : table) {
     const std::string name = p.name + suffix;
     expected_names.push_back(name);

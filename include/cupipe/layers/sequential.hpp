@@ -97,8 +97,8 @@ struct LayerSeq {
     } else if constexpr (L::is_loss && I + 1 != size) {
       static_assert(I + 1 == size, "Sequential: a loss layer can only be the last layer of a model");
       return false;
-    } else if constexpr (L::in_features == any_features) {
-      return true;
+    } else if constexpr (L::in_features == any_features || widths[I] == any_features) {
+      return true;  // adopts its neighbour's width, or follows a model start already reported above
     } else if constexpr (I == 0) {
       static_assert(InFeatures == any_features || InFeatures == L::in_features,
                     "Sequential: the first layer's input features must equal the features given to the sequence");
@@ -228,6 +228,8 @@ struct LayerSeq {
     const index_t rows = x0.rows();
     check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
     if (!dx.empty()) check_view(dx, Shape{rows, in_features}, describe_layer<0>(), "input gradient");
+    CUPIPE_REQUIRE((params != nullptr || param_count == 0) && record != nullptr, describe_layer<0>(),
+                   ": null parameters or record");
     CUPIPE_REQUIRE(grad_record != nullptr || size == 1, describe_layer<0>(), ": null grad record");
     CUPIPE_REQUIRE(grads != nullptr || !with_weight_grads || param_count == 0, describe_layer<0>(), ": null gradients");
     [&]<std::size_t... R>(std::index_sequence<R...>) {
@@ -240,6 +242,8 @@ struct LayerSeq {
   static void backward_weight(B& be, ConstView<input_t<T>> x0, const T* record, ConstView<T> dy, const T* grad_record, T* grads) {
     const index_t rows = x0.rows();
     check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
+    CUPIPE_REQUIRE(record != nullptr && (grad_record != nullptr || size == 1) && (grads != nullptr || param_count == 0),
+                   describe_layer<0>(), ": null record, grad record or gradients");
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (weight_layer<I>(be, x0, record, rows, dy, grad_record, grads), ...);
     }(std::make_index_sequence<size>());

@@ -107,6 +107,10 @@ class Pipeline {
     if (const auto verdict = schedule::verify(plan_); !verdict)
       CUPIPE_THROW("Pipeline: the ", Schedule::name, " plan failed verification: ", verdict.message());
     versions_allowed_ = schedule::weight_versions(plan_);
+    // The plan covers one step; 2BW also keeps W(t-1) across steps for the next step's first batch,
+    // so it holds 2 versions even where one step's plan needs only 1.
+    if constexpr (update_rule == schedule::UpdateRule::double_buffered)
+      for (int& allowed : versions_allowed_) allowed = std::max(allowed, 2);
     plan_versions_ = schedule::detail::microbatch_versions(plan_);
 
     for (int w = 0; w < stages; ++w) {
@@ -121,7 +125,7 @@ class Pipeline {
       Backend& be = *backends_[std::size_t(worker_of(k))];
       const int allowed = versions_allowed_[std::size_t(worker_of(k))];
       slot = std::make_unique<StageState<Seq>>(be, allowed);
-      std::vector<T> host(std::size_t(Seq::param_count));
+      std::vector<T> host(static_cast<std::size_t>(Seq::param_count));
       Seq::init(std::span<T>(host), options_.seed);
       be.upload(std::span<const T>(host), slot->weights.latest_data());
       slot->recompute = std::find(options_.recompute.begin(), options_.recompute.end(), int(k)) != options_.recompute.end();
@@ -273,7 +277,7 @@ class Pipeline {
 
   template <class Pointer>
   std::vector<T> gather(Pointer pointer) {
-    std::vector<T> out(std::size_t(Model::body::param_count));
+    std::vector<T> out(static_cast<std::size_t>(Model::body::param_count));
     std::size_t offset = 0;
     for_each_stage([&](auto k, auto& st) {
       using Seq = typename Stages::template stage<decltype(k)::value>;
@@ -346,6 +350,8 @@ class Pipeline {
     std::exception_ptr failure;
     std::atomic<bool> failed{false};
     std::vector<std::vector<ActionRecord>> records;
+    /// Per worker: when the running action's input had arrived (its start; waiting is idle time).
+    std::vector<double> action_start;
     const void* optimizer = nullptr;
 
     double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
@@ -409,6 +415,7 @@ class Pipeline {
     });
     for (auto& box : mailboxes_) box->reset(capacity());
     step.records.resize(std::size_t(stages));
+    step.action_start.assign(std::size_t(stages), 0.0);
 
     step.start = std::chrono::steady_clock::now();
     {
@@ -470,7 +477,7 @@ class Pipeline {
     for (const schedule::Action& a : plan_.actions[std::size_t(w)]) {
       if (step.failed.load(std::memory_order_acquire)) return;
       const int k = schedule::virtual_stage(w, a.chunk, stages);
-      const double start = step.now();
+      step.action_start[std::size_t(w)] = step.now();  // moved on by receive() once the input is there
       try {
         with_stage(k, [&](auto K, auto& st) { execute<decltype(K)::value, Optimizer>(st, a, step); });
       } catch (const pipeline::Aborted&) {
@@ -482,7 +489,7 @@ class Pipeline {
         fail(step, w, k, a, e.what(), "", __FILE__, __LINE__);
         return;
       }
-      records.push_back({w, a.kind, a.microbatch, a.chunk, start, step.now()});
+      records.push_back({w, a.kind, a.microbatch, a.chunk, step.action_start[std::size_t(w)], step.now()});
     }
   }
 
@@ -539,12 +546,15 @@ class Pipeline {
     mailboxes_[std::size_t(to_worker)]->send(key, std::move(message));
   }
 
-  Message receive(int worker, pipeline::MessageKey key, int peer_virtual_stage) {
-    return mailboxes_[std::size_t(worker)]->receive(key, timeout(), [&] {
+  /// Waits for a message; the action's measured time starts when it arrives.
+  Message receive(Step& step, int worker, pipeline::MessageKey key, int peer_virtual_stage) {
+    Message message = mailboxes_[std::size_t(worker)]->receive(key, timeout(), [&] {
       return std::string("waiting for the ") + (key.flow == pipeline::Flow::activation ? "activation" : "gradient") +
              " of microbatch " + std::to_string(key.microbatch) + " from stage " +
              std::to_string(worker_of(peer_virtual_stage));
     });
+    step.action_start[std::size_t(worker)] = step.now();
+    return message;
   }
 
   template <int K, class St>
@@ -556,7 +566,7 @@ class Pipeline {
     f.rows = step.rows[std::size_t(j)];
     f.version = step.version[std::size_t(j)];
     if constexpr (K > 0)
-      f.input = std::move(receive(worker_of(K), {pipeline::Flow::activation, K, j}, K - 1).data);
+      f.input = std::move(receive(step, worker_of(K), {pipeline::Flow::activation, K, j}, K - 1).data);
     f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
     const T* params = st.weights.data(f.version);
     const auto x0 = stage_input<K>(f, step, j);
@@ -597,7 +607,7 @@ class Pipeline {
       Loss::backward(be, ConstView<T>(Seq::output(f.record.data(), f.rows)), labels,
                      TensorView<T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.normalizer[std::size_t(j)]);
     } else {
-      f.dy = std::move(receive(worker_of(K), {pipeline::Flow::gradient, K, j}, K + 1).data);
+      f.dy = std::move(receive(step, worker_of(K), {pipeline::Flow::gradient, K, j}, K + 1).data);
     }
     f.grad_record = be.template allocate<T>(Seq::grad_record_elements(f.rows), MemoryTag::activations);
     typename Backend::template buffer<T> dx;

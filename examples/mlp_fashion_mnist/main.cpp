@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: Apache-2.0
+// Trains an MLP on Fashion-MNIST with a pipeline schedule on the CPU (host backend), with progress,
+// per-epoch test accuracy, checkpoints (save and bit-exact resume), a measured trace and one JSON
+// summary line at the end.
+//
+//   mlp_fashion_mnist --schedule 1f1b --stages 4 --microbatches 8 --epochs 10
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "cupipe/cupipe.hpp"
+#include "cupipe/pipeline/rebalance.hpp"
+
+namespace {
+
+using namespace cupipe;
+using T = float;
+using Model = Sequential<Linear<784, 1024>, ReLU, Linear<1024, 512>, ReLU, Linear<512, 256>, ReLU, Linear<256, 10>>;
+
+struct Flags {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string schedule = "1f1b";
+  int stages = 4;
+  int microbatches = 8;
+  int batch = 128;
+  int epochs = 10;
+  double lr = 1e-3;
+  std::string optimizer = "adamw";
+  double weight_decay = 1e-4;
+  double warmup_epochs = 0.5;
+  std::uint64_t seed = 0;
+  std::string save;
+  std::string resume;
+  std::string trace;
+  bool timeline = false;
+  bool rebalance = false;
+  std::int64_t train_limit = 0;
+  std::int64_t test_limit = 0;
+  std::int64_t max_steps = 0;
+  std::string progress = "auto";
+};
+
+/// Standardises images with the training set's mean and standard deviation.
+void standardise(io::Dataset& train, io::Dataset& test) {
+  double sum = 0, sq = 0;
+  for (float v : train.images) {
+    sum += v;
+    sq += double(v) * v;
+  }
+  const double n = double(train.images.size());
+  const double mean = sum / n, stddev = std::sqrt(std::max(sq / n - mean * mean, 1e-12));
+  for (io::Dataset* d : {&train, &test})
+    for (float& v : d->images) v = float((v - mean) / stddev);
+}
+
+class Progress {
+ public:
+  Progress(std::string mode, std::int64_t total) : total_(total) {
+    bar_ = mode == "bar" || (mode == "auto" && isatty(STDOUT_FILENO));
+    quiet_ = mode == "none";
+  }
+  void update(int epoch, std::int64_t done, double loss, double samples_per_second) {
+    if (quiet_) return;
+    const double fraction = total_ ? double(done) / double(total_) : 1.0;
+    if (bar_) {
+      const int width = 30, filled = int(fraction * width);
+      std::printf("\repoch %d [%s%s] %5.1f%%  loss %.4f  %.0f samples/s ", epoch, std::string(std::size_t(filled), '#').c_str(),
+                  std::string(std::size_t(width - filled), '.').c_str(), 100 * fraction, loss, samples_per_second);
+      std::fflush(stdout);
+    } else if (int(fraction * 10) > last_decile_ || done == total_) {
+      last_decile_ = int(fraction * 10);
+      std::printf("epoch %d: %5.1f%% of %lld samples, loss %.4f, %.0f samples/s\n", epoch, 100 * fraction,
+                  (long long)total_, loss, samples_per_second);
+      std::fflush(stdout);
+    }
+  }
+  void end_epoch() {
+    if (bar_) std::printf("\n");
+    last_decile_ = -1;
+  }
+
+ private:
+  std::int64_t total_;
+  bool bar_ = false;
+  bool quiet_ = false;
+  int last_decile_ = -1;
+};
+
+template <class Pipe>
+double accuracy(Pipe& pipe, const io::Dataset& data) {
+  constexpr index_t chunk = 1000;
+  std::vector<T> logits;
+  std::int64_t correct = 0;
+  for (index_t first = 0; first < data.count; first += chunk) {
+    const index_t rows = std::min(chunk, data.count - first);
+    logits.resize(std::size_t(rows * 10));
+    pipe.predict(ConstView<T>{data.images.data() + first * 784, Shape{rows, 784}}, TensorView<T>{logits.data(), Shape{rows, 10}});
+    for (index_t r = 0; r < rows; ++r) {
+      const T* row = logits.data() + r * 10;
+      correct += std::max_element(row, row + 10) - row == data.labels[std::size_t(first + r)];
+    }
+  }
+  return double(correct) / double(data.count);
+}
+
+template <class Schedule, int P, class Optimizer>
+int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer) {
+  using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
+  using Pipe = Pipeline<Stages, Schedule, backend::Host<T>>;
+  Pipe pipe({.microbatches = f.microbatches, .seed = f.seed});
+
+  const std::int64_t n = train_set.count;
+  const std::int64_t batches_per_epoch = (n + f.batch - 1) / f.batch;
+  optimizer.options.schedule = {std::int64_t(f.warmup_epochs * double(batches_per_epoch)),
+                                std::int64_t(f.epochs) * batches_per_epoch, 0.0};
+
+  std::printf("cupipe %s: %s, %d stages x %d chunk(s), %d microbatches, batch %d, %s lr %g\n", version_string,
+              std::string(Schedule::name).c_str(), P, Schedule::chunks, f.microbatches, f.batch,
+              std::string(Optimizer::name).c_str(), f.lr);
+  for (int k = 0; k < int(Stages::size); ++k) std::printf("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
+
+  io::TrainingState state;
+  Rng data_rng(f.seed);
+  state.rng = data_rng.state();
+  if (!f.resume.empty()) {
+    state = io::load_checkpoint(f.resume, pipe, optimizer);
+    std::printf("resumed from %s: epoch %lld, batch %lld, %lld updates\n", f.resume.c_str(), (long long)state.epoch,
+                (long long)state.batch, (long long)state.updates);
+  }
+
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::vector<T> x(std::size_t(f.batch) * 784);
+  std::vector<std::int32_t> y(static_cast<std::size_t>(f.batch));
+  StepStats last;
+  double bubble_sum = 0, last_loss = 0, test_accuracy = 0;
+  std::int64_t steps = 0, samples = 0, total_steps = state.epoch * batches_per_epoch + state.batch;
+  const auto start = std::chrono::steady_clock::now();
+
+  for (std::int64_t epoch = state.epoch; epoch < f.epochs; ++epoch) {
+    // The epoch's order comes from the generator state saved at the epoch's start, so a resumed
+    // run replays the same permutation and skips the batches already done.
+    data_rng.set_state(state.rng);
+    std::iota(order.begin(), order.end(), 0);
+    for (std::int64_t i = n - 1; i > 0; --i) std::swap(order[std::size_t(i)], order[data_rng.below(std::uint64_t(i + 1))]);
+    Progress progress(f.progress, n);
+    double epoch_loss = 0;
+    std::int64_t epoch_samples = 0;
+    const auto epoch_start = std::chrono::steady_clock::now();
+    for (std::int64_t b = state.batch; b < batches_per_epoch; ++b) {
+      const std::int64_t first = b * f.batch, rows = std::min<std::int64_t>(f.batch, n - first);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t i = order[std::size_t(first + r)];
+        std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
+        y[std::size_t(r)] = train_set.labels[std::size_t(i)];
+      }
+      last = pipe.train_step(ConstView<T>{x.data(), Shape{rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{rows}}, optimizer);
+      epoch_loss += last.loss * double(rows);
+      epoch_samples += rows;
+      samples += rows;
+      bubble_sum += last.bubble_fraction;
+      ++steps;
+      ++total_steps;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+      progress.update(int(epoch), first + rows, epoch_loss / double(epoch_samples), double(epoch_samples) / seconds);
+      if (f.max_steps && total_steps >= f.max_steps) {
+        state.batch = b + 1;
+        state.epoch = epoch;
+        state.updates = pipe.updates();
+        if (!f.save.empty()) io::save_checkpoint(f.save, pipe, optimizer, state);
+        std::printf("stopped after %lld steps (--max-steps)\n", (long long)total_steps);
+        epoch = f.epochs;  // leave both loops
+        break;
+      }
+    }
+    if (epoch >= f.epochs) {
+      last_loss = epoch_samples ? epoch_loss / double(epoch_samples) : 0;
+      break;
+    }
+    progress.end_epoch();
+    last_loss = epoch_samples ? epoch_loss / double(epoch_samples) : 0;
+    test_accuracy = accuracy(pipe, test_set);
+    std::printf("epoch %lld: train loss %.4f, test accuracy %.4f\n", (long long)epoch, last_loss, test_accuracy);
+    state.epoch = epoch + 1;
+    state.batch = 0;
+    state.rng = data_rng.state();
+    state.updates = pipe.updates();
+    state.extra = {{"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
+    if (!f.save.empty()) {
+      io::save_checkpoint(f.save, pipe, optimizer, state);
+      std::printf("saved %s and %s\n", io::model_file(f.save).c_str(), io::state_file(f.save).c_str());
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (test_accuracy == 0) test_accuracy = accuracy(pipe, test_set);
+
+  if (f.timeline && steps) std::printf("measured timeline of the last step (seconds):\n%s", measured_ascii_timeline(last, P).c_str());
+  if (!f.trace.empty() && steps) {
+    std::ofstream(f.trace) << measured_trace_json(pipe.plan(), last);
+    std::printf("wrote %s (open it in https://ui.perfetto.dev or chrome://tracing): the last step, measured and "
+                "simulated side by side\n", f.trace.c_str());
+  }
+  if (f.rebalance) {
+    std::vector<T> sample(train_set.images.begin(), train_set.images.begin() + std::min<std::int64_t>(n, f.batch) * 784);
+    const auto profile = profile_layers<typename Model::body, backend::Host<T>>(
+        ConstView<T>{sample.data(), Shape{std::min<std::int64_t>(n, f.batch) / f.microbatches, 784}}, 3);
+    std::printf("%s", describe(rebalance(pipe.plan(), profile, stage_cuts<Stages>())).c_str());
+  }
+
+  nlohmann::json summary = {{"test_accuracy", test_accuracy},
+                            {"train_loss", last_loss},
+                            {"epochs", f.epochs},
+                            {"seconds", seconds},
+                            {"samples_per_second", seconds > 0 ? double(samples) / seconds : 0.0},
+                            {"bubble_fraction_measured", steps ? bubble_sum / double(steps) : 0.0},
+                            {"schedule", f.schedule},
+                            {"stages", f.stages},
+                            {"microbatches", f.microbatches}};
+  std::printf("%s\n", summary.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"Train a 784-1024-512-256-10 MLP on Fashion-MNIST with a pipeline schedule (cupipe, CPU)"};
+  app.add_option("--data", f.data, "folder with the Fashion-MNIST IDX files (gzip or plain)")->capture_default_str();
+  app.add_option("--schedule", f.schedule, "gpipe, 1f1b, interleaved, pipedream, 2bw, zb-h1 or zb-h2")->capture_default_str();
+  app.add_option("--stages", f.stages, "pipeline stages (workers): 1 to 4 (interleaved: 1 to 3)")->capture_default_str();
+  app.add_option("--microbatches", f.microbatches, "microbatches per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", f.batch, "samples per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--epochs", f.epochs, "passes over the training set")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", f.lr, "peak learning rate (linear warm-up, cosine decay)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", f.optimizer, "adamw or sgd (momentum 0.9)")->capture_default_str()->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--weight-decay", f.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")->capture_default_str();
+  app.add_option("--warmup-epochs", f.warmup_epochs, "epochs of linear learning-rate warm-up")->capture_default_str();
+  app.add_option("--seed", f.seed, "initialisation and data-order seed")->capture_default_str();
+  app.add_option("--save", f.save, "checkpoint prefix: writes PREFIX.safetensors and PREFIX.state.safetensors each epoch");
+  app.add_option("--resume", f.resume, "checkpoint prefix to resume from");
+  app.add_option("--trace", f.trace, "write a Chrome trace (measured vs simulated) of the last step here");
+  app.add_flag("--timeline", f.timeline, "print the ASCII timeline of the last measured step");
+  app.add_flag("--rebalance", f.rebalance, "profile every layer and propose a better split");
+  app.add_option("--train-limit", f.train_limit, "use only the first N training samples (0: all)");
+  app.add_option("--test-limit", f.test_limit, "use only the first N test samples (0: all)");
+  app.add_option("--max-steps", f.max_steps, "stop (and save) after this many steps in total (0: no limit)");
+  app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const schedule::PolicyId policy = schedule::parse_policy(f.schedule);
+    io::FashionMnist data = io::load_fashion_mnist(f.data);
+    if (f.train_limit > 0) data.train = io::take(data.train, 0, std::min(f.train_limit, data.train.count));
+    if (f.test_limit > 0) data.test = io::take(data.test, 0, std::min(f.test_limit, data.test.count));
+    standardise(data.train, data.test);
+    int rc = 0;
+    with_policy(policy, [&]<class Schedule>() {
+      with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
+        if constexpr (P * Schedule::chunks > 7) {
+          CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
+                       " model chunks but the MLP has 7 layers; use at most 3 stages");
+        } else if (f.optimizer == "sgd") {
+          rc = train<Schedule, P>(f, data.train, data.test, optim::SGD({.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay}));
+        } else {
+          rc = train<Schedule, P>(f, data.train, data.test, optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}));
+        }
+      });
+    });
+    return rc;
+  } catch (const cupipe::error& e) {
+    std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+// Profiled rebalancing: time every layer's forward and backward on real inputs, then search the
+// contiguous splits of the layers into the same number of stages for the one whose simulated
+// makespan (under the pipeline's own plan) is smallest. The current split is always a candidate,
+// so the proposal never predicts worse than what runs now.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cupipe/core/rng.hpp"
+#include "cupipe/layers/sequential.hpp"
+#include "cupipe/pipeline/stage_list.hpp"
+#include "cupipe/schedule/simulate.hpp"
+
+namespace cupipe {
+
+/// Measured seconds per layer for one microbatch of the profiled size.
+struct LayerProfile {
+  std::vector<std::string> names;
+  std::vector<double> forward;
+  std::vector<double> backward_input;
+  std::vector<double> backward_weight;
+  index_t rows = 0;
+};
+
+struct RebalanceProposal {
+  std::vector<std::string> layer_names;
+  std::vector<std::size_t> current;   ///< first layer of each stage, then the layer count
+  std::vector<std::size_t> proposed;  ///< same form
+  double current_makespan = 0;        ///< predicted by the simulator from the profile
+  double proposed_makespan = 0;       ///< predicted by the simulator from the profile
+};
+
+/// First layer index of each stage of a StageList, then the total layer count.
+template <class Stages>
+std::vector<std::size_t> stage_cuts() {
+  std::vector<std::size_t> cuts;
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (cuts.push_back(Stages::template stage<K>::first_index), ...);
+  }(std::make_index_sequence<Stages::size>());
+  using last = typename Stages::template stage<Stages::size - 1>;
+  cuts.push_back(last::first_index + last::size);
+  return cuts;
+}
+
+/// "Linear<784, 1024>, ReLU" for stage k (run-time k).
+template <class Stages>
+std::string stage_description(int k) {
+  std::string out;
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    ((int(K) == k ? (out = Stages::template stage<K>::describe(), 0) : 0), ...);
+  }(std::make_index_sequence<Stages::size>());
+  return out;
+}
+
+namespace detail {
+template <class F>
+double median_seconds(int repeats, F&& f) {
+  std::vector<double> times;
+  for (int r = 0; r < std::max(repeats, 1); ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + std::ptrdiff_t(times.size() / 2), times.end());
+  return times[times.size() / 2];
+}
+}  // namespace detail
+
+/// Times each layer of `Body` on `x` (one microbatch of real inputs), median of `repeats` runs.
+template <class Body, class Backend>
+LayerProfile profile_layers(ConstView<typename Body::template input_t<typename Backend::value_type>> x, int repeats = 5) {
+  using T = typename Backend::value_type;
+  Backend be;
+  const index_t rows = x.rows();
+  std::vector<T> host(static_cast<std::size_t>(Body::param_count));
+  Body::init(std::span<T>(host), 0);
+  auto params = be.template allocate<T>(Body::param_count, MemoryTag::weights);
+  auto grads = be.template allocate<T>(Body::param_count, MemoryTag::gradients);
+  be.upload(std::span<const T>(host), params.data());
+  auto record = be.template allocate<T>(Body::record_elements(rows), MemoryTag::activations);
+  Body::forward(be, params.data(), x, record.data());
+  // Output gradients with realistic magnitudes: what backward really sees is data-dependent only in
+  // its values, not its cost, so random ones serve.
+  index_t widest = 0;
+  for (index_t w : Body::widths) widest = std::max(widest, w);
+  std::vector<T> random(static_cast<std::size_t>(rows * widest));
+  Rng rng(1);
+  for (T& v : random) v = T(rng.normal());
+  auto dy = be.template allocate<T>(rows * widest, MemoryTag::workspace);
+  auto dx = be.template allocate<T>(rows * widest, MemoryTag::workspace);
+  be.upload(std::span<const T>(random), dy.data());
+
+  LayerProfile profile;
+  profile.rows = rows;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((void)[&] {
+      using L = typename Body::template layer<I>;
+      const T* p = params.data() + Body::param_offsets[I];
+      T* rec = record.data();
+      auto input = [&] {
+        if constexpr (I == 0) return x;
+        else return ConstView<T>(Body::activation(rec, rows, I));
+      }();
+      const TensorView<T> saved = Body::saved(rec, rows, I);
+      const ConstView<T> g{dy.data(), Shape{rows, Body::widths[I + 1]}};
+      profile.names.push_back(Body::template describe_layer<I>());
+      profile.forward.push_back(detail::median_seconds(repeats, [&] {
+        L::forward(be, p, input, Body::activation(rec, rows, I + 1), saved);
+        be.synchronize();
+      }));
+      profile.backward_input.push_back(I == 0 ? 0.0 : detail::median_seconds(repeats, [&] {
+        if constexpr (I > 0) L::backward_input(be, p, input, saved, g, TensorView<T>{dx.data(), Shape{rows, Body::widths[I]}});
+        be.synchronize();
+      }));
+      profile.backward_weight.push_back(detail::median_seconds(repeats, [&] {
+        L::backward_weight(be, input, saved, g, grads.data() + Body::param_offsets[I]);
+        be.synchronize();
+      }));
+    }(), ...);
+  }(std::make_index_sequence<Body::size>());
+  return profile;
+}
+
+namespace detail {
+
+/// Simulated makespan of `plan` when virtual stage k runs layers [cuts[k], cuts[k+1]).
+inline double predicted_makespan(const schedule::Plan& plan, const LayerProfile& profile, const std::vector<std::size_t>& cuts) {
+  const int stages = plan.config.stages, chunks = plan.config.chunks;
+  schedule::Costs costs;
+  costs.per_stage.assign(std::size_t(stages), schedule::StageCosts{0, 0, 0});
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    schedule::StageCosts& c = costs.per_stage[k % std::size_t(stages)];
+    for (std::size_t i = cuts[k]; i < cuts[k + 1]; ++i) {
+      c.forward += profile.forward[i];
+      if (plan.split_backward) {
+        c.backward += profile.backward_input[i];
+        c.weight += profile.backward_weight[i];
+      } else {
+        c.backward += profile.backward_input[i] + profile.backward_weight[i];
+      }
+    }
+  }
+  (void)chunks;  // a stage's cost is the sum of its chunks; the simulator gives each chunk 1/V of it
+  return schedule::simulate(plan, costs).makespan;
+}
+
+inline void each_split(std::size_t layers, std::size_t parts, std::vector<std::size_t>& cuts, std::size_t k,
+                       const std::function<void(const std::vector<std::size_t>&)>& visit) {
+  if (k == parts) {
+    visit(cuts);
+    return;
+  }
+  for (std::size_t next = cuts[k - 1] + 1; next + (parts - k) <= layers; ++next) {
+    cuts[k] = next;
+    each_split(layers, parts, cuts, k + 1, visit);
+  }
+}
+
+}  // namespace detail
+
+/// Proposes the split of the profiled layers that minimises the simulated makespan of `plan`.
+inline RebalanceProposal rebalance(const schedule::Plan& plan, const LayerProfile& profile, std::vector<std::size_t> current) {
+  const std::size_t layers = profile.forward.size();
+  CUPIPE_REQUIRE(current.size() >= 2 && current.front() == 0 && current.back() == layers, "rebalance: the current split ",
+                 "must start at layer 0 and end at layer ", layers);
+  RebalanceProposal out;
+  out.layer_names = profile.names;
+  out.current = current;
+  out.current_makespan = detail::predicted_makespan(plan, profile, current);
+  out.proposed = current;
+  out.proposed_makespan = out.current_makespan;
+  const std::size_t parts = current.size() - 1;
+  std::vector<std::size_t> cuts(parts + 1, 0);
+  cuts[parts] = layers;
+  detail::each_split(layers, parts, cuts, 1, [&](const std::vector<std::size_t>& candidate) {
+    const double makespan = detail::predicted_makespan(plan, profile, candidate);
+    if (makespan < out.proposed_makespan) {
+      out.proposed_makespan = makespan;
+      out.proposed = candidate;
+    }
+  });
+  return out;
+}
+
+/// Both splits, stage by stage, with both predicted makespans.
+inline std::string describe(const RebalanceProposal& p) {
+  auto split = [&](const std::vector<std::size_t>& cuts) {
+    std::string out;
+    for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+      out += "  stage " + std::to_string(k) + ":";
+      for (std::size_t i = cuts[k]; i < cuts[k + 1]; ++i) out += (i == cuts[k] ? " " : ", ") + p.layer_names[i];
+      out += "\n";
+    }
+    return out;
+  };
+  char line[160];
+  std::string out = "current split:\n" + split(p.current);
+  std::snprintf(line, sizeof line, "  predicted makespan %.3f ms per step (simulated from profiled layer times)\n",
+                p.current_makespan * 1e3);
+  out += line;
+  out += p.proposed == p.current ? std::string("proposed split: keep the current split\n") : "proposed split:\n" + split(p.proposed);
+  std::snprintf(line, sizeof line, "  predicted makespan %.3f ms per step (%.1f%% of current)\n", p.proposed_makespan * 1e3,
+                p.current_makespan > 0 ? 100 * p.proposed_makespan / p.current_makespan : 100.0);
+  return out + line;
+}
+
+}  // namespace cupipe

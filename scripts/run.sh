@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The main job on a fresh Debian machine: installs the Debian packages, builds the Fashion-MNIST
+# trainer and trains it for a short run with a 4-stage 1F1B pipeline on the CPU, writing a
+# checkpoint and a Chrome trace of the last step (measured next to simulated).
+# Extra arguments go to the trainer, e.g. `bash scripts/run.sh --epochs 10` for the full run.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+bash "$root/scripts/setup.sh"
+mkdir -p "$root/build"
+build "$root/build/host" -DCUPIPE_ENABLE_CUDA=OFF >/dev/null
+out="$root/build/run"
+mkdir -p "$out"
+"$root/build/host/examples/mlp_fashion_mnist/mlp_fashion_mnist" \
+  --schedule 1f1b --stages 4 --microbatches 8 --epochs 1 --train-limit 12000 \
+  --save "$out/fashion_mnist" --trace "$out/fashion_mnist.trace.json" "$@"
+echo "checkpoint: $out/fashion_mnist.safetensors (PyTorch state_dict names) + $out/fashion_mnist.state.safetensors"
+echo "trace:      $out/fashion_mnist.trace.json (open in https://ui.perfetto.dev or chrome://tracing)"

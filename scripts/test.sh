@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Runs the whole test suite on a fresh Debian machine: installs the Debian packages, then builds and
+# tests (1) the host subset with CUDA off, (2) everything with CUDA on when nvcc exists (GPU tests
+# report "Skipped" without a GPU), (3) the threaded runtime under ThreadSanitizer.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+bash "$root/scripts/setup.sh"
+mkdir -p "$root/build"
+
+echo "== host subset (CUPIPE_ENABLE_CUDA=OFF)"
+build "$root/build/host" -DCUPIPE_ENABLE_CUDA=OFF
+(cd "$root/build/host" && ctest --output-on-failure -j "$jobs")
+
+if have_cuda; then
+  echo "== CUDA on (nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
+  build "$root/build/cuda" -DCUPIPE_ENABLE_CUDA=ON
+  (cd "$root/build/cuda" && ctest --output-on-failure -j "$jobs")
+else
+  echo "== CUDA on: skipped, no nvcc on this machine"
+fi
+
+echo "== ThreadSanitizer (runtime tests)"
+build "$root/build/tsan" -DCUPIPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+(cd "$root/build/tsan" && ctest --output-on-failure -j "$jobs")
