@@ -94,7 +94,8 @@ template <class T>
 void relu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
   check_view(x, x.shape(), "relu_forward", "x");
   check_view(y, x.shape(), "relu_forward", "y");
-  for (index_t i = 0; i < x.numel(); ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+  // NaN propagates, as in torch.relu: mapping it to 0 would hide a diverged model from the loss check.
+  for (index_t i = 0; i < x.numel(); ++i) y[i] = x[i] > T(0) || std::isnan(x[i]) ? x[i] : T(0);
 }
 
 /// dx = dy where x > 0, else 0 (x is the forward input).
