@@ -133,6 +133,15 @@ TEST_CASE("relu: forward is max(x, 0) and backward matches finite differences aw
   Vec dx(x.size());
   ops::relu_backward(be, cview(x, s), cview(r, s), view(dx, s));
   CHECK(relative_error(dx, numeric_gradient(x, [&] { return dot(r, run()); })) <= grad_tolerance);
+
+  // NaN propagates (as torch.relu), so a diverged model reaches the loss's finiteness check.
+  const Vec special{std::nan(""), INFINITY, -INFINITY, -0.0};
+  Vec out(4, 7.0);
+  ops::relu_forward(be, cview(special, Shape{4}), view(out, Shape{4}));
+  CHECK(std::isnan(out[0]));
+  CHECK(out[1] == INFINITY);
+  CHECK(out[2] == 0.0);
+  CHECK(out[3] == 0.0);
 }
 
 TEST_CASE("gelu: tanh-form forward and backward matches finite differences", "[cpu][host]") {
