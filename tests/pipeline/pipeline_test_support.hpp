@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared by the pipeline runtime tests: seeded batches, comparisons, the unpipelined reference update,
+// and a guard that turns a hang into a failure.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "cupipe/cupipe.hpp"
+#include "cupipe/pipeline/pipeline.hpp"
+#include "cupipe/schedule/schedule.hpp"
+
+namespace cupipe::test {
+
+using Host = backend::Host<double>;
+
+/// A seeded batch: x (rows, features) uniform in [-1, 1), labels uniform in [0, classes).
+struct Batch {
+  index_t rows = 0;
+  index_t features = 0;
+  std::vector<double> x;
+  std::vector<std::int32_t> labels;
+
+  ConstView<double> inputs() const { return {x.data(), Shape{rows, features}}; }
+  ConstView<std::int32_t> targets() const { return {labels.data(), Shape{rows}}; }
+  /// Rows [first, first + count) as a batch of their own.
+  Batch slice(index_t first, index_t count) const {
+    Batch b{count, features, {}, {}};
+    b.x.assign(x.begin() + first * features, x.begin() + (first + count) * features);
+    b.labels.assign(labels.begin() + first, labels.begin() + first + count);
+    return b;
+  }
+};
+
+inline Batch make_batch(index_t rows, index_t features, index_t classes, std::uint64_t seed) {
+  Rng rng(seed);
+  Batch b{rows, features, std::vector<double>(std::size_t(rows * features)), std::vector<std::int32_t>(std::size_t(rows))};
+  for (double& v : b.x) v = rng.uniform(-1.0, 1.0);
+  for (auto& l : b.labels) l = std::int32_t(std::min<index_t>(index_t(rng.uniform() * double(classes)), classes - 1));
+  return b;
+}
+
+/// max |a - b| / max |b|: relative to the reference's scale, so tiny entries do not dominate.
+inline double relative_difference(std::span<const double> a, std::span<const double> b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+inline bool bitwise_equal(std::span<const double> a, std::span<const double> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+/// The update a flush pipeline applies, done by hand on a Network: global-norm clipping, then the
+/// optimizer on the whole parameter array. `slots` persist across calls; `step` is 0-based.
+template <class Net, class Optimizer>
+double reference_update(Net& net, const Optimizer& optimizer, std::vector<std::vector<double>>& slots, std::int64_t step) {
+  constexpr index_t count = Net::Body::param_count;
+  if (slots.empty()) slots.assign(Optimizer::slot_names.size(), std::vector<double>(std::size_t(count), 0.0));
+  std::vector<TensorView<double>> views;
+  for (auto& s : slots) views.push_back({s.data(), Shape{count}});
+  const ConstView<double> grads{net.gradient_data(), Shape{count}};
+  const double norm = std::sqrt(sum_of_squares(net.backend(), grads));
+  optimizer.update(net.backend(), TensorView<double>{net.parameter_data(), Shape{count}}, grads,
+                   std::span<const TensorView<double>>(views), step, optim::clip_factor(norm, optimizer.clip_norm()));
+  return norm;
+}
+
+/// Runs `call` on another thread and fails the whole test binary if it has not returned after
+/// `seconds`: a pipeline that deadlocks must not hang the test suite.
+template <class Call>
+auto bounded(double seconds, Call&& call) {
+  auto done = std::async(std::launch::async, std::forward<Call>(call));
+  if (done.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "pipeline call did not return within %.1f s: the runtime hangs\n", seconds);
+    std::fflush(stderr);
+    std::abort();
+  }
+  return done.get();
+}
+
+/// The message of the cupipe::error `call` throws; fails when it throws nothing.
+template <class Call>
+std::string error_message(Call&& call) {
+  try {
+    call();
+  } catch (const error& e) {
+    return e.message();
+  }
+  FAIL("expected a cupipe::error");
+  return {};
+}
+
+}  // namespace cupipe::test

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+// Flush schedules against the unpipelined oracle: one forward_backward gives the Network's gradients
+// and loss, five AdamW train_steps give its weights, for every (policy, p, m) the policy accepts;
+// ragged microbatches, recomputation and the measured StepStats on the same runs.
+#include "pipeline_test_support.hpp"
+
+#include <optional>
+#include <string>
+
+namespace {
+
+using namespace cupipe;
+using test::Batch;
+using test::Host;
+
+// 8 Linear layers with ReLUs between them: enough units for 8 stages (Interleaved<2> with p = 4).
+using Deep = Sequential<Linear<6, 8>, ReLU, Linear<8, 8>, ReLU, Linear<8, 8>, ReLU, Linear<8, 8>, ReLU, Linear<8, 8>,
+                        ReLU, Linear<8, 8>, ReLU, Linear<8, 8>, ReLU, Linear<8, 4>>;
+using Reference = Network<Deep, Host>;
+constexpr index_t features = 6;
+constexpr index_t classes = 4;
+constexpr std::uint64_t seed = 20240611;
+constexpr double tolerance = 1e-12;
+
+template <class Policy>
+constexpr bool is_interleaved = Policy::chunks > 1;
+
+/// The policy's own rule, restated here so the test does not trust the schedule code it checks.
+template <class Policy>
+bool accepts(int p, int m) {
+  if constexpr (is_interleaved<Policy>) return m % p == 0 || m < 2 * p;
+  else return true;
+}
+
+/// Parameter bytes each worker holds (all its chunks).
+template <class Stages, class Pipe>
+std::vector<std::int64_t> parameter_bytes() {
+  std::vector<std::int64_t> bytes(std::size_t(Pipe::stages), 0);
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    ((bytes[std::size_t(Pipe::worker_of(int(K)))] += Stages::template stage<K>::param_count * std::int64_t(sizeof(double))),
+     ...);
+  }(std::make_index_sequence<Stages::size>());
+  return bytes;
+}
+
+/// What every step must measure: per-stage figures that add up, one record per planned action.
+void check_stats(const StepStats& stats, const schedule::Plan& plan, const std::vector<std::int64_t>& param_bytes) {
+  const auto p = std::size_t(plan.config.stages);
+  REQUIRE(stats.busy_seconds.size() == p);
+  REQUIRE(stats.idle_seconds.size() == p);
+  REQUIRE(stats.peak_activation_bytes.size() == p);
+  REQUIRE(stats.peak_weight_bytes.size() == p);
+  REQUIRE(stats.peak_weight_versions.size() == p);
+  CHECK(stats.makespan_seconds > 0);
+  CHECK(stats.bubble_fraction >= 0);
+  CHECK(stats.bubble_fraction < 1);
+  std::size_t planned = 0;
+  for (std::size_t s = 0; s < p; ++s) {
+    CHECK(stats.busy_seconds[s] > 0);
+    CHECK(stats.busy_seconds[s] <= stats.makespan_seconds * (1 + 1e-9));
+    CHECK(stats.idle_seconds[s] == Approx(stats.makespan_seconds - stats.busy_seconds[s]).margin(1e-12));
+    CHECK(stats.peak_weight_bytes[s] >= param_bytes[s]);
+    CHECK(stats.peak_activation_bytes[s] > 0);
+    CHECK(stats.peak_weight_versions[s] == 1);
+    planned += plan.actions[s].size();
+  }
+  REQUIRE(stats.actions.size() == planned);
+  // Records come per stage in the order the stage ran them: exactly the plan's lists.
+  std::size_t i = 0;
+  for (std::size_t s = 0; s < p; ++s)
+    for (const schedule::Action& a : plan.actions[s]) {
+      const ActionRecord& r = stats.actions[i++];
+      CHECK(r.stage == int(s));
+      CHECK(r.kind == a.kind);
+      CHECK(r.microbatch == a.microbatch);
+      CHECK(r.chunk == a.chunk);
+      CHECK(r.start >= 0);
+      CHECK(r.end >= r.start);
+      CHECK(r.end - r.start <= stats.makespan_seconds + 1e-9);
+    }
+}
+
+/// Equivalence with the Network for one policy and one stage list, every m in {1, 2, 3, 4, 8}.
+template <class Policy, class Stages>
+void check_against_network() {
+  using Pipe = Pipeline<Stages, Policy, Host>;
+  static_assert(std::is_same_v<typename Stages::model, Deep>);
+  constexpr int p = Pipe::stages;
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.01, .clip_norm = 1.0});
+  for (const int m : {1, 2, 3, 4, 8}) {
+    INFO(Policy::name << " p = " << p << " m = " << m);
+    PipelineOptions options;
+    options.microbatches = m;
+    options.seed = seed;
+    std::optional<Pipe> pipe;
+    if (!accepts<Policy>(p, m)) {
+      const std::string message = test::error_message([&] { pipe.emplace(options); });
+      CHECK_THAT(message, Catch::Contains("needs microbatches to be a multiple of stages"));
+      CHECK_THAT(message, Catch::Contains("stages " + std::to_string(p) + ", microbatches " + std::to_string(m)));
+      continue;
+    }
+    REQUIRE_NOTHROW(pipe.emplace(options));
+
+    // Same seed, same initialisation, to the bit, however the model is split.
+    Reference net(seed);
+    REQUIRE(test::bitwise_equal(pipe->parameters(), net.parameters()));
+
+    const Batch batch = test::make_batch(8, features, classes, 100 + m);
+    const StepStats stats = test::bounded(60, [&] { return pipe->forward_backward(batch.inputs(), batch.targets()); });
+    const double loss = net.forward_backward(batch.inputs(), batch.targets());
+    CHECK(test::relative_difference(pipe->gradients(), net.gradients()) <= tolerance);
+    CHECK(std::abs(stats.loss - loss) <= tolerance * std::abs(loss));
+    CHECK(stats.samples == 8);
+    check_stats(stats, pipe->plan(), parameter_bytes<Stages, Pipe>());
+
+    // Five AdamW steps with global-norm clipping, against the same update done by hand.
+    pipe.emplace(options);
+    Reference trained(seed);
+    std::vector<std::vector<double>> slots;
+    for (int step = 0; step < 5; ++step) {
+      const Batch b = test::make_batch(8, features, classes, 1000 * m + step);
+      const StepStats s = test::bounded(60, [&] { return pipe->train_step(b.inputs(), b.targets(), adamw); });
+      trained.zero_grad();
+      trained.forward_backward(b.inputs(), b.targets());
+      const double norm = test::reference_update(trained, adamw, slots, step);
+      CHECK(s.grad_norm == Approx(norm).epsilon(1e-12));
+    }
+    CHECK(pipe->updates() == 5);
+    CHECK(test::relative_difference(pipe->parameters(), trained.parameters()) <= tolerance);
+    CHECK(test::relative_difference(pipe->optimizer_state(1), slots[1]) <= tolerance);
+
+    if (m != 4) continue;
+    // n = 10 in 4 microbatches: 3, 3, 3, 1 rows, the same gradients as the whole batch.
+    pipe.emplace(options);
+    Reference whole(seed);
+    const Batch ragged = test::make_batch(10, features, classes, 77);
+    const StepStats r = pipe->forward_backward(ragged.inputs(), ragged.targets());
+    const double ragged_loss = whole.forward_backward(ragged.inputs(), ragged.targets());
+    CHECK(test::relative_difference(pipe->gradients(), whole.gradients()) <= tolerance);
+    CHECK(std::abs(r.loss - ragged_loss) <= tolerance * std::abs(ragged_loss));
+    // n = 9 would be 3, 3, 3, 0; n = 3 cannot even give each microbatch a row.
+    const Batch nine = test::make_batch(9, features, classes, 78);
+    const std::string empty = test::error_message([&] { pipe->forward_backward(nine.inputs(), nine.targets()); });
+    CHECK_THAT(empty, Catch::Contains("a batch of 9 samples split into 4 microbatches of 3 leaves the last one empty"));
+    const Batch three = test::make_batch(3, features, classes, 79);
+    CHECK_THAT(test::error_message([&] { pipe->forward_backward(three.inputs(), three.targets()); }),
+               Catch::Contains("a batch of 3 samples cannot be split into 4 microbatches"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPipe equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}", "[pipeline][equivalence]") {
+  check_against_network<schedule::GPipe, partition<Deep, 1>>();
+  check_against_network<schedule::GPipe, partition<Deep, 2>>();
+  check_against_network<schedule::GPipe, partition<Deep, 3>>();
+  check_against_network<schedule::GPipe, partition<Deep, 4>>();
+}
+
+TEST_CASE("1F1B equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}", "[pipeline][equivalence]") {
+  check_against_network<schedule::OneFOneB, partition<Deep, 1>>();
+  check_against_network<schedule::OneFOneB, partition<Deep, 2>>();
+  check_against_network<schedule::OneFOneB, partition<Deep, 3>>();
+  check_against_network<schedule::OneFOneB, partition<Deep, 4>>();
+}
+
+TEST_CASE("Interleaved<2> equals the unpipelined Network and rejects unsupported m", "[pipeline][equivalence]") {
+  check_against_network<schedule::Interleaved<2>, partition<Deep, 2>>();
+  check_against_network<schedule::Interleaved<2>, partition<Deep, 4>>();
+  check_against_network<schedule::Interleaved<2>, partition<Deep, 6>>();
+  check_against_network<schedule::Interleaved<2>, partition<Deep, 8>>();
+}
+
+TEST_CASE("ZB-H1 equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}", "[pipeline][equivalence]") {
+  check_against_network<schedule::ZeroBubbleH1, partition<Deep, 1>>();
+  check_against_network<schedule::ZeroBubbleH1, partition<Deep, 2>>();
+  check_against_network<schedule::ZeroBubbleH1, partition<Deep, 3>>();
+  check_against_network<schedule::ZeroBubbleH1, partition<Deep, 4>>();
+}
+
+TEST_CASE("ZB-H2 equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}", "[pipeline][equivalence]") {
+  check_against_network<schedule::ZeroBubbleH2, partition<Deep, 1>>();
+  check_against_network<schedule::ZeroBubbleH2, partition<Deep, 2>>();
+  check_against_network<schedule::ZeroBubbleH2, partition<Deep, 3>>();
+  check_against_network<schedule::ZeroBubbleH2, partition<Deep, 4>>();
+}
+
+TEMPLATE_TEST_CASE("recomputing stages 0 and 1 gives the same gradients bitwise with fewer activation bytes",
+                   "[pipeline][recompute]", schedule::GPipe, schedule::ZeroBubbleH1) {
+  using Pipe = Pipeline<partition<Deep, 3>, TestType, Host>;
+  PipelineOptions options;
+  options.microbatches = 8;
+  options.seed = seed;
+  Pipe plain(options);
+  options.recompute = {0, 1};
+  Pipe recomputing(options);
+  const Batch batch = test::make_batch(16, features, classes, 5);
+  const StepStats kept = plain.forward_backward(batch.inputs(), batch.targets());
+  const StepStats recomputed = recomputing.forward_backward(batch.inputs(), batch.targets());
+  CHECK(test::bitwise_equal(recomputing.gradients(), plain.gradients()));
+  CHECK(recomputed.loss == kept.loss);
+  for (const int s : {0, 1}) {
+    INFO("stage " << s);
+    CHECK(recomputed.peak_activation_bytes[std::size_t(s)] < kept.peak_activation_bytes[std::size_t(s)]);
+  }
+  // A bad stage index is named before anything runs.
+  options.recompute = {3};
+  CHECK_THAT(test::error_message([&] { Pipe bad(options); }),
+             Catch::Contains("recompute names stage 3 but there are 3 (virtual) stages"));
+}
