@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// backend::Cuda<T>: the CUDA backend, the device twin of backend::Host<T>. One context per pipeline
+// stage (per worker thread): it owns a stream, and every op on it is enqueued on that stream, in
+// order. Its ops (backend/cuda/ops.cuh, gemm.cuh) have the host ops' names and signatures.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+#include "cupipe/backend/cuda/check.cuh"
+#include "cupipe/backend/cuda/context.cuh"
+#include "cupipe/backend/cuda/gemm_plan.cuh"
+#include "cupipe/backend/cuda/memory_pool.cuh"
+#include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/tensor.hpp"
+
+namespace cupipe::backend {
+
+template <class T>
+class Cuda : public ops::Dispatch {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "backend::Cuda<T> computes in float or double; bf16 storage goes through the bf16 GEMM and "
+                "adamw_update_master entry points");
+
+ public:
+  using value_type = T;
+  static constexpr bool on_device = true;
+  static constexpr std::string_view name = "cuda";
+
+  template <class U>
+  using buffer = gpu::DeviceBuffer<U>;
+
+  /// Bytes this context allocated, by purpose; peaks are measured here. Declared before the context,
+  /// whose pool accounts into it.
+  MemoryTracker memory;
+
+  /// Float GEMMs in exact fp32 (the default) or on TF32 tensor cores (opt in; about 1e-3 relative).
+  gpu::MathMode math = gpu::MathMode::fp32;
+
+  /// When true (the default), ops that can meet bad input on the device (a label or token id out of
+  /// range) wait for their kernels and throw at once, naming the row. When false they only record
+  /// it, and the next synchronize() throws.
+  bool check_inputs = true;
+
+  /// A context on device 0.
+  Cuda() : Cuda(0) {}
+  explicit Cuda(int device) : context_(device, memory) {}
+  // Buffers point at the pool and `memory`, so a context stays where it was made.
+  Cuda(const Cuda&) = delete;
+  Cuda& operator=(const Cuda&) = delete;
+  Cuda(Cuda&&) = delete;
+  Cuda& operator=(Cuda&&) = delete;
+
+  /// An uninitialised device array of `count` elements, accounted under `tag`.
+  template <class U = T>
+  buffer<U> allocate(index_t count, MemoryTag tag) {
+    context_.activate();
+    return buffer<U>(context_.pool(), count, tag);
+  }
+
+  /// Copies host memory to the device. Returns when the copy is done, so `from` may be reused at once.
+  template <class U>
+  void upload(std::span<const U> from, U* to) {
+    if (from.empty()) return;
+    context_.activate();
+    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to, from.data(), from.size_bytes(), cudaMemcpyHostToDevice, context_.stream()));
+    CUPIPE_CHECK_CUDA(cudaStreamSynchronize(context_.stream()));
+  }
+
+  /// Copies device memory to the host, after the work enqueued before it.
+  template <class U>
+  void download(const U* from, std::span<U> to) {
+    if (to.empty()) return;
+    context_.activate();
+    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to.data(), from, to.size_bytes(), cudaMemcpyDeviceToHost, context_.stream()));
+    CUPIPE_CHECK_CUDA(cudaStreamSynchronize(context_.stream()));
+  }
+
+  /// Waits for all work enqueued on this context; throws if a kernel reported bad input since the
+  /// last check, or if the work failed.
+  void synchronize() {
+    context_.activate();
+    const gpu::DeviceError found = context_.take_device_error();
+    if (found.code == gpu::label_out_of_range)
+      CUPIPE_THROW("a softmax cross-entropy kernel met label ", found.value, " at row ", found.row,
+                   ", outside its class range");
+    if (found.code == gpu::token_id_out_of_range)
+      CUPIPE_THROW("an embedding kernel met token id ", found.value, " at row ", found.row, ", outside the vocabulary");
+  }
+
+  gpu::Context& context() noexcept { return context_; }
+  cudaStream_t stream() const noexcept { return context_.stream(); }
+  int device() const noexcept { return context_.device(); }
+
+ private:
+  gpu::Context context_;
+};
+
+}  // namespace cupipe::backend

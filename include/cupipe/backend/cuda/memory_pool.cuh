@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+// DevicePool: a caching device allocator with exact accounting, and DeviceBuffer<T>, the owner of one
+// block from it.
+//
+// - A pool serves one device and one stream: a block released while kernels on that stream may still
+//   read it is handed out again only to work enqueued later on the same stream, so reuse is
+//   stream-ordered and needs no event. Contexts on other streams use their own pools.
+// - Requested bytes are accounted exactly to a MemoryTracker under each buffer's tag (that is what
+//   peaks report); the bytes taken from the driver (rounded, cached ones included) are counted apart.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cupipe/backend/cuda/check.cuh"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/shape.hpp"
+#include "cupipe/core/tensor.hpp"
+
+namespace cupipe::gpu {
+
+class DevicePool {
+ public:
+  /// Blocks are rounded up to this many bytes, which also keeps every block 16-byte aligned for
+  /// vector loads (cudaMalloc itself returns 256-byte aligned memory).
+  static constexpr std::size_t granularity = 512;
+
+  DevicePool(int device, MemoryTracker& tracker) : device_(device), tracker_(&tracker) {}
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  ~DevicePool() { trim(); }
+
+  static constexpr std::size_t block_size(std::size_t bytes) noexcept {
+    return (bytes + granularity - 1) / granularity * granularity;
+  }
+
+  /// A block of at least `bytes` (nullptr for 0), accounted under `tag`. Its contents are undefined.
+  void* allocate(std::size_t bytes, MemoryTag tag) {
+    if (bytes == 0) return nullptr;
+    const std::size_t size = block_size(bytes);
+    void* ptr = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (auto it = free_.find(size); it != free_.end() && !it->second.empty()) {
+        ptr = it->second.back();
+        it->second.pop_back();
+        cached_ -= size;
+      }
+    }
+    if (!ptr) ptr = fresh_block(size, bytes, tag);
+    tracker_->allocate(tag, bytes);
+    return ptr;
+  }
+
+  /// Returns a block from allocate(bytes, tag) to the cache.
+  void release(void* ptr, std::size_t bytes, MemoryTag tag) noexcept {
+    if (!ptr) return;
+    tracker_->release(tag, bytes);
+    const std::size_t size = block_size(bytes);
+    std::lock_guard lock(mutex_);
+    try {
+      free_[size].push_back(ptr);
+      cached_ += size;
+    } catch (...) {  // no memory to remember it: give it back to the driver instead
+      (void)cudaFree(ptr);
+      reserved_ -= size;
+    }
+  }
+
+  /// Frees every cached block back to the driver (blocks in use are untouched).
+  void trim() noexcept {
+    std::lock_guard lock(mutex_);
+    for (auto& [size, blocks] : free_) {
+      for (void* ptr : blocks) (void)cudaFree(ptr);
+      reserved_ -= size * blocks.size();
+    }
+    free_.clear();
+    cached_ = 0;
+  }
+
+  int device() const noexcept { return device_; }
+  MemoryTracker& tracker() const noexcept { return *tracker_; }
+  /// Bytes held from the driver: blocks in use plus cached ones, rounded to the granularity.
+  std::size_t reserved_bytes() const {
+    std::lock_guard lock(mutex_);
+    return reserved_;
+  }
+  std::size_t peak_reserved_bytes() const {
+    std::lock_guard lock(mutex_);
+    return peak_reserved_;
+  }
+  /// Bytes in released blocks waiting for reuse.
+  std::size_t cached_bytes() const {
+    std::lock_guard lock(mutex_);
+    return cached_;
+  }
+  /// How many times the pool called cudaMalloc (a cache hit does not).
+  std::size_t driver_allocations() const {
+    std::lock_guard lock(mutex_);
+    return driver_allocations_;
+  }
+
+ private:
+  void* fresh_block(std::size_t size, std::size_t bytes, MemoryTag tag) {
+    void* ptr = nullptr;
+    cudaError_t status = cudaMalloc(&ptr, size);
+    if (status == cudaErrorMemoryAllocation) {  // cached blocks of other sizes may be in the way
+      (void)cudaGetLastError();
+      trim();
+      status = cudaMalloc(&ptr, size);
+    }
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      ::cupipe::detail::throw_error(
+          ::cupipe::detail::str("device pool on device ", device_, ": cannot allocate ", bytes, " bytes for ",
+                                name(tag), " (", tracker_->in_use(), " bytes in use): ", cudaGetErrorString(status)),
+          "cudaMalloc", __FILE__, __LINE__);
+    }
+    std::lock_guard lock(mutex_);
+    reserved_ += size;
+    ++driver_allocations_;
+    if (reserved_ > peak_reserved_) peak_reserved_ = reserved_;
+    return ptr;
+  }
+
+  int device_;
+  MemoryTracker* tracker_;
+  mutable std::mutex mutex_;
+  std::map<std::size_t, std::vector<void*>> free_;
+  std::size_t cached_ = 0;
+  std::size_t reserved_ = 0;
+  std::size_t peak_reserved_ = 0;
+  std::size_t driver_allocations_ = 0;
+};
+
+/// An owning, uninitialised device array from a DevicePool, accounted under a tag. Move-only.
+template <class T>
+class DeviceBuffer {
+ public:
+  using value_type = T;
+
+  DeviceBuffer() = default;
+  DeviceBuffer(DevicePool& pool, index_t count, MemoryTag tag) : pool_(&pool), size_(count), tag_(tag) {
+    CUPIPE_REQUIRE(count >= 0, "negative device buffer size ", count);
+    data_ = static_cast<T*>(pool.allocate(bytes(), tag));
+  }
+  DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    DeviceBuffer(std::move(other)).swap(*this);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (pool_) pool_->release(data_, bytes(), tag_);
+  }
+
+  void swap(DeviceBuffer& other) noexcept {
+    std::swap(pool_, other.pool_);
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    std::swap(tag_, other.tag_);
+  }
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  index_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t bytes() const noexcept { return static_cast<std::size_t>(size_) * sizeof(T); }
+  MemoryTag tag() const noexcept { return tag_; }
+
+  /// A view of the first shape.numel() elements; throws if the buffer is too small.
+  TensorView<T> view(Shape shape) {
+    CUPIPE_REQUIRE(shape.numel() <= size_, "device buffer of ", size_, " elements is too small for shape ", shape);
+    return {data_, shape};
+  }
+  ConstView<T> view(Shape shape) const {
+    CUPIPE_REQUIRE(shape.numel() <= size_, "device buffer of ", size_, " elements is too small for shape ", shape);
+    return {data_, shape};
+  }
+
+ private:
+  DevicePool* pool_ = nullptr;
+  T* data_ = nullptr;
+  index_t size_ = 0;
+  MemoryTag tag_ = MemoryTag::workspace;
+};
+
+}  // namespace cupipe::gpu

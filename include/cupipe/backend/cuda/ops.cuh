@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA ops: every op of backend/host/ops.hpp, with the same name and signature, on backend::Cuda<T>
+// (GEMM lives in gemm.cuh). The conventions are the host's: row-major 2-D views, *_backward_weight
+// and bias_backward accumulate, everything else overwrites, and shapes are validated before any
+// launch. Each op is an NVTX range and enqueues on the context's stream without waiting, except
+// the ones that return a value to the host (sum_of_squares) or check device-side input (labels, token
+// ids) when be.check_inputs is set.
+//
+// Extra entry points beyond the host contract: convert (float <-> bf16), poison (NaN fill, for tests)
+// and adamw_update_master (bf16 parameters with fp32 master weights).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string_view>
+#include <type_traits>
+
+#include "cupipe/backend/cuda/check.cuh"
+#include "cupipe/backend/cuda/cuda.cuh"
+#include "cupipe/backend/cuda/gemm.cuh"
+#include "cupipe/backend/cuda/kernels/elementwise.cuh"
+#include "cupipe/backend/cuda/kernels/embedding.cuh"
+#include "cupipe/backend/cuda/kernels/layernorm.cuh"
+#include "cupipe/backend/cuda/kernels/optimizer.cuh"
+#include "cupipe/backend/cuda/kernels/reduce.cuh"
+#include "cupipe/backend/cuda/kernels/softmax_xent.cuh"
+#include "cupipe/backend/cuda/nvtx.cuh"
+#include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/dtype.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/tensor.hpp"
+
+namespace cupipe::ops {
+
+namespace cuda_detail {
+
+using gpu::kernels::device_ptr;
+
+/// Enters an op: names it for profilers and makes the context's device current.
+class OpScope {
+ public:
+  template <class T>
+  OpScope(backend::Cuda<T>& be, const char* name) : range_(name) {
+    be.context().activate();
+  }
+
+ private:
+  gpu::NvtxRange range_;
+};
+
+template <class V>
+auto cptr(const V& view) {
+  return static_cast<const gpu::kernels::device_t<typename V::value_type>*>(device_ptr(view.data()));
+}
+
+}  // namespace cuda_detail
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise and broadcast ops.
+
+/// y (rows, n) += bias (n) on every row.
+template <class T>
+void bias_add(backend::Cuda<T>& be, TensorView<T> y, ConstView<T> bias) {
+  check_view(bias, Shape{y.cols()}, "bias_add", "bias");
+  const cuda_detail::OpScope scope(be, "cupipe::bias_add");
+  gpu::kernels::bias_add(be.context(), y.data(), bias.data(), y.rows(), y.cols());
+}
+
+/// dbias (n) += column sums of dy (rows, n).
+template <class T>
+void bias_backward(backend::Cuda<T>& be, ConstView<T> dy, TensorView<T> dbias) {
+  check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
+  const cuda_detail::OpScope scope(be, "cupipe::bias_backward");
+  gpu::kernels::column_sums<1, T>(be.context(), dy.rows(), dy.cols(), gpu::kernels::ColumnValue<T>{dy.data(), dy.cols()},
+                                   dbias.data());
+}
+
+template <class T>
+void relu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
+  check_view(y, x.shape(), "relu_forward", "y");
+  const cuda_detail::OpScope scope(be, "cupipe::relu_forward");
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluForwardOp<T>{}, x.data(), y.data());
+}
+
+/// dx = dy where x > 0, else 0 (x is the forward input).
+template <class T>
+void relu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
+  check_view(dy, x.shape(), "relu_backward", "dy");
+  check_view(dx, x.shape(), "relu_backward", "dx");
+  const cuda_detail::OpScope scope(be, "cupipe::relu_backward");
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluBackwardOp<T>{}, x.data(), dy.data(), dx.data());
+}
+
+/// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class T>
+void gelu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
+  check_view(y, x.shape(), "gelu_forward", "y");
+  const cuda_detail::OpScope scope(be, "cupipe::gelu_forward");
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluForwardOp<T>{}, x.data(), y.data());
+}
+
+template <class T>
+void gelu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
+  check_view(dy, x.shape(), "gelu_backward", "dy");
+  check_view(dx, x.shape(), "gelu_backward", "dx");
+  const cuda_detail::OpScope scope(be, "cupipe::gelu_backward");
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluBackwardOp<T>{}, x.data(), dy.data(), dx.data());
+}
+
+/// y = a + b (the residual connection); y may alias a or b.
+template <class T>
+void residual_add(backend::Cuda<T>& be, ConstView<T> a, ConstView<T> b, TensorView<T> y) {
+  check_view(b, a.shape(), "residual_add", "b");
+  check_view(y, a.shape(), "residual_add", "y");
+  const cuda_detail::OpScope scope(be, "cupipe::residual_add");
+  gpu::kernels::transform(be.context(), a.numel(), gpu::kernels::AddOp<T>{}, a.data(), b.data(), y.data());
+}
+
+/// y += alpha * x.
+template <class T>
+void axpy(backend::Cuda<T>& be, Scalar<T> alpha, ConstView<T> x, TensorView<T> y) {
+  check_view(y, x.shape(), "axpy", "y");
+  const cuda_detail::OpScope scope(be, "cupipe::axpy");
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::AxpyOp<T>{alpha}, x.data(), y.data());
+}
+
+template <class T>
+void copy(backend::Cuda<T>& be, ConstView<T> from, TensorView<T> to) {
+  check_view(to, from.shape(), "copy", "destination");
+  if (from.numel() == 0 || from.data() == to.data()) return;
+  const cuda_detail::OpScope scope(be, "cupipe::copy");
+  CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to.data(), from.data(), std::size_t(from.numel()) * sizeof(T),
+                                    cudaMemcpyDeviceToDevice, be.stream()));
+}
+
+template <class T>
+void fill(backend::Cuda<T>& be, TensorView<T> y, Scalar<T> value) {
+  const cuda_detail::OpScope scope(be, "cupipe::fill");
+  gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<T>{value}, y.data());
+}
+
+/// Fills y with quiet NaN, so a test sees every element an op fails to write. Any float type.
+template <class T, class U>
+void poison(backend::Cuda<T>& be, TensorView<U> y) {
+  static_assert(std::is_floating_point_v<U> || std::is_same_v<U, bfloat16>, "poison: NaN needs a floating-point type");
+  const cuda_detail::OpScope scope(be, "cupipe::poison");
+  using D = gpu::kernels::device_t<U>;
+  D nan;
+  if constexpr (std::is_same_v<U, bfloat16>) {
+    __nv_bfloat16_raw raw;
+    raw.x = bfloat16(std::numeric_limits<float>::quiet_NaN()).bits;
+    nan = raw;
+  } else {
+    nan = std::numeric_limits<U>::quiet_NaN();
+  }
+  gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<D>{nan}, cuda_detail::device_ptr(y.data()));
+}
+
+/// Element type conversion (float, double, bfloat16; bf16 rounds to nearest even). `from` may be a
+/// const or mutable view (its element type is deduced).
+template <class T, class From, class To>
+void convert(backend::Cuda<T>& be, TensorView<From> from, TensorView<To> to) {
+  check_view(to, from.shape(), "convert", "destination");
+  const cuda_detail::OpScope scope(be, "cupipe::convert");
+  using DF = gpu::kernels::device_t<std::remove_const_t<From>>;
+  using DT = gpu::kernels::device_t<To>;
+  gpu::kernels::transform(be.context(), from.numel(), gpu::kernels::ConvertOp<DF, DT>{}, cuda_detail::cptr(from),
+                           cuda_detail::device_ptr(to.data()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm over the last axis (see host/ops.hpp for the formulas); mean and rstd are saved.
+
+template <class T>
+void layernorm_forward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> gamma, ConstView<T> beta, TensorView<T> y,
+                       TensorView<T> mean, TensorView<T> rstd, double eps) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
+  check_view(beta, Shape{n}, "layernorm_forward", "beta");
+  check_view(y, x.shape(), "layernorm_forward", "y");
+  check_view(mean, Shape{rows}, "layernorm_forward", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_forward", "rstd");
+  const cuda_detail::OpScope scope(be, "cupipe::layernorm_forward");
+  gpu::kernels::layernorm_forward(be.context(), x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
+                                   rows, n, eps);
+}
+
+template <class T>
+void layernorm_backward_input(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> gamma, ConstView<T> mean,
+                              ConstView<T> rstd, ConstView<T> dy, TensorView<T> dx) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
+  check_view(mean, Shape{rows}, "layernorm_backward_input", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_backward_input", "rstd");
+  check_view(dy, x.shape(), "layernorm_backward_input", "dy");
+  check_view(dx, x.shape(), "layernorm_backward_input", "dx");
+  const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_input");
+  gpu::kernels::layernorm_backward_input(be.context(), x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(),
+                                          dx.data(), rows, n);
+}
+
+/// dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy (deterministic).
+template <class T>
+void layernorm_backward_weight(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> mean, ConstView<T> rstd,
+                               ConstView<T> dy, TensorView<T> dgamma, TensorView<T> dbeta) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_backward_weight", "rstd");
+  check_view(dy, x.shape(), "layernorm_backward_weight", "dy");
+  check_view(dgamma, Shape{n}, "layernorm_backward_weight", "dgamma");
+  check_view(dbeta, Shape{n}, "layernorm_backward_weight", "dbeta");
+  const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_weight");
+  gpu::kernels::layernorm_backward_weight(be.context(), x.data(), mean.data(), rstd.data(), dy.data(), dgamma.data(),
+                                           dbeta.data(), rows, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused softmax cross-entropy (see host/ops.hpp). Labels live in device memory, so a label out of
+// range is found by the kernel and reported through the context's device error record.
+
+namespace cuda_detail {
+
+template <class T>
+void check_reported_labels(backend::Cuda<T>& be, std::string_view op, const Shape& logits) {
+  if (!be.check_inputs) return;
+  const gpu::DeviceError found = be.context().take_device_error();
+  if (found.code == gpu::label_out_of_range)
+    CUPIPE_THROW(op, ": label ", found.value, " at row ", found.row, " is outside [0, ", logits.cols(), ") for logits ",
+                 logits);
+  if (found.code != gpu::no_error)
+    CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
+                 ", value ", found.value, ")");
+}
+
+template <class T>
+void check_reported_ids(backend::Cuda<T>& be, std::string_view op, index_t vocab) {
+  if (!be.check_inputs) return;
+  const gpu::DeviceError found = be.context().take_device_error();
+  if (found.code == gpu::token_id_out_of_range)
+    CUPIPE_THROW(op, ": token id ", found.value, " at row ", found.row, " is outside the vocabulary [0, ", vocab, ")");
+  if (found.code != gpu::no_error)
+    CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
+                 ", value ", found.value, ")");
+}
+
+}  // namespace cuda_detail
+
+/// loss (1,) = sum over rows of (logsumexp(z_r) - z_r[label_r]) / normalizer, in device memory.
+template <class T>
+void softmax_cross_entropy_forward(backend::Cuda<T>& be, ConstView<T> logits, ConstView<std::int32_t> labels,
+                                   TensorView<T> loss, index_t normalizer) {
+  check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_forward", "labels");
+  check_view(loss, Shape{1}, "softmax_cross_entropy_forward", "loss");
+  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_forward: normalizer must be positive, got ", normalizer);
+  const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_forward");
+  gpu::kernels::softmax_cross_entropy_forward(be.context(), logits.data(), labels.data(), loss.data(), logits.rows(),
+                                               logits.cols(), normalizer);
+  cuda_detail::check_reported_labels(be, "softmax_cross_entropy_forward", logits.shape());
+}
+
+/// dlogits = (softmax(z) - onehot(label)) * dloss / normalizer.
+template <class T>
+void softmax_cross_entropy_backward(backend::Cuda<T>& be, ConstView<T> logits, ConstView<std::int32_t> labels,
+                                    TensorView<T> dlogits, index_t normalizer, Scalar<T> dloss = T(1)) {
+  check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_backward", "labels");
+  check_view(dlogits, logits.shape(), "softmax_cross_entropy_backward", "dlogits");
+  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_backward: normalizer must be positive, got ", normalizer);
+  const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_backward");
+  gpu::kernels::softmax_cross_entropy_backward(be.context(), logits.data(), labels.data(), dlogits.data(),
+                                                logits.rows(), logits.cols(), T(dloss / T(normalizer)));
+  cuda_detail::check_reported_labels(be, "softmax_cross_entropy_backward", logits.shape());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding: y (rows, dim) = table[ids]; the backward is deterministic (kernels/embedding.cuh).
+
+template <class T>
+void embedding_forward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y) {
+  check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
+  const cuda_detail::OpScope scope(be, "cupipe::embedding_forward");
+  gpu::kernels::embedding_forward(be.context(), ids.data(), table.data(), y.data(), ids.numel(), table.cols(),
+                                   table.rows());
+  cuda_detail::check_reported_ids(be, "embedding_forward", table.rows());
+}
+
+template <class T>
+void embedding_backward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable) {
+  check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
+  const cuda_detail::OpScope scope(be, "cupipe::embedding_backward");
+  gpu::kernels::embedding_backward(be.context(), ids.data(), dy.data(), dtable.data(), ids.numel(), dtable.cols(),
+                                    dtable.rows());
+  cuda_detail::check_reported_ids(be, "embedding_backward", dtable.rows());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer updates and reductions.
+
+/// Sum of squares of all elements, accumulated in double by a fixed two-phase reduction. Waits for
+/// the result.
+template <class T>
+double sum_of_squares(backend::Cuda<T>& be, ConstView<T> x) {
+  if (x.numel() == 0) return 0.0;
+  const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares");
+  auto* result = static_cast<double*>(
+      be.context().scratch(std::size_t(1 + gpu::kernels::squares_max_blocks) * sizeof(double)));
+  gpu::kernels::sum_of_squares(be.context(), x.data(), x.numel(), result);
+  return be.context().read_scalar(result);
+}
+
+template <class T>
+void sgd_update(backend::Cuda<T>& be, TensorView<T> param, ConstView<T> grad, TensorView<T> velocity, const SgdHyper& h,
+                Scalar<T> grad_scale) {
+  check_view(grad, param.shape(), "sgd_update", "grad");
+  check_view(velocity, param.shape(), "sgd_update", "velocity");
+  const cuda_detail::OpScope scope(be, "cupipe::sgd_update");
+  using A = gpu::kernels::acc_t<T>;
+  const gpu::kernels::SgdOp<T> op{A(T(h.lr)), A(T(h.momentum)), A(T(h.weight_decay)), A(grad_scale), h.nesterov};
+  gpu::kernels::transform(be.context(), param.numel(), op, param.data(), grad.data(), velocity.data());
+}
+
+namespace cuda_detail {
+/// AdamW's per-step scalars, rounded to the arithmetic type as the host op rounds them.
+template <class A>
+gpu::kernels::AdamWScalars<A> adamw_scalars(const AdamWHyper& h, std::int64_t step, A grad_scale) {
+  CUPIPE_REQUIRE(step >= 1, "adamw_update: step counts from 1, got ", step);
+  return {A(h.lr),
+          A(h.beta1),
+          A(1 - h.beta1),
+          A(h.beta2),
+          A(1 - h.beta2),
+          A(h.eps),
+          A(1) - A(std::pow(h.beta1, double(step))),
+          A(1) - A(std::pow(h.beta2, double(step))),
+          A(1) - A(h.lr * h.weight_decay),
+          grad_scale};
+}
+}  // namespace cuda_detail
+
+/// `step` counts from 1 (the first update uses step 1 for the bias corrections).
+template <class T>
+void adamw_update(backend::Cuda<T>& be, TensorView<T> param, ConstView<T> grad, TensorView<T> m, TensorView<T> v,
+                  const AdamWHyper& h, std::int64_t step, Scalar<T> grad_scale) {
+  check_view(grad, param.shape(), "adamw_update", "grad");
+  check_view(m, param.shape(), "adamw_update", "m");
+  check_view(v, param.shape(), "adamw_update", "v");
+  const auto scalars = cuda_detail::adamw_scalars<T>(h, step, grad_scale);
+  const cuda_detail::OpScope scope(be, "cupipe::adamw_update");
+  gpu::kernels::transform(be.context(), param.numel(), gpu::kernels::AdamWOp<T>{scalars}, param.data(), grad.data(),
+                           m.data(), v.data());
+}
+
+/// AdamW for bf16 parameters with fp32 master weights: master, m and v are updated in fp32 and the
+/// parameter is rewritten as master rounded to bf16. The gradient is a (const) float or bfloat16 view.
+template <class T, class G>
+  requires(std::is_same_v<std::remove_const_t<G>, float> || std::is_same_v<std::remove_const_t<G>, bfloat16>)
+void adamw_update_master(backend::Cuda<T>& be, TensorView<float> master, TensorView<bfloat16> param, TensorView<G> grad,
+                         TensorView<float> m, TensorView<float> v, const AdamWHyper& h, std::int64_t step,
+                         float grad_scale) {
+  check_view(param, master.shape(), "adamw_update_master", "param");
+  check_view(grad, master.shape(), "adamw_update_master", "grad");
+  check_view(m, master.shape(), "adamw_update_master", "m");
+  check_view(v, master.shape(), "adamw_update_master", "v");
+  const auto scalars = cuda_detail::adamw_scalars<float>(h, step, grad_scale);
+  const cuda_detail::OpScope scope(be, "cupipe::adamw_update_master");
+  using DG = gpu::kernels::device_t<std::remove_const_t<G>>;
+  gpu::kernels::transform(be.context(), master.numel(), gpu::kernels::AdamWMasterOp<DG>{scalars}, master.data(),
+                           cuda_detail::device_ptr(param.data()), cuda_detail::cptr(grad), m.data(), v.data());
+}
+
+}  // namespace cupipe::ops

@@ -1,0 +1,405 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every CUDA op against the host op on backend::Host<double>: fresh random data per seed, ragged
+// sizes (not multiples of the 128-bit pack width), outputs poisoned with NaN before each call, and
+// ||out - ref|| / ||ref|| within the tolerance of the arithmetic.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_test_support.hpp"
+
+using namespace cupipe;
+using namespace cupipe::testing;
+using ops::Transpose;
+using Gpu = backend::Cuda<float>;
+using Ref = backend::Host<double>;
+
+namespace {
+
+std::vector<double> host_view_op(const std::vector<double>& init, auto&& op) {
+  std::vector<double> out = init;
+  op(out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("elementwise ops match the host", "[gpu][cuda][ops]") {
+  const std::uint64_t seed = GENERATE(1, 2, 3);
+  const index_t n = GENERATE(1, 3, 4, 5, 1000, 4097, 65537);
+  Rng rng(seed * 7919 + std::uint64_t(n));
+  Gpu gpu;
+  Ref ref;
+  const auto x = random_floats(rng, n, -3, 3), dy = random_floats(rng, n), y0 = random_floats(rng, n);
+  const auto xd = cast<double>(x), dyd = cast<double>(dy), y0d = cast<double>(y0);
+  DeviceArray<float, Gpu> dx_(gpu, x), ddy(gpu, dy);
+  const Shape s{n};
+  const ConstView<double> rx{xd.data(), s}, rdy{dyd.data(), s};
+
+  SECTION("relu forward and backward") {
+    auto y = poisoned<float>(gpu, n);
+    ops::relu_forward(gpu, dx_.cview(s), y.view(s));
+    CHECK(relative_error(y.download(), host_view_op(y0d, [&](auto& o) { ops::relu_forward(ref, rx, TensorView<double>{o.data(), s}); })) <= fp32_tolerance);
+    auto g = poisoned<float>(gpu, n);
+    ops::relu_backward(gpu, dx_.cview(s), ddy.cview(s), g.view(s));
+    CHECK(relative_error(g.download(), host_view_op(y0d, [&](auto& o) { ops::relu_backward(ref, rx, rdy, TensorView<double>{o.data(), s}); })) <= fp32_tolerance);
+  }
+  SECTION("gelu forward and backward") {
+    auto y = poisoned<float>(gpu, n);
+    ops::gelu_forward(gpu, dx_.cview(s), y.view(s));
+    CHECK(relative_error(y.download(), host_view_op(y0d, [&](auto& o) { ops::gelu_forward(ref, rx, TensorView<double>{o.data(), s}); })) <= fp32_tolerance);
+    auto g = poisoned<float>(gpu, n);
+    ops::gelu_backward(gpu, dx_.cview(s), ddy.cview(s), g.view(s));
+    CHECK(relative_error(g.download(), host_view_op(y0d, [&](auto& o) { ops::gelu_backward(ref, rx, rdy, TensorView<double>{o.data(), s}); })) <= fp32_tolerance);
+  }
+  SECTION("residual_add, axpy, copy, fill") {
+    auto y = poisoned<float>(gpu, n);
+    ops::residual_add(gpu, dx_.cview(s), ddy.cview(s), y.view(s));
+    CHECK(relative_error(y.download(), host_view_op(y0d, [&](auto& o) { ops::residual_add(ref, rx, rdy, TensorView<double>{o.data(), s}); })) <= fp32_tolerance);
+    DeviceArray<float, Gpu> acc(gpu, y0);
+    ops::axpy(gpu, -0.75, dx_.cview(s), acc.view(s));
+    CHECK(relative_error(acc.download(), host_view_op(y0d, [&](auto& o) { ops::axpy(ref, -0.75, rx, TensorView<double>{o.data(), s}); })) <= fp32_tolerance);
+    auto c = poisoned<float>(gpu, n);
+    ops::copy(gpu, dx_.cview(s), c.view(s));
+    CHECK(c.download() == x);
+    ops::fill(gpu, c.view(s), 2.5f);
+    CHECK(c.download() == std::vector<float>(std::size_t(n), 2.5f));
+  }
+  SECTION("convert to bf16 and back") {
+    auto b = gpu.allocate<cupipe::bfloat16>(n, MemoryTag::activations);
+    ops::poison(gpu, b.view(s));
+    ops::convert(gpu, dx_.cview(s), b.view(s));
+    auto back = poisoned<float>(gpu, n);
+    ops::convert(gpu, ConstView<cupipe::bfloat16>(b.view(s)), back.view(s));
+    std::vector<float> expected;
+    for (float v : x) expected.push_back(float(cupipe::bfloat16(v)));
+    CHECK(back.download() == expected);
+  }
+}
+
+TEST_CASE("bias_add and bias_backward match the host", "[gpu][cuda][ops]") {
+  const std::uint64_t seed = GENERATE(1, 2);
+  const auto [rows, cols] = GENERATE(table<index_t, index_t>({{1, 1}, {3, 7}, {5, 8}, {300, 33}, {257, 768}, {600, 1023}}));
+  Rng rng(seed * 31 + std::uint64_t(rows * cols));
+  Gpu gpu;
+  Ref ref;
+  const Shape s{rows, cols}, b{cols};
+  const auto y0 = random_floats(rng, rows * cols), bias = random_floats(rng, cols), db0 = random_floats(rng, cols);
+  auto y0d = cast<double>(y0), biasd = cast<double>(bias), db0d = cast<double>(db0);
+  DeviceArray<float, Gpu> y(gpu, y0), dbias(gpu, bias), db(gpu, db0);
+  ops::bias_add(gpu, y.view(s), dbias.cview(b));
+  ops::bias_add(ref, TensorView<double>{y0d.data(), s}, ConstView<double>{biasd.data(), b});
+  CHECK(relative_error(y.download(), y0d) <= fp32_tolerance);
+  // y now holds y0 + bias: use it as dy; bias_backward accumulates onto db0.
+  const auto dyd = y0d;
+  ops::bias_backward(gpu, y.cview(s), db.view(b));
+  ops::bias_backward(ref, ConstView<double>{dyd.data(), s}, TensorView<double>{db0d.data(), b});
+  CHECK(relative_error(db.download(), db0d) <= fp32_tolerance);
+}
+
+TEST_CASE("layernorm forward and backward match the host", "[gpu][cuda][ops]") {
+  const std::uint64_t seed = GENERATE(1, 2);
+  const auto [rows, cols] = GENERATE(table<index_t, index_t>({{1, 2}, {3, 7}, {64, 128}, {300, 768}, {17, 1023}, {5, 4096}}));
+  Rng rng(seed * 131 + std::uint64_t(rows * cols));
+  Gpu gpu;
+  Ref ref;
+  const Shape s{rows, cols}, c{cols}, r{rows};
+  const auto x = random_floats(rng, rows * cols, -2, 3), gamma = random_floats(rng, cols, 0.5, 1.5),
+             beta = random_floats(rng, cols), dy = random_floats(rng, rows * cols),
+             dg0 = random_floats(rng, cols), dbt0 = random_floats(rng, cols);
+  const auto xd = cast<double>(x), gd = cast<double>(gamma), bd = cast<double>(beta), dyd = cast<double>(dy);
+  DeviceArray<float, Gpu> dx_(gpu, x), dgamma_in(gpu, gamma), dbeta_in(gpu, beta), ddy(gpu, dy), dg(gpu, dg0),
+      dbt(gpu, dbt0);
+  auto y = poisoned<float>(gpu, rows * cols), mean = poisoned<float>(gpu, rows), rstd = poisoned<float>(gpu, rows);
+  ops::layernorm_forward(gpu, dx_.cview(s), dgamma_in.cview(c), dbeta_in.cview(c), y.view(s), mean.view(r), rstd.view(r), 1e-5);
+  std::vector<double> ry(x.size()), rmean(static_cast<std::size_t>(rows)), rrstd(static_cast<std::size_t>(rows));
+  ops::layernorm_forward(ref, ConstView<double>{xd.data(), s}, ConstView<double>{gd.data(), c}, ConstView<double>{bd.data(), c},
+                         TensorView<double>{ry.data(), s}, TensorView<double>{rmean.data(), r}, TensorView<double>{rrstd.data(), r}, 1e-5);
+  CHECK(relative_error(y.download(), ry) <= fp32_tolerance);
+  CHECK(relative_error(mean.download(), rmean) <= fp32_tolerance);
+  CHECK(relative_error(rstd.download(), rrstd) <= fp32_tolerance);
+
+  auto dxo = poisoned<float>(gpu, rows * cols);
+  ops::layernorm_backward_input(gpu, dx_.cview(s), dgamma_in.cview(c), mean.cview(r), rstd.cview(r), ddy.cview(s), dxo.view(s));
+  std::vector<double> rdx(x.size());
+  ops::layernorm_backward_input(ref, ConstView<double>{xd.data(), s}, ConstView<double>{gd.data(), c},
+                                ConstView<double>{rmean.data(), r}, ConstView<double>{rrstd.data(), r},
+                                ConstView<double>{dyd.data(), s}, TensorView<double>{rdx.data(), s});
+  CHECK(relative_error(dxo.download(), rdx) <= fp32_tolerance);
+
+  ops::layernorm_backward_weight(gpu, dx_.cview(s), mean.cview(r), rstd.cview(r), ddy.cview(s), dg.view(c), dbt.view(c));
+  auto rdg = cast<double>(dg0), rdb = cast<double>(dbt0);
+  ops::layernorm_backward_weight(ref, ConstView<double>{xd.data(), s}, ConstView<double>{rmean.data(), r},
+                                 ConstView<double>{rrstd.data(), r}, ConstView<double>{dyd.data(), s},
+                                 TensorView<double>{rdg.data(), c}, TensorView<double>{rdb.data(), c});
+  const auto first = dg.download();
+  CHECK(relative_error(first, rdg) <= fp32_tolerance);
+  CHECK(relative_error(dbt.download(), rdb) <= fp32_tolerance);
+
+  // Deterministic: the same accumulation from the same start gives the same bits.
+  DeviceArray<float, Gpu> again(gpu, dg0), again_b(gpu, dbt0);
+  ops::layernorm_backward_weight(gpu, dx_.cview(s), mean.cview(r), rstd.cview(r), ddy.cview(s), again.view(c), again_b.view(c));
+  CHECK(again.download() == first);
+}
+
+TEST_CASE("softmax cross-entropy matches the host", "[gpu][cuda][ops]") {
+  const std::uint64_t seed = GENERATE(1, 2);
+  const auto [rows, cols] = GENERATE(table<index_t, index_t>({{1, 2}, {4, 10}, {33, 1000}, {7, 1001}, {8, 50257}}));
+  Rng rng(seed * 977 + std::uint64_t(rows * cols));
+  Gpu gpu;
+  Ref ref;
+  const Shape s{rows, cols}, r{rows};
+  const auto z = random_floats(rng, rows * cols, -8, 8);
+  const auto labels = random_ints(rng, rows, cols);
+  const auto zd = cast<double>(z);
+  const index_t normalizer = rows + 3;
+  DeviceArray<float, Gpu> dz(gpu, z);
+  DeviceArray<std::int32_t, Gpu> dl(gpu, labels);
+  auto loss = poisoned<float>(gpu, 1);
+  ops::softmax_cross_entropy_forward(gpu, dz.cview(s), dl.cview(r), loss.view(Shape{1}), normalizer);
+  std::vector<double> rloss(1);
+  const ConstView<std::int32_t> hl{labels.data(), r};
+  ops::softmax_cross_entropy_forward(ref, ConstView<double>{zd.data(), s}, hl, TensorView<double>{rloss.data(), Shape{1}}, normalizer);
+  CHECK(relative_error(loss.download(), rloss) <= fp32_tolerance);
+
+  auto dlog = poisoned<float>(gpu, rows * cols);
+  ops::softmax_cross_entropy_backward(gpu, dz.cview(s), dl.cview(r), dlog.view(s), normalizer, 0.5f);
+  std::vector<double> rd(z.size());
+  ops::softmax_cross_entropy_backward(ref, ConstView<double>{zd.data(), s}, hl, TensorView<double>{rd.data(), s}, normalizer, 0.5);
+  CHECK(relative_error(dlog.download(), rd) <= fp32_tolerance);
+}
+
+TEST_CASE("a label out of range is a cupipe::error naming it", "[gpu][cuda][ops][errors]") {
+  Gpu gpu;
+  const Shape s{4, 10};
+  Rng rng(5);
+  DeviceArray<float, Gpu> z(gpu, random_floats(rng, 40));
+  DeviceArray<std::int32_t, Gpu> labels(gpu, std::vector<std::int32_t>{1, 2, 3, 12});
+  auto loss = poisoned<float>(gpu, 1);
+  CHECK_THROWS_WITH(ops::softmax_cross_entropy_forward(gpu, z.cview(s), labels.cview(Shape{4}), loss.view(Shape{1}), 4),
+                    Catch::Contains("label 12 at row 3 is outside [0, 10)"));
+  auto d = poisoned<float>(gpu, 40);
+  CHECK_THROWS_WITH(ops::softmax_cross_entropy_backward(gpu, z.cview(s), labels.cview(Shape{4}), d.view(s), 4),
+                    Catch::Contains("label 12 at row 3"));
+  // The record is cleared after the throw: good labels work again.
+  DeviceArray<std::int32_t, Gpu> good(gpu, std::vector<std::int32_t>{1, 2, 3, 4});
+  CHECK_NOTHROW(ops::softmax_cross_entropy_forward(gpu, z.cview(s), good.cview(Shape{4}), loss.view(Shape{1}), 4));
+  // Deferred checking reports at synchronize().
+  gpu.check_inputs = false;
+  ops::softmax_cross_entropy_forward(gpu, z.cview(s), labels.cview(Shape{4}), loss.view(Shape{1}), 4);
+  CHECK_THROWS_WITH(gpu.synchronize(), Catch::Contains("label 12 at row 3"));
+}
+
+TEST_CASE("embedding forward and backward match the host, deterministically", "[gpu][cuda][ops]") {
+  const std::uint64_t seed = GENERATE(1, 2);
+  const index_t dim = GENERATE(1, 3, 64, 130);
+  const index_t vocab = 50, rows = 300;
+  Rng rng(seed * 17 + std::uint64_t(dim));
+  Gpu gpu;
+  backend::Host<float> host;
+  const Shape t{vocab, dim}, s{rows, dim}, r{rows};
+  const auto table = random_floats(rng, vocab * dim), dy = random_floats(rng, rows * dim);
+  const auto ids = random_ints(rng, rows, vocab - 5);  // some rows of the table get no gradient
+  DeviceArray<float, Gpu> dt(gpu, table), ddy(gpu, dy);
+  DeviceArray<std::int32_t, Gpu> did(gpu, ids);
+  auto y = poisoned<float>(gpu, rows * dim);
+  ops::embedding_forward(gpu, did.cview(r), dt.cview(t), y.view(s));
+  std::vector<float> ry(dy.size());
+  const ConstView<std::int32_t> hid{ids.data(), r};
+  ops::embedding_forward(host, hid, ConstView<float>{table.data(), t}, TensorView<float>{ry.data(), s});
+  CHECK(y.download() == ry);
+
+  // The backward adds rows in row order, as the host does, so even float results agree exactly.
+  ops::embedding_backward(gpu, did.cview(r), ddy.cview(s), dt.view(t));
+  std::vector<float> rt = table;
+  ops::embedding_backward(host, hid, ConstView<float>{dy.data(), s}, TensorView<float>{rt.data(), t});
+  CHECK(dt.download() == rt);
+
+  DeviceArray<std::int32_t, Gpu> bad(gpu, std::vector<std::int32_t>(std::size_t(rows), std::int32_t(vocab)));
+  CHECK_THROWS_WITH(ops::embedding_forward(gpu, bad.cview(r), dt.cview(t), y.view(s)),
+                    Catch::Contains("token id 50 at row") && Catch::Contains("outside the vocabulary [0, 50)"));
+  CHECK_THROWS_WITH(ops::embedding_backward(gpu, bad.cview(r), ddy.cview(s), dt.view(t)), Catch::Contains("token id 50"));
+}
+
+TEST_CASE("optimizer updates match the host", "[gpu][cuda][ops]") {
+  const std::uint64_t seed = GENERATE(1, 2);
+  const index_t n = GENERATE(1, 7, 4096, 10001);
+  Rng rng(seed * 3 + std::uint64_t(n));
+  Gpu gpu;
+  Ref ref;
+  const Shape s{n};
+  const auto p0 = random_floats(rng, n), g = random_floats(rng, n), m0 = random_floats(rng, n, -0.1, 0.1),
+             v0 = random_floats(rng, n, 0, 0.01);
+  auto pd = cast<double>(p0), gd = cast<double>(g), md = cast<double>(m0), vd = cast<double>(v0);
+
+  SECTION("sgd with momentum, plain and nesterov") {
+    const bool nesterov = GENERATE(false, true);
+    const ops::SgdHyper h{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov};
+    DeviceArray<float, Gpu> p(gpu, p0), dg(gpu, g), vel(gpu, m0);
+    for (int step = 0; step < 3; ++step) {
+      ops::sgd_update(gpu, p.view(s), dg.cview(s), vel.view(s), h, 0.5f);
+      ops::sgd_update(ref, TensorView<double>{pd.data(), s}, ConstView<double>{gd.data(), s}, TensorView<double>{md.data(), s}, h, 0.5);
+    }
+    CHECK(relative_error(p.download(), pd) <= fp32_tolerance);
+    CHECK(relative_error(vel.download(), md) <= fp32_tolerance);
+  }
+  SECTION("adamw") {
+    const ops::AdamWHyper h{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    DeviceArray<float, Gpu> p(gpu, p0), dg(gpu, g), m(gpu, m0), v(gpu, v0);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      ops::adamw_update(gpu, p.view(s), dg.cview(s), m.view(s), v.view(s), h, step, 0.5f);
+      ops::adamw_update(ref, TensorView<double>{pd.data(), s}, ConstView<double>{gd.data(), s}, TensorView<double>{md.data(), s},
+                        TensorView<double>{vd.data(), s}, h, step, 0.5);
+    }
+    CHECK(relative_error(p.download(), pd) <= fp32_tolerance);
+    CHECK(relative_error(m.download(), md) <= fp32_tolerance);
+    CHECK(relative_error(v.download(), vd) <= fp32_tolerance);
+  }
+  SECTION("adamw with fp32 master weights for bf16 parameters") {
+    const ops::AdamWHyper h{};
+    DeviceArray<float, Gpu> master(gpu, p0), dg(gpu, g), m(gpu, m0), v(gpu, v0);
+    auto param = gpu.allocate<cupipe::bfloat16>(n, MemoryTag::weights);
+    ops::poison(gpu, param.view(s));
+    for (std::int64_t step = 1; step <= 2; ++step) {
+      ops::adamw_update_master(gpu, master.view(s), param.view(s), dg.cview(s), m.view(s), v.view(s), h, step, 1.0f);
+      ops::adamw_update(ref, TensorView<double>{pd.data(), s}, ConstView<double>{gd.data(), s}, TensorView<double>{md.data(), s},
+                        TensorView<double>{vd.data(), s}, h, step, 1.0);
+    }
+    const auto got_master = master.download();
+    CHECK(relative_error(got_master, pd) <= fp32_tolerance);
+    std::vector<cupipe::bfloat16> got(static_cast<std::size_t>(n));
+    gpu.download(param.data(), std::span<cupipe::bfloat16>(got));
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i].bits == cupipe::bfloat16(got_master[i]).bits);
+  }
+}
+
+TEST_CASE("sum_of_squares matches the host", "[gpu][cuda][ops]") {
+  const index_t n = GENERATE(1, 5, 1000, (1 << 20) + 3);
+  Rng rng(static_cast<std::uint64_t>(n));
+  Gpu gpu;
+  Ref ref;
+  const auto x = random_floats(rng, n, -2, 2);
+  const auto xd = cast<double>(x);
+  DeviceArray<float, Gpu> dx_(gpu, x);
+  const double got = ops::sum_of_squares(gpu, dx_.cview(Shape{n}));
+  const double want = ops::sum_of_squares(ref, ConstView<double>{xd.data(), Shape{n}});
+  CHECK(std::abs(got - want) <= 1e-12 * want);
+  CHECK(ops::sum_of_squares(gpu, dx_.cview(Shape{n})) == got);  // fixed reduction order
+}
+
+namespace {
+
+struct GemmCase {
+  index_t m, n, k;
+};
+
+/// c = alpha op(a) op(b) + beta c on the host in double.
+std::vector<double> host_gemm(Transpose ta, Transpose tb, double alpha, const std::vector<double>& a, Shape as,
+                              const std::vector<double>& b, Shape bs, double beta, std::vector<double> c, Shape cs) {
+  Ref ref;
+  ops::gemm(ref, ta, tb, alpha, ConstView<double>{a.data(), as}, ConstView<double>{b.data(), bs}, beta,
+            TensorView<double>{c.data(), cs});
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("gemm matches the host in fp32, tf32 and bf16", "[gpu][cuda][ops][gemm]") {
+  const GemmCase shape = GENERATE(GemmCase{1, 1, 1}, GemmCase{7, 13, 5}, GemmCase{64, 128, 64}, GemmCase{129, 65, 257},
+                                  GemmCase{33, 768, 3}, GemmCase{5, 6, 0});
+  const Transpose ta = GENERATE(Transpose::no, Transpose::yes), tb = GENERATE(Transpose::no, Transpose::yes);
+  const auto [m, n, k] = shape;
+  Rng rng(std::uint64_t(m * 1000003 + n * 1009 + k) + (ta == Transpose::yes) * 2 + (tb == Transpose::yes));
+  const Shape as = ta == Transpose::yes ? Shape{k, m} : Shape{m, k};
+  const Shape bs = tb == Transpose::yes ? Shape{n, k} : Shape{k, n};
+  const Shape cs{m, n};
+  const auto a = random_floats(rng, m * k), b = random_floats(rng, k * n), c0 = random_floats(rng, m * n);
+  Gpu gpu;
+  DeviceArray<float, Gpu> da(gpu, a), db(gpu, b);
+
+  SECTION("fp32 and tf32, with alpha and beta") {
+    const bool tf32 = GENERATE(false, true);
+    gpu.math = tf32 ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
+    DeviceArray<float, Gpu> dc(gpu, c0);
+    ops::gemm(gpu, ta, tb, 0.5f, da.cview(as), db.cview(bs), -1.25f, dc.view(cs));
+    const auto want = host_gemm(ta, tb, 0.5, cast<double>(a), as, cast<double>(b), bs, -1.25, cast<double>(c0), cs);
+    CHECK(relative_error(dc.download(), want) <= (tf32 ? tf32_tolerance : fp32_tolerance));
+
+    // beta = 0 does not read c, so NaN there does not survive; the second call reuses the cached plan.
+    auto poisoned_c = poisoned<float>(gpu, m * n);
+    const std::size_t plans = gpu.context().gemm_plans().size();
+    ops::gemm(gpu, ta, tb, 1.0f, da.cview(as), db.cview(bs), 0.0f, poisoned_c.view(cs));
+    ops::gemm(gpu, ta, tb, 1.0f, da.cview(as), db.cview(bs), 0.0f, poisoned_c.view(cs));
+    CHECK(gpu.context().gemm_plans().size() <= plans + 1);
+    const auto want0 = host_gemm(ta, tb, 1.0, cast<double>(a), as, cast<double>(b), bs, 0.0, std::vector<double>(std::size_t(m * n)), cs);
+    CHECK(relative_error(poisoned_c.download(), want0) <= (tf32 ? tf32_tolerance : fp32_tolerance));
+  }
+  SECTION("bf16 operands, fp32 accumulation, fp32 or bf16 output") {
+    auto a16 = gpu.allocate<cupipe::bfloat16>(m * k, MemoryTag::activations);
+    auto b16 = gpu.allocate<cupipe::bfloat16>(k * n, MemoryTag::activations);
+    ops::convert(gpu, da.cview(Shape{m * k}), a16.view(Shape{m * k}));
+    ops::convert(gpu, db.cview(Shape{k * n}), b16.view(Shape{k * n}));
+    std::vector<double> ar, br;  // the reference sees the same rounded inputs
+    for (float v : a) ar.push_back(double(float(cupipe::bfloat16(v))));
+    for (float v : b) br.push_back(double(float(cupipe::bfloat16(v))));
+    const auto want = host_gemm(ta, tb, 1.0, ar, as, br, bs, 0.0, std::vector<double>(std::size_t(m * n)), cs);
+    auto c32 = poisoned<float>(gpu, m * n);
+    ops::gemm(gpu, ta, tb, 1.0f, ConstView<cupipe::bfloat16>(a16.view(as)), ConstView<cupipe::bfloat16>(b16.view(bs)), 0.0f,
+              c32.view(cs));
+    CHECK(relative_error(c32.download(), want) <= bf16_tolerance);
+    auto c16 = gpu.allocate<cupipe::bfloat16>(m * n, MemoryTag::activations);
+    ops::poison(gpu, c16.view(cs));
+    ops::gemm(gpu, ta, tb, 1.0f, ConstView<cupipe::bfloat16>(a16.view(as)), ConstView<cupipe::bfloat16>(b16.view(bs)), 0.0f,
+              c16.view(cs));
+    auto back = poisoned<float>(gpu, m * n);
+    ops::convert(gpu, ConstView<cupipe::bfloat16>(c16.view(cs)), back.view(cs));
+    CHECK(relative_error(back.download(), want) <= bf16_tolerance);
+  }
+}
+
+TEST_CASE("fused gemm_bias and gemm_bias_gelu match gemm, bias_add and gelu on the host", "[gpu][cuda][ops][gemm]") {
+  const GemmCase shape = GENERATE(GemmCase{7, 13, 5}, GemmCase{64, 128, 64}, GemmCase{100, 256, 96}, GemmCase{9, 30, 0});
+  const auto [m, n, k] = shape;
+  Rng rng(std::uint64_t(m + n + k));
+  const Shape as{m, k}, bs{n, k}, cs{m, n};  // Linear's layout: x (m, k) W^T, W (n, k)
+  const auto a = random_floats(rng, m * k), b = random_floats(rng, n * k), bias = random_floats(rng, n);
+  Gpu gpu;
+  Ref ref;
+  DeviceArray<float, Gpu> da(gpu, a), db(gpu, b), dbias(gpu, bias);
+  auto pre_want = host_gemm(Transpose::no, Transpose::yes, 1.0, cast<double>(a), as, cast<double>(b), bs, 0.0,
+                            std::vector<double>(std::size_t(m * n)), cs);
+  const auto biasd = cast<double>(bias);
+  ops::bias_add(ref, TensorView<double>{pre_want.data(), cs}, ConstView<double>{biasd.data(), Shape{n}});
+  std::vector<double> gelu_want(pre_want.size());
+  ops::gelu_forward(ref, ConstView<double>{pre_want.data(), cs}, TensorView<double>{gelu_want.data(), cs});
+
+  auto y = poisoned<float>(gpu, m * n);
+  ops::gemm_bias(gpu, Transpose::no, Transpose::yes, 1.0f, da.cview(as), db.cview(bs), dbias.cview(Shape{n}), y.view(cs));
+  CHECK(relative_error(y.download(), pre_want) <= fp32_tolerance);
+
+  // cuBLASLt's GELU epilogue may use the hardware tanh approximation: looser than fp32.
+  auto g = poisoned<float>(gpu, m * n), pre = poisoned<float>(gpu, m * n);
+  ops::gemm_bias_gelu(gpu, Transpose::no, Transpose::yes, 1.0f, da.cview(as), db.cview(bs), dbias.cview(Shape{n}),
+                      pre.view(cs), g.view(cs));
+  CHECK(relative_error(g.download(), gelu_want) <= tf32_tolerance);
+  CHECK(relative_error(pre.download(), pre_want) <= fp32_tolerance);
+  auto g2 = poisoned<float>(gpu, m * n);
+  ops::gemm_bias_gelu(gpu, Transpose::no, Transpose::yes, 1.0f, da.cview(as), db.cview(bs), dbias.cview(Shape{n}),
+                      TensorView<float>{}, g2.view(cs));
+  CHECK(relative_error(g2.download(), gelu_want) <= tf32_tolerance);
+}
+
+TEST_CASE("CUDA ops validate shapes before launching, with the host's messages", "[gpu][cuda][ops][errors]") {
+  Gpu gpu;
+  auto buf = gpu.allocate<float>(64, MemoryTag::activations);
+  CHECK_THROWS_WITH(ops::gemm(gpu, Transpose::no, Transpose::no, 1.0f, buf.view(Shape{2, 3}), buf.view(Shape{4, 5}), 0.0f,
+                              buf.view(Shape{2, 5})),
+                    Catch::Contains("gemm: op(a) is (2, 3) and op(b) is (4, 5)"));
+  CHECK_THROWS_WITH(ops::bias_add(gpu, buf.view(Shape{4, 8}), buf.view(Shape{7})),
+                    Catch::Contains("bias_add: bias expected shape (8,) but got (7,)"));
+  CHECK_THROWS_WITH(ops::layernorm_forward(gpu, buf.view(Shape{2, 4}), buf.view(Shape{4}), buf.view(Shape{4}),
+                                           buf.view(Shape{2, 4}), buf.view(Shape{3}), buf.view(Shape{2}), 1e-5),
+                    Catch::Contains("layernorm_forward: mean expected shape (2,) but got (3,)"));
+}

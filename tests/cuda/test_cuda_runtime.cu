@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA backend as a whole: the memory pool's accounting, failing calls becoming cupipe::error,
+// and whole networks on backend::Cuda<float> against the same networks on the host.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_test_support.hpp"
+
+using namespace cupipe;
+using namespace cupipe::testing;
+
+namespace {
+
+template <class Unused = void>
+__global__ void never_launched_kernel() {}
+
+}  // namespace
+
+TEST_CASE("the device pool accounts every byte and its peak, per tag", "[gpu][cuda][memory]") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  MemoryTracker tracker;
+  gpu::DevicePool pool(0, tracker);
+  {
+    gpu::DeviceBuffer<float> weights(pool, 1000, MemoryTag::weights);         // 4000 bytes
+    {
+      gpu::DeviceBuffer<float> small(pool, 3, MemoryTag::activations);        // 12 bytes
+      gpu::DeviceBuffer<double> act(pool, 2000, MemoryTag::activations);      // 16000 bytes
+      CHECK(tracker.in_use(MemoryTag::activations) == 16012);
+      CHECK(tracker.in_use() == 20012);
+    }
+    CHECK(tracker.in_use(MemoryTag::activations) == 0);
+    gpu::DeviceBuffer<std::byte> ws(pool, 100, MemoryTag::workspace);          // 100 bytes
+    gpu::DeviceBuffer<float> grads(pool, 1000, MemoryTag::gradients);          // 4000 bytes, a cached block
+    CHECK(tracker.in_use() == 8100);
+    CHECK(tracker.peak(MemoryTag::activations) == 16012);
+    CHECK(tracker.peak(MemoryTag::weights) == 4000);
+    CHECK(tracker.peak(MemoryTag::gradients) == 4000);
+    CHECK(tracker.peak(MemoryTag::workspace) == 100);
+    CHECK(tracker.peak() == 20012);
+  }
+  CHECK(tracker.in_use() == 0);
+  CHECK(tracker.peak() == 20012);
+  // Blocks are rounded to the granularity; the 4000-byte block served two buffers.
+  const auto block = [](std::size_t bytes) { return gpu::DevicePool::block_size(bytes); };
+  CHECK(pool.reserved_bytes() == block(4000) + block(12) + block(16000) + block(100) + block(4000));
+  CHECK(pool.cached_bytes() == pool.reserved_bytes());
+  const std::size_t calls = pool.driver_allocations();
+  { gpu::DeviceBuffer<float> again(pool, 4000 / 4, MemoryTag::optimizer); }
+  CHECK(pool.driver_allocations() == calls);  // served from the cache
+  tracker.reset_peaks();
+  CHECK(tracker.peak() == 0);
+  pool.trim();
+  CHECK(pool.reserved_bytes() == 0);
+  CHECK(pool.peak_reserved_bytes() >= block(4000) + block(12) + block(16000));
+}
+
+TEST_CASE("backend::Cuda accounts its allocations in `memory`", "[gpu][cuda][memory]") {
+  backend::Cuda<float> be;
+  const std::int64_t base = be.memory.in_use();
+  be.memory.reset_peaks();
+  {
+    auto a = be.allocate(256, MemoryTag::activations);
+    auto b = be.allocate<std::int32_t>(10, MemoryTag::activations);
+    CHECK(be.memory.in_use(MemoryTag::activations) == 256 * 4 + 40);
+  }
+  auto w = be.allocate(100, MemoryTag::weights);
+  CHECK(be.memory.in_use() == base + 400);
+  CHECK(be.memory.peak() == base + 256 * 4 + 40);
+  CHECK(be.memory.peak(MemoryTag::activations) == 256 * 4 + 40);
+}
+
+TEST_CASE("a failing CUDA call becomes a cupipe::error naming the call", "[gpu][cuda][errors]") {
+  SECTION("runtime call") {
+    try {
+      CUPIPE_CHECK_CUDA(cudaSetDevice(-1));
+      FAIL("no exception");
+    } catch (const cupipe::error& e) {
+      CHECK(e.call() == "cudaSetDevice(-1)");
+      CHECK_THAT(e.message(), Catch::Contains("cudaErrorInvalidDevice"));
+      CHECK_THAT(e.file(), Catch::Contains("test_cuda_runtime.cu"));
+    }
+    CHECK(cudaGetLastError() == cudaSuccess);  // not reported twice
+  }
+  SECTION("cuBLASLt call") {
+    try {
+      CUPIPE_CHECK_CUBLAS(cublasLtMatmulDescCreate(nullptr, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      FAIL("no exception");
+    } catch (const cupipe::error& e) {
+      CHECK_THAT(e.call(), Catch::Contains("cublasLtMatmulDescCreate"));
+      CHECK_THAT(e.message(), Catch::Contains("cuBLAS status"));
+    }
+  }
+  SECTION("kernel launch") {
+    never_launched_kernel<<<1, 4096>>>();  // more threads per block than any device allows
+    CHECK_THROWS_WITH([] { CUPIPE_CHECK_LAUNCH(); }(), Catch::Contains("kernel launch"));
+  }
+  SECTION("allocation too large for the device") {
+    backend::Cuda<float> be;
+    try {
+      auto huge = be.allocate(index_t(1) << 50, MemoryTag::activations);
+      FAIL("no exception");
+    } catch (const cupipe::error& e) {
+      CHECK(e.call() == "cudaMalloc");
+      CHECK_THAT(e.message(), Catch::Contains("cannot allocate") && Catch::Contains("activations"));
+    }
+    CHECK(be.memory.in_use(MemoryTag::activations) == 0);
+  }
+  SECTION("device that does not exist") {
+    int count = 0;
+    REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+    CHECK_THROWS_WITH(backend::Cuda<float>(count), Catch::Contains("does not exist"));
+  }
+}
+
+namespace {
+
+/// Runs one forward and backward of Model on the GPU and on the host in double (from the GPU
+/// network's float parameters), and compares loss, logits and gradients.
+template <class Model>
+void compare_with_host(index_t batch, std::uint64_t seed) {
+  using GpuNet = Network<Model, backend::Cuda<float>>;
+  using HostNet = Network<Model, backend::Host<double>>;
+  using Input = typename GpuNet::input_type;
+  constexpr index_t in = GpuNet::in_features, out = GpuNet::out_features;
+  Rng rng(seed);
+  GpuNet gpu_net(seed, 0);
+  HostNet host_net(seed);
+  const std::vector<float> params = gpu_net.parameters();
+  host_net.set_parameters(cast<double>(params));
+
+  std::vector<Input> x;
+  if constexpr (std::is_same_v<Input, std::int32_t>) {
+    using First = typename GpuNet::Body::first_layer;  // an Embedding: its table's rows are the vocabulary
+    x = random_ints(rng, batch * in, First::params(1)[0].rows);
+  }
+  else x = random_floats(rng, batch * in);
+  const auto labels = random_ints(rng, batch, out);
+  backend::Cuda<float>& be = gpu_net.backend();
+  DeviceArray<Input, backend::Cuda<float>> dx(be, x);
+  DeviceArray<std::int32_t, backend::Cuda<float>> dl(be, labels);
+  const Shape xs{batch, in}, ls{batch}, os{batch, out};
+
+  auto logits = poisoned<float>(be, batch * out);
+  gpu_net.forward(dx.cview(xs), logits.view(os));
+  std::vector<double> host_logits(static_cast<std::size_t>(batch * out));
+  using HostInput = typename HostNet::input_type;
+  std::vector<HostInput> hx = cast<HostInput>(x);
+  host_net.forward(ConstView<HostInput>{hx.data(), xs}, TensorView<double>{host_logits.data(), os});
+  CHECK(relative_error(logits.download(), host_logits) <= fp32_tolerance);
+
+  const float loss = gpu_net.forward_backward(dx.cview(xs), dl.cview(ls), batch + 1);
+  const double host_loss = host_net.forward_backward(ConstView<HostInput>{hx.data(), xs},
+                                                     ConstView<std::int32_t>{labels.data(), ls}, batch + 1);
+  CHECK(std::abs(double(loss) - host_loss) <= fp32_tolerance * std::abs(host_loss));
+  const std::vector<float> grads = gpu_net.gradients();
+  CHECK(relative_error(grads, host_net.gradients()) <= fp32_tolerance);
+
+  // Deterministic: the same step again gives the same bits.
+  gpu_net.zero_grad();
+  CHECK(gpu_net.forward_backward(dx.cview(xs), dl.cview(ls), batch + 1) == loss);
+  CHECK(gpu_net.gradients() == grads);
+
+  // A label out of range is a cupipe::error, not a NaN loss.
+  std::vector<std::int32_t> bad = labels;
+  bad.back() = std::int32_t(out + 7);
+  DeviceArray<std::int32_t, backend::Cuda<float>> dbad(be, bad);
+  CHECK_THROWS_WITH(gpu_net.forward_backward(dx.cview(xs), dbad.cview(ls)),
+                    Catch::Contains("label " + std::to_string(out + 7)));
+}
+
+}  // namespace
+
+TEST_CASE("a network on backend::Cuda<float> computes what the host computes", "[gpu][cuda][network]") {
+  SECTION("Linear, GELU, LayerNorm, Linear") {
+    using Model = Sequential<Linear<64, 128>, GELU, LayerNorm<128>, Linear<128, 10>>;
+    compare_with_host<Model>(37, 11);
+    compare_with_host<Model>(256, 12);
+  }
+  SECTION("ReLU MLP with a loss layer") {
+    using Model = Sequential<Linear<30, 17>, ReLU, Linear<17, 9>, SoftmaxCrossEntropy<9>>;
+    compare_with_host<Model>(5, 21);
+  }
+  SECTION("Embedding first") {
+    using Model = Sequential<Embedding<50, 32>, LayerNorm<32>, Linear<32, 16>, GELU, Linear<16, 5>>;
+    compare_with_host<Model>(40, 31);
+  }
+}
