@@ -208,13 +208,14 @@ TrainingState load_checkpoint(const std::filesystem::path& prefix, Trainer& trai
     if (key != "save_id" && key != "optimizer" && key != "updates" && key != "rng" && key != "epoch" && key != "batch")
       state.extra[key] = value;
 
+  // Everything is read and checked before the trainer is touched: a refused load changes nothing.
   const std::vector<T> params = detail::read_flat<T>(model, table, "");
+  std::vector<std::vector<T>> slots;
+  for (std::size_t slot = 0; slot < Optimizer::slot_names.size(); ++slot)
+    slots.push_back(detail::read_flat<T>(state_file_, table, "." + std::string(Optimizer::slot_names[slot])));
   trainer.set_parameters(params);
-  for (std::size_t slot = 0; slot < Optimizer::slot_names.size(); ++slot) {
-    const std::vector<T> values =
-        detail::read_flat<T>(state_file_, table, "." + std::string(Optimizer::slot_names[slot]));
-    trainer.set_optimizer_state(optimizer, slot, values, state.updates);
-  }
+  for (std::size_t slot = 0; slot < slots.size(); ++slot)
+    trainer.set_optimizer_state(optimizer, slot, slots[slot], state.updates);
   return state;
 }
 
