@@ -6,12 +6,18 @@
 //   <prefix>.state.safetensors  the training state: optimizer slots per parameter
 //                               ("0.weight.exp_avg", ...), and in its metadata the optimizer, update
 //                               count, RNG state and data position.
-// Each file is written atomically. The two carry the same save id, so a crash between the two
-// renames is detected at load instead of resuming from a mismatched pair.
+// Each file is written atomically, and both are complete before either replaces the old one. The
+// two carry the same save id, so a crash between the two renames is detected at load instead of
+// resuming from a mismatched pair.
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -135,6 +141,34 @@ inline std::int64_t meta_int(const SafetensorsFile& file, const std::string& key
   CUPIPE_THROW(file.path().string(), ": metadata '", key, "' must be an integer, got '", text, "'");
 }
 
+/// Where a checkpoint file waits, complete, until its partner is complete too.
+inline std::filesystem::path staged(const std::filesystem::path& path) {
+  return std::filesystem::path(path.string() + ".partial");
+}
+
+inline void rename_over(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int code = errno;
+    CUPIPE_THROW(to.string(), ": cannot rename '", from.string(), "' over it: ", errno_text(code));
+  }
+}
+
+/// fsync of the directory holding `path`, so that renames in it survive a power loss.
+inline void sync_directory(const std::filesystem::path& path) {
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int code = errno;
+    CUPIPE_THROW(path.string(), ": written, but cannot open its directory '", dir.string(), "' to fsync it: ",
+                 errno_text(code));
+  }
+  const int synced = ::fsync(fd);
+  const int code = errno;
+  ::close(fd);
+  if (synced != 0)
+    CUPIPE_THROW(path.string(), ": written, but fsync of its directory '", dir.string(), "' failed: ", errno_text(code));
+}
+
 }  // namespace detail
 
 /// Writes the model file alone (what PyTorch loads).
@@ -168,18 +202,31 @@ void save_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, cons
   meta["rng"] = detail::rng_text(state.rng);
   meta["epoch"] = std::to_string(state.epoch);
   meta["batch"] = std::to_string(state.batch);
+  const std::vector<T> params = trainer.parameters();
   std::vector<TensorEntry> tensors;
   for (std::size_t slot = 0; slot < Optimizer::slot_names.size(); ++slot) {
     std::vector<T> values = trainer.optimizer_state(slot);
-    if (values.empty()) values.assign(trainer.parameters().size(), T(0));  // no update yet: zeros, as at start
+    if (values.empty()) values.assign(params.size(), T(0));  // no update yet: zeros, as at start
     auto part = detail::entries(table, std::span<const T>(values), "." + std::string(Optimizer::slot_names[slot]));
     tensors.insert(tensors.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
-  // The state first: a crash before the model's rename leaves the old model with a new state file,
-  // which the save ids expose at load.
-  save_safetensors(state_file(prefix), std::span<const TensorEntry>(tensors), meta);
-  const std::vector<T> params = trainer.parameters();
-  save_model(model_file(prefix), table, std::span<const T>(params), {{"save_id", save_id}});
+  // Both files are written in full beside their targets before either replaces its old version, so
+  // a failure while writing (disk full, I/O error) leaves the previous checkpoint whole. Only a crash
+  // between the two renames can tear the pair, and the save ids expose that at load.
+  const std::filesystem::path state_target = state_file(prefix), model_target = model_file(prefix);
+  const std::filesystem::path state_staged = detail::staged(state_target), model_staged = detail::staged(model_target);
+  try {
+    save_safetensors(state_staged, std::span<const TensorEntry>(tensors), meta);
+    save_model(model_staged, table, std::span<const T>(params), {{"save_id", save_id}});
+    detail::rename_over(state_staged, state_target);
+    detail::rename_over(model_staged, model_target);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(state_staged, ignored);
+    std::filesystem::remove(model_staged, ignored);
+    throw;
+  }
+  detail::sync_directory(model_target);
 }
 
 /// Loads a checkpoint saved by save_checkpoint into `trainer` and returns the training state.
