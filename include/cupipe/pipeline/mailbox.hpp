@@ -15,19 +15,13 @@
 #include <tuple>
 #include <utility>
 
+#include "cupipe/comm/message.hpp"
 #include "cupipe/core/error.hpp"
 
 namespace cupipe::pipeline {
 
-/// What a message carries: an activation going forward or a gradient going backward.
-enum class Flow : std::uint8_t { activation, gradient };
-
-struct MessageKey {
-  Flow flow;
-  int virtual_stage;  ///< the receiving virtual stage
-  int microbatch;
-  auto operator<=>(const MessageKey&) const = default;
-};
+using comm::Flow;
+using comm::MessageKey;
 
 /// Thrown inside a worker whose wait was cut short because another worker failed.
 struct Aborted : std::exception {

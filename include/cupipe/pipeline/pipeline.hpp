@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/network.hpp"
@@ -66,6 +67,10 @@ struct PipelineOptions {
   std::size_t channel_capacity = 0;
   /// A receive that waits longer than this is an error naming the stage, action and peer; 0: wait.
   double transfer_timeout_seconds = 0;
+  /// Across processes: this process runs the stage the communicator's topology gives it, sends to
+  /// and receives from the other stages through it, and sums gradients over its replicas. Null: all
+  /// stages run in this process.
+  std::shared_ptr<comm::Communicator> communicator{};
 };
 
 namespace detail {
@@ -99,6 +104,13 @@ class Pipeline {
       CUPIPE_THROW("Pipeline: ", Schedule::name, " flushes after every batch, so batches must be 1, got ", options_.batches);
     CUPIPE_REQUIRE(options_.devices.empty() || int(options_.devices.size()) == stages, "Pipeline: ",
                    options_.devices.size(), " devices given for ", stages, " stages");
+    if (comm()) {
+      const comm::Topology& topology = comm()->topology();
+      if (topology.stages != stages)
+        CUPIPE_THROW("Pipeline: the communicator splits the world into ", topology.stages, " stages but this pipeline has ",
+                     stages);
+      local_worker_ = topology.stage();
+    }
     for (int k : options_.recompute)
       CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: recompute names stage ", k, " but there are ",
                      virtual_stages, " (virtual) stages");
@@ -114,13 +126,16 @@ class Pipeline {
     plan_versions_ = schedule::detail::microbatch_versions(plan_);
 
     for (int w = 0; w < stages; ++w) {
-      if constexpr (detail::DeviceConstructible<Backend>)
+      if (!local(w))
+        backends_.push_back(nullptr);
+      else if constexpr (detail::DeviceConstructible<Backend>)
         backends_.push_back(std::make_unique<Backend>(options_.devices.empty() ? 0 : options_.devices[std::size_t(w)]));
       else
         backends_.push_back(std::make_unique<Backend>());
       mailboxes_.push_back(std::make_unique<pipeline::Mailbox<Message>>(capacity()));
     }
-    for_each_stage([&](auto k, auto& slot) {
+    for_each_slot([&](auto k, auto& slot) {
+      if (!local(worker_of(k))) return;
       using Seq = typename Stages::template stage<decltype(k)::value>;
       Backend& be = *backends_[std::size_t(worker_of(k))];
       const int allowed = versions_allowed_[std::size_t(worker_of(k))];
@@ -139,9 +154,16 @@ class Pipeline {
   const PipelineOptions& options() const noexcept { return options_; }
   Backend& backend(int stage) { return *backends_.at(std::size_t(stage)); }
   static constexpr int worker_of(int virtual_stage) { return virtual_stage % stages; }
+  /// Whether worker (physical stage) w runs in this process.
+  bool local(int w) const noexcept { return local_worker_ < 0 || w == local_worker_; }
+  comm::Communicator* comm() const noexcept { return options_.communicator.get(); }
   static std::vector<ParamInfo> parameter_table() { return Model::parameter_table(); }
   /// Optimizer updates applied so far (per stage they are equal once a step has finished).
-  std::int64_t updates() const { return std::get<0>(states_)->updates; }
+  std::int64_t updates() {
+    std::int64_t n = 0;
+    for_each_stage([&](auto, auto& st) { n = st->updates; });
+    return n;
+  }
 
   /// One training step on a batch x (n, in_features) with labels (n,), both in the first and last
   /// workers' backend memory: forward, backward and the optimizer update(s) the schedule prescribes.
@@ -171,26 +193,49 @@ class Pipeline {
   }
 
   /// Inference through all stages on the caller's thread: x (n, in_features) -> out (n, out_features).
+  /// Across processes every rank calls it with its replica's x (read by stage 0's ranks) and gets
+  /// the output in host memory `out` (host backends).
   void predict(ConstView<input_type> x, TensorView<T> out) {
     check_view(out, Shape{x.rows(), out_features}, "Pipeline::predict", "output");
     const index_t rows = x.rows();
     typename Backend::template buffer<T> carry;
-    for_each_stage([&](auto k, auto& st) {
-      using Seq = typename Stages::template stage<decltype(k)::value>;
-      Backend& be = *st->be;
-      auto record = be.template allocate<T>(Seq::record_elements(rows), MemoryTag::activations);
-      if constexpr (decltype(k)::value == 0) {
-        Seq::forward(be, st->weights.latest_data(), x, record.data());
-      } else {
-        Seq::forward(be, st->weights.latest_data(), ConstView<T>{carry.data(), Shape{rows, Seq::in_features}}, record.data());
+    int carry_worker = -1;
+    for_each_slot([&](auto k, auto&) {
+      constexpr int K = decltype(k)::value;
+      using Seq = typename Stages::template stage<K>;
+      const int w = worker_of(K);
+      if (!local(w)) return;
+      Backend& be = *backends_[std::size_t(w)];
+      if constexpr (K > 0) {
+        if (carry_worker != w) carry = receive_remote(w, {comm::Flow::activation, K, predict_microbatch}, K - 1, rows * Seq::in_features);
       }
-      auto next = be.template allocate<T>(rows * Seq::out_features, MemoryTag::activations);
-      copy(be, ConstView<T>(Seq::output(record.data(), rows)), TensorView<T>{next.data(), Shape{rows, Seq::out_features}});
-      be.synchronize();
-      carry = std::move(next);
+      auto& st = *std::get<K>(states_);
+      auto record = be.template allocate<T>(Seq::record_elements(rows), MemoryTag::activations);
+      if constexpr (K == 0) Seq::forward(be, st.weights.latest_data(), x, record.data());
+      else Seq::forward(be, st.weights.latest_data(), ConstView<T>{carry.data(), Shape{rows, Seq::in_features}}, record.data());
+      const ConstView<T> output = Seq::output(record.data(), rows);
+      if (K + 1 < virtual_stages && !local(worker_of(K + 1))) {
+        send_remote(w, worker_of(K + 1), {comm::Flow::activation, K + 1, predict_microbatch}, output);
+        carry_worker = -1;
+      } else {
+        auto next = be.template allocate<T>(rows * Seq::out_features, MemoryTag::activations);
+        copy(be, output, TensorView<T>{next.data(), Shape{rows, Seq::out_features}});
+        be.synchronize();
+        carry = std::move(next);
+        carry_worker = worker_of(K + 1 < virtual_stages ? K + 1 : K);
+      }
     });
-    copy(*backends_.back(), ConstView<T>{carry.data(), Shape{rows, out_features}}, out);
-    backends_.back()->synchronize();
+    if (!comm()) {
+      copy(*backends_.back(), ConstView<T>{carry.data(), Shape{rows, out_features}}, out);
+      backends_.back()->synchronize();
+      return;
+    }
+    // The last stage's ranks hold the output; a sum over the pipeline gives it to every stage.
+    std::vector<T> host(static_cast<std::size_t>(rows * out_features), T(0));
+    if (local(stages - 1)) backends_[std::size_t(stages - 1)]->download(carry.data(), std::span<T>(host));
+    comm()->complete_sends(options_.transfer_timeout_seconds);
+    comm()->sum_over_stages(host.data(), host.size());
+    std::copy(host.begin(), host.end(), out.data());
   }
 
   /// The whole model's parameters, in the unsplit model's flat layout (latest versions).
@@ -202,7 +247,9 @@ class Pipeline {
   }
   /// Optimizer state slot `slot` (e.g. 0 = exp_avg for AdamW), same layout; empty before the first update.
   std::vector<T> optimizer_state(std::size_t slot) {
-    if (std::get<0>(states_)->slots.size() <= slot) return {};
+    bool prepared = true;
+    for_each_stage([&](auto, auto& st) { prepared = prepared && st->slots.size() > slot; });
+    if (!prepared) return {};
     return gather([slot](auto& st) { return st.slots[slot].data(); });
   }
   /// Restores optimizer state and the update count (for checkpoints); slots must be prepared for
@@ -257,11 +304,19 @@ class Pipeline {
       -> std::tuple<std::unique_ptr<StageState<typename Stages::template stage<K>>>...>;
   using States = decltype(make_states(std::make_index_sequence<Stages::size>()));
 
+  /// Every virtual stage, in order, with its (possibly null, when remote) state pointer.
   template <class F>
-  void for_each_stage(F&& f) {
+  void for_each_slot(F&& f) {
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (f(std::integral_constant<int, int(K)>{}, std::get<K>(states_)), ...);
     }(std::make_index_sequence<Stages::size>());
+  }
+  /// Every virtual stage that runs in this process.
+  template <class F>
+  void for_each_stage(F&& f) {
+    for_each_slot([&](auto k, auto& slot) {
+      if (slot) f(k, slot);
+    });
   }
   template <class F>
   void with_stage(int k, F&& f) {
@@ -275,26 +330,33 @@ class Pipeline {
     return std::size_t(2 * chunks * plan_.config.total_microbatches());
   }
 
+  /// Offset of virtual stage k's parameters in the whole model's flat layout.
+  template <int K>
+  static constexpr index_t model_offset() {
+    return []<std::size_t... J>(std::index_sequence<J...>) {
+      return (index_t{0} + ... + Stages::template stage<J>::param_count);
+    }(std::make_index_sequence<std::size_t(K)>());
+  }
+
+  /// The whole model's flat array from every stage's slice (across processes, a sum over the
+  /// pipeline in which every other rank contributes zeros).
   template <class Pointer>
   std::vector<T> gather(Pointer pointer) {
-    std::vector<T> out(static_cast<std::size_t>(Model::body::param_count));
-    std::size_t offset = 0;
+    std::vector<T> out(static_cast<std::size_t>(Model::body::param_count), T(0));
     for_each_stage([&](auto k, auto& st) {
       using Seq = typename Stages::template stage<decltype(k)::value>;
-      st->be->download(pointer(*st), std::span<T>(out.data() + offset, std::size_t(Seq::param_count)));
-      offset += std::size_t(Seq::param_count);
+      st->be->download(pointer(*st), std::span<T>(out.data() + model_offset<decltype(k)::value>(), std::size_t(Seq::param_count)));
     });
+    if (comm()) comm()->sum_over_stages(out.data(), out.size());
     return out;
   }
   template <class Pointer>
   void scatter(std::span<const T> values, Pointer pointer) {
     CUPIPE_REQUIRE(index_t(values.size()) == Model::body::param_count, "Pipeline: got ", values.size(),
                    " values for a model of ", Model::body::param_count, " parameters");
-    std::size_t offset = 0;
     for_each_stage([&](auto k, auto& st) {
       using Seq = typename Stages::template stage<decltype(k)::value>;
-      st->be->upload(values.subspan(offset, std::size_t(Seq::param_count)), pointer(*st));
-      offset += std::size_t(Seq::param_count);
+      st->be->upload(values.subspan(std::size_t(model_offset<decltype(k)::value>()), std::size_t(Seq::param_count)), pointer(*st));
     });
   }
 
@@ -331,6 +393,7 @@ class Pipeline {
       using Seq = typename Stages::template stage<decltype(k)::value>;
       sum += sum_of_squares(*st->be, ConstView<T>{st->grads.data(), Shape{Seq::param_count}});
     });
+    if (comm()) sum = comm()->sum_over_stages(sum);  // replicas hold the same summed gradients
     const double norm = std::sqrt(sum);
     const double scale = optim::clip_factor(norm, optimizer.clip_norm());
     for_each_stage([&](auto, auto& st) { update_stage(*st, st->weights.latest_data(), optimizer, scale); });
@@ -396,10 +459,20 @@ class Pipeline {
     step.labels = labels;
     step.optimizer = optimizer;
     split_batch(step, n);
+    index_t global_n = n;
+    if (comm() && comm()->topology().replicas > 1) {
+      // Replicas may hold different shares of the batch: normalise by the global counts.
+      std::vector<double> counts(step.normalizer.begin(), step.normalizer.end());
+      counts.push_back(double(n));
+      comm()->sum_over_replicas(counts.data(), counts.size());
+      for (std::size_t j = 0; j < step.normalizer.size(); ++j) step.normalizer[j] = index_t(counts[j]);
+      global_n = index_t(counts.back());
+    }
     const int total = plan_.config.total_microbatches();
     step.losses.assign(std::size_t(total), 0.0);
     step.version.resize(std::size_t(total));
-    const int base = std::get<0>(states_)->weights.latest();
+    int base = 0;
+    for_each_stage([&](auto, auto& st) { base = st->weights.latest(); });
     for (int j = 0; j < total; ++j) {
       const int v = plan_versions_[std::size_t(j)];
       step.version[std::size_t(j)] = update_rule == schedule::UpdateRule::flush ? base
@@ -407,7 +480,8 @@ class Pipeline {
                                          ? base + v
                                          : std::max(int(batches_done_) + j / plan_.config.microbatches - 1, 0);
     }
-    for (auto& be : backends_) be->memory.reset_peaks();
+    for (auto& be : backends_)
+      if (be) be->memory.reset_peaks();
     for_each_stage([&](auto, auto& st) {
       st->done.assign(std::size_t(total), 0);
       st->done_in_batch.assign(std::size_t(plan_.config.batches), 0);
@@ -420,8 +494,16 @@ class Pipeline {
     step.start = std::chrono::steady_clock::now();
     {
       std::vector<std::jthread> workers;
-      for (int w = 0; w < stages; ++w) workers.emplace_back([this, w, &step] { run_worker<Optimizer>(w, step); });
+      for (int w = 0; w < stages; ++w)
+        if (local(w)) workers.emplace_back([this, w, &step] { run_worker<Optimizer>(w, step); });
     }  // joins every worker, also when one failed
+    if (comm() && !step.failure) {
+      try {
+        comm()->complete_sends(options_.transfer_timeout_seconds);
+      } catch (...) {
+        step.failure = std::current_exception();
+      }
+    }
     if (step.failure) {
       for_each_stage([&](auto k, auto& st) {
         using Seq = typename Stages::template stage<decltype(k)::value>;
@@ -430,19 +512,43 @@ class Pipeline {
       });
       std::rethrow_exception(step.failure);
     }
+    if constexpr (update_rule == schedule::UpdateRule::flush) {
+      // Sum each stage's gradients over its replicas (every replica already divided by the global
+      // batch size, so the sum is the full batch's gradient).
+      if (comm() && comm()->topology().replicas > 1)
+        for_each_stage([&](auto k, auto& st) { sum_replicas<typename Stages::template stage<decltype(k)::value>>(*st); });
+    }
     if constexpr (update_rule != schedule::UpdateRule::flush) {
       batches_done_ += plan_.config.batches;
       const int keep = update_rule == schedule::UpdateRule::per_microbatch ? INT_MAX : std::max(int(batches_done_) - 1, 0);
       for_each_stage([&](auto, auto& st) { st->weights.drop_below(std::min(keep, st->weights.latest())); });
     }
-    return measure(step, n);
+    return measure(step, n, global_n);
   }
 
-  StepStats measure(Step& step, index_t n) {
+  /// Sums a stage's gradients over its replicas (through host memory unless the communicator takes
+  /// device memory).
+  template <class Seq>
+  void sum_replicas(StageState<Seq>& st) {
+    if (!comm() || comm()->topology().replicas == 1) return;
+    if (!Backend::on_device || comm()->device_memory()) {
+      st.be->synchronize();
+      comm()->sum_over_replicas(st.grads.data(), std::size_t(Seq::param_count));
+      return;
+    }
+    std::vector<T> host(static_cast<std::size_t>(Seq::param_count));
+    st.be->download(st.grads.data(), std::span<T>(host));
+    comm()->sum_over_replicas(host.data(), host.size());
+    st.be->upload(std::span<const T>(host), st.grads.data());
+  }
+
+  StepStats measure(Step& step, index_t n, index_t global_n) {
     StepStats stats;
-    stats.samples = n;
+    stats.samples = global_n;
     for (std::size_t j = 0; j < step.losses.size(); ++j)
-      stats.loss += step.losses[j] * double(step.normalizer[j]) / double(n);
+      stats.loss += step.losses[j] * double(step.normalizer[j]) / double(global_n);
+    if (comm()) stats.loss = comm()->sum_over_world(stats.loss);  // only the last stage's ranks hold losses
+    (void)n;
     double first = 1e300, last = 0;
     for (auto& per_stage : step.records)
       for (auto& r : per_stage) {
@@ -452,6 +558,15 @@ class Pipeline {
     stats.makespan_seconds = last > first ? last - first : 0;
     double idle_total = 0;
     for (int w = 0; w < stages; ++w) {
+      if (!local(w)) {
+        // Another process ran this stage; its figures are in that process's StepStats.
+        stats.busy_seconds.push_back(0);
+        stats.idle_seconds.push_back(0);
+        stats.peak_activation_bytes.push_back(0);
+        stats.peak_weight_bytes.push_back(0);
+        stats.peak_weight_versions.push_back(0);
+        continue;
+      }
       double busy = 0;
       for (auto& r : step.records[std::size_t(w)]) busy += r.end - r.start;
       stats.busy_seconds.push_back(busy);
@@ -466,7 +581,8 @@ class Pipeline {
       int& peak = stats.peak_weight_versions[std::size_t(worker_of(k))];
       peak = std::max(peak, st->weights.peak_live());
     });
-    stats.bubble_fraction = stats.makespan_seconds > 0 ? idle_total / (stages * stats.makespan_seconds) : 0;
+    const int measured_stages = local_worker_ < 0 ? stages : 1;
+    stats.bubble_fraction = stats.makespan_seconds > 0 ? idle_total / (measured_stages * stats.makespan_seconds) : 0;
     return stats;
   }
 
@@ -536,8 +652,10 @@ class Pipeline {
 
   std::chrono::duration<double> timeout() const { return std::chrono::duration<double>(options_.transfer_timeout_seconds); }
 
-  /// Copies `from` into a buffer owned by worker `to_worker`'s backend and posts it.
+  /// Copies `from` into a buffer owned by worker `to_worker`'s backend and posts it; to a stage in
+  /// another process, sends it through the communicator.
   void send(int from_worker, int to_worker, pipeline::MessageKey key, ConstView<T> from) {
+    if (!local(to_worker)) return send_remote(from_worker, to_worker, key, from);
     Backend& target = *backends_[std::size_t(to_worker)];
     Message message{target.template allocate<T>(from.numel(), MemoryTag::activations)};
     Backend& source = *backends_[std::size_t(from_worker)];
@@ -546,15 +664,52 @@ class Pipeline {
     mailboxes_[std::size_t(to_worker)]->send(key, std::move(message));
   }
 
-  /// Waits for a message; the action's measured time starts when it arrives.
-  Message receive(Step& step, int worker, pipeline::MessageKey key, int peer_virtual_stage) {
-    Message message = mailboxes_[std::size_t(worker)]->receive(key, timeout(), [&] {
-      return std::string("waiting for the ") + (key.flow == pipeline::Flow::activation ? "activation" : "gradient") +
-             " of microbatch " + std::to_string(key.microbatch) + " from stage " +
-             std::to_string(worker_of(peer_virtual_stage));
-    });
+  static std::string describe_wait(pipeline::MessageKey key, int peer_worker) {
+    return std::string("waiting for the ") + (key.flow == pipeline::Flow::activation ? "activation" : "gradient") +
+           " of microbatch " + std::to_string(key.microbatch) + " from stage " + std::to_string(peer_worker);
+  }
+
+  /// Waits for a message of `elements` values; the action's measured time starts when it arrives.
+  Message receive(Step& step, int worker, pipeline::MessageKey key, int peer_virtual_stage, index_t elements) {
+    const int peer = worker_of(peer_virtual_stage);
+    Message message = local(peer) ? mailboxes_[std::size_t(worker)]->receive(key, timeout(), [&] { return describe_wait(key, peer); })
+                                  : Message{receive_remote(worker, key, peer_virtual_stage, elements)};
     step.action_start[std::size_t(worker)] = step.now();
     return message;
+  }
+
+  void send_remote(int from_worker, int to_worker, pipeline::MessageKey key, ConstView<T> from) {
+    Backend& source = *backends_[std::size_t(from_worker)];
+    source.synchronize();
+    auto describe = [&] {
+      return std::string("sending the ") + (key.flow == pipeline::Flow::activation ? "activation" : "gradient") +
+             " of microbatch " + std::to_string(key.microbatch) + " to stage " + std::to_string(to_worker);
+    };
+    const std::size_t bytes = std::size_t(from.numel()) * sizeof(T);
+    if (!Backend::on_device || comm()->device_memory()) {
+      comm()->send(to_worker, key, from.data(), bytes, describe);
+    } else {
+      std::vector<T> host(static_cast<std::size_t>(from.numel()));
+      source.download(from.data(), std::span<T>(host));
+      comm()->send(to_worker, key, host.data(), bytes, describe);
+    }
+  }
+
+  typename Backend::template buffer<T> receive_remote(int worker, pipeline::MessageKey key, int peer_virtual_stage,
+                                                      index_t elements) {
+    Backend& be = *backends_[std::size_t(worker)];
+    auto data = be.template allocate<T>(elements, MemoryTag::activations);
+    const int peer = worker_of(peer_virtual_stage);
+    auto describe = [&] { return describe_wait(key, peer); };
+    const std::size_t bytes = std::size_t(elements) * sizeof(T);
+    if (!Backend::on_device || comm()->device_memory()) {
+      comm()->receive(peer, key, data.data(), bytes, options_.transfer_timeout_seconds, describe);
+    } else {
+      std::vector<T> host(static_cast<std::size_t>(elements));
+      comm()->receive(peer, key, host.data(), bytes, options_.transfer_timeout_seconds, describe);
+      be.upload(std::span<const T>(host), data.data());
+    }
+    return data;
   }
 
   template <int K, class St>
@@ -566,7 +721,7 @@ class Pipeline {
     f.rows = step.rows[std::size_t(j)];
     f.version = step.version[std::size_t(j)];
     if constexpr (K > 0)
-      f.input = std::move(receive(step, worker_of(K), {pipeline::Flow::activation, K, j}, K - 1).data);
+      f.input = std::move(receive(step, worker_of(K), {pipeline::Flow::activation, K, j}, K - 1, f.rows * Seq::in_features).data);
     f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
     const T* params = st.weights.data(f.version);
     const auto x0 = stage_input<K>(f, step, j);
@@ -607,7 +762,7 @@ class Pipeline {
       Loss::backward(be, ConstView<T>(Seq::output(f.record.data(), f.rows)), labels,
                      TensorView<T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.normalizer[std::size_t(j)]);
     } else {
-      f.dy = std::move(receive(step, worker_of(K), {pipeline::Flow::gradient, K, j}, K + 1).data);
+      f.dy = std::move(receive(step, worker_of(K), {pipeline::Flow::gradient, K, j}, K + 1, f.rows * Seq::out_features).data);
     }
     f.grad_record = be.template allocate<T>(Seq::grad_record_elements(f.rows), MemoryTag::activations);
     typename Backend::template buffer<T> dx;
@@ -654,6 +809,7 @@ class Pipeline {
       st.weights.drop_below(std::min(needed, st.weights.latest()));
       T* params = needed > st.weights.latest() ? st.weights.advance_in_place() : st.weights.advance();
       using Seq = stage_seq<K>;
+      sum_replicas<Seq>(st);  // every replica of this stage runs the same actions, so they meet here
       const auto& optimizer = *static_cast<const Optimizer*>(step.optimizer);
       const double norm = std::sqrt(sum_of_squares(*st.be, ConstView<T>{st.grads.data(), Shape{Seq::param_count}}));
       update_stage(st, params, optimizer, optim::clip_factor(norm, optimizer.clip_norm()));
@@ -668,6 +824,9 @@ class Pipeline {
   std::vector<std::unique_ptr<pipeline::Mailbox<Message>>> mailboxes_;
   States states_;
   std::int64_t batches_done_ = 0;
+  int local_worker_ = -1;  ///< the stage this process runs; -1: all of them
+  /// Message key of predict()'s single microbatch, clear of any training microbatch id.
+  static constexpr int predict_microbatch = 1 << 19;
 };
 
 }  // namespace cupipe

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// Communicator: what a pipeline needs from the processes around it. In one process no communicator
+// is used (mailboxes carry everything); across processes an implementation (MPI for host ranks, NCCL
+// for device ranks) moves the messages to other stages and sums gradients over replicas.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "cupipe/comm/message.hpp"
+#include "cupipe/comm/topology.hpp"
+
+namespace cupipe::comm {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual const Topology& topology() const = 0;
+  /// Whether send/receive/all-reduce take device pointers (NCCL) rather than host pointers (MPI).
+  virtual bool device_memory() const = 0;
+
+  /// Sends `bytes` to stage `to_stage` of this replica's pipeline without waiting for the receiver:
+  /// the data is copied (or its transfer enqueued) before this returns, so the caller may reuse it.
+  /// A send never blocks on its receiver, matching the model `schedule::verify` proves deadlock-free
+  /// (each worker keeps its next receives posted). `describe` names the message for errors.
+  virtual void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
+                    const std::function<std::string()>& describe) = 0;
+  /// Waits until every send has been received; one still pending after `timeout_seconds` (0: wait)
+  /// is an error naming it. Called at the end of each step.
+  virtual void complete_sends(double timeout_seconds) = 0;
+  /// Receives exactly `bytes` for `key` from stage `from_stage` of this replica's pipeline.
+  virtual void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
+                       const std::function<std::string()>& describe) = 0;
+
+  /// In place: sums over the replicas of this rank's stage (the data-parallel group).
+  virtual void sum_over_replicas(float* data, std::size_t count) = 0;
+  virtual void sum_over_replicas(double* data, std::size_t count) = 0;
+  /// Sums a host scalar over this replica's pipeline stages, or over every rank.
+  virtual double sum_over_stages(double value) = 0;
+  virtual double sum_over_world(double value) = 0;
+  /// In place, host memory: sums over this replica's pipeline stages (used to gather stage slices).
+  virtual void sum_over_stages(float* data, std::size_t count) = 0;
+  virtual void sum_over_stages(double* data, std::size_t count) = 0;
+};
+
+}  // namespace cupipe::comm

@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: Apache-2.0
+// MpiCommunicator: pipeline messages and gradient sums between host ranks over MPI (OpenMPI from
+// Debian, launched with mpirun or srun). Every MPI return code is checked and becomes a
+// cupipe::error naming the call.
+//
+// Threads: a rank runs its stage's worker on its own thread, and the caller's thread does the
+// collectives after the step; the two never call MPI at the same time, so MPI_THREAD_SERIALIZED is
+// enough. The constructor checks the level the program initialised MPI with.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+#include <list>
+#include <vector>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "cupipe/comm/communicator.hpp"
+#include "cupipe/core/error.hpp"
+
+namespace cupipe::comm {
+
+namespace detail {
+inline std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, std::size_t(length));
+}
+}  // namespace detail
+
+}  // namespace cupipe::comm
+
+/// Throws cupipe::error naming the MPI call and MPI's own description of the error.
+#define CUPIPE_CHECK_MPI(call)                                                                            \
+  do {                                                                                                    \
+    const int cupipe_mpi_rc_ = (call);                                                                    \
+    if (cupipe_mpi_rc_ != MPI_SUCCESS)                                                                    \
+      ::cupipe::detail::throw_error(::cupipe::comm::detail::mpi_error_text(cupipe_mpi_rc_), #call, __FILE__, \
+                                    __LINE__);                                                            \
+  } while (0)
+
+namespace cupipe::comm {
+
+/// Initialises MPI for the lifetime of the object (MPI_THREAD_SERIALIZED at least) unless the
+/// program already did, and finalises it if it initialised it.
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv) {
+    int initialised = 0;
+    CUPIPE_CHECK_MPI(MPI_Initialized(&initialised));
+    if (!initialised) {
+      int provided = 0;
+      CUPIPE_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+      owns_ = true;
+      if (provided < MPI_THREAD_SERIALIZED)
+        CUPIPE_THROW("MPI provides thread level ", provided, " but cupipe needs MPI_THREAD_SERIALIZED (",
+                     MPI_THREAD_SERIALIZED, "): a worker thread sends while the main thread waits");
+    }
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  ~MpiSession() {
+    int finalised = 0;
+    if (owns_ && MPI_Finalized(&finalised) == MPI_SUCCESS && !finalised) MPI_Finalize();
+  }
+
+ private:
+  bool owns_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  /// Splits `world` into pipelines of `stages` ranks (see Topology for the mapping).
+  MpiCommunicator(MPI_Comm world, int stages) {
+    int level = 0;
+    CUPIPE_CHECK_MPI(MPI_Query_thread(&level));
+    if (level < MPI_THREAD_SERIALIZED)
+      CUPIPE_THROW("MPI was initialised with thread level ", level, "; cupipe needs MPI_THREAD_SERIALIZED (use MPI_Init_thread or MpiSession)");
+    int size = 0, rank = 0;
+    CUPIPE_CHECK_MPI(MPI_Comm_size(world, &size));
+    CUPIPE_CHECK_MPI(MPI_Comm_rank(world, &rank));
+    topology_ = Topology::make(size, rank, stages);
+    CUPIPE_CHECK_MPI(MPI_Comm_dup(world, &world_));
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, topology_.replica(), topology_.stage(), &pipeline_));
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, topology_.stage(), topology_.replica(), &replicas_));
+    int* upper = nullptr;
+    int found = 0;
+    CUPIPE_CHECK_MPI(MPI_Comm_get_attr(world_, MPI_TAG_UB, &upper, &found));
+    tag_limit_ = found && upper ? *upper : 32767;
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  ~MpiCommunicator() override {
+    int finalised = 0;
+    if (MPI_Finalized(&finalised) != MPI_SUCCESS || finalised) return;
+    for (Pending& p : pending_) {  // after a failure: give up on what was never received
+      MPI_Cancel(&p.request);
+      MPI_Request_free(&p.request);
+    }
+    MPI_Comm_free(&replicas_);
+    MPI_Comm_free(&pipeline_);
+    MPI_Comm_free(&world_);
+  }
+
+  const Topology& topology() const override { return topology_; }
+  bool device_memory() const override { return false; }
+
+  void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
+            const std::function<std::string()>& describe) override {
+    reap();
+    Pending pending{MPI_REQUEST_NULL, std::vector<std::byte>(bytes), describe()};
+    if (bytes) std::memcpy(pending.data.data(), data, bytes);
+    CUPIPE_CHECK_MPI(MPI_Isend(pending.data.data(), count(bytes), MPI_BYTE, to_stage, tag(key), pipeline_, &pending.request));
+    pending_.push_back(std::move(pending));
+  }
+
+  void complete_sends(double timeout_seconds) override {
+    while (!pending_.empty()) {
+      Pending& p = pending_.front();
+      wait(p.request, timeout_seconds, [&] { return p.what; });
+      pending_.pop_front();
+    }
+  }
+
+  void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
+               const std::function<std::string()>& describe) override {
+    MPI_Request request;
+    CUPIPE_CHECK_MPI(MPI_Irecv(data, count(bytes), MPI_BYTE, from_stage, tag(key), pipeline_, &request));
+    MPI_Status status = wait(request, timeout_seconds, describe);
+    int received = 0;
+    CUPIPE_CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &received));
+    if (std::size_t(received) != bytes)
+      CUPIPE_THROW(describe(), ": received ", received, " bytes but expected ", bytes);
+  }
+
+  void sum_over_replicas(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT, replicas_); }
+  void sum_over_replicas(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, replicas_); }
+  void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT, pipeline_); }
+  void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, pipeline_); }
+  double sum_over_stages(double value) override {
+    allreduce(&value, 1, MPI_DOUBLE, pipeline_);
+    return value;
+  }
+  double sum_over_world(double value) override {
+    allreduce(&value, 1, MPI_DOUBLE, world_);
+    return value;
+  }
+
+ private:
+  /// A send in flight: the request and the copy of the data it reads.
+  struct Pending {
+    MPI_Request request;
+    std::vector<std::byte> data;
+    std::string what;
+  };
+
+  /// Frees the copies of sends that have completed.
+  void reap() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      int done = 0;
+      CUPIPE_CHECK_MPI(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE));
+      it = done ? pending_.erase(it) : std::next(it);
+    }
+  }
+
+  static int count(std::size_t bytes) {
+    if (bytes > std::size_t(INT32_MAX)) CUPIPE_THROW("MPI message of ", bytes, " bytes exceeds 2 GiB; use smaller microbatches");
+    return int(bytes);
+  }
+  /// (microbatch, virtual stage, flow) packed into one tag.
+  int tag(const MessageKey& key) const {
+    const long long t = (static_cast<long long>(key.microbatch) << 11) | (static_cast<long long>(key.virtual_stage) << 1) |
+                        static_cast<long long>(key.flow);
+    if (key.virtual_stage >= 1024 || t > tag_limit_)
+      CUPIPE_THROW("MPI tag for microbatch ", key.microbatch, " of virtual stage ", key.virtual_stage,
+                   " exceeds this MPI's MPI_TAG_UB (", tag_limit_, ")");
+    return int(t);
+  }
+  /// Polls the request until it completes; past the timeout cancels it and throws.
+  static MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe) {
+    MPI_Status status{};
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      CUPIPE_CHECK_MPI(MPI_Test(&request, &done, &status));
+      if (done) return status;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_seconds > 0 && waited > timeout_seconds) {
+        MPI_Cancel(&request);
+        MPI_Request_free(&request);
+        CUPIPE_THROW(describe(), ": not matched after ", timeout_seconds,
+                     " s (transfer timeout; is the peer rank alive?)");
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  static void allreduce(void* data, std::size_t n, MPI_Datatype type, MPI_Comm comm) {
+    CUPIPE_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm));
+  }
+
+  Topology topology_;
+  MPI_Comm world_ = MPI_COMM_NULL;
+  MPI_Comm pipeline_ = MPI_COMM_NULL;
+  MPI_Comm replicas_ = MPI_COMM_NULL;
+  long long tag_limit_ = 32767;
+  std::list<Pending> pending_;
+};
+
+}  // namespace cupipe::comm

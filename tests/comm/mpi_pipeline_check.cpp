@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+// Run under mpirun: a pipeline spread over processes (MpiCommunicator, host backend, float64) must
+// compute what the same pipeline computes in one process on the whole batch.
+//   mpi_pipeline_check --schedule 1f1b|interleaved --stages P [--stall]
+// World = P stages x D replicas. Each replica trains on its share of one global batch. Rank 0 also
+// runs the single-process reference and compares gradients after one forward/backward and weights
+// after 3 AdamW steps: bitwise for one replica (same arithmetic in the same order), 1e-12 relative
+// with replicas (the replica sum adds the same terms in another order).
+// --stall makes the rank whose stage holds the Trap layer stop answering in the middle of the second
+// step; the other ranks must then fail with an error naming their stage, action and peer within the
+// transfer timeout.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cupipe/comm/mpi.hpp"
+#include "cupipe/cupipe.hpp"
+
+using namespace cupipe;
+
+namespace {
+
+bool stall = false;
+int calls = 0;
+
+/// Identity with a trap: with --stall, its 6th forward blocks for good (a hung peer).
+struct Trap : Stateless {
+  static constexpr index_t in_features = any_features;
+  static constexpr index_t out_features_for(index_t in) { return in; }
+  static constexpr double forward_flops_per_sample(index_t) { return 0; }
+  static std::string describe() { return "Trap"; }
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) {
+    if (stall && ++calls == 6) std::this_thread::sleep_for(std::chrono::hours(1));
+    copy(be, x, y);
+  }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
+    copy(be, dy, dx);
+  }
+};
+
+using Model = Sequential<Linear<6, 12>, ReLU, Linear<12, 12>, Trap, Linear<12, 10>, ReLU, Linear<10, 10>, ReLU, Linear<10, 8>,
+                         ReLU, Linear<8, 8>, ReLU, Linear<8, 8>, GELU, Linear<8, 6>, ReLU, Linear<6, 3>>;
+
+double relative(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    norm = std::max(norm, std::abs(b[i]));
+  }
+  return norm > 0 ? diff / norm : diff;
+}
+
+template <class Stages, class Schedule>
+int check(int microbatches, int rank) {
+  auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, Stages::size / Schedule::chunks);
+  const comm::Topology& topo = comm->topology();
+  if (rank == 0) std::printf("%s\n", topo.describe().c_str());
+  constexpr index_t global_batch = 24;
+  const index_t share = global_batch / topo.replicas;
+  std::vector<double> x(static_cast<std::size_t>(global_batch * 6));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(global_batch));
+  Rng rng(3);
+  for (double& v : x) v = rng.normal();
+  for (auto& v : y) v = std::int32_t(rng.below(3));
+  const ConstView<double> mine{x.data() + topo.replica() * share * 6, Shape{share, 6}};
+  const ConstView<std::int32_t> mine_y{y.data() + topo.replica() * share, Shape{share}};
+  const ConstView<double> all{x.data(), Shape{global_batch, 6}};
+  const ConstView<std::int32_t> all_y{y.data(), Shape{global_batch}};
+
+  PipelineOptions options{.microbatches = microbatches, .seed = 11, .transfer_timeout_seconds = stall ? 4.0 : 60.0,
+                          .communicator = comm};
+  Pipeline<Stages, Schedule, backend::Host<double>> distributed(options);
+  Pipeline<Stages, Schedule, backend::Host<double>> reference({.microbatches = microbatches * topo.replicas, .seed = 11});
+  optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.01});
+
+  int failures = 0;
+  auto compare = [&](const char* what, const std::vector<double>& got, const std::vector<double>& want) {
+    const double r = relative(got, want);
+    const bool exact = got == want;
+    const bool ok = topo.replicas == 1 ? exact : r <= 1e-12;
+    if (rank == 0) std::printf("%s: %s (max relative difference %.3g)\n", what, ok ? "equal" : "DIFFERENT", r);
+    failures += !ok;
+  };
+
+  const StepStats stats = distributed.forward_backward(mine, mine_y);
+  const std::vector<double> grads = distributed.gradients();
+  distributed.step(adamw);
+  if (rank == 0) {
+    const StepStats ref = reference.forward_backward(all, all_y);
+    compare("gradients after one forward/backward", grads, reference.gradients());
+    std::printf("loss %.15g (single process %.15g)\n", stats.loss, ref.loss);
+    failures += std::abs(stats.loss - ref.loss) > 1e-12 * std::abs(ref.loss);
+    reference.step(adamw);
+  }
+  for (int s = 0; s < 2; ++s) {
+    distributed.train_step(mine, mine_y, adamw);
+    if (rank == 0) reference.train_step(all, all_y, adamw);
+  }
+  const std::vector<double> weights = distributed.parameters();
+  if (rank == 0) compare("weights after 3 AdamW steps", weights, reference.parameters());
+  int total = failures;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return total == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::MpiSession session(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string schedule = "1f1b";
+  int stages = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--stall")) stall = true;
+    else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
+    else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) stages = std::atoi(argv[++i]);
+  }
+  try {
+    int rc = 2;
+    if (schedule == "1f1b" && stages == 4) rc = check<partition<Model, 4>, schedule::OneFOneB>(4, rank);
+    else if (schedule == "1f1b" && stages == 2) rc = check<partition<Model, 2>, schedule::OneFOneB>(4, rank);
+    else if (schedule == "interleaved" && stages == 4) rc = check<partition<Model, 8>, schedule::Interleaved<2>>(4, rank);
+    else if (schedule == "gpipe" && stages == 4) rc = check<partition<Model, 4>, schedule::GPipe>(4, rank);
+    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe --stages 2|4\n");
+    if (rank == 0) std::printf("%s\n", rc == 0 ? "PASS" : "FAIL");
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    return 3;
+  }
+}
