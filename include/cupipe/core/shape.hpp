@@ -35,7 +35,11 @@ class Shape {
     return n;
   }
   /// Rows of the 2-D view used by every op: all leading extents folded together.
-  constexpr index_t rows() const noexcept { return rank_ == 0 ? 1 : numel() / (cols() ? cols() : 1); }
+  constexpr index_t rows() const noexcept {
+    index_t n = 1;
+    for (int i = 0; i + 1 < rank_; ++i) n *= dims_[i];
+    return n;
+  }
   /// Columns of the 2-D view: the last extent (1 for a scalar).
   constexpr index_t cols() const noexcept { return rank_ == 0 ? 1 : dims_[rank_ - 1]; }
 
