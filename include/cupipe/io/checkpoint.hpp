@@ -105,7 +105,10 @@ std::vector<T> read_flat(const SafetensorsFile& file, const std::vector<ParamInf
 
 inline std::string rng_text(const Rng::state_type& state) {
   std::string out;
-  for (std::uint64_t word : state) out += (out.empty() ? "" : " ") + std::to_string(word);
+  for (std::uint64_t word : state) {
+    if (!out.empty()) out += ' ';  // not `" " + std::to_string(...)`: GCC 12 warns on it (-Wrestrict, PR 105329)
+    out += std::to_string(word);
+  }
   return out;
 }
 
@@ -187,7 +190,9 @@ std::vector<T> load_model(const std::filesystem::path& path, const std::vector<P
 }
 
 /// Saves a trainer (anything with parameter_table(), parameters(), optimizer_state(slot)) and its
-/// optimizer's state under `prefix`.
+/// optimizer's state under `prefix`. For a pipeline spread over processes every rank calls it (the
+/// gathers are collective) and only the trainer's writes_checkpoints() rank writes; every rank can
+/// load the same files, whatever its stage count or replica count.
 template <class Trainer, class Optimizer>
 void save_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, const Optimizer&, TrainingState state) {
   using T = typename std::decay_t<decltype(trainer.parameters())>::value_type;
@@ -210,6 +215,9 @@ void save_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, cons
     auto part = detail::entries(table, std::span<const T>(values), "." + std::string(Optimizer::slot_names[slot]));
     tensors.insert(tensors.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
+  // Across processes every rank gathers (the calls above are collective); one rank writes.
+  if constexpr (requires { trainer.writes_checkpoints(); })
+    if (!trainer.writes_checkpoints()) return;
   // Both files are written in full beside their targets before either replaces its old version, so
   // a failure while writing (disk full, I/O error) leaves the previous checkpoint whole. Only a crash
   // between the two renames can tear the pair, and the save ids expose that at load.
