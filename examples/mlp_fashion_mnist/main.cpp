@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -19,6 +21,9 @@
 
 #include "cupipe/cupipe.hpp"
 #include "cupipe/pipeline/rebalance.hpp"
+#if CUPIPE_HAS_MPI
+#include "cupipe/comm/mpi.hpp"
+#endif
 
 namespace {
 
@@ -47,6 +52,18 @@ struct Flags {
   std::int64_t test_limit = 0;
   std::int64_t max_steps = 0;
   std::string progress = "auto";
+  std::string backend = "host";
+  std::string devices;
+  int dp = 1;
+};
+
+/// The process's place in a multi-process run (mpirun/srun): none when run alone.
+struct Launch {
+  std::shared_ptr<comm::Communicator> communicator;
+  int rank = 0;
+  int replica = 0;
+  int replicas = 1;
+  bool leader() const { return rank == 0; }
 };
 
 /// Standardises images with the training set's mean and standard deviation.
@@ -113,28 +130,34 @@ double accuracy(Pipe& pipe, const io::Dataset& data) {
 }
 
 template <class Schedule, int P, class Optimizer>
-int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer) {
+int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer, const Launch& launch) {
   using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
   using Pipe = Pipeline<Stages, Schedule, backend::Host<T>>;
-  Pipe pipe({.microbatches = f.microbatches, .seed = f.seed});
+  Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .transfer_timeout_seconds = launch.communicator ? 300.0 : 0.0,
+             .communicator = launch.communicator});
+  // Only the first rank talks; every rank computes.
+  auto say = [&](const char* format, auto... args) {
+    if (launch.leader()) std::printf(format, args...);
+  };
 
   const std::int64_t n = train_set.count;
   const std::int64_t batches_per_epoch = (n + f.batch - 1) / f.batch;
   optimizer.options.schedule = {std::int64_t(f.warmup_epochs * double(batches_per_epoch)),
                                 std::int64_t(f.epochs) * batches_per_epoch, 0.0};
 
-  std::printf("cupipe %s: %s, %d stages x %d chunk(s), %d microbatches, batch %d, %s lr %g\n", version_string,
-              std::string(Schedule::name).c_str(), P, Schedule::chunks, f.microbatches, f.batch,
-              std::string(Optimizer::name).c_str(), f.lr);
-  for (int k = 0; k < int(Stages::size); ++k) std::printf("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
+  say("cupipe %s: %s, %d stages x %d chunk(s), %d microbatches, batch %d, %s lr %g, backend %s\n", version_string,
+      std::string(Schedule::name).c_str(), P, Schedule::chunks, f.microbatches, f.batch, std::string(Optimizer::name).c_str(),
+      f.lr, f.backend.c_str());
+  if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
+  for (int k = 0; k < int(Stages::size); ++k) say("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
 
   io::TrainingState state;
   Rng data_rng(f.seed);
   state.rng = data_rng.state();
   if (!f.resume.empty()) {
     state = io::load_checkpoint(f.resume, pipe, optimizer);
-    std::printf("resumed from %s: epoch %lld, batch %lld, %lld updates\n", f.resume.c_str(), (long long)state.epoch,
-                (long long)state.batch, (long long)state.updates);
+    say("resumed from %s: epoch %lld, batch %lld, %lld updates\n", f.resume.c_str(), (long long)state.epoch,
+        (long long)state.batch, (long long)state.updates);
   }
 
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
@@ -151,18 +174,23 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
     data_rng.set_state(state.rng);
     std::iota(order.begin(), order.end(), 0);
     for (std::int64_t i = n - 1; i > 0; --i) std::swap(order[std::size_t(i)], order[data_rng.below(std::uint64_t(i + 1))]);
-    Progress progress(f.progress, n);
+    Progress progress(launch.leader() ? f.progress : "none", n);
     double epoch_loss = 0;
     std::int64_t epoch_samples = 0;
     const auto epoch_start = std::chrono::steady_clock::now();
     for (std::int64_t b = state.batch; b < batches_per_epoch; ++b) {
       const std::int64_t first = b * f.batch, rows = std::min<std::int64_t>(f.batch, n - first);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t i = order[std::size_t(first + r)];
+      // Each data-parallel replica trains on its share of the batch; losses and gradients are
+      // normalised by the whole batch, so the replicas together take exactly one batch's step.
+      const std::int64_t share_first = rows * launch.replica / launch.replicas;
+      const std::int64_t share_rows = rows * (launch.replica + 1) / launch.replicas - share_first;
+      for (std::int64_t r = 0; r < share_rows; ++r) {
+        const std::int64_t i = order[std::size_t(first + share_first + r)];
         std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
         y[std::size_t(r)] = train_set.labels[std::size_t(i)];
       }
-      last = pipe.train_step(ConstView<T>{x.data(), Shape{rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{rows}}, optimizer);
+      last = pipe.train_step(ConstView<T>{x.data(), Shape{share_rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{share_rows}},
+                             optimizer);
       epoch_loss += last.loss * double(rows);
       epoch_samples += rows;
       samples += rows;
@@ -176,7 +204,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
         state.epoch = epoch;
         state.updates = pipe.updates();
         if (!f.save.empty()) io::save_checkpoint(f.save, pipe, optimizer, state);
-        std::printf("stopped after %lld steps (--max-steps)\n", (long long)total_steps);
+        say("stopped after %lld steps (--max-steps)\n", (long long)total_steps);
         epoch = f.epochs;  // leave both loops
         break;
       }
@@ -188,7 +216,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
     progress.end_epoch();
     last_loss = epoch_samples ? epoch_loss / double(epoch_samples) : 0;
     test_accuracy = accuracy(pipe, test_set);
-    std::printf("epoch %lld: train loss %.4f, test accuracy %.4f\n", (long long)epoch, last_loss, test_accuracy);
+    say("epoch %lld: train loss %.4f, test accuracy %.4f\n", (long long)epoch, last_loss, test_accuracy);
     state.epoch = epoch + 1;
     state.batch = 0;
     state.rng = data_rng.state();
@@ -196,19 +224,19 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
     state.extra = {{"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
     if (!f.save.empty()) {
       io::save_checkpoint(f.save, pipe, optimizer, state);
-      std::printf("saved %s and %s\n", io::model_file(f.save).c_str(), io::state_file(f.save).c_str());
+      say("saved %s and %s\n", io::model_file(f.save).c_str(), io::state_file(f.save).c_str());
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (test_accuracy == 0) test_accuracy = accuracy(pipe, test_set);
 
-  if (f.timeline && steps) std::printf("measured timeline of the last step (seconds):\n%s", measured_ascii_timeline(last, P).c_str());
-  if (!f.trace.empty() && steps) {
+  if (f.timeline && steps && launch.leader()) std::printf("measured timeline of the last step (seconds):\n%s", measured_ascii_timeline(last, P).c_str());
+  if (!f.trace.empty() && steps && launch.leader()) {
     std::ofstream(f.trace) << measured_trace_json(pipe.plan(), last);
     std::printf("wrote %s (open it in https://ui.perfetto.dev or chrome://tracing): the last step, measured and "
                 "simulated side by side\n", f.trace.c_str());
   }
-  if (f.rebalance) {
+  if (f.rebalance && launch.leader()) {
     std::vector<T> sample(train_set.images.begin(), train_set.images.begin() + std::min<std::int64_t>(n, f.batch) * 784);
     const auto profile = profile_layers<typename Model::body, backend::Host<T>>(
         ConstView<T>{sample.data(), Shape{std::min<std::int64_t>(n, f.batch) / f.microbatches, 784}}, 3);
@@ -223,8 +251,9 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
                             {"bubble_fraction_measured", steps ? bubble_sum / double(steps) : 0.0},
                             {"schedule", f.schedule},
                             {"stages", f.stages},
-                            {"microbatches", f.microbatches}};
-  std::printf("%s\n", summary.dump().c_str());
+                            {"microbatches", f.microbatches},
+                            {"data_parallel", launch.replicas}};
+  say("%s\n", summary.dump().c_str());
   return 0;
 }
 
@@ -252,10 +281,44 @@ int main(int argc, char** argv) {
   app.add_option("--train-limit", f.train_limit, "use only the first N training samples (0: all)");
   app.add_option("--test-limit", f.test_limit, "use only the first N test samples (0: all)");
   app.add_option("--max-steps", f.max_steps, "stop (and save) after this many steps in total (0: no limit)");
+  app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--devices", f.devices, "GPU of each stage, e.g. 0,0,1,1 (with --backend cuda)");
+  app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   CLI11_PARSE(app, argc, argv);
 
+#if CUPIPE_HAS_MPI
+  std::unique_ptr<comm::MpiSession> mpi;
+  // One rank's failure ends the whole job instead of leaving the others waiting.
+  auto abort_job = [&] {
+    int size = 1;
+    if (mpi && MPI_Comm_size(MPI_COMM_WORLD, &size) == MPI_SUCCESS && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  };
+#else
+  auto abort_job = [] {};
+#endif
   try {
+    if (f.backend == "cuda")
+      CUPIPE_THROW("--backend cuda: this trainer was built for the host backend only; the CUDA pipeline is not wired "
+                   "into it yet (see docs/distributed.md)");
+    if (!f.devices.empty()) CUPIPE_THROW("--devices places stages on GPUs and needs --backend cuda");
+    Launch launch;
+#if CUPIPE_HAS_MPI
+    const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
+    if (f.dp > 1 || under_launcher) {
+      mpi = std::make_unique<comm::MpiSession>(&argc, &argv);
+      launch.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, f.stages);
+      const comm::Topology& topology = launch.communicator->topology();
+      if (topology.replicas != f.dp)
+        CUPIPE_THROW("--stages ", f.stages, " x --dp ", f.dp, " needs ", f.stages * f.dp, " processes but ", topology.world,
+                     " were launched");
+      launch.rank = topology.rank;
+      launch.replica = topology.replica();
+      launch.replicas = topology.replicas;
+    }
+#else
+    if (f.dp > 1) CUPIPE_THROW("--dp needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
+#endif
     const schedule::PolicyId policy = schedule::parse_policy(f.schedule);
     io::FashionMnist data = io::load_fashion_mnist(f.data);
     if (f.train_limit > 0) data.train = io::take(data.train, 0, std::min(f.train_limit, data.train.count));
@@ -268,18 +331,20 @@ int main(int argc, char** argv) {
           CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
                        " model chunks but the MLP has 7 layers; use at most 3 stages");
         } else if (f.optimizer == "sgd") {
-          rc = train<Schedule, P>(f, data.train, data.test, optim::SGD({.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay}));
+          rc = train<Schedule, P>(f, data.train, data.test, optim::SGD({.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay}), launch);
         } else {
-          rc = train<Schedule, P>(f, data.train, data.test, optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}));
+          rc = train<Schedule, P>(f, data.train, data.test, optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}), launch);
         }
       });
     });
     return rc;
   } catch (const cupipe::error& e) {
     std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.message().c_str());
+    abort_job();
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.what());
+    abort_job();
     return 1;
   }
 }

@@ -56,6 +56,8 @@ double relative(const std::vector<double>& a, const std::vector<double>& b) {
   return norm > 0 ? diff / norm : diff;
 }
 
+std::string checkpoint;
+
 template <class Stages, class Schedule>
 int check(int microbatches, int rank) {
   auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, Stages::size / Schedule::chunks);
@@ -104,6 +106,27 @@ int check(int microbatches, int rank) {
   }
   const std::vector<double> weights = distributed.parameters();
   if (rank == 0) compare("weights after 3 AdamW steps", weights, reference.parameters());
+
+  // Checkpoints are by layer: what this P x D run saves loads into a single process split another
+  // way, and what a single process saves loads into this P x D run.
+  if (!checkpoint.empty()) {
+    io::TrainingState state;
+    state.updates = distributed.updates();
+    const std::vector<double> exp_avg_sq = distributed.optimizer_state(1);  // collective: every rank
+    io::save_checkpoint(checkpoint + ".distributed", distributed, adamw, state);  // rank 0 writes
+    if (rank == 0) io::save_checkpoint(checkpoint + ".single", reference, adamw, state);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+      Pipeline<partition<Model, 3>, schedule::GPipe, backend::Host<double>> other({.microbatches = 2});
+      io::load_checkpoint(checkpoint + ".distributed", other, adamw);
+      compare("a 3-stage single process loading this run's checkpoint", other.parameters(), weights);
+      compare("its AdamW state", other.optimizer_state(1), exp_avg_sq);
+    }
+    Pipeline<Stages, Schedule, backend::Host<double>> loaded(options);
+    io::load_checkpoint(checkpoint + ".single", loaded, adamw);
+    const std::vector<double> loaded_weights = loaded.parameters();
+    if (rank == 0) compare("this run loading a single process's checkpoint", loaded_weights, reference.parameters());
+  }
   int total = failures;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   return total == 0 ? 0 : 1;
@@ -121,6 +144,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--stall")) stall = true;
     else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
     else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) stages = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
   }
   try {
     int rc = 2;

@@ -6,6 +6,8 @@
 //   <prefix>.state.safetensors  the training state: optimizer slots per parameter
 //                               ("0.weight.exp_avg", ...), and in its metadata the optimizer, update
 //                               count, RNG state and data position.
+// Both carry a checksum of their contents in their metadata: safetensors has none, and a flipped
+// bit in the data would otherwise load silently.
 // Each file is written atomically, and both are complete before either replaces the old one. The
 // two carry the same save id, so a crash between the two renames is detected at load instead of
 // resuming from a mismatched pair.
@@ -24,6 +26,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cupipe/core/error.hpp"
@@ -144,6 +147,61 @@ inline std::int64_t meta_int(const SafetensorsFile& file, const std::string& key
   CUPIPE_THROW(file.path().string(), ": metadata '", key, "' must be an integer, got '", text, "'");
 }
 
+/// FNV-1a (64-bit) over a file's metadata but "checksum" and its tensors' names, dtypes, shapes and
+/// bytes, in name order. Each step is a bijection of the running hash, so a changed byte in any of
+/// them changes the result: safetensors itself would load a flipped bit in the data silently.
+inline std::string content_checksum(const std::map<std::string, std::string>& metadata,
+                                    std::vector<const TensorEntry*> tensors) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  auto add = [&hash](const void* data, std::size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < size; ++i) hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+  };
+  auto add_text = [&add](std::string_view text) {
+    add(text.data(), text.size());
+    add("", 1);  // a terminator, so that ("ab", "c") and ("a", "bc") differ
+  };
+  for (const auto& [key, value] : metadata) {
+    if (key == "checksum") continue;
+    add_text(key);
+    add_text(value);
+  }
+  std::sort(tensors.begin(), tensors.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  for (const TensorEntry* t : tensors) {
+    add_text(t->name);
+    add_text(cupipe::name(t->dtype));
+    for (std::int64_t extent : t->shape) add(&extent, sizeof extent);
+    add_text("");
+    add(t->data.data(), t->data.size());
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(hash));
+  return text;
+}
+
+/// Saves `tensors` with a "checksum" entry added to `metadata`.
+inline void save_with_checksum(const std::filesystem::path& path, const std::vector<TensorEntry>& tensors,
+                               std::map<std::string, std::string> metadata) {
+  std::vector<const TensorEntry*> pointers;
+  for (const TensorEntry& t : tensors) pointers.push_back(&t);
+  metadata["checksum"] = content_checksum(metadata, std::move(pointers));
+  save_safetensors(path, std::span<const TensorEntry>(tensors), metadata);
+}
+
+/// Throws if `file`'s contents do not hash to its "checksum"; without one, throws only if `required`.
+inline void verify_checksum(const SafetensorsFile& file, bool required) {
+  const auto it = file.metadata().find("checksum");
+  if (it == file.metadata().end()) {
+    if (required) CUPIPE_THROW(file.path().string(), ": metadata has no 'checksum'; not a file written by cupipe's save_checkpoint");
+    return;
+  }
+  std::vector<const TensorEntry*> tensors;
+  for (const std::string& name : file.names()) tensors.push_back(&file.at(name));
+  const std::string actual = content_checksum(file.metadata(), std::move(tensors));
+  if (actual != it->second)
+    CUPIPE_THROW(file.path().string(), ": corrupted: its contents hash to ", actual, " but its metadata says ", it->second);
+}
+
 /// Where a checkpoint file waits, complete, until its partner is complete too.
 inline std::filesystem::path staged(const std::filesystem::path& path) {
   return std::filesystem::path(path.string() + ".partial");
@@ -180,13 +238,16 @@ void save_model(const std::filesystem::path& path, const std::vector<ParamInfo>&
                 std::map<std::string, std::string> metadata = {}) {
   metadata.emplace("format", "pt");
   metadata.emplace("producer", "cupipe");
-  save_safetensors(path, std::span<const TensorEntry>(detail::entries(table, params, "")), metadata);
+  detail::save_with_checksum(path, detail::entries(table, params, ""), std::move(metadata));
 }
 
-/// Reads a model file into the flat layout of `table`; throws listing every mismatch.
+/// Reads a model file into the flat layout of `table`; throws listing every mismatch, or if the
+/// file's checksum (when it has one: files from PyTorch do not) does not match its contents.
 template <class T>
 std::vector<T> load_model(const std::filesystem::path& path, const std::vector<ParamInfo>& table) {
-  return detail::read_flat<T>(SafetensorsFile::load(path), table, "");
+  const SafetensorsFile file = SafetensorsFile::load(path);
+  detail::verify_checksum(file, false);
+  return detail::read_flat<T>(file, table, "");
 }
 
 /// Saves a trainer (anything with parameter_table(), parameters(), optimizer_state(slot)) and its
@@ -224,7 +285,7 @@ void save_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, cons
   const std::filesystem::path state_target = state_file(prefix), model_target = model_file(prefix);
   const std::filesystem::path state_staged = detail::staged(state_target), model_staged = detail::staged(model_target);
   try {
-    save_safetensors(state_staged, std::span<const TensorEntry>(tensors), meta);
+    detail::save_with_checksum(state_staged, tensors, meta);
     save_model(model_staged, table, std::span<const T>(params), {{"save_id", save_id}});
     detail::rename_over(state_staged, state_target);
     detail::rename_over(model_staged, model_target);
@@ -245,6 +306,8 @@ TrainingState load_checkpoint(const std::filesystem::path& prefix, Trainer& trai
   const auto table = trainer.parameter_table();
   const SafetensorsFile model = SafetensorsFile::load(model_file(prefix));
   const SafetensorsFile state_file_ = SafetensorsFile::load(state_file(prefix));
+  detail::verify_checksum(model, true);
+  detail::verify_checksum(state_file_, true);
   if (detail::meta(model, "save_id") != detail::meta(state_file_, "save_id"))
     CUPIPE_THROW(model.path().string(), " and ", state_file_.path().string(),
                  " come from different saves (save ids ", detail::meta(model, "save_id"), " and ",
@@ -260,7 +323,8 @@ TrainingState load_checkpoint(const std::filesystem::path& prefix, Trainer& trai
   state.epoch = detail::meta_int(state_file_, "epoch");
   state.batch = detail::meta_int(state_file_, "batch");
   for (const auto& [key, value] : state_file_.metadata())
-    if (key != "save_id" && key != "optimizer" && key != "updates" && key != "rng" && key != "epoch" && key != "batch")
+    if (key != "save_id" && key != "optimizer" && key != "updates" && key != "rng" && key != "epoch" && key != "batch" &&
+        key != "checksum")
       state.extra[key] = value;
 
   // Everything is read and checked before the trainer is touched: a refused load changes nothing.

@@ -157,6 +157,8 @@ class Pipeline {
   /// Whether worker (physical stage) w runs in this process.
   bool local(int w) const noexcept { return local_worker_ < 0 || w == local_worker_; }
   comm::Communicator* comm() const noexcept { return options_.communicator.get(); }
+  /// Whether this process writes checkpoints: the only one, or rank 0 across processes.
+  bool writes_checkpoints() const noexcept { return !comm() || comm()->topology().rank == 0; }
   static std::vector<ParamInfo> parameter_table() { return Model::parameter_table(); }
   /// Optimizer updates applied so far (per stage they are equal once a step has finished).
   std::int64_t updates() {
