@@ -85,7 +85,11 @@ inline void write_file_atomically(const std::filesystem::path& target,
   CUPIPE_REQUIRE(target.has_filename(), "write_file_atomically: '", target.string(), "' does not name a file");
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   // A hidden name in the same directory: rename() is atomic only within one filesystem.
-  std::string temp = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+  // Built by appending: `"." + name + ...` trips GCC 12's -Wrestrict false positive (PR 105329).
+  std::string hidden = ".";
+  hidden += target.filename().string();
+  hidden += ".tmp.XXXXXX";
+  std::string temp = (dir / hidden).string();
   int fd = ::mkostemp(temp.data(), O_CLOEXEC);
   if (fd < 0) {
     const int code = errno;
