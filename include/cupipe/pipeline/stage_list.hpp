@@ -75,6 +75,13 @@ struct front<type_list<L0, Ls...>> {
   using type = L0;
 };
 
+template <class List>
+struct back;
+template <class... Ls>
+struct back<type_list<Ls...>> {
+  using type = std::tuple_element_t<sizeof...(Ls) - 1, std::tuple<Ls...>>;
+};
+
 template <std::size_t First, index_t In, class List>
 struct seq_of;
 template <std::size_t First, index_t In, class... Ls>
@@ -154,7 +161,11 @@ struct StageList {
   using stage = typename resolve<K>::type;
   /// The whole model, unsplit: the reference every synchronous schedule must reproduce.
   using model = typename detail::sequential_of<typename join<detail::type_list<>, 0>::type>::type;
-  using loss = loss_of_t<model>;
+  /// The last stage's loss layer, or softmax cross-entropy over the outputs. Taken from the stage list
+  /// itself, so that naming it does not instantiate `model` (whose own checks would repeat a stage
+  /// boundary error under a second sentence).
+  using loss = std::conditional_t<ends_with_loss, typename detail::back<raw_layers<size - 1>>::type,
+                                  SoftmaxCrossEntropy<stage<size - 1>::out_features>>;
   static constexpr index_t in_features = stage<0>::in_features;
   static constexpr index_t out_features = stage<size - 1>::out_features;
   static constexpr bool takes_token_ids = stage<0>::takes_token_ids;
