@@ -11,11 +11,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/gemm_plan.cuh"
 #include "cupipe/backend/cuda/memory_pool.cuh"
 #include "cupipe/backend/cuda/stream.cuh"
+#include "cupipe/backend/cuda/timeline.cuh"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 
@@ -47,7 +49,8 @@ class Context {
   /// cuBLASLt's own recommendation for Hopper; also enough for every Ampere kernel.
   static constexpr std::size_t gemm_workspace_bytes = std::size_t(32) << 20;
 
-  Context(int device, MemoryTracker& tracker) : device_(detail::checked_device(device)), pool_(device_, tracker) {
+  Context(int device, MemoryTracker& tracker)
+      : device_(detail::checked_device(device)), pool_(device_, tracker, stream_) {
     CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
     CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes_, cudaDevAttrL2CacheSize, device_));
     CUPIPE_CHECK_CUBLAS(cublasLtCreate(&lt_));
@@ -118,6 +121,17 @@ class Context {
     return scratch_.data();
   }
 
+  /// Device-side timestamps of pipeline steps on this context's stream.
+  ActionTimer& timer() noexcept { return timer_; }
+
+  /// The event a hand-over to another context records after its copy on this stream, for the
+  /// receiver's stream to wait on. One per context: the receiver's wait is enqueued before this
+  /// context records it again, and a wait uses the record current when it was enqueued.
+  Event& handoff_event() {
+    if (!handoff_) handoff_.emplace(false);
+    return *handoff_;
+  }
+
   /// The record kernels write bad-input reports into.
   DeviceError* device_error() noexcept { return error_.data(); }
 
@@ -159,6 +173,8 @@ class Context {
 #endif
   Readback* readback_ = nullptr;
   GemmPlanCache plans_;
+  ActionTimer timer_;
+  std::optional<Event> handoff_;
   DeviceBuffer<std::byte> gemm_workspace_;
   DeviceBuffer<std::byte> scratch_;
   DeviceBuffer<DeviceError> error_;

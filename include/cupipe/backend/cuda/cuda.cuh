@@ -14,6 +14,7 @@
 #include "cupipe/backend/cuda/context.cuh"
 #include "cupipe/backend/cuda/gemm_plan.cuh"
 #include "cupipe/backend/cuda/memory_pool.cuh"
+#include "cupipe/backend/cuda/nvtx.cuh"
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
@@ -92,6 +93,23 @@ class Cuda : public ops::Dispatch {
     if (found.code == gpu::token_id_out_of_range)
       CUPIPE_THROW("an embedding kernel met token id ", found.value, " at row ", found.row, ", outside the vocabulary");
   }
+
+  // A pipeline step's device-side timeline (see gpu::ActionTimer): the origin, a mark after the
+  // work enqueued so far on this stream, and a mark's seconds since the origin (waits for it).
+  void timeline_start() {
+    context_.activate();
+    context_.timer().start(context_.stream());
+  }
+  int timeline_mark() {
+    context_.activate();
+    return context_.timer().mark(context_.stream());
+  }
+  double timeline_seconds(int mark) {
+    context_.activate();
+    return context_.timer().seconds(mark);
+  }
+  /// An NVTX range for as long as the returned object lives (the pipeline names its actions "F3").
+  [[nodiscard]] gpu::NvtxRange annotate(const char* name) const noexcept { return gpu::NvtxRange(name); }
 
   gpu::Context& context() noexcept { return context_; }
   cudaStream_t stream() const noexcept { return context_.stream(); }

@@ -3,8 +3,13 @@
 // block from it.
 //
 // - A pool serves one device and one stream: a block released while kernels on that stream may still
-//   read it is handed out again only to work enqueued later on the same stream, so reuse is
-//   stream-ordered and needs no event. Contexts on other streams use their own pools.
+//   read it is handed out again to work enqueued later on the same stream, so reuse by the owner is
+//   stream-ordered and needs no wait.
+// - Another stream may write into a block of this pool (a pipeline hand-over copies on the sender's
+//   stream into a buffer the receiver owns). For that, a pool made with its stream records a release
+//   event on that stream when a block comes back; while that event is pending it is the block's
+//   reuse_fence(), which a foreign writer makes its stream wait on before writing. So a block is
+//   never overwritten before the work that read it last has finished, without host synchronisation.
 // - Requested bytes are accounted exactly to a MemoryTracker under each buffer's tag (that is what
 //   peaks report); the bytes taken from the driver (rounded, cached ones included) are counted apart.
 #pragma once
@@ -31,10 +36,17 @@ class DevicePool {
   /// vector loads (cudaMalloc itself returns 256-byte aligned memory).
   static constexpr std::size_t granularity = 512;
 
-  DevicePool(int device, MemoryTracker& tracker) : device_(device), tracker_(&tracker) {}
+  /// A pool for `device`. With `stream` (the owner's stream) released blocks get reuse fences.
+  DevicePool(int device, MemoryTracker& tracker, cudaStream_t stream = nullptr)
+      : device_(device), tracker_(&tracker), stream_(stream) {}
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
-  ~DevicePool() { trim(); }
+  ~DevicePool() {
+    trim();
+    std::lock_guard lock(mutex_);
+    for (auto& [ptr, event] : fences_) (void)cudaEventDestroy(event);
+    for (cudaEvent_t event : spare_events_) (void)cudaEventDestroy(event);
+  }
 
   static constexpr std::size_t block_size(std::size_t bytes) noexcept {
     return (bytes + granularity - 1) / granularity * granularity;
@@ -51,6 +63,11 @@ class DevicePool {
         ptr = it->second.back();
         it->second.pop_back();
         cached_ -= size;
+        // A fence that has already passed protects nothing; recycle its event at once.
+        if (auto fence = fences_.find(ptr); fence != fences_.end() && event_done(fence->second)) {
+          spare_events_.push_back(fence->second);
+          fences_.erase(fence);
+        }
       }
     }
     if (!ptr) ptr = fresh_block(size, bytes, tag);
@@ -58,13 +75,15 @@ class DevicePool {
     return ptr;
   }
 
-  /// Returns a block from allocate(bytes, tag) to the cache.
+  /// Returns a block from allocate(bytes, tag) to the cache. Call it after enqueuing the last work
+  /// that uses the block on the owner's stream: the reuse fence is recorded there.
   void release(void* ptr, std::size_t bytes, MemoryTag tag) noexcept {
     if (!ptr) return;
     tracker_->release(tag, bytes);
     const std::size_t size = block_size(bytes);
     std::lock_guard lock(mutex_);
     try {
+      if (stream_) record_fence(ptr);
       free_[size].push_back(ptr);
       cached_ += size;
     } catch (...) {  // no memory to remember it: give it back to the driver instead
@@ -73,11 +92,27 @@ class DevicePool {
     }
   }
 
-  /// Frees every cached block back to the driver (blocks in use are untouched).
+  /// The event a stream other than the owner's must wait for before writing into the block at
+  /// `ptr` (handed out by allocate()): the owner's last use of it before it was reused. Null when
+  /// there is nothing to wait for. Valid until the block is released.
+  cudaEvent_t reuse_fence(const void* ptr) const {
+    std::lock_guard lock(mutex_);
+    const auto it = fences_.find(ptr);
+    return it == fences_.end() ? nullptr : it->second;
+  }
+
+  /// Frees every cached block back to the driver (blocks in use are untouched). cudaFree waits for
+  /// the device, so pending reads of a cached block finish first.
   void trim() noexcept {
     std::lock_guard lock(mutex_);
     for (auto& [size, blocks] : free_) {
-      for (void* ptr : blocks) (void)cudaFree(ptr);
+      for (void* ptr : blocks) {
+        if (auto fence = fences_.find(ptr); fence != fences_.end()) {
+          spare_events_.push_back(fence->second);
+          fences_.erase(fence);
+        }
+        (void)cudaFree(ptr);
+      }
       reserved_ -= size * blocks.size();
     }
     free_.clear();
@@ -129,10 +164,49 @@ class DevicePool {
     return ptr;
   }
 
+  static bool event_done(cudaEvent_t event) noexcept {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess) return true;
+    (void)cudaGetLastError();  // cudaErrorNotReady is not an error to report later
+    return false;
+  }
+
+  /// Records the block's reuse fence on the owner's stream (mutex held). Where an event cannot be
+  /// made or recorded, waits for the stream instead, so the block is safe for any writer.
+  void record_fence(void* ptr) noexcept {
+    cudaEvent_t event = nullptr;
+    if (auto it = fences_.find(ptr); it != fences_.end()) {
+      event = it->second;
+      fences_.erase(it);
+    } else if (!spare_events_.empty()) {
+      event = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      int current = -1;
+      const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
+                            cudaSetDevice(device_) == cudaSuccess;
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) event = nullptr;
+      if (switched) (void)cudaSetDevice(current);
+    }
+    if (event && cudaEventRecord(event, stream_) == cudaSuccess) {
+      try {
+        fences_.emplace(ptr, event);
+        return;
+      } catch (...) {
+      }
+    }
+    (void)cudaGetLastError();
+    if (event) (void)cudaEventDestroy(event);
+    (void)cudaStreamSynchronize(stream_);
+  }
+
   int device_;
   MemoryTracker* tracker_;
+  cudaStream_t stream_ = nullptr;
   mutable std::mutex mutex_;
   std::map<std::size_t, std::vector<void*>> free_;
+  std::map<const void*, cudaEvent_t> fences_;  ///< pending release events, by block
+  std::vector<cudaEvent_t> spare_events_;
   std::size_t cached_ = 0;
   std::size_t reserved_ = 0;
   std::size_t peak_reserved_ = 0;

@@ -4,7 +4,10 @@
 // and bias_backward accumulate, everything else overwrites, and shapes are validated before any
 // launch. Each op is an NVTX range and enqueues on the context's stream without waiting, except
 // the ones that return a value to the host (sum_of_squares) or check device-side input (labels, token
-// ids) when be.check_inputs is set.
+// ids) when be.check_inputs is set. Like the host ops, every op checks every view (inputs too) for
+// its shape and for a null pointer before it launches anything.
+//
+// transfer (the pipeline's stage-to-stage hand-over) is in transfer.cuh.
 //
 // Extra entry points beyond the host contract: convert (float <-> bf16), poison (NaN fill, for tests)
 // and adamw_update_master (bf16 parameters with fp32 master weights).
@@ -28,6 +31,7 @@
 #include "cupipe/backend/cuda/kernels/reduce.cuh"
 #include "cupipe/backend/cuda/kernels/softmax_xent.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
+#include "cupipe/backend/cuda/transfer.cuh"
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
@@ -64,6 +68,7 @@ auto cptr(const V& view) {
 /// y (rows, n) += bias (n) on every row.
 template <class T>
 void bias_add(backend::Cuda<T>& be, TensorView<T> y, ConstView<T> bias) {
+  check_view(y, y.shape(), "bias_add", "y");
   check_view(bias, Shape{y.cols()}, "bias_add", "bias");
   const cuda_detail::OpScope scope(be, "cupipe::bias_add");
   gpu::kernels::bias_add(be.context(), y.data(), bias.data(), y.rows(), y.cols());
@@ -72,6 +77,7 @@ void bias_add(backend::Cuda<T>& be, TensorView<T> y, ConstView<T> bias) {
 /// dbias (n) += column sums of dy (rows, n).
 template <class T>
 void bias_backward(backend::Cuda<T>& be, ConstView<T> dy, TensorView<T> dbias) {
+  check_view(dy, dy.shape(), "bias_backward", "dy");
   check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
   const cuda_detail::OpScope scope(be, "cupipe::bias_backward");
   gpu::kernels::column_sums<1, T>(be.context(), dy.rows(), dy.cols(), gpu::kernels::ColumnValue<T>{dy.data(), dy.cols()},
@@ -80,6 +86,7 @@ void bias_backward(backend::Cuda<T>& be, ConstView<T> dy, TensorView<T> dbias) {
 
 template <class T>
 void relu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
+  check_view(x, x.shape(), "relu_forward", "x");
   check_view(y, x.shape(), "relu_forward", "y");
   const cuda_detail::OpScope scope(be, "cupipe::relu_forward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluForwardOp<T>{}, x.data(), y.data());
@@ -88,6 +95,7 @@ void relu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
 /// dx = dy where x > 0, else 0 (x is the forward input).
 template <class T>
 void relu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
+  check_view(x, x.shape(), "relu_backward", "x");
   check_view(dy, x.shape(), "relu_backward", "dy");
   check_view(dx, x.shape(), "relu_backward", "dx");
   const cuda_detail::OpScope scope(be, "cupipe::relu_backward");
@@ -97,6 +105,7 @@ void relu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, Tensor
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <class T>
 void gelu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
+  check_view(x, x.shape(), "gelu_forward", "x");
   check_view(y, x.shape(), "gelu_forward", "y");
   const cuda_detail::OpScope scope(be, "cupipe::gelu_forward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluForwardOp<T>{}, x.data(), y.data());
@@ -104,6 +113,7 @@ void gelu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
 
 template <class T>
 void gelu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
+  check_view(x, x.shape(), "gelu_backward", "x");
   check_view(dy, x.shape(), "gelu_backward", "dy");
   check_view(dx, x.shape(), "gelu_backward", "dx");
   const cuda_detail::OpScope scope(be, "cupipe::gelu_backward");
@@ -113,6 +123,7 @@ void gelu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, Tensor
 /// y = a + b (the residual connection); y may alias a or b.
 template <class T>
 void residual_add(backend::Cuda<T>& be, ConstView<T> a, ConstView<T> b, TensorView<T> y) {
+  check_view(a, a.shape(), "residual_add", "a");
   check_view(b, a.shape(), "residual_add", "b");
   check_view(y, a.shape(), "residual_add", "y");
   const cuda_detail::OpScope scope(be, "cupipe::residual_add");
@@ -122,6 +133,7 @@ void residual_add(backend::Cuda<T>& be, ConstView<T> a, ConstView<T> b, TensorVi
 /// y += alpha * x.
 template <class T>
 void axpy(backend::Cuda<T>& be, Scalar<T> alpha, ConstView<T> x, TensorView<T> y) {
+  check_view(x, x.shape(), "axpy", "x");
   check_view(y, x.shape(), "axpy", "y");
   const cuda_detail::OpScope scope(be, "cupipe::axpy");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::AxpyOp<T>{alpha}, x.data(), y.data());
@@ -129,6 +141,7 @@ void axpy(backend::Cuda<T>& be, Scalar<T> alpha, ConstView<T> x, TensorView<T> y
 
 template <class T>
 void copy(backend::Cuda<T>& be, ConstView<T> from, TensorView<T> to) {
+  check_view(from, from.shape(), "copy", "source");
   check_view(to, from.shape(), "copy", "destination");
   if (from.numel() == 0 || from.data() == to.data()) return;
   const cuda_detail::OpScope scope(be, "cupipe::copy");
@@ -138,6 +151,7 @@ void copy(backend::Cuda<T>& be, ConstView<T> from, TensorView<T> to) {
 
 template <class T>
 void fill(backend::Cuda<T>& be, TensorView<T> y, Scalar<T> value) {
+  check_view(y, y.shape(), "fill", "y");
   const cuda_detail::OpScope scope(be, "cupipe::fill");
   gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<T>{value}, y.data());
 }
@@ -146,6 +160,7 @@ void fill(backend::Cuda<T>& be, TensorView<T> y, Scalar<T> value) {
 template <class T, class U>
 void poison(backend::Cuda<T>& be, TensorView<U> y) {
   static_assert(std::is_floating_point_v<U> || std::is_same_v<U, bfloat16>, "poison: NaN needs a floating-point type");
+  check_view(y, y.shape(), "poison", "y");
   const cuda_detail::OpScope scope(be, "cupipe::poison");
   using D = gpu::kernels::device_t<U>;
   D nan;
@@ -163,6 +178,7 @@ void poison(backend::Cuda<T>& be, TensorView<U> y) {
 /// const or mutable view (its element type is deduced).
 template <class T, class From, class To>
 void convert(backend::Cuda<T>& be, TensorView<From> from, TensorView<To> to) {
+  check_view(from, from.shape(), "convert", "source");
   check_view(to, from.shape(), "convert", "destination");
   const cuda_detail::OpScope scope(be, "cupipe::convert");
   using DF = gpu::kernels::device_t<std::remove_const_t<From>>;
@@ -178,6 +194,7 @@ template <class T>
 void layernorm_forward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> gamma, ConstView<T> beta, TensorView<T> y,
                        TensorView<T> mean, TensorView<T> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_forward", "x");
   check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
   check_view(beta, Shape{n}, "layernorm_forward", "beta");
   check_view(y, x.shape(), "layernorm_forward", "y");
@@ -192,6 +209,7 @@ template <class T>
 void layernorm_backward_input(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> gamma, ConstView<T> mean,
                               ConstView<T> rstd, ConstView<T> dy, TensorView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_backward_input", "x");
   check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
   check_view(mean, Shape{rows}, "layernorm_backward_input", "mean");
   check_view(rstd, Shape{rows}, "layernorm_backward_input", "rstd");
@@ -207,6 +225,7 @@ template <class T>
 void layernorm_backward_weight(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> mean, ConstView<T> rstd,
                                ConstView<T> dy, TensorView<T> dgamma, TensorView<T> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_backward_weight", "x");
   check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
   check_view(rstd, Shape{rows}, "layernorm_backward_weight", "rstd");
   check_view(dy, x.shape(), "layernorm_backward_weight", "dy");
@@ -252,6 +271,7 @@ void check_reported_ids(backend::Cuda<T>& be, std::string_view op, index_t vocab
 template <class T>
 void softmax_cross_entropy_forward(backend::Cuda<T>& be, ConstView<T> logits, ConstView<std::int32_t> labels,
                                    TensorView<T> loss, index_t normalizer) {
+  check_view(logits, logits.shape(), "softmax_cross_entropy_forward", "logits");
   check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_forward", "labels");
   check_view(loss, Shape{1}, "softmax_cross_entropy_forward", "loss");
   CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_forward: normalizer must be positive, got ", normalizer);
@@ -265,6 +285,7 @@ void softmax_cross_entropy_forward(backend::Cuda<T>& be, ConstView<T> logits, Co
 template <class T>
 void softmax_cross_entropy_backward(backend::Cuda<T>& be, ConstView<T> logits, ConstView<std::int32_t> labels,
                                     TensorView<T> dlogits, index_t normalizer, Scalar<T> dloss = T(1)) {
+  check_view(logits, logits.shape(), "softmax_cross_entropy_backward", "logits");
   check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_backward", "labels");
   check_view(dlogits, logits.shape(), "softmax_cross_entropy_backward", "dlogits");
   CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_backward: normalizer must be positive, got ", normalizer);
@@ -279,6 +300,8 @@ void softmax_cross_entropy_backward(backend::Cuda<T>& be, ConstView<T> logits, C
 
 template <class T>
 void embedding_forward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y) {
+  check_view(ids, ids.shape(), "embedding_forward", "ids");
+  check_view(table, table.shape(), "embedding_forward", "table");
   check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
   const cuda_detail::OpScope scope(be, "cupipe::embedding_forward");
   gpu::kernels::embedding_forward(be.context(), ids.data(), table.data(), y.data(), ids.numel(), table.cols(),
@@ -288,6 +311,8 @@ void embedding_forward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, ConstV
 
 template <class T>
 void embedding_backward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable) {
+  check_view(ids, ids.shape(), "embedding_backward", "ids");
+  check_view(dtable, dtable.shape(), "embedding_backward", "dtable");
   check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
   const cuda_detail::OpScope scope(be, "cupipe::embedding_backward");
   gpu::kernels::embedding_backward(be.context(), ids.data(), dy.data(), dtable.data(), ids.numel(), dtable.cols(),
@@ -302,6 +327,7 @@ void embedding_backward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, Const
 /// the result.
 template <class T>
 double sum_of_squares(backend::Cuda<T>& be, ConstView<T> x) {
+  check_view(x, x.shape(), "sum_of_squares", "x");
   if (x.numel() == 0) return 0.0;
   const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares");
   auto* result = static_cast<double*>(
@@ -313,6 +339,7 @@ double sum_of_squares(backend::Cuda<T>& be, ConstView<T> x) {
 template <class T>
 void sgd_update(backend::Cuda<T>& be, TensorView<T> param, ConstView<T> grad, TensorView<T> velocity, const SgdHyper& h,
                 Scalar<T> grad_scale) {
+  check_view(param, param.shape(), "sgd_update", "param");
   check_view(grad, param.shape(), "sgd_update", "grad");
   check_view(velocity, param.shape(), "sgd_update", "velocity");
   const cuda_detail::OpScope scope(be, "cupipe::sgd_update");
@@ -343,6 +370,7 @@ gpu::kernels::AdamWScalars<A> adamw_scalars(const AdamWHyper& h, std::int64_t st
 template <class T>
 void adamw_update(backend::Cuda<T>& be, TensorView<T> param, ConstView<T> grad, TensorView<T> m, TensorView<T> v,
                   const AdamWHyper& h, std::int64_t step, Scalar<T> grad_scale) {
+  check_view(param, param.shape(), "adamw_update", "param");
   check_view(grad, param.shape(), "adamw_update", "grad");
   check_view(m, param.shape(), "adamw_update", "m");
   check_view(v, param.shape(), "adamw_update", "v");
@@ -359,6 +387,7 @@ template <class T, class G>
 void adamw_update_master(backend::Cuda<T>& be, TensorView<float> master, TensorView<bfloat16> param, TensorView<G> grad,
                          TensorView<float> m, TensorView<float> v, const AdamWHyper& h, std::int64_t step,
                          float grad_scale) {
+  check_view(master, master.shape(), "adamw_update_master", "master");
   check_view(param, master.shape(), "adamw_update_master", "param");
   check_view(grad, master.shape(), "adamw_update_master", "grad");
   check_view(m, master.shape(), "adamw_update_master", "m");

@@ -3,6 +3,7 @@
 // the training path for CI and GPU-less users. One context per pipeline stage (per worker thread).
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <string_view>
@@ -50,3 +51,17 @@ struct Host : ops::Dispatch {
 };
 
 }  // namespace cupipe::backend
+
+namespace cupipe::ops {
+
+/// The pipeline's stage-to-stage hand-over: copies `src` (in `from`'s memory) into `dst` (in
+/// `to`'s). Host memory is shared, so a plain copy; device backends overload it to copy without
+/// waiting on the host (backend/cuda/transfer.cuh).
+template <class T>
+void transfer(backend::Host<T>&, backend::Host<T>&, ConstView<T> src, TensorView<T> dst) {
+  check_view(src, src.shape(), "transfer", "source");
+  check_view(dst, src.shape(), "transfer", "destination");
+  std::copy_n(src.data(), src.numel(), dst.data());
+}
+
+}  // namespace cupipe::ops

@@ -66,9 +66,10 @@ struct ConvertOp {
   }
 };
 
+/// NaN propagates, as in torch.relu and the host op: `x <= 0` is false for NaN, so y = x.
 template <class T>
 struct ReluForwardOp {
-  __device__ void operator()(const T& x, T& y) const { y = x > T(0) ? x : T(0); }
+  __device__ void operator()(const T& x, T& y) const { y = x <= T(0) ? T(0) : x; }
 };
 
 template <class T>
