@@ -171,6 +171,13 @@ inline RebalanceProposal rebalance(const schedule::Plan& plan, const LayerProfil
   const std::size_t layers = profile.forward.size();
   CUPIPE_REQUIRE(current.size() >= 2 && current.front() == 0 && current.back() == layers, "rebalance: the current split ",
                  "must start at layer 0 and end at layer ", layers);
+  // Stage k's layers go to worker k % stages: a split with another stage count would be priced as
+  // if several of its stages ran on one worker, and proposed as if it fit the plan.
+  CUPIPE_REQUIRE(int(current.size()) - 1 == plan.config.virtual_stages(), "rebalance: the current split has ",
+                 current.size() - 1, " stages but the plan runs ", plan.config.virtual_stages(), " (virtual) stages");
+  for (std::size_t k = 0; k + 1 < current.size(); ++k)
+    CUPIPE_REQUIRE(current[k] < current[k + 1], "rebalance: stage ", k, " of the current split is empty (it starts at layer ",
+                   current[k], " and the next stage at layer ", current[k + 1], ")");
   RebalanceProposal out;
   out.layer_names = profile.names;
   out.current = current;
