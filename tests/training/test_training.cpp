@@ -227,6 +227,17 @@ TEST_CASE("rebalance isolates one very expensive layer", "[cpu][rebalance]") {
   CHECK(moved.proposed_makespan == moved.current_makespan);
 }
 
+TEST_CASE("rebalance refuses a current split that does not fit the plan", "[cpu][rebalance]") {
+  Rng rng(5);
+  const LayerProfile profile = random_profile(rng, 7);
+  const auto plan = schedule::generate<schedule::OneFOneB>({4, 8});
+  auto message = [&](std::vector<std::size_t> cuts) { return error_message([&] { rebalance(plan, profile, cuts); }); };
+  CHECK(message({0, 3, 7}).find("the current split has 2 stages but the plan runs 4 (virtual) stages") != std::string::npos);
+  CHECK(message({0, 1, 2, 3, 4, 7}).find("has 5 stages but the plan runs 4") != std::string::npos);
+  CHECK(message({0, 4, 2, 5, 7}).find("stage 1 of the current split is empty") != std::string::npos);
+  CHECK(message({0, 2, 4, 6}).find("end at layer 7") != std::string::npos);
+}
+
 TEST_CASE("profiling the real layers feeds rebalance with the pipeline's own plan and split", "[cpu][rebalance]") {
   using Stages = partition<Mlp, 4>;
   OneFOneB4<float> pipe({.microbatches = 4});
