@@ -203,6 +203,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
         state.batch = b + 1;
         state.epoch = epoch;
         state.updates = pipe.updates();
+        state.extra = {{"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
         if (!f.save.empty()) io::save_checkpoint(f.save, pipe, optimizer, state);
         say("stopped after %lld steps (--max-steps)\n", (long long)total_steps);
         epoch = f.epochs;  // leave both loops

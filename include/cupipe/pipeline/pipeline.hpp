@@ -67,6 +67,11 @@ struct PipelineOptions {
   std::size_t channel_capacity = 0;
   /// A receive that waits longer than this is an error naming the stage, action and peer; 0: wait.
   double transfer_timeout_seconds = 0;
+  /// Host backend: BLAS threads per call. 0: one when several workers share this process — a
+  /// multithreaded OpenBLAS called from several threads at once oversubscribes the cores (the
+  /// 4-stage Fashion-MNIST MLP ran 11x slower on 2 cores) — else the BLAS library's default.
+  /// The setting is process-wide.
+  int host_blas_threads = 0;
   /// Across processes: this process runs the stage the communicator's topology gives it, sends to
   /// and receives from the other stages through it, and sums gradients over its replicas. Null: all
   /// stages run in this process.
@@ -114,6 +119,11 @@ class Pipeline {
     for (int k : options_.recompute)
       CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: recompute names stage ", k, " but there are ",
                      virtual_stages, " (virtual) stages");
+    if constexpr (!Backend::on_device) {
+      const int workers_here = local_worker_ < 0 ? stages : 1;
+      const int threads = options_.host_blas_threads > 0 ? options_.host_blas_threads : workers_here > 1 ? 1 : 0;
+      if (threads > 0) ops::set_blas_threads(threads);
+    }
     plan_ = schedule::generate<Schedule>(
         schedule::Config{stages, options_.microbatches, chunks, std::max(options_.batches, 1)});
     if (const auto verdict = schedule::verify(plan_); !verdict)
