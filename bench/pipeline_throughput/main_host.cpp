@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+// pipeline_throughput on the host backend (backend::Host<float>, OpenBLAS GEMMs): real CPU figures
+// on machines without a GPU. See pipeline_throughput.hpp for what is measured.
+#include <cstdio>
+#include <exception>
+
+#include "pipeline_throughput.hpp"
+
+int main(int argc, char** argv) {
+  try {
+    const cupipe::bench::Options options = cupipe::bench::parse(argc, argv);
+    return cupipe::bench::run<cupipe::backend::Host<float>>(options, "CPU");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipeline_throughput_host: %s\n", e.what());
+    return 1;
+  }
+}
