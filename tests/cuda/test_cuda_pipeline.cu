@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: Apache-2.0
+// Pipelines on the CUDA backend against the same pipelines on the host: every schedule with 2, 3
+// and 4 stages on one GPU (gradients and weights after SGD steps, fp32, 1e-5 relative), the
+// hand-over's buffer reuse under a slow consumer (poison + check, with a control that shows the
+// check can fail), device-side step timing, the ReLU NaN and null-input contracts, and stages on
+// devices 0,0,1,1 ([multi_gpu]).
+//
+// Own main: exits 77 (ctest "Skipped") without a device, and with fewer devices than
+// --min-devices (the multi_gpu tests are registered with --min-devices 2).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda_test_support.hpp"
+
+using namespace cupipe;
+using namespace cupipe::testing;
+
+namespace {
+
+// 8 Linear layers: enough for 8 virtual stages (Interleaved<2> with p = 4).
+using Deep = Sequential<Linear<12, 16>, ReLU, Linear<16, 16>, ReLU, Linear<16, 16>, ReLU, Linear<16, 16>, ReLU,
+                        Linear<16, 16>, ReLU, Linear<16, 16>, ReLU, Linear<16, 16>, ReLU, Linear<16, 5>>;
+constexpr index_t features = 12;
+constexpr index_t classes = 5;
+constexpr std::uint64_t seed = 20261121;
+
+struct HostBatch {
+  std::vector<float> x;
+  std::vector<std::int32_t> labels;
+  index_t rows;
+};
+
+HostBatch make_batch(index_t rows, std::uint64_t batch_seed) {
+  Rng rng(batch_seed);
+  return {random_floats(rng, rows * features), random_ints(rng, rows, classes), rows};
+}
+
+/// The batch in the memory the pipeline reads it from: x on stage 0's device, labels on the last's.
+template <class Pipe>
+struct DeviceBatch {
+  DeviceBatch(Pipe& pipe, const HostBatch& b)
+      : x(pipe.backend(0), b.x), labels(pipe.backend(Pipe::stages - 1), b.labels), rows(b.rows) {}
+  ConstView<float> inputs() { return x.cview(Shape{rows, features}); }
+  ConstView<std::int32_t> targets() { return labels.cview(Shape{rows}); }
+  DeviceArray<float, backend::Cuda<float>> x;
+  DeviceArray<std::int32_t, backend::Cuda<float>> labels;
+  index_t rows;
+};
+
+template <class Policy>
+constexpr bool flush = Policy::update == schedule::UpdateRule::flush;
+
+/// One stage list on the GPU(s) `devices` against the host: gradients of one forward_backward
+/// (flush schedules), then the weights after three SGD steps.
+template <class Policy, int P>
+void check_cuda_equals_host(std::vector<int> devices) {
+  using Stages = partition<Deep, P * Policy::chunks>;
+  using Gpu = Pipeline<Stages, Policy, backend::Cuda<float>>;
+  using Cpu = Pipeline<Stages, Policy, backend::Host<float>>;
+  INFO(Policy::name << " p = " << P);
+  PipelineOptions options;
+  options.microbatches = 4;
+  options.seed = seed;
+  if (!flush<Policy>) options.batches = 2;
+  const index_t rows = 8 * index_t(options.batches > 0 ? options.batches : 1);
+  PipelineOptions gpu_options = options;
+  gpu_options.devices = devices;
+
+  const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
+  if constexpr (flush<Policy>) {
+    Gpu gpu(gpu_options);
+    Cpu cpu(options);
+    REQUIRE(relative_error(gpu.parameters(), cpu.parameters()) == 0);
+    const HostBatch b = make_batch(rows, 7);
+    DeviceBatch<Gpu> d(gpu, b);
+    const StepStats on_gpu = gpu.forward_backward(d.inputs(), d.targets());
+    const StepStats on_cpu =
+        cpu.forward_backward(ConstView<float>{b.x.data(), Shape{rows, features}}, ConstView<std::int32_t>{b.labels.data(), Shape{rows}});
+    CHECK(relative_error(gpu.gradients(), cpu.gradients()) <= fp32_tolerance);
+    CHECK(std::abs(on_gpu.loss - on_cpu.loss) <= fp32_tolerance * std::abs(on_cpu.loss));
+    // Device-side timing: one record per planned action, inside the step, per stage in plan order.
+    std::size_t planned = 0;
+    for (const auto& actions : gpu.plan().actions) planned += actions.size();
+    REQUIRE(on_gpu.actions.size() == planned);
+    CHECK(on_gpu.makespan_seconds > 0);
+    for (const ActionRecord& r : on_gpu.actions) {
+      CHECK(r.start >= 0);
+      CHECK(r.end >= r.start);
+      CHECK(r.end <= on_gpu.makespan_seconds + on_gpu.actions.front().start + 1e-6);
+    }
+  }
+  Gpu gpu(gpu_options);
+  Cpu cpu(options);
+  for (int step = 0; step < 3; ++step) {
+    const HostBatch b = make_batch(rows, 100 + std::uint64_t(step));
+    DeviceBatch<Gpu> d(gpu, b);
+    gpu.train_step(d.inputs(), d.targets(), sgd);
+    cpu.train_step(ConstView<float>{b.x.data(), Shape{rows, features}}, ConstView<std::int32_t>{b.labels.data(), Shape{rows}},
+                   sgd);
+  }
+  CHECK(gpu.updates() == cpu.updates());
+  CHECK(relative_error(gpu.parameters(), cpu.parameters()) <= fp32_tolerance);
+}
+
+template <class Policy>
+void check_every_stage_count(const std::vector<int>& device_of_stage) {
+  check_cuda_equals_host<Policy, 2>(std::vector<int>(device_of_stage.begin(), device_of_stage.begin() + 2));
+  check_cuda_equals_host<Policy, 3>(std::vector<int>(device_of_stage.begin(), device_of_stage.begin() + 3));
+  check_cuda_equals_host<Policy, 4>(device_of_stage);
+}
+
+/// Spins for `cycles` clock cycles, then writes the sum of `in` (one block) to `out`.
+template <class Unused = void>
+__global__ void slow_sum_kernel(const float* in, index_t n, float* out, long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  __shared__ float partial[256];
+  float sum = 0;
+  for (index_t i = threadIdx.x; i < n; i += blockDim.x) sum += in[i];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0;
+    for (int t = 0; t < int(blockDim.x); ++t) total += partial[t];
+    *out = total;
+  }
+}
+
+long long cycles_for(double seconds) {
+  int khz = 0;
+  REQUIRE(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0) == cudaSuccess);
+  return static_cast<long long>(seconds * double(khz) * 1e3);
+}
+
+}  // namespace
+
+// ---- one GPU -----------------------------------------------------------------------------------
+
+TEST_CASE("GPipe on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]") {
+  check_every_stage_count<schedule::GPipe>({0, 0, 0, 0});
+}
+TEST_CASE("1F1B on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]") {
+  check_every_stage_count<schedule::OneFOneB>({0, 0, 0, 0});
+}
+TEST_CASE("Interleaved<2> on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]") {
+  check_every_stage_count<schedule::Interleaved<2>>({0, 0, 0, 0});
+}
+TEST_CASE("ZB-H1 on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]") {
+  check_every_stage_count<schedule::ZeroBubbleH1>({0, 0, 0, 0});
+}
+TEST_CASE("ZB-H2 on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]") {
+  check_every_stage_count<schedule::ZeroBubbleH2>({0, 0, 0, 0});
+}
+TEST_CASE("PipeDream on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]") {
+  check_every_stage_count<schedule::PipeDream>({0, 0, 0, 0});
+}
+TEST_CASE("PipeDream-2BW on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]") {
+  check_every_stage_count<schedule::PipeDream2BW>({0, 0, 0, 0});
+}
+
+TEST_CASE("a hand-over never overwrites a pooled buffer its slow consumer still reads", "[gpu][pipeline][memory]") {
+  constexpr index_t n = 4096;
+  backend::Cuda<float> producer(0), consumer(0);
+  auto ones = producer.allocate(n, MemoryTag::activations);
+  ops::fill(producer, ones.view(Shape{n}), 1.0f);
+  auto poison_source = producer.allocate(n, MemoryTag::activations);
+  ops::poison(producer, poison_source.view(Shape{n}));
+  producer.synchronize();
+  auto sum = consumer.allocate(1, MemoryTag::workspace);
+  const long long spin = cycles_for(0.2);
+
+  // The consumer receives ones, reads them slowly, and gives the buffer back to its pool at once
+  // (stream order). The next hand-over gets the same block and writes poison into it.
+  const auto run = [&](bool through_transfer) {
+    auto received = consumer.allocate(n, MemoryTag::activations);
+    ops::transfer(producer, consumer, ConstView<float>(ones.view(Shape{n})), received.view(Shape{n}));
+    slow_sum_kernel<<<1, 256, 0, consumer.stream()>>>(received.data(), n, sum.data(), spin);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const float* block = received.data();
+    received = {};
+    auto next = consumer.allocate(n, MemoryTag::activations);
+    REQUIRE(next.data() == block);  // the pool recycled it, so only the fence protects the reader
+    if (through_transfer)
+      ops::transfer(producer, consumer, ConstView<float>(poison_source.view(Shape{n})), next.view(Shape{n}));
+    else  // control: the same copy without the fence
+      REQUIRE(cudaMemcpyAsync(next.data(), poison_source.data(), n * sizeof(float), cudaMemcpyDeviceToDevice,
+                              producer.stream()) == cudaSuccess);
+    producer.synchronize();
+    consumer.synchronize();
+    float out = 0;
+    consumer.download(sum.data(), std::span<float>(&out, 1));
+    return out;
+  };
+  SECTION("transfer waits for the consumer's last read") { CHECK(run(true) == float(n)); }
+  SECTION("control: an unfenced copy overtakes the slow reader, so the check above can fail") {
+    CHECK(std::isnan(run(false)));
+  }
+}
+
+TEST_CASE("CUDA relu_forward propagates NaN like the host op", "[gpu][cuda][ops]") {
+  backend::Cuda<float> be;
+  backend::Host<float> host;
+  const std::vector<float> x{-1.0f, 0.0f, 2.0f, std::numeric_limits<float>::quiet_NaN(), -0.0f};
+  const Shape s{index_t(x.size())};
+  DeviceArray<float, backend::Cuda<float>> dx(be, x);
+  auto y = poisoned<float>(be, s.numel());
+  ops::relu_forward(be, dx.cview(s), y.view(s));
+  std::vector<float> ref(x.size());
+  ops::relu_forward(host, ConstView<float>{x.data(), s}, TensorView<float>{ref.data(), s});
+  const std::vector<float> out = y.download();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    INFO("x = " << x[i]);
+    CHECK(std::isnan(out[i]) == std::isnan(ref[i]));
+    if (!std::isnan(ref[i])) CHECK(out[i] == ref[i]);
+  }
+  CHECK(std::isnan(out[3]));
+}
+
+TEST_CASE("CUDA ops reject a null input view as the host ops do", "[gpu][cuda][ops][errors]") {
+  backend::Cuda<float> be;
+  const Shape s{4, 3};
+  DeviceArray<float, backend::Cuda<float>> y(be, s.numel()), b(be, 3);
+  const ConstView<float> null_input{nullptr, s};
+  const auto fails = [](auto&& call, const char* text) {
+    try {
+      call();
+      FAIL("no exception for " << text);
+    } catch (const cupipe::error& e) {
+      CHECK_THAT(e.message(), Catch::Contains(text) && Catch::Contains("null pointer"));
+    }
+  };
+  fails([&] { ops::relu_forward(be, null_input, y.view(s)); }, "relu_forward: x");
+  fails([&] { ops::gelu_forward(be, null_input, y.view(s)); }, "gelu_forward: x");
+  fails([&] { ops::copy(be, null_input, y.view(s)); }, "copy: source");
+  fails([&] { ops::axpy(be, 1.0f, null_input, y.view(s)); }, "axpy: x");
+  fails([&] { ops::residual_add(be, null_input, y.cview(s), y.view(s)); }, "residual_add: a");
+  fails([&] { ops::bias_backward(be, null_input, b.view(Shape{3})); }, "bias_backward: dy");
+  fails([&] { ops::sum_of_squares(be, null_input); }, "sum_of_squares: x");
+  fails([&] { ops::transfer(be, be, null_input, y.view(s)); }, "transfer: source");
+}
+
+// ---- several GPUs ------------------------------------------------------------------------------
+
+TEST_CASE("1F1B with stages on devices 0,0,1,1 equals the host", "[multi_gpu][pipeline]") {
+  check_every_stage_count<schedule::OneFOneB>({0, 0, 1, 1});
+}
+TEST_CASE("Interleaved<2> with stages on devices 0,0,1,1 equals the host", "[multi_gpu][pipeline]") {
+  check_every_stage_count<schedule::Interleaved<2>>({0, 0, 1, 1});
+}
+TEST_CASE("ZB-H1 and PipeDream-2BW with stages on devices 0,0,1,1 equal the host", "[multi_gpu][pipeline]") {
+  check_cuda_equals_host<schedule::ZeroBubbleH1, 4>({0, 0, 1, 1});
+  check_cuda_equals_host<schedule::PipeDream2BW, 4>({0, 0, 1, 1});
+}
+
+int main(int argc, char* argv[]) {
+  Catch::Session session;
+  int min_devices = 1;
+  session.cli(session.cli() | Catch::clara::Opt(min_devices, "count")["--min-devices"](
+                                  "exit 77 (skipped) with fewer CUDA devices than this"));
+  if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  const auto& config = session.configData();
+  const bool listing = config.listTestNamesOnly || config.listTests || config.listTags || config.listReporters;
+  if (!listing) {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess || count < min_devices) {
+      std::printf("skipped: %d CUDA device(s) present, %d needed (%s)\n", status == cudaSuccess ? count : 0, min_devices,
+                  status != cudaSuccess ? cudaGetErrorString(status) : "too few");
+      return 77;
+    }
+  }
+  return session.run();
+}
