@@ -1,0 +1,493 @@
+// SPDX-License-Identifier: Apache-2.0
+// NcclCommunicator: pipeline messages and gradient sums between device ranks over NCCL
+// (device_memory() == true: every pointer it sends, receives or sums may be device memory).
+// Built only with CUPIPE_HAS_NCCL (cupipe::cuda links NCCL when CMake finds it).
+//
+// Why it is shaped this way:
+// - A send must never wait for its receiver (the model schedule::verify proves deadlock-free), but
+//   an NCCL send occupies its stream until the peer posts the matching receive, and NCCL matches
+//   point-to-point messages in issue order, without tags. So every directed channel
+//   (sender stage -> receiver stage, activation or gradient) has its own two-rank communicator and
+//   its own stream: a pending send holds up only later sends on the same channel, never a receive.
+//   Each message is preceded by a small header carrying its key, checked on arrival, so a channel
+//   consumed out of order is an error naming both messages rather than silently wrong data.
+// - send() copies the data into a pooled device buffer the communicator owns (on a copy stream,
+//   waiting only for that copy), then enqueues header and payload as one NCCL group on the
+//   channel's stream, and returns. complete_sends() polls the sends' events at step end.
+// - receive() and complete_sends() poll (cudaEventQuery + ncclCommGetAsyncError) with the timeout;
+//   on expiry they abort the communicators (ncclCommAbort), since a stuck NCCL kernel cannot be
+//   cancelled otherwise, and throw naming the message and the peer stage.
+// - Gradient sums run ncclAllReduce on the data-parallel communicator; host values (scalars, the
+//   pipeline's host gathers) go through a small device buffer.
+// - Communicators come from ncclCommSplit of the world communicator (NCCL >= 2.18), else from
+//   ncclCommInitRank per group with a unique id exchanged by the bootstrap (MPI or a shared file).
+//
+// Threads: as with MPI, the stage's worker thread and the caller's thread never use it at once.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#if defined(CUPIPE_HAS_MPI)
+#include <mpi.h>
+#endif
+
+#include "cupipe/backend/cuda/check.cuh"
+#include "cupipe/backend/cuda/memory_pool.cuh"
+#include "cupipe/backend/cuda/stream.cuh"
+#include "cupipe/comm/communicator.hpp"
+#include "cupipe/comm/message.hpp"
+#include "cupipe/comm/topology.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/io/atomic_file.hpp"
+
+namespace cupipe::comm {
+
+namespace detail {
+[[noreturn]] inline void throw_nccl(ncclResult_t status, const char* call, const char* file, int line) {
+  ::cupipe::detail::throw_error(std::string("NCCL: ") + ncclGetErrorString(status), call, file, line);
+}
+}  // namespace detail
+
+}  // namespace cupipe::comm
+
+/// Throws cupipe::error naming the NCCL call and NCCL's description of the error.
+#define CUPIPE_COMM_CHECK_NCCL(call)                                                              \
+  do {                                                                                            \
+    const ncclResult_t cupipe_nccl_rc_ = (call);                                                  \
+    if (cupipe_nccl_rc_ != ncclSuccess) [[unlikely]]                                              \
+      ::cupipe::comm::detail::throw_nccl(cupipe_nccl_rc_, #call, __FILE__, __LINE__);             \
+  } while (0)
+
+namespace cupipe::comm {
+
+/// Whether this NCCL can split communicators (ncclCommSplit, NCCL 2.18).
+inline constexpr bool nccl_has_split = NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0);
+
+/// How ranks agree on a unique id for a group when communicators cannot be split: every rank of
+/// the world calls it with the same name, its group's color (or -1 outside any group) and whether
+/// it is the group's root; the root makes the id, the other members get it.
+using IdExchange = std::function<ncclUniqueId(const std::string& name, int color, bool root, const ncclUniqueId& made)>;
+
+class NcclCommunicator final : public Communicator {
+ public:
+  /// Splits a world of `world` ranks into pipelines of `stages` ranks (see Topology), every rank on
+  /// `device`, from the world's unique id (made by rank 0 and shared by the bootstrap). `exchange`
+  /// is needed only where NCCL cannot split communicators.
+  NcclCommunicator(int world, int rank, int stages, int device, const ncclUniqueId& world_id, IdExchange exchange = {})
+      : topology_(Topology::make(world, rank, stages)),
+        device_(select_device(rank, device)),  // before the streams and events below are made
+        exchange_(std::move(exchange)) {
+    pool_.emplace(device_, memory_, copy_stream_.get());
+    CUPIPE_COMM_CHECK_NCCL(ncclCommInitRank(&world_, world, world_id, rank));
+    try {
+      replicas_ = group("replicas", topology_.stage(), topology_.replica(), topology_.replicas);
+      pipeline_ = group("pipeline", topology_.replica(), topology_.stage(), topology_.stages);
+      make_channels();
+      CUPIPE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(double) * scalar_slots));
+      void* pinned = nullptr;
+      CUPIPE_CHECK_CUDA(cudaMallocHost(&pinned, 2 * sizeof(Header)));
+      headers_ = static_cast<Header*>(pinned);
+    } catch (...) {
+      destroy(false);
+      throw;
+    }
+  }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+  ~NcclCommunicator() override { destroy(!pending_.empty() || aborted_); }
+
+#if defined(CUPIPE_HAS_MPI)
+  /// Every rank of `comm` calls this: rank 0 makes the world's unique id and MPI broadcasts it.
+  static std::shared_ptr<NcclCommunicator> from_mpi(MPI_Comm comm, int stages, int device) {
+    int size = 0, rank = 0;
+    CUPIPE_REQUIRE(MPI_Comm_size(comm, &size) == MPI_SUCCESS && MPI_Comm_rank(comm, &rank) == MPI_SUCCESS,
+                   "NcclCommunicator::from_mpi: MPI_Comm_size/rank failed");
+    ncclUniqueId id{};
+    if (rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
+    CUPIPE_REQUIRE(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
+                   "NcclCommunicator::from_mpi: MPI_Bcast of the NCCL unique id failed");
+    IdExchange exchange = [comm, rank](const std::string&, int color, bool root, const ncclUniqueId& made) {
+      // The group's members form an MPI communicator of their own; its root broadcasts.
+      MPI_Comm sub = MPI_COMM_NULL;
+      CUPIPE_REQUIRE(MPI_Comm_split(comm, color < 0 ? MPI_UNDEFINED : color, root ? -1 : rank, &sub) == MPI_SUCCESS,
+                     "NcclCommunicator: MPI_Comm_split for a unique id exchange failed");
+      ncclUniqueId out = made;
+      if (sub != MPI_COMM_NULL) {
+        const int rc = MPI_Bcast(&out, int(sizeof out), MPI_BYTE, 0, sub);
+        MPI_Comm_free(&sub);
+        CUPIPE_REQUIRE(rc == MPI_SUCCESS, "NcclCommunicator: MPI_Bcast of a group's unique id failed");
+      }
+      return out;
+    };
+    return std::make_shared<NcclCommunicator>(size, rank, stages, device, id, std::move(exchange));
+  }
+#endif
+
+  /// For launchers without MPI (torchrun-style): RANK and WORLD_SIZE from the environment, and the
+  /// unique id through a file every rank can read, named by CUPIPE_NCCL_ID_FILE. Rank 0 writes it
+  /// atomically (remove a stale one before the launch); the others poll until it appears, for at
+  /// most CUPIPE_NCCL_ID_TIMEOUT seconds (default 300).
+  static std::shared_ptr<NcclCommunicator> from_environment(int stages, int device) {
+    const int rank = environment_int("RANK");
+    const int world = environment_int("WORLD_SIZE");
+    const char* file = std::getenv("CUPIPE_NCCL_ID_FILE");
+    CUPIPE_REQUIRE(file && *file, "NcclCommunicator::from_environment: set CUPIPE_NCCL_ID_FILE to a path every rank "
+                                  "can read (rank 0 writes the NCCL unique id there)");
+    const char* limit = std::getenv("CUPIPE_NCCL_ID_TIMEOUT");
+    const double timeout = limit && *limit ? std::strtod(limit, nullptr) : 300.0;
+    const std::filesystem::path base(file);
+    IdExchange exchange = [base, timeout](const std::string& name, int color, bool root, const ncclUniqueId& made) {
+      if (color < 0) return made;
+      return share_id_through_file(base.string() + "." + name + "." + std::to_string(color), root, made, timeout);
+    };
+    ncclUniqueId id{};
+    if (rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
+    id = share_id_through_file(base, rank == 0, id, timeout);
+    return std::make_shared<NcclCommunicator>(world, rank, stages, device, id, std::move(exchange));
+  }
+
+  const Topology& topology() const override { return topology_; }
+  bool device_memory() const override { return true; }
+  int device() const noexcept { return device_; }
+  /// Bytes of the send copies in flight and their peak (tag workspace).
+  const MemoryTracker& memory() const noexcept { return memory_; }
+
+  void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
+            const std::function<std::string()>& describe) override {
+    check_alive();
+    CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+    reap();
+    Channel& channel = channel_for(to_stage, Direction::send, key.flow, describe);
+    Pending pending{gpu::DeviceBuffer<std::byte>(*pool_, index_t(header_bytes + bytes), MemoryTag::workspace),
+                    gpu::Event(false), describe(), to_stage};
+    std::byte* buffer = pending.buffer.data();
+    headers_[0] = Header{std::int32_t(key.flow), key.virtual_stage, key.microbatch, 0, std::int64_t(bytes)};
+    // The copy runs on its own stream: behind a pending NCCL send it would wait for a receiver.
+    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(buffer, &headers_[0], sizeof(Header), cudaMemcpyHostToDevice, copy_stream_));
+    if (bytes) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(buffer + header_bytes, data, bytes, cudaMemcpyDefault, copy_stream_));
+    copied_.record(copy_stream_);
+    copied_.synchronize();  // the caller may reuse `data` now; the pooled copy is what travels
+    CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
+    CUPIPE_COMM_CHECK_NCCL(ncclSend(buffer, header_bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
+    if (bytes) CUPIPE_COMM_CHECK_NCCL(ncclSend(buffer + header_bytes, bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
+    CUPIPE_COMM_CHECK_NCCL(ncclGroupEnd());
+    pending.done.record(channel.stream);
+    pending_.push_back(std::move(pending));
+  }
+
+  void complete_sends(double timeout_seconds) override {
+    CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+    while (!pending_.empty()) {
+      Pending& p = pending_.front();
+      wait(p.done, timeout_seconds, [&] { return p.what; }, "not received");
+      pending_.pop_front();
+    }
+  }
+
+  void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
+               const std::function<std::string()>& describe) override {
+    check_alive();
+    CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+    Channel& channel = channel_for(from_stage, Direction::receive, key.flow, describe);
+    gpu::DeviceBuffer<std::byte> header_buffer(*pool_, index_t(header_bytes), MemoryTag::workspace);
+    // The header tells the payload's size; a message of another size fails the header check, and
+    // NCCL itself reports a truncated receive as an error.
+    CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
+    CUPIPE_COMM_CHECK_NCCL(ncclRecv(header_buffer.data(), header_bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
+    if (bytes) CUPIPE_COMM_CHECK_NCCL(ncclRecv(data, bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
+    CUPIPE_COMM_CHECK_NCCL(ncclGroupEnd());
+    // Pinned, so this copy is asynchronous too: the host must only ever wait in wait(), with the timeout.
+    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(&headers_[1], header_buffer.data(), sizeof(Header), cudaMemcpyDeviceToHost, channel.stream));
+    channel.received.record(channel.stream);
+    wait(channel.received, timeout_seconds, describe, "not matched");
+    const Header header = headers_[1];
+    if (header.flow != std::int32_t(key.flow) || header.virtual_stage != key.virtual_stage ||
+        header.microbatch != key.microbatch || header.bytes != std::int64_t(bytes))
+      CUPIPE_THROW(describe(), ": stage ", from_stage, " sent the ", header.flow == 0 ? "activation" : "gradient",
+                   " of microbatch ", header.microbatch, " for virtual stage ", header.virtual_stage, " (", header.bytes,
+                   " bytes) first, but ", bytes, " bytes were expected; the two stages disagree on the order of "
+                   "their messages");
+  }
+
+  void sum_over_replicas(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, replicas_); }
+  void sum_over_replicas(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, replicas_); }
+  void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, pipeline_); }
+  void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, pipeline_); }
+  double sum_over_stages(double value) override {
+    allreduce(&value, 1, ncclFloat64, pipeline_);
+    return value;
+  }
+  double sum_over_world(double value) override {
+    allreduce(&value, 1, ncclFloat64, world_);
+    return value;
+  }
+
+ private:
+  enum class Direction { send, receive };
+  static constexpr std::size_t header_bytes = 256;  // keeps the payload 256-byte aligned
+  static constexpr std::size_t scalar_slots = 64;    // doubles in the device buffer for host sums
+
+  struct Header {
+    std::int32_t flow;
+    std::int32_t virtual_stage;
+    std::int32_t microbatch;
+    std::int32_t reserved;
+    std::int64_t bytes;
+  };
+
+  /// One direction of one flow between two neighbouring stages: a two-rank communicator in which
+  /// this rank only sends or only receives, with its own stream.
+  struct Channel {
+    ncclComm_t comm = nullptr;
+    int peer = 0;  ///< the other rank within `comm`
+    gpu::Stream stream;
+    gpu::Event received{false};
+  };
+
+  struct Pending {
+    gpu::DeviceBuffer<std::byte> buffer;
+    gpu::Event done;
+    std::string what;
+    int to_stage;
+  };
+
+  static int select_device(int rank, int device) {
+    int count = 0;
+    CUPIPE_CHECK_CUDA(cudaGetDeviceCount(&count));
+    CUPIPE_REQUIRE(device >= 0 && device < count, "NcclCommunicator: rank ", rank, " asked for CUDA device ", device,
+                   " but ", count, count == 1 ? " device is" : " devices are", " present");
+    CUPIPE_CHECK_CUDA(cudaSetDevice(device));
+    return device;
+  }
+
+  static int environment_int(const char* name) {
+    const char* value = std::getenv(name);
+    CUPIPE_REQUIRE(value && *value, "NcclCommunicator::from_environment: ", name, " is not set (the launcher sets RANK "
+                                    "and WORLD_SIZE; set them by hand otherwise)");
+    char* end = nullptr;
+    const long parsed = std::strtol(value, &end, 10);
+    CUPIPE_REQUIRE(end && *end == '\0' && parsed >= 0, "NcclCommunicator::from_environment: ", name, "='", value,
+                   "' is not a non-negative integer");
+    return int(parsed);
+  }
+
+  /// The root writes `id` to `path` atomically; the others poll until the file appears.
+  static ncclUniqueId share_id_through_file(const std::filesystem::path& path, bool root, const ncclUniqueId& id,
+                                            double timeout_seconds) {
+    if (root) {
+      io::write_file_atomically(path, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&id), sizeof id));
+      return id;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      std::ifstream in(path, std::ios::binary);
+      ncclUniqueId out{};
+      if (in && in.read(reinterpret_cast<char*>(&out), sizeof out) && in.gcount() == std::streamsize(sizeof out))
+        return out;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_seconds)
+        CUPIPE_THROW("NcclCommunicator: the NCCL unique id file '", path.string(), "' did not appear within ",
+                     timeout_seconds, " s; is rank 0 running, and is the path on a filesystem every rank sees?");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  /// A communicator of the world's ranks with the same `color` (ordered by `key`); a negative
+  /// color leaves this rank out (it gets null).
+  ncclComm_t group(const std::string& name, int color, int key, int size) {
+    ncclComm_t out = nullptr;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    (void)name;
+    (void)size;
+    CUPIPE_COMM_CHECK_NCCL(ncclCommSplit(world_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &out, nullptr));
+    return out;
+#else
+    {
+      CUPIPE_REQUIRE(bool(exchange_), "NcclCommunicator: this NCCL (", NCCL_VERSION_CODE, ") cannot split communicators; "
+                                      "construct it through from_mpi or from_environment, which exchange group ids");
+      // Keys run 0 .. size-1 within a group; key 0 makes the group's id.
+      const bool root = color >= 0 && key == 0;
+      ncclUniqueId id{};
+      if (root) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
+      id = exchange_(name, color, root, id);
+      if (color < 0) return nullptr;
+      CUPIPE_COMM_CHECK_NCCL(ncclCommInitRank(&out, size, id, key));
+      return out;
+    }
+#endif
+  }
+
+  /// The two-rank channels to this rank's neighbours in the pipeline ring (ring: interleaved
+  /// schedules send from the last stage to the first).
+  void make_channels() {
+    const int p = topology_.stages;
+    const int s = topology_.stage();
+    const int links = p == 1 ? 0 : p == 2 ? 1 : p;  // link l joins stages l and (l + 1) % p
+    for (int l = 0; l < links; ++l) {
+      const int a = l, b = (l + 1) % p;
+      const bool member = s == a || s == b;
+      // Four channels per link: a->b and b->a, each for activations and for gradients.
+      for (int c = 0; c < 4; ++c) {
+        const int sender = c < 2 ? a : b;
+        const int receiver = c < 2 ? b : a;
+        const Flow flow = c % 2 == 0 ? Flow::activation : Flow::gradient;
+        // The pair's rank order: the sender first (key 0), so the peer is 1 - own index.
+        const int own = s == sender ? 0 : 1;
+        const std::string name = "link" + std::to_string(l) + "c" + std::to_string(c);
+        ncclComm_t comm = group(name, member ? topology_.replica() : -1, member ? own : 0, 2);
+        if (!member) continue;
+        Channel& channel = channels_[{s == sender ? receiver : sender, s == sender ? Direction::send : Direction::receive, flow}];
+        channel.comm = comm;
+        channel.peer = 1 - own;
+      }
+    }
+  }
+
+  Channel& channel_for(int stage, Direction direction, Flow flow, const std::function<std::string()>& describe) {
+    const auto it = channels_.find({stage, direction, flow});
+    if (it == channels_.end())
+      CUPIPE_THROW(describe(), ": stage ", stage, " is not a neighbour of stage ", topology_.stage(),
+                   " in a pipeline of ", topology_.stages, " stages");
+    return it->second;
+  }
+
+  /// Frees the copies of sends that have completed.
+  void reap() {
+    for (auto it = pending_.begin(); it != pending_.end();) it = it->done.ready() ? pending_.erase(it) : std::next(it);
+  }
+
+  void check_alive() const {
+    if (aborted_) CUPIPE_THROW("NcclCommunicator: the communicators were aborted after an earlier failure");
+  }
+
+  /// Polls `event` and every communicator's asynchronous error; past the timeout (0: none) aborts
+  /// the communicators and throws.
+  void wait(const gpu::Event& event, double timeout_seconds, const std::function<std::string()>& describe,
+            const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      if (event.ready()) return;
+      for (ncclComm_t comm : communicators()) {
+        ncclResult_t async = ncclSuccess;
+        CUPIPE_COMM_CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
+        if (async != ncclSuccess && async != ncclInProgress) {
+          abort_all();
+          CUPIPE_THROW(describe(), ": NCCL reported an asynchronous error: ", ncclGetErrorString(async));
+        }
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_seconds > 0 && waited > timeout_seconds) {
+        abort_all();
+        CUPIPE_THROW(describe(), ": ", what, " after ", timeout_seconds,
+                     " s (transfer timeout; is the peer rank alive?); the NCCL communicators were aborted");
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  /// In-place sum of `n` values over `comm`, from device or host memory; returns when done.
+  void allreduce(void* data, std::size_t n, ncclDataType_t type, ncclComm_t comm) {
+    check_alive();
+    if (n == 0) return;
+    CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+    const std::size_t bytes = n * (type == ncclFloat64 ? sizeof(double) : sizeof(float));
+    cudaPointerAttributes attributes{};
+    CUPIPE_CHECK_CUDA(cudaPointerGetAttributes(&attributes, data));
+    const bool on_device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+    void* target = data;
+    gpu::DeviceBuffer<std::byte> staging;
+    if (!on_device) {
+      if (bytes <= sizeof(double) * scalar_slots) {
+        target = scalar_;
+      } else {
+        staging = gpu::DeviceBuffer<std::byte>(*pool_, index_t(bytes), MemoryTag::workspace);
+        target = staging.data();
+      }
+      CUPIPE_CHECK_CUDA(cudaMemcpyAsync(target, data, bytes, cudaMemcpyHostToDevice, collective_stream_));
+    }
+    CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(target, target, n, type, ncclSum, comm, collective_stream_));
+    if (!on_device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(data, target, bytes, cudaMemcpyDeviceToHost, collective_stream_));
+    summed_.record(collective_stream_);
+    wait(summed_, 0, [] { return std::string("NcclCommunicator: all-reduce"); }, "not finished");
+  }
+
+  std::vector<ncclComm_t> communicators() const {
+    std::vector<ncclComm_t> out;
+    for (ncclComm_t c : {world_, pipeline_, replicas_})
+      if (c) out.push_back(c);
+    for (const auto& [key, channel] : channels_)
+      if (channel.comm) out.push_back(channel.comm);
+    return out;
+  }
+
+  void abort_all() noexcept {
+    if (aborted_) return;
+    aborted_ = true;
+    for (ncclComm_t c : communicators()) (void)ncclCommAbort(c);
+    world_ = pipeline_ = replicas_ = nullptr;
+    for (auto& [key, channel] : channels_) channel.comm = nullptr;
+  }
+
+  /// Frees everything; after a failure (`abort`) aborts the communicators instead of waiting for
+  /// their pending work.
+  void destroy(bool abort) noexcept {
+    (void)cudaSetDevice(device_);
+    if (abort) {
+      abort_all();
+    } else {
+      for (ncclComm_t c : communicators()) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+        (void)ncclCommFinalize(c);
+#endif
+        (void)ncclCommDestroy(c);
+      }
+    }
+    pending_.clear();
+    channels_.clear();
+    if (scalar_) (void)cudaFree(scalar_);
+    scalar_ = nullptr;
+    if (headers_) (void)cudaFreeHost(headers_);
+    headers_ = nullptr;
+  }
+
+  Topology topology_;
+  int device_;
+  IdExchange exchange_;
+  MemoryTracker memory_;
+  gpu::Stream copy_stream_;        // send copies
+  gpu::Stream collective_stream_;  // all-reduces
+  gpu::Event copied_{false};
+  gpu::Event summed_{false};
+  std::optional<gpu::DevicePool> pool_;
+  ncclComm_t world_ = nullptr;
+  ncclComm_t pipeline_ = nullptr;
+  ncclComm_t replicas_ = nullptr;
+  std::map<std::tuple<int, Direction, Flow>, Channel> channels_;
+  std::list<Pending> pending_;
+  void* scalar_ = nullptr;
+  Header* headers_ = nullptr;  ///< pinned: [0] the header being sent, [1] the one received
+  bool aborted_ = false;
+};
+
+}  // namespace cupipe::comm
