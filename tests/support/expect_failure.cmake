@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs a command that must fail, and fail clearly: a non-zero exit and output matching a regex.
 #   cmake -DCOMMAND=<program;args...> -DEXPECT=<regex> [-DMAX_LINES=n] [-DSETUP=<script>]
-#         [-DREQUIRE_DIR=<dir>] -P expect_failure.cmake
+#         [-DREQUIRE_DIR=<dir>] [-DTIMEOUT=seconds] -P expect_failure.cmake
 # MAX_LINES bounds the lines of output (stdout and stderr together): an error is one clear line,
 # not a usage dump. SETUP is included first (to prepare bad input). Without REQUIRE_DIR the test
-# prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
+# prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION. TIMEOUT kills a command that hangs, so
+# that a test of "fails, never hangs" cannot itself hang.
 cmake_minimum_required(VERSION 3.19)
 if(DEFINED REQUIRE_DIR AND NOT IS_DIRECTORY "${REQUIRE_DIR}")
   message("SKIPPED: ${REQUIRE_DIR} is missing")
@@ -13,7 +14,11 @@ endif()
 if(DEFINED SETUP)
   include("${SETUP}")
 endif()
-execute_process(COMMAND ${COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+set(timeout_args "")
+if(DEFINED TIMEOUT)
+  set(timeout_args TIMEOUT ${TIMEOUT})
+endif()
+execute_process(COMMAND ${COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out ${timeout_args})
 string(REPLACE ";" " " shown "${COMMAND}")
 if(rc EQUAL 0)
   message(FATAL_ERROR "'${shown}' exited 0, expected a failure. Its output:\n${out}")
