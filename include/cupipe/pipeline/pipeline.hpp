@@ -748,6 +748,9 @@ class Pipeline {
     auto describe = [&] { return describe_wait(key, peer); };
     const std::size_t bytes = std::size_t(elements) * sizeof(T);
     if (!Backend::on_device || comm()->device_memory()) {
+      // The block may have come straight back from work still queued on this worker's stream; a
+      // transport writing on its own stream must not start before that work is done.
+      if constexpr (Backend::on_device) be.synchronize();
       comm()->receive(peer, key, data.data(), bytes, options_.transfer_timeout_seconds, describe);
     } else {
       std::vector<T> host(static_cast<std::size_t>(elements));
