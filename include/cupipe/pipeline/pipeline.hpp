@@ -119,10 +119,10 @@ class Pipeline {
     for (int k : options_.recompute)
       CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: recompute names stage ", k, " but there are ",
                      virtual_stages, " (virtual) stages");
-    if constexpr (!Backend::on_device) {
+    if constexpr (requires { Backend::set_blas_threads(1); }) {
       const int workers_here = local_worker_ < 0 ? stages : 1;
       const int threads = options_.host_blas_threads > 0 ? options_.host_blas_threads : workers_here > 1 ? 1 : 0;
-      if (threads > 0) ops::set_blas_threads(threads);
+      if (threads > 0) Backend::set_blas_threads(threads);
     }
     plan_ = schedule::generate<Schedule>(
         schedule::Config{stages, options_.microbatches, chunks, std::max(options_.batches, 1)});

@@ -3,6 +3,8 @@
 // the training path for CI and GPU-less users. One context per pipeline stage (per worker thread).
 #pragma once
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstring>
 #include <span>
@@ -30,6 +32,16 @@ struct Host : ops::Dispatch {
 
   /// Bytes this context allocated, by purpose; peaks are measured here.
   MemoryTracker memory;
+
+  /// Sets how many threads the host BLAS uses per call (OpenBLAS; other BLAS libraries keep theirs).
+  /// Process-wide: OpenBLAS has one setting for every context.
+  static void set_blas_threads(int threads) {
+#ifdef OPENBLAS_VERSION
+    openblas_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+  }
 
   template <class U = T>
   buffer<U> allocate(index_t count, MemoryTag tag) {

@@ -25,16 +25,6 @@
 
 namespace cupipe::ops {
 
-/// Sets how many threads the host BLAS uses per call (OpenBLAS; other BLAS libraries keep theirs).
-/// Process-wide: OpenBLAS has one setting.
-inline void set_blas_threads(int threads) {
-#ifdef OPENBLAS_VERSION
-  openblas_set_num_threads(threads);
-#else
-  (void)threads;
-#endif
-}
-
 namespace detail {
 
 inline Shape transposed_if(const Shape& s, Transpose t) {
