@@ -1,264 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// Trains an MLP on Fashion-MNIST with a pipeline schedule on the CPU (host backend), with progress,
-// per-epoch test accuracy, checkpoints (save and bit-exact resume), a measured trace and one JSON
-// summary line at the end.
+// Trains an MLP on Fashion-MNIST with a pipeline schedule: on the CPU (host backend), or with
+// --backend cuda on GPUs in one process, with progress, per-epoch test accuracy, checkpoints (save
+// and bit-exact resume), a measured trace and one JSON summary line at the end. Under mpirun/srun
+// with --dp it runs stages x replicas processes (host backend).
 //
 //   mlp_fashion_mnist --schedule 1f1b --stages 4 --microbatches 8 --epochs 10
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
-#include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <memory>
-#include <cstdio>
-#include <fstream>
-#include <iostream>
-#include <nlohmann/json.hpp>
-#include <numeric>
-#include <string>
-#include <vector>
 
-#include "cupipe/cupipe.hpp"
-#include "cupipe/pipeline/rebalance.hpp"
+#include "trainer.hpp"
 #if CUPIPE_HAS_MPI
 #include "cupipe/comm/mpi.hpp"
 #endif
 
-namespace {
-
-using namespace cupipe;
-using T = float;
-using Model = Sequential<Linear<784, 1024>, ReLU, Linear<1024, 512>, ReLU, Linear<512, 256>, ReLU, Linear<256, 10>>;
-
-struct Flags {
-  std::string data = "/usr/share/datasets/fashion-mnist";
-  std::string schedule = "1f1b";
-  int stages = 4;
-  int microbatches = 8;
-  int batch = 128;
-  int epochs = 10;
-  double lr = 1e-3;
-  std::string optimizer = "adamw";
-  double weight_decay = 1e-4;
-  double warmup_epochs = 0.5;
-  std::uint64_t seed = 0;
-  std::string save;
-  std::string resume;
-  std::string trace;
-  bool timeline = false;
-  bool rebalance = false;
-  std::int64_t train_limit = 0;
-  std::int64_t test_limit = 0;
-  std::int64_t max_steps = 0;
-  std::string progress = "auto";
-  std::string backend = "host";
-  std::string devices;
-  int dp = 1;
-};
-
-/// The process's place in a multi-process run (mpirun/srun): none when run alone.
-struct Launch {
-  std::shared_ptr<comm::Communicator> communicator;
-  int rank = 0;
-  int replica = 0;
-  int replicas = 1;
-  bool leader() const { return rank == 0; }
-};
-
-/// Standardises images with the training set's mean and standard deviation.
-void standardise(io::Dataset& train, io::Dataset& test) {
-  double sum = 0, sq = 0;
-  for (float v : train.images) {
-    sum += v;
-    sq += double(v) * v;
-  }
-  const double n = double(train.images.size());
-  const double mean = sum / n, stddev = std::sqrt(std::max(sq / n - mean * mean, 1e-12));
-  for (io::Dataset* d : {&train, &test})
-    for (float& v : d->images) v = float((v - mean) / stddev);
-}
-
-class Progress {
- public:
-  Progress(std::string mode, std::int64_t total) : total_(total) {
-    bar_ = mode == "bar" || (mode == "auto" && isatty(STDOUT_FILENO));
-    quiet_ = mode == "none";
-  }
-  void update(int epoch, std::int64_t done, double loss, double samples_per_second) {
-    if (quiet_) return;
-    const double fraction = total_ ? double(done) / double(total_) : 1.0;
-    if (bar_) {
-      const int width = 30, filled = int(fraction * width);
-      std::printf("\repoch %d [%s%s] %5.1f%%  loss %.4f  %.0f samples/s ", epoch, std::string(std::size_t(filled), '#').c_str(),
-                  std::string(std::size_t(width - filled), '.').c_str(), 100 * fraction, loss, samples_per_second);
-      std::fflush(stdout);
-    } else if (int(fraction * 10) > last_decile_ || done == total_) {
-      last_decile_ = int(fraction * 10);
-      std::printf("epoch %d: %5.1f%% of %lld samples, loss %.4f, %.0f samples/s\n", epoch, 100 * fraction,
-                  (long long)total_, loss, samples_per_second);
-      std::fflush(stdout);
-    }
-  }
-  void end_epoch() {
-    if (bar_) std::printf("\n");
-    last_decile_ = -1;
-  }
-
- private:
-  std::int64_t total_;
-  bool bar_ = false;
-  bool quiet_ = false;
-  int last_decile_ = -1;
-};
-
-template <class Pipe>
-double accuracy(Pipe& pipe, const io::Dataset& data) {
-  constexpr index_t chunk = 1000;
-  std::vector<T> logits;
-  std::int64_t correct = 0;
-  for (index_t first = 0; first < data.count; first += chunk) {
-    const index_t rows = std::min(chunk, data.count - first);
-    logits.resize(std::size_t(rows * 10));
-    pipe.predict(ConstView<T>{data.images.data() + first * 784, Shape{rows, 784}}, TensorView<T>{logits.data(), Shape{rows, 10}});
-    for (index_t r = 0; r < rows; ++r) {
-      const T* row = logits.data() + r * 10;
-      correct += std::max_element(row, row + 10) - row == data.labels[std::size_t(first + r)];
-    }
-  }
-  return double(correct) / double(data.count);
-}
-
-template <class Schedule, int P, class Optimizer>
-int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer, const Launch& launch) {
-  using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
-  using Pipe = Pipeline<Stages, Schedule, backend::Host<T>>;
-  Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .transfer_timeout_seconds = launch.communicator ? 300.0 : 0.0,
-             .communicator = launch.communicator});
-  // Only the first rank talks; every rank computes.
-  auto say = [&](const char* format, auto... args) {
-    if (launch.leader()) std::printf(format, args...);
-  };
-
-  const std::int64_t n = train_set.count;
-  const std::int64_t batches_per_epoch = (n + f.batch - 1) / f.batch;
-  optimizer.options.schedule = {std::int64_t(f.warmup_epochs * double(batches_per_epoch)),
-                                std::int64_t(f.epochs) * batches_per_epoch, 0.0};
-
-  say("cupipe %s: %s, %d stages x %d chunk(s), %d microbatches, batch %d, %s lr %g, backend %s\n", version_string,
-      std::string(Schedule::name).c_str(), P, Schedule::chunks, f.microbatches, f.batch, std::string(Optimizer::name).c_str(),
-      f.lr, f.backend.c_str());
-  if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
-  for (int k = 0; k < int(Stages::size); ++k) say("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
-
-  io::TrainingState state;
-  Rng data_rng(f.seed);
-  state.rng = data_rng.state();
-  if (!f.resume.empty()) {
-    state = io::load_checkpoint(f.resume, pipe, optimizer);
-    say("resumed from %s: epoch %lld, batch %lld, %lld updates\n", f.resume.c_str(), (long long)state.epoch,
-        (long long)state.batch, (long long)state.updates);
-  }
-
-  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
-  std::vector<T> x(std::size_t(f.batch) * 784);
-  std::vector<std::int32_t> y(static_cast<std::size_t>(f.batch));
-  StepStats last;
-  double bubble_sum = 0, last_loss = 0, test_accuracy = 0;
-  std::int64_t steps = 0, samples = 0, total_steps = state.epoch * batches_per_epoch + state.batch;
-  const auto start = std::chrono::steady_clock::now();
-
-  for (std::int64_t epoch = state.epoch; epoch < f.epochs; ++epoch) {
-    // The epoch's order comes from the generator state saved at the epoch's start, so a resumed
-    // run replays the same permutation and skips the batches already done.
-    data_rng.set_state(state.rng);
-    std::iota(order.begin(), order.end(), 0);
-    for (std::int64_t i = n - 1; i > 0; --i) std::swap(order[std::size_t(i)], order[data_rng.below(std::uint64_t(i + 1))]);
-    Progress progress(launch.leader() ? f.progress : "none", n);
-    double epoch_loss = 0;
-    std::int64_t epoch_samples = 0;
-    const auto epoch_start = std::chrono::steady_clock::now();
-    for (std::int64_t b = state.batch; b < batches_per_epoch; ++b) {
-      const std::int64_t first = b * f.batch, rows = std::min<std::int64_t>(f.batch, n - first);
-      // Each data-parallel replica trains on its share of the batch; losses and gradients are
-      // normalised by the whole batch, so the replicas together take exactly one batch's step.
-      const std::int64_t share_first = rows * launch.replica / launch.replicas;
-      const std::int64_t share_rows = rows * (launch.replica + 1) / launch.replicas - share_first;
-      for (std::int64_t r = 0; r < share_rows; ++r) {
-        const std::int64_t i = order[std::size_t(first + share_first + r)];
-        std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
-        y[std::size_t(r)] = train_set.labels[std::size_t(i)];
-      }
-      last = pipe.train_step(ConstView<T>{x.data(), Shape{share_rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{share_rows}},
-                             optimizer);
-      epoch_loss += last.loss * double(rows);
-      epoch_samples += rows;
-      samples += rows;
-      bubble_sum += last.bubble_fraction;
-      ++steps;
-      ++total_steps;
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-      progress.update(int(epoch), first + rows, epoch_loss / double(epoch_samples), double(epoch_samples) / seconds);
-      if (f.max_steps && total_steps >= f.max_steps) {
-        state.batch = b + 1;
-        state.epoch = epoch;
-        state.updates = pipe.updates();
-        state.extra = {{"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
-        if (!f.save.empty()) io::save_checkpoint(f.save, pipe, optimizer, state);
-        say("stopped after %lld steps (--max-steps)\n", (long long)total_steps);
-        epoch = f.epochs;  // leave both loops
-        break;
-      }
-    }
-    if (epoch >= f.epochs) {
-      last_loss = epoch_samples ? epoch_loss / double(epoch_samples) : 0;
-      break;
-    }
-    progress.end_epoch();
-    last_loss = epoch_samples ? epoch_loss / double(epoch_samples) : 0;
-    test_accuracy = accuracy(pipe, test_set);
-    say("epoch %lld: train loss %.4f, test accuracy %.4f\n", (long long)epoch, last_loss, test_accuracy);
-    state.epoch = epoch + 1;
-    state.batch = 0;
-    state.rng = data_rng.state();
-    state.updates = pipe.updates();
-    state.extra = {{"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
-    if (!f.save.empty()) {
-      io::save_checkpoint(f.save, pipe, optimizer, state);
-      say("saved %s and %s\n", io::model_file(f.save).c_str(), io::state_file(f.save).c_str());
-    }
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (test_accuracy == 0) test_accuracy = accuracy(pipe, test_set);
-
-  if (f.timeline && steps && launch.leader()) std::printf("measured timeline of the last step (seconds):\n%s", measured_ascii_timeline(last, P).c_str());
-  if (!f.trace.empty() && steps && launch.leader()) {
-    std::ofstream(f.trace) << measured_trace_json(pipe.plan(), last);
-    std::printf("wrote %s (open it in https://ui.perfetto.dev or chrome://tracing): the last step, measured and "
-                "simulated side by side\n", f.trace.c_str());
-  }
-  if (f.rebalance && launch.leader()) {
-    std::vector<T> sample(train_set.images.begin(), train_set.images.begin() + std::min<std::int64_t>(n, f.batch) * 784);
-    const auto profile = profile_layers<typename Model::body, backend::Host<T>>(
-        ConstView<T>{sample.data(), Shape{std::min<std::int64_t>(n, f.batch) / f.microbatches, 784}}, 3);
-    std::printf("%s", describe(rebalance(pipe.plan(), profile, stage_cuts<Stages>())).c_str());
-  }
-
-  nlohmann::json summary = {{"test_accuracy", test_accuracy},
-                            {"train_loss", last_loss},
-                            {"epochs", f.epochs},
-                            {"seconds", seconds},
-                            {"samples_per_second", seconds > 0 ? double(samples) / seconds : 0.0},
-                            {"bubble_fraction_measured", steps ? bubble_sum / double(steps) : 0.0},
-                            {"schedule", f.schedule},
-                            {"stages", f.stages},
-                            {"microbatches", f.microbatches},
-                            {"data_parallel", launch.replicas}};
-  say("%s\n", summary.dump().c_str());
-  return 0;
-}
-
-}  // namespace
+using namespace fmnist;
 
 int main(int argc, char** argv) {
   Flags f;
@@ -299,10 +55,11 @@ int main(int argc, char** argv) {
   auto abort_job = [] {};
 #endif
   try {
+    if (!f.devices.empty() && f.backend != "cuda") CUPIPE_THROW("--devices places stages on GPUs and needs --backend cuda");
+#if !CUPIPE_TRAINER_HAS_CUDA
     if (f.backend == "cuda")
-      CUPIPE_THROW("--backend cuda: this trainer was built for the host backend only; the CUDA pipeline is not wired "
-                   "into it yet (see docs/distributed.md)");
-    if (!f.devices.empty()) CUPIPE_THROW("--devices places stages on GPUs and needs --backend cuda");
+      CUPIPE_THROW("--backend cuda: this trainer was built without CUDA (configure where nvcc is found to build it)");
+#endif
     Launch launch;
 #if CUPIPE_HAS_MPI
     const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
@@ -325,22 +82,30 @@ int main(int argc, char** argv) {
     if (f.train_limit > 0) data.train = io::take(data.train, 0, std::min(f.train_limit, data.train.count));
     if (f.test_limit > 0) data.test = io::take(data.test, 0, std::min(f.test_limit, data.test.count));
     standardise(data.train, data.test);
+    if (f.backend == "cuda") {
+      if (launch.communicator)
+        CUPIPE_THROW("--backend cuda runs in one process, stages placed with --devices; across processes the trainer "
+                     "uses the host backend");
+#if CUPIPE_TRAINER_HAS_CUDA
+      return train_cuda(f, policy, data.train, data.test, launch);
+#endif
+    }
     int rc = 0;
     with_policy(policy, [&]<class Schedule>() {
       with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
         if constexpr (P * Schedule::chunks > 7) {
           CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
                        " model chunks but the MLP has 7 layers; use at most 3 stages");
-        } else if (f.optimizer == "sgd") {
-          rc = train<Schedule, P>(f, data.train, data.test, optim::SGD({.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay}), launch);
         } else {
-          rc = train<Schedule, P>(f, data.train, data.test, optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}), launch);
+          rc = with_optimizer(f, [&](auto optimizer) {
+            return train<Schedule, P, backend::Host<T>>(f, data.train, data.test, optimizer, launch);
+          });
         }
       });
     });
     return rc;
   } catch (const cupipe::error& e) {
-    std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.message().c_str());
+    std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.what());  // with the failing call and where
     abort_job();
     return 1;
   } catch (const std::exception& e) {

@@ -1,0 +1,338 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Fashion-MNIST trainer's training loop, shared by the host build (main.cpp) and, when CUDA is
+// available, the device build (trainer_cuda.cu): one template over the schedule, the stage count,
+// the backend and the optimizer.
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cupipe/cupipe.hpp"
+#include "cupipe/pipeline/rebalance.hpp"
+
+namespace fmnist {
+
+using namespace cupipe;
+
+using T = float;
+using Model = Sequential<Linear<784, 1024>, ReLU, Linear<1024, 512>, ReLU, Linear<512, 256>, ReLU, Linear<256, 10>>;
+
+struct Flags {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string schedule = "1f1b";
+  int stages = 4;
+  int microbatches = 8;
+  int batch = 128;
+  int epochs = 10;
+  double lr = 1e-3;
+  std::string optimizer = "adamw";
+  double weight_decay = 1e-4;
+  double warmup_epochs = 0.5;
+  std::uint64_t seed = 0;
+  std::string save;
+  std::string resume;
+  std::string trace;
+  bool timeline = false;
+  bool rebalance = false;
+  std::int64_t train_limit = 0;
+  std::int64_t test_limit = 0;
+  std::int64_t max_steps = 0;
+  std::string progress = "auto";
+  std::string backend = "host";
+  std::string devices;
+  int dp = 1;
+};
+
+/// The process's place in a multi-process run (mpirun/srun): none when run alone.
+struct Launch {
+  std::shared_ptr<comm::Communicator> communicator;
+  int rank = 0;
+  int replica = 0;
+  int replicas = 1;
+  bool leader() const { return rank == 0; }
+};
+
+/// Standardises images with the training set's mean and standard deviation.
+inline void standardise(io::Dataset& train, io::Dataset& test) {
+  double sum = 0, sq = 0;
+  for (float v : train.images) {
+    sum += v;
+    sq += double(v) * v;
+  }
+  const double n = double(train.images.size());
+  const double mean = sum / n, stddev = std::sqrt(std::max(sq / n - mean * mean, 1e-12));
+  for (io::Dataset* d : {&train, &test})
+    for (float& v : d->images) v = float((v - mean) / stddev);
+}
+
+class Progress {
+ public:
+  Progress(std::string mode, std::int64_t total) : total_(total) {
+    bar_ = mode == "bar" || (mode == "auto" && isatty(STDOUT_FILENO));
+    quiet_ = mode == "none";
+  }
+  void update(int epoch, std::int64_t done, double loss, double samples_per_second) {
+    if (quiet_) return;
+    const double fraction = total_ ? double(done) / double(total_) : 1.0;
+    if (bar_) {
+      const int width = 30, filled = int(fraction * width);
+      std::printf("\repoch %d [%s%s] %5.1f%%  loss %.4f  %.0f samples/s ", epoch, std::string(std::size_t(filled), '#').c_str(),
+                  std::string(std::size_t(width - filled), '.').c_str(), 100 * fraction, loss, samples_per_second);
+      std::fflush(stdout);
+    } else if (int(fraction * 10) > last_decile_ || done == total_) {
+      last_decile_ = int(fraction * 10);
+      std::printf("epoch %d: %5.1f%% of %lld samples, loss %.4f, %.0f samples/s\n", epoch, 100 * fraction,
+                  (long long)total_, loss, samples_per_second);
+      std::fflush(stdout);
+    }
+  }
+  void end_epoch() {
+    if (bar_) std::printf("\n");
+    last_decile_ = -1;
+  }
+
+ private:
+  std::int64_t total_;
+  bool bar_ = false;
+  bool quiet_ = false;
+  int last_decile_ = -1;
+};
+
+/// Batches in the memory the pipeline's backend reads: host arrays as they are; for a device
+/// backend, copies on the first stage's (inputs) and last stage's (labels, outputs) devices.
+template <class Pipe>
+class Staging {
+ public:
+  using Backend = std::remove_reference_t<decltype(std::declval<Pipe&>().backend(0))>;
+
+  explicit Staging(Pipe& pipe) : pipe_(pipe) {}
+
+  ConstView<T> inputs(const T* host, index_t rows) {
+    if constexpr (!Backend::on_device) {
+      return {host, Shape{rows, 784}};
+    } else {
+      Backend& be = pipe_.backend(0);
+      if (x_.size() < rows * 784) x_ = be.template allocate<T>(rows * 784, MemoryTag::workspace);
+      be.upload(std::span<const T>(host, std::size_t(rows * 784)), x_.data());
+      return {x_.data(), Shape{rows, 784}};
+    }
+  }
+  ConstView<std::int32_t> labels(const std::int32_t* host, index_t rows) {
+    if constexpr (!Backend::on_device) {
+      return {host, Shape{rows}};
+    } else {
+      Backend& be = pipe_.backend(Pipe::stages - 1);
+      if (y_.size() < rows) y_ = be.template allocate<std::int32_t>(rows, MemoryTag::workspace);
+      be.upload(std::span<const std::int32_t>(host, std::size_t(rows)), y_.data());
+      return {y_.data(), Shape{rows}};
+    }
+  }
+  /// Runs predict and copies the outputs into `host` (rows x 10).
+  void predict(const T* x, index_t rows, T* host) {
+    if constexpr (!Backend::on_device) {
+      pipe_.predict(ConstView<T>{x, Shape{rows, 784}}, TensorView<T>{host, Shape{rows, 10}});
+    } else {
+      Backend& be = pipe_.backend(Pipe::stages - 1);
+      if (out_.size() < rows * 10) out_ = be.template allocate<T>(rows * 10, MemoryTag::workspace);
+      pipe_.predict(inputs(x, rows), TensorView<T>{out_.data(), Shape{rows, 10}});
+      be.download(out_.data(), std::span<T>(host, std::size_t(rows * 10)));
+    }
+  }
+
+ private:
+  Pipe& pipe_;
+  typename Backend::template buffer<T> x_, out_;
+  typename Backend::template buffer<std::int32_t> y_;
+};
+
+template <class Pipe>
+double accuracy(Pipe& pipe, const io::Dataset& data) {
+  constexpr index_t chunk = 1000;
+  std::vector<T> logits;
+  std::int64_t correct = 0;
+  Staging<Pipe> staging(pipe);
+  for (index_t first = 0; first < data.count; first += chunk) {
+    const index_t rows = std::min(chunk, data.count - first);
+    logits.resize(std::size_t(rows * 10));
+    staging.predict(data.images.data() + first * 784, rows, logits.data());
+    for (index_t r = 0; r < rows; ++r) {
+      const T* row = logits.data() + r * 10;
+      correct += std::max_element(row, row + 10) - row == data.labels[std::size_t(first + r)];
+    }
+  }
+  return double(correct) / double(data.count);
+}
+
+/// "0,0,1,1" -> {0, 0, 1, 1}; empty -> {}.
+inline std::vector<int> parse_devices(const std::string& text) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const std::size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    try {
+      std::size_t used = 0;
+      out.push_back(std::stoi(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      CUPIPE_THROW("--devices '", text, "': '", item, "' is not a device number");
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+template <class Schedule, int P, class Backend, class Optimizer>
+int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer, const Launch& launch) {
+  using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
+  using Pipe = Pipeline<Stages, Schedule, Backend>;
+  Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
+             .transfer_timeout_seconds = launch.communicator ? 300.0 : 0.0, .communicator = launch.communicator});
+  Staging<Pipe> staging(pipe);
+  // Only the first rank talks; every rank computes.
+  auto say = [&](const char* format, auto... args) {
+    if (launch.leader()) std::printf(format, args...);
+  };
+
+  const std::int64_t n = train_set.count;
+  const std::int64_t batches_per_epoch = (n + f.batch - 1) / f.batch;
+  optimizer.options.schedule = {std::int64_t(f.warmup_epochs * double(batches_per_epoch)),
+                                std::int64_t(f.epochs) * batches_per_epoch, 0.0};
+
+  say("cupipe %s: %s, %d stages x %d chunk(s), %d microbatches, batch %d, %s lr %g, backend %s\n", version_string,
+      std::string(Schedule::name).c_str(), P, Schedule::chunks, f.microbatches, f.batch, std::string(Optimizer::name).c_str(),
+      f.lr, f.backend.c_str());
+  if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
+  for (int k = 0; k < int(Stages::size); ++k) say("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
+
+  io::TrainingState state;
+  Rng data_rng(f.seed);
+  state.rng = data_rng.state();
+  if (!f.resume.empty()) {
+    state = io::load_checkpoint(f.resume, pipe, optimizer);
+    say("resumed from %s: epoch %lld, batch %lld, %lld updates\n", f.resume.c_str(), (long long)state.epoch,
+        (long long)state.batch, (long long)state.updates);
+  }
+
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::vector<T> x(std::size_t(f.batch) * 784);
+  std::vector<std::int32_t> y(static_cast<std::size_t>(f.batch));
+  StepStats last;
+  double bubble_sum = 0, last_loss = 0, test_accuracy = 0;
+  std::int64_t steps = 0, samples = 0, total_steps = state.epoch * batches_per_epoch + state.batch;
+  const auto start = std::chrono::steady_clock::now();
+
+  for (std::int64_t epoch = state.epoch; epoch < f.epochs; ++epoch) {
+    // The epoch's order comes from the generator state saved at the epoch's start, so a resumed
+    // run replays the same permutation and skips the batches already done.
+    data_rng.set_state(state.rng);
+    std::iota(order.begin(), order.end(), 0);
+    for (std::int64_t i = n - 1; i > 0; --i) std::swap(order[std::size_t(i)], order[data_rng.below(std::uint64_t(i + 1))]);
+    Progress progress(launch.leader() ? f.progress : "none", n);
+    double epoch_loss = 0;
+    std::int64_t epoch_samples = 0;
+    const auto epoch_start = std::chrono::steady_clock::now();
+    for (std::int64_t b = state.batch; b < batches_per_epoch; ++b) {
+      const std::int64_t first = b * f.batch, rows = std::min<std::int64_t>(f.batch, n - first);
+      // Each data-parallel replica trains on its share of the batch; losses and gradients are
+      // normalised by the whole batch, so the replicas together take exactly one batch's step.
+      const std::int64_t share_first = rows * launch.replica / launch.replicas;
+      const std::int64_t share_rows = rows * (launch.replica + 1) / launch.replicas - share_first;
+      for (std::int64_t r = 0; r < share_rows; ++r) {
+        const std::int64_t i = order[std::size_t(first + share_first + r)];
+        std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
+        y[std::size_t(r)] = train_set.labels[std::size_t(i)];
+      }
+      last = pipe.train_step(staging.inputs(x.data(), share_rows), staging.labels(y.data(), share_rows), optimizer);
+      epoch_loss += last.loss * double(rows);
+      epoch_samples += rows;
+      samples += rows;
+      bubble_sum += last.bubble_fraction;
+      ++steps;
+      ++total_steps;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+      progress.update(int(epoch), first + rows, epoch_loss / double(epoch_samples), double(epoch_samples) / seconds);
+      if (f.max_steps && total_steps >= f.max_steps) {
+        state.batch = b + 1;
+        state.epoch = epoch;
+        state.updates = pipe.updates();
+        state.extra = {{"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
+        if (!f.save.empty()) io::save_checkpoint(f.save, pipe, optimizer, state);
+        say("stopped after %lld steps (--max-steps)\n", (long long)total_steps);
+        epoch = f.epochs;  // leave both loops
+        break;
+      }
+    }
+    if (epoch >= f.epochs) {
+      last_loss = epoch_samples ? epoch_loss / double(epoch_samples) : 0;
+      break;
+    }
+    progress.end_epoch();
+    last_loss = epoch_samples ? epoch_loss / double(epoch_samples) : 0;
+    test_accuracy = accuracy(pipe, test_set);
+    say("epoch %lld: train loss %.4f, test accuracy %.4f\n", (long long)epoch, last_loss, test_accuracy);
+    state.epoch = epoch + 1;
+    state.batch = 0;
+    state.rng = data_rng.state();
+    state.updates = pipe.updates();
+    state.extra = {{"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
+    if (!f.save.empty()) {
+      io::save_checkpoint(f.save, pipe, optimizer, state);
+      say("saved %s and %s\n", io::model_file(f.save).c_str(), io::state_file(f.save).c_str());
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (test_accuracy == 0) test_accuracy = accuracy(pipe, test_set);
+
+  if (f.timeline && steps && launch.leader()) std::printf("measured timeline of the last step (seconds):\n%s", measured_ascii_timeline(last, P).c_str());
+  if (!f.trace.empty() && steps && launch.leader()) {
+    std::ofstream(f.trace) << measured_trace_json(pipe.plan(), last);
+    std::printf("wrote %s (open it in https://ui.perfetto.dev or chrome://tracing): the last step, measured and "
+                "simulated side by side\n", f.trace.c_str());
+  }
+  if (f.rebalance && launch.leader() && !Backend::on_device) {
+    std::vector<T> sample(train_set.images.begin(), train_set.images.begin() + std::min<std::int64_t>(n, f.batch) * 784);
+    const auto profile = profile_layers<typename Model::body, Backend>(
+        ConstView<T>{sample.data(), Shape{std::min<std::int64_t>(n, f.batch) / f.microbatches, 784}}, 3);
+    std::printf("%s", describe(rebalance(pipe.plan(), profile, stage_cuts<Stages>())).c_str());
+  }
+
+  nlohmann::json summary = {{"test_accuracy", test_accuracy},
+                            {"train_loss", last_loss},
+                            {"epochs", f.epochs},
+                            {"seconds", seconds},
+                            {"samples_per_second", seconds > 0 ? double(samples) / seconds : 0.0},
+                            {"bubble_fraction_measured", steps ? bubble_sum / double(steps) : 0.0},
+                            {"schedule", f.schedule},
+                            {"stages", f.stages},
+                            {"microbatches", f.microbatches},
+                            {"data_parallel", launch.replicas}};
+  say("%s\n", summary.dump().c_str());
+  return 0;
+}
+
+
+/// Calls run(optimizer) with the optimizer the flags ask for.
+template <class Run>
+int with_optimizer(const Flags& f, Run&& run) {
+  if (f.optimizer == "sgd") return run(optim::SGD({.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay}));
+  return run(optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}));
+}
+
+/// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
+int train_cuda(const Flags& f, schedule::PolicyId policy, io::Dataset& train_set, const io::Dataset& test_set,
+               const Launch& launch);
+
+}  // namespace fmnist
