@@ -76,6 +76,34 @@ class FileSink {
   std::uint64_t written_ = 0;
 };
 
+namespace detail {
+
+/// Renames `from` over `to` (atomic within one filesystem).
+inline void rename_over(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int code = errno;
+    CUPIPE_THROW(to.string(), ": cannot rename '", from.string(), "' over it: ", errno_text(code));
+  }
+}
+
+/// fsync of the directory holding `path`, so that renames in it survive a power loss.
+inline void sync_directory(const std::filesystem::path& path) {
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int code = errno;
+    CUPIPE_THROW(path.string(), ": written, but cannot open its directory '", dir.string(), "' to fsync it: ",
+                 errno_text(code));
+  }
+  const int synced = ::fsync(fd);
+  const int code = errno;
+  ::close(fd);
+  if (synced != 0)
+    CUPIPE_THROW(path.string(), ": written, but fsync of its directory '", dir.string(), "' failed: ", errno_text(code));
+}
+
+}  // namespace detail
+
 /// Replaces `target` with what `writer` writes. If anything fails (the writer throws, the disk is
 /// full, the rename is refused) the previous file is left untouched, the temp file is removed, and
 /// the error is rethrown; cupipe's own errors name the path and the errno text.
@@ -113,27 +141,13 @@ inline void write_file_atomically(const std::filesystem::path& target,
       const int code = errno;
       CUPIPE_THROW(target.string(), ": closing '", temp, "' failed: ", detail::errno_text(code));
     }
-    if (::rename(temp.c_str(), target.c_str()) != 0) {
-      const int code = errno;
-      CUPIPE_THROW(target.string(), ": cannot rename '", temp, "' over it: ", detail::errno_text(code));
-    }
+    detail::rename_over(temp, target);
   } catch (...) {
     if (fd >= 0) ::close(fd);
     ::unlink(temp.c_str());
     throw;
   }
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    const int code = errno;
-    CUPIPE_THROW(target.string(), ": written, but cannot open its directory '", dir.string(),
-                 "' to fsync it: ", detail::errno_text(code));
-  }
-  const int synced = ::fsync(dir_fd);
-  const int code = errno;
-  ::close(dir_fd);
-  if (synced != 0)
-    CUPIPE_THROW(target.string(), ": written, but fsync of its directory '", dir.string(),
-                 "' failed: ", detail::errno_text(code));
+  detail::sync_directory(target);
 }
 
 /// Replaces `target` with `bytes`, atomically as above.

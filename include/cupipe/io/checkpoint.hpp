@@ -207,29 +207,6 @@ inline std::filesystem::path staged(const std::filesystem::path& path) {
   return std::filesystem::path(path.string() + ".partial");
 }
 
-inline void rename_over(const std::filesystem::path& from, const std::filesystem::path& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    const int code = errno;
-    CUPIPE_THROW(to.string(), ": cannot rename '", from.string(), "' over it: ", errno_text(code));
-  }
-}
-
-/// fsync of the directory holding `path`, so that renames in it survive a power loss.
-inline void sync_directory(const std::filesystem::path& path) {
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    const int code = errno;
-    CUPIPE_THROW(path.string(), ": written, but cannot open its directory '", dir.string(), "' to fsync it: ",
-                 errno_text(code));
-  }
-  const int synced = ::fsync(fd);
-  const int code = errno;
-  ::close(fd);
-  if (synced != 0)
-    CUPIPE_THROW(path.string(), ": written, but fsync of its directory '", dir.string(), "' failed: ", errno_text(code));
-}
-
 }  // namespace detail
 
 /// Writes the model file alone (what PyTorch loads).
