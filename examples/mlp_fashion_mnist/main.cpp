@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Train a 784-1024-512-256-10 MLP on Fashion-MNIST with a pipeline schedule (cupipe, CPU)"};
   app.add_option("--data", f.data, "folder with the Fashion-MNIST IDX files (gzip or plain)")->capture_default_str();
-  app.add_option("--schedule", f.schedule, "gpipe, 1f1b, interleaved, pipedream, 2bw, zb-h1 or zb-h2")->capture_default_str();
+  app.add_option("--schedule", f.schedule, "one of: " + schedule::policy_names())->capture_default_str();
   app.add_option("--stages", f.stages, "pipeline stages (workers): 1 to 4 (interleaved: 1 to 3)")->capture_default_str();
   app.add_option("--microbatches", f.microbatches, "microbatches per batch")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--batch", f.batch, "samples per batch")->capture_default_str()->check(CLI::PositiveNumber);
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
 #else
     if (f.dp > 1) CUPIPE_THROW("--dp needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
 #endif
-    const schedule::PolicyId policy = schedule::parse_policy(f.schedule);
+    (void)schedule::find_policy(f.schedule);  // an unknown name fails before the data loads
     io::FashionMnist data = io::load_fashion_mnist(f.data);
     if (f.train_limit > 0) data.train = io::take(data.train, 0, std::min(f.train_limit, data.train.count));
     if (f.test_limit > 0) data.test = io::take(data.test, 0, std::min(f.test_limit, data.test.count));
@@ -87,11 +87,14 @@ int main(int argc, char** argv) {
         CUPIPE_THROW("--backend cuda runs in one process, stages placed with --devices; across processes the trainer "
                      "uses the host backend");
 #if CUPIPE_TRAINER_HAS_CUDA
-      return train_cuda(f, policy, data.train, data.test, launch);
+      return train_cuda(f, data.train, data.test, launch);
 #endif
     }
     int rc = 0;
-    with_policy(policy, [&]<class Schedule>() {
+    // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
+    // each keeps them from oversubscribing the cores (11x slower on 2 cores otherwise).
+    if (!launch.communicator && f.stages > 1) backend::Host<T>::set_blas_threads(1);
+    with_policy(f.schedule, [&]<class Schedule>() {
       with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
         if constexpr (P * Schedule::chunks > 7) {
           CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,

@@ -332,7 +332,7 @@ int with_optimizer(const Flags& f, Run&& run) {
 }
 
 /// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
-int train_cuda(const Flags& f, schedule::PolicyId policy, io::Dataset& train_set, const io::Dataset& test_set,
+int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set,
                const Launch& launch);
 
 }  // namespace fmnist

@@ -17,6 +17,7 @@ static_assert(schedule::verify<schedule::OneFOneB>(3, 2), "1F1B on 3 stages with
 int main() {
   try {
     constexpr index_t batch = 8, microbatch = 4;
+    backend::Host<float>::set_blas_threads(1);  // 3 workers share the cores: one BLAS thread each
     Pipe pipe({.microbatches = int(batch / microbatch), .seed = 42});
     optim::AdamW optimizer({.lr = 1e-2});
 

@@ -100,20 +100,21 @@ TEST_CASE("verify names both actions of a swap that breaks a plan", "[schedule][
 }
 
 TEST_CASE("policies dispatch by name and reject bad configurations with a sentence", "[schedule][dispatch]") {
-  CHECK(sch::parse_policy("gpipe") == sch::PolicyId::gpipe);
-  CHECK(sch::parse_policy("1f1b") == sch::PolicyId::one_f_one_b);
-  CHECK(sch::parse_policy("2bw") == sch::PolicyId::pipedream_2bw);
-  CHECK(sch::parse_policy("zb-h2") == sch::PolicyId::zb_h2);
-  CHECK_THROWS_WITH(sch::parse_policy("3f3b"), Catch::Contains("expected one of: gpipe, 1f1b, interleaved"));
-  for (const auto& policy : sch::all_policies) {
-    CHECK(sch::parse_policy(policy.name) == policy.id);
-    CHECK_THROWS_WITH(sch::generate(policy.id, {0, 4, policy.default_chunks}), Catch::Contains("at least 1 stage"));
-    CHECK_THROWS_WITH(sch::generate(policy.id, {2, 0, policy.default_chunks}), Catch::Contains("at least 1 microbatch"));
+  CHECK(sch::find_policy("gpipe").generate({2, 3}).actions == sch::generate<sch::GPipe>({2, 3}).actions);
+  CHECK(sch::find_policy("2bw").update == sch::UpdateRule::double_buffered);
+  CHECK(sch::find_policy("zb-h2").split_backward);
+  CHECK_THROWS_WITH(sch::find_policy("3f3b"), Catch::Contains("expected one of: gpipe, 1f1b, interleaved"));
+  CHECK(sch::policy_names() == "gpipe, 1f1b, interleaved, pipedream, 2bw, zb-h1, zb-h2");
+  for (const auto& policy : sch::policy_table()) {
+    CHECK(sch::find_policy(policy.name).name == policy.name);
+    CHECK(sch::with_policy(policy.name, []<class P>() { return std::string(P::name); }) == policy.name);
+    CHECK_THROWS_WITH(policy.generate({0, 4, policy.default_chunks}), Catch::Contains("at least 1 stage"));
+    CHECK_THROWS_WITH(policy.generate({2, 0, policy.default_chunks}), Catch::Contains("at least 1 microbatch"));
   }
-  CHECK_THROWS_WITH(sch::generate(sch::PolicyId::gpipe, {2, 4, 2}), Catch::Contains("chunks must be 1"));
-  CHECK_THROWS_WITH(sch::generate(sch::PolicyId::gpipe, {2, 4, 1, 2}), Catch::Contains("batches must be 1"));
-  CHECK_THROWS_WITH(sch::generate(sch::PolicyId::interleaved, {2, 4, 1}), Catch::Contains("at least 2 chunks"));
-  CHECK(sch::generate<sch::OneFOneB>({3, 5}).actions == sch::generate(sch::PolicyId::one_f_one_b, {3, 5}).actions);
+  CHECK_THROWS_WITH(sch::generate("gpipe", {2, 4, 2}), Catch::Contains("chunks must be 1"));
+  CHECK_THROWS_WITH(sch::generate("gpipe", {2, 4, 1, 2}), Catch::Contains("batches must be 1"));
+  CHECK_THROWS_WITH(sch::generate("interleaved", {2, 4, 1}), Catch::Contains("at least 2 chunks"));
+  CHECK(sch::generate<sch::OneFOneB>({3, 5}).actions == sch::generate("1f1b", {3, 5}).actions);
 }
 
 TEST_CASE("plans follow the policies' definitions", "[schedule][policies]") {
@@ -127,7 +128,8 @@ TEST_CASE("plans follow the policies' definitions", "[schedule][policies]") {
   CHECK(one.actions[2][1] == sch::Action{ActionKind::B, 0, 0});
   const auto interleaved = sch::generate<sch::Interleaved<2>>({2, 4, 2});
   // Stage 1, chunk 0 is virtual stage 1; the first B belongs to the last virtual stage (chunk 1).
-  CHECK(sch::virtual_stage(1, 1, 2) == 3);
+  CHECK(interleaved.placement.virtual_stage(1, 1) == 3);
+  CHECK(interleaved.placement.worker_of(3) == 1);
   const auto& last = interleaved.actions[1];
   CHECK(std::find(last.begin(), last.end(), sch::Action{ActionKind::B, 0, 1}) < std::find(last.begin(), last.end(), sch::Action{ActionKind::B, 0, 0}));
   const auto pd = sch::generate<sch::PipeDream>({2, 3, 1, 2});

@@ -4,28 +4,16 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cupipe/core/error.hpp"
-#include "cupipe/schedule/policies.hpp"
+#include "cupipe/schedule/registry.hpp"
 
 namespace cupipe {
 
-/// Calls f.template operator()<Policy>() for the policy `id`; Interleaved runs with 2 chunks.
-template <class F>
-decltype(auto) with_policy(schedule::PolicyId id, F&& f) {
-  using schedule::PolicyId;
-  switch (id) {
-    case PolicyId::gpipe: return std::forward<F>(f).template operator()<schedule::GPipe>();
-    case PolicyId::one_f_one_b: return std::forward<F>(f).template operator()<schedule::OneFOneB>();
-    case PolicyId::interleaved: return std::forward<F>(f).template operator()<schedule::Interleaved<2>>();
-    case PolicyId::pipedream: return std::forward<F>(f).template operator()<schedule::PipeDream>();
-    case PolicyId::pipedream_2bw: return std::forward<F>(f).template operator()<schedule::PipeDream2BW>();
-    case PolicyId::zb_h1: return std::forward<F>(f).template operator()<schedule::ZeroBubbleH1>();
-    case PolicyId::zb_h2: return std::forward<F>(f).template operator()<schedule::ZeroBubbleH2>();
-  }
-  CUPIPE_THROW("unknown schedule policy id ", int(id));
-}
+/// Calls f.template operator()<Policy>() for the policy named `name` (schedule/registry.hpp).
+using schedule::with_policy;
 
 /// Calls f.template operator()<P>() for the stage count `stages`, one of Counts.
 template <int... Counts, class F>

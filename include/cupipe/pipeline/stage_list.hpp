@@ -260,8 +260,13 @@ struct partition_impl {
 
 }  // namespace detail
 
-/// Model split into P stages that balance forward FLOPs per sample (the layer cost model).
+/// Model split into P (virtual) stages that balance forward FLOPs per sample (the layer cost model).
+/// With a multi-chunk schedule such as Interleaved<V>, P virtual stages run on P / V workers.
 template <class Model, std::size_t P>
 using partition = typename detail::partition_impl<Model, P>::type;
+
+/// Model split for `Workers` workers of `Schedule`: Workers x Schedule::chunks virtual stages.
+template <class Model, std::size_t Workers, class Schedule>
+using partition_for = partition<Model, Workers * std::size_t(Schedule::chunks)>;
 
 }  // namespace cupipe

@@ -7,25 +7,20 @@
 #include <limits>
 #include <vector>
 
-#include "cupipe/schedule/action.hpp"
+#include "cupipe/schedule/timeline.hpp"
 
 namespace cupipe {
 
 /// One action as it ran: worker (physical stage), what, and when, in seconds since the step began.
-struct ActionRecord {
-  int stage;
-  schedule::ActionKind kind;
-  int microbatch;
-  int chunk;
-  double start;
-  double end;
-};
+using ActionRecord = schedule::TimelineEvent;
 
 struct StepStats {
-  /// The batch's mean loss (the microbatches' shares summed; for PipeDream the mean of the
-  /// microbatch means, each of which was its own update).
+  /// The step's loss: the mean over its samples. Flush schedules: the batch's mean loss. PipeDream
+  /// and 2BW: every microbatch's loss was computed on its own weight version, and the figure is their
+  /// sample-weighted mean over all of the step's batches.
   double loss = 0;
-  /// Global gradient norm before clipping (flush schedules), per-stage norms combined otherwise.
+  /// Global gradient norm before clipping (flush schedules); NaN for asynchronous schedules, which
+  /// clip each stage's gradient on its own.
   double grad_norm = std::numeric_limits<double>::quiet_NaN();
   /// From the first action's start to the last action's end.
   double makespan_seconds = 0;

@@ -6,14 +6,19 @@
 #include <cstdint>
 #include <vector>
 
+#include "cupipe/schedule/placement.hpp"
+
 namespace cupipe::schedule {
 
 /// B is the whole backward unless the plan splits it; then B computes the input gradient only and W
 /// the weight gradient (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024).
 enum class ActionKind : std::uint8_t { F, B, W };
 
-/// One unit of work on one stage. `chunk` is the LOCAL chunk index on the stage (0..V-1); stage s
-/// chunk c is virtual stage c*p + s (Megatron's layout). F of virtual stage k feeds k+1, B flows back.
+/// The one-letter name of an action kind, as traces, timelines and errors print it.
+constexpr char kind_letter(ActionKind kind) { return "FBW"[static_cast<int>(kind)]; }
+
+/// One unit of work on one worker. `chunk` is the LOCAL chunk index on the worker (0..V-1); the
+/// plan's placement says which virtual stage that is. F of virtual stage k feeds k+1, B flows back.
 struct Action {
   ActionKind kind;
   int microbatch;
@@ -21,8 +26,6 @@ struct Action {
 
   friend constexpr bool operator==(const Action&, const Action&) = default;
 };
-
-constexpr int virtual_stage(int stage, int chunk, int stages) { return chunk * stages + stage; }
 
 /// What a policy is asked to schedule. Asynchronous policies (PipeDream, 2BW) run
 /// batches*microbatches microbatches without a flush; microbatch ids are global.
@@ -41,18 +44,19 @@ struct Config {
 /// microbatches' backward (PipeDream), or once per batch into a second buffer (PipeDream-2BW).
 enum class UpdateRule : std::uint8_t { flush, per_microbatch, double_buffered };
 
-/// A schedule: for every stage, the ordered list of actions its worker runs.
+/// A schedule: for every worker, the ordered list of actions it runs, and where each virtual stage lives.
 struct Plan {
   Config config;
-  std::vector<std::vector<Action>> actions;  // [stage] -> ordered list
+  std::vector<std::vector<Action>> actions;  // [worker] -> ordered list
   bool split_backward;
   UpdateRule update;
+  Placement placement;
+
+  /// The virtual stage an action of worker `w` runs.
+  constexpr int virtual_stage(int w, const Action& a) const { return placement.virtual_stage(w, a.chunk); }
 };
 
 namespace detail {
-
-/// The stage that holds a virtual stage.
-constexpr int stage_of(int virtual_stage_index, int stages) { return virtual_stage_index % stages; }
 
 /// Dense index of (kind, virtual stage, microbatch), for per-action tables.
 constexpr int action_slot(const Config& config, ActionKind kind, int virtual_stage_index, int microbatch) {

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Everything in schedule/: actions, policies, verify, simulate, weight versions, timelines.
+// Everything in schedule/: actions, placements, policies and their registry, verify, simulate, weight
+// versions, timelines.
 #pragma once
 
 #include "cupipe/schedule/action.hpp"
-#include "cupipe/schedule/policies.hpp"
+#include "cupipe/schedule/placement.hpp"
+#include "cupipe/schedule/policy.hpp"
+#include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/simulate.hpp"
 #include "cupipe/schedule/timeline.hpp"
 #include "cupipe/schedule/verify.hpp"

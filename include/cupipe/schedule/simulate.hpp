@@ -10,7 +10,7 @@
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/schedule/action.hpp"
-#include "cupipe/schedule/policies.hpp"
+#include "cupipe/schedule/policy.hpp"
 #include "cupipe/schedule/verify.hpp"
 #include "cupipe/schedule/weights.hpp"
 
@@ -120,15 +120,15 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
       for (; next[s] < list.size(); ++next[s]) {
         const Action& a = list[next[s]];
         double ready = free_at[s];
-        if (const detail::Dependency in = detail::input_of(c, stage, a); in.exists) {
-          const double arrival = end[static_cast<std::size_t>(detail::slot_of(c, in.stage, in.peer))];
+        if (const detail::Dependency in = detail::input_of(plan, stage, a); in.exists) {
+          const double arrival = end[static_cast<std::size_t>(detail::slot_of(plan, in.stage, in.peer))];
           if (arrival == unknown) break;
           ready = std::max(ready, arrival + (in.stage == stage ? 0 : costs.transfer));
         }
         // B of the last virtual stage and W consume this stage's own F or B, done earlier in order.
         const double length = duration(plan, costs, stage, a);
         out.times[s].push_back({ready, ready + length});
-        end[static_cast<std::size_t>(detail::slot_of(c, stage, a))] = ready + length;
+        end[static_cast<std::size_t>(detail::slot_of(plan, stage, a))] = ready + length;
         free_at[s] = ready + length;
         out.busy[s] += length;
         progress = true;
@@ -151,7 +151,7 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
 }
 
 /// Generates a policy's plan and simulates it.
-template <class Policy>
+template <SchedulePolicy Policy>
 constexpr SimResult simulate(int stages, int microbatches, const Costs& costs, int chunks = Policy::chunks,
                              int batches = Policy::default_batches) {
   return simulate(generate<Policy>(Config{stages, microbatches, chunks, batches}), costs);

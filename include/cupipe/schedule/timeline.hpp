@@ -39,7 +39,6 @@ inline std::vector<TimelineEvent> timeline_events(const Plan& plan, const SimRes
 
 namespace detail {
 
-inline char kind_letter(ActionKind kind) { return "FBW"[static_cast<int>(kind)]; }
 
 /// "F3", or "F3b" for chunk 1 when stages hold several chunks.
 inline std::string event_label(const TimelineEvent& e, bool with_chunk) {
@@ -167,7 +166,7 @@ inline std::string chrome_trace_json(std::span<const TraceGroup> groups) {
     }
     const double scale = groups[g].microseconds_per_unit;
     for (const TimelineEvent& e : groups[g].events) {
-      const std::string kind(1, detail::kind_letter(e.kind));
+      const std::string kind(1, kind_letter(e.kind));
       emit("{\"name\":\"" + kind + std::to_string(e.microbatch) + "\",\"cat\":\"" + kind +
            "\",\"ph\":\"X\",\"pid\":" + pid + ",\"tid\":" + std::to_string(e.stage) + ",\"ts\":" + fmt(e.start * scale) +
            ",\"dur\":" + fmt((e.end - e.start) * scale) + ",\"args\":{\"microbatch\":" + std::to_string(e.microbatch) +

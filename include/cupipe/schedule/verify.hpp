@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cupipe/schedule/action.hpp"
-#include "cupipe/schedule/policies.hpp"
+#include "cupipe/schedule/policy.hpp"
 #include "cupipe/schedule/weights.hpp"
 
 namespace cupipe::schedule {
@@ -58,8 +58,8 @@ struct Named {
   int chunks;
 };
 constexpr Failure& operator<<(Failure& out, const Named& n) {
-  constexpr std::array<std::string_view, 3> kinds{"F", "B", "W"};
-  out << kinds[static_cast<std::size_t>(n.action.kind)] << n.action.microbatch;
+  const char letter = kind_letter(n.action.kind);
+  out << std::string_view(&letter, 1) << n.action.microbatch;
   if (n.chunks > 1) out << " (chunk " << n.action.chunk << ")";
   return out;
 }
@@ -72,28 +72,30 @@ struct Dependency {
   Action peer{ActionKind::F, -1, -1};  // the producer of an input, or the consumer of an output
 };
 
-constexpr Dependency input_of(const Config& c, int stage, const Action& a) {
-  const int k = virtual_stage(stage, a.chunk, c.stages);
-  const int last = c.virtual_stages() - 1;
-  if (a.kind == ActionKind::F && k > 0)
-    return {true, stage_of(k - 1, c.stages), {ActionKind::F, a.microbatch, (k - 1) / c.stages}};
-  if (a.kind == ActionKind::B && k < last)
-    return {true, stage_of(k + 1, c.stages), {ActionKind::B, a.microbatch, (k + 1) / c.stages}};
+/// The worker and local action of virtual stage k's `kind` for `microbatch`.
+constexpr Dependency at_virtual_stage(const Plan& plan, int k, ActionKind kind, int microbatch) {
+  return {true, plan.placement.worker_of(k), {kind, microbatch, plan.placement.chunk_of(k)}};
+}
+
+constexpr Dependency input_of(const Plan& plan, int stage, const Action& a) {
+  const int k = plan.virtual_stage(stage, a);
+  const int last = plan.config.virtual_stages() - 1;
+  if (a.kind == ActionKind::F && k > 0) return at_virtual_stage(plan, k - 1, ActionKind::F, a.microbatch);
+  if (a.kind == ActionKind::B && k < last) return at_virtual_stage(plan, k + 1, ActionKind::B, a.microbatch);
   return {};
 }
 
 /// Where an action's output goes: F feeds virtual stage k+1, B feeds k-1.
-constexpr Dependency output_of(const Config& c, int stage, const Action& a) {
-  const int k = virtual_stage(stage, a.chunk, c.stages);
-  if (a.kind == ActionKind::F && k < c.virtual_stages() - 1)
-    return {true, stage_of(k + 1, c.stages), {ActionKind::F, a.microbatch, (k + 1) / c.stages}};
-  if (a.kind == ActionKind::B && k > 0)
-    return {true, stage_of(k - 1, c.stages), {ActionKind::B, a.microbatch, (k - 1) / c.stages}};
+constexpr Dependency output_of(const Plan& plan, int stage, const Action& a) {
+  const int k = plan.virtual_stage(stage, a);
+  if (a.kind == ActionKind::F && k < plan.config.virtual_stages() - 1)
+    return at_virtual_stage(plan, k + 1, ActionKind::F, a.microbatch);
+  if (a.kind == ActionKind::B && k > 0) return at_virtual_stage(plan, k - 1, ActionKind::B, a.microbatch);
   return {};
 }
 
-constexpr int slot_of(const Config& c, int stage, const Action& a) {
-  return action_slot(c, a.kind, virtual_stage(stage, a.chunk, c.stages), a.microbatch);
+constexpr int slot_of(const Plan& plan, int stage, const Action& a) {
+  return action_slot(plan.config, a.kind, plan.virtual_stage(stage, a), a.microbatch);
 }
 
 /// Runs every worker's list as a program. With `rendezvous`, a send completes only once its
@@ -112,9 +114,9 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
   std::vector<int> f_next(static_cast<std::size_t>(p), 0), b_next(static_cast<std::size_t>(p), 0);
   for (int s = 0; s < p; ++s) {
     for (const Action& a : plan.actions[static_cast<std::size_t>(s)]) {
-      const Dependency in = input_of(c, s, a);
+      const Dependency in = input_of(plan, s, a);
       if (!in.exists || in.stage == s) continue;
-      (a.kind == ActionKind::F ? f_inputs : b_inputs)[static_cast<std::size_t>(s)].push_back(slot_of(c, in.stage, in.peer));
+      (a.kind == ActionKind::F ? f_inputs : b_inputs)[static_cast<std::size_t>(s)].push_back(slot_of(plan, in.stage, in.peer));
     }
   }
   auto posted = [&](int receiver, ActionKind kind, int message) {
@@ -131,21 +133,21 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
       while (pc[us] < static_cast<int>(list.size())) {
         const Action& a = list[static_cast<std::size_t>(pc[us])];
         if (!sending[us]) {
-          const Dependency in = input_of(c, s, a);
+          const Dependency in = input_of(plan, s, a);
           if (in.exists) {
-            const int producer = slot_of(c, in.stage, in.peer);
+            const int producer = slot_of(plan, in.stage, in.peer);
             if (in.stage == s ? !done[static_cast<std::size_t>(producer)] : !delivered[static_cast<std::size_t>(producer)]) break;
             if (in.stage != s) ++(a.kind == ActionKind::F ? f_next : b_next)[us];
           }
-          done[static_cast<std::size_t>(slot_of(c, s, a))] = 1;
-          const Dependency out = output_of(c, s, a);
+          done[static_cast<std::size_t>(slot_of(plan, s, a))] = 1;
+          const Dependency out = output_of(plan, s, a);
           sending[us] = out.exists && out.stage != s;
           if (!sending[us]) ++pc[us];
           progress = true;
           continue;
         }
-        const Dependency out = output_of(c, s, a);
-        const int message = slot_of(c, s, a);
+        const Dependency out = output_of(plan, s, a);
+        const int message = slot_of(plan, s, a);
         if (rendezvous && !posted(out.stage, a.kind, message)) break;
         delivered[static_cast<std::size_t>(message)] = 1;
         sending[us] = 0;
@@ -162,7 +164,7 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
       if (pc[us] >= static_cast<int>(list.size())) continue;
       const Action& a = list[static_cast<std::size_t>(pc[us])];
       if (sending[us] && pass == 0) {
-        const Dependency out = output_of(c, s, a);
+        const Dependency out = output_of(plan, s, a);
         const auto r = static_cast<std::size_t>(out.stage);
         Failure fail;
         fail << "deadlock with blocking (rendezvous) sends: stage " << s << " blocks sending the output of "
@@ -172,7 +174,7 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
                     << (sending[r] ? " (sending its output)" : " (waiting for its input)");
       }
       if (!sending[us] && pass == 1) {
-        const Dependency in = input_of(c, s, a);
+        const Dependency in = input_of(plan, s, a);
         const auto r = static_cast<std::size_t>(in.stage);
         Failure fail;
         fail << "dependency violated: stage " << s << " cannot run " << Named{a, c.chunks} << " because it needs "
@@ -200,6 +202,10 @@ constexpr VerifyResult verify(const Plan& plan) {
   if (static_cast<int>(plan.actions.size()) != c.stages)
     return Failure{} << "the plan has action lists for " << static_cast<int>(plan.actions.size()) << " stages, expected "
                      << c.stages;
+  if (const Placement& pl = plan.placement; pl.workers != c.stages || pl.chunks != c.chunks ||
+                                              static_cast<int>(pl.worker.size()) != c.virtual_stages())
+    return Failure{} << "the plan's placement covers " << pl.workers << " workers x " << pl.chunks
+                     << " chunks, but the configuration has " << c.stages << " stages x " << c.chunks << " chunks";
   const int n = c.total_microbatches();
   std::vector<int> position(static_cast<std::size_t>(detail::action_slots(c)), -1);
   for (int s = 0; s < c.stages; ++s) {
@@ -211,7 +217,7 @@ constexpr VerifyResult verify(const Plan& plan) {
                          << a.chunk << ", outside " << n << " microbatches and " << c.chunks << " chunks";
       if (a.kind == ActionKind::W && !plan.split_backward)
         return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " in a plan whose backward is not split";
-      int& at = position[static_cast<std::size_t>(detail::slot_of(c, s, a))];
+      int& at = position[static_cast<std::size_t>(detail::slot_of(plan, s, a))];
       if (at >= 0)
         return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " appears twice (positions " << at << " and "
                          << i << ")";
@@ -225,7 +231,7 @@ constexpr VerifyResult verify(const Plan& plan) {
         int previous = -1;
         for (int k = 0; k < kinds; ++k) {
           const Action a{static_cast<ActionKind>(k), j, chunk};
-          const int at = position[static_cast<std::size_t>(detail::slot_of(c, s, a))];
+          const int at = position[static_cast<std::size_t>(detail::slot_of(plan, s, a))];
           if (at < 0) return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " is missing";
           if (at < previous)
             return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " comes before "
@@ -245,11 +251,11 @@ constexpr VerifyResult verify(const Plan& plan) {
 }
 
 /// Generates and verifies a policy's plan; a configuration the policy rejects fails with its reason.
-template <class Policy>
+template <SchedulePolicy Policy>
 constexpr VerifyResult verify(int stages, int microbatches, int chunks = Policy::chunks,
                               int batches = Policy::default_batches) {
   const Config config{stages, microbatches, chunks, batches};
-  if (const Rejection why = rejection<Policy>(config); why != Rejection::none) return detail::Failure{} << explain(why);
+  if (const std::string_view why = check<Policy>(config); !why.empty()) return detail::Failure{} << why;
   return verify(generate<Policy>(config));
 }
 

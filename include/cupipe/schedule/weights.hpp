@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "cupipe/schedule/action.hpp"
@@ -27,11 +28,13 @@ constexpr std::vector<int> microbatch_versions(const Plan& plan) {
   const Config& c = plan.config;
   std::vector<int> version(static_cast<std::size_t>(c.total_microbatches()), 0);
   if (plan.update == UpdateRule::per_microbatch) {
-    // Tagged at entry: the number of updates stage 0 had applied before it ran F_j of chunk 0.
+    // Tagged at entry: the number of updates the first virtual stage's worker had applied before
+    // it ran F_j there.
     int updates = 0;
     const ActionKind update_after = plan.split_backward ? ActionKind::W : ActionKind::B;
-    for (const Action& a : plan.actions.front()) {
-      if (a.kind == ActionKind::F && a.chunk == 0) version[static_cast<std::size_t>(a.microbatch)] = updates;
+    const int entry_chunk = plan.placement.chunk_of(0);
+    for (const Action& a : plan.actions[static_cast<std::size_t>(plan.placement.worker_of(0))]) {
+      if (a.kind == ActionKind::F && a.chunk == entry_chunk) version[static_cast<std::size_t>(a.microbatch)] = updates;
       if (a.kind == update_after) ++updates;
     }
   } else if (plan.update == UpdateRule::double_buffered) {
@@ -42,6 +45,23 @@ constexpr std::vector<int> microbatch_versions(const Plan& plan) {
 }
 
 }  // namespace detail
+
+/// The weight version microbatch j of a step runs on, everywhere (vertical sync), given the plan's
+/// per-microbatch offsets (detail::microbatch_versions), the updates a stage had applied before the
+/// step (`base`) and the batches finished before it. j = total_microbatches() asks for the next
+/// step's first microbatch: the oldest version a stage must keep across steps. One rule for the
+/// whole library: PipeDream adds the plan's offset to `base`; PipeDream-2BW runs batch t on version
+/// max(t - 1, 0); flush schedules always use `base`.
+constexpr int version_of(const Plan& plan, const std::vector<int>& offsets, int j, int base, long long batches_before) {
+  switch (plan.update) {
+    case UpdateRule::flush: return base;
+    case UpdateRule::per_microbatch:
+      return j < plan.config.total_microbatches() ? base + offsets[static_cast<std::size_t>(j)] : std::numeric_limits<int>::max();
+    case UpdateRule::double_buffered:
+      return static_cast<int>(std::max(batches_before + j / plan.config.microbatches - 1, 0LL));
+  }
+  return base;
+}
 
 /// Walks each stage's actions: the stage applies updates (after each B or W for PipeDream; after
 /// its last one of batch t for 2BW) and must keep, at every moment, its latest version and every

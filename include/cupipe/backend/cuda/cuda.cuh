@@ -6,10 +6,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <span>
 #include <string_view>
 #include <type_traits>
 
+#include "cupipe/backend/capabilities.hpp"
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/context.cuh"
 #include "cupipe/backend/cuda/gemm_plan.cuh"
@@ -117,6 +119,21 @@ class Cuda : public ops::Dispatch {
 
  private:
   gpu::Context context_;
+};
+
+}  // namespace cupipe::backend
+
+namespace cupipe::backend {
+
+/// The CUDA backend times actions with events on its stream and names them in NVTX.
+template <class T>
+struct capabilities<Cuda<T>> {
+  static std::unique_ptr<Cuda<T>> make(int device) { return std::make_unique<Cuda<T>>(device); }
+  static constexpr bool device_timeline = true;
+  static void timeline_start(Cuda<T>& be) { be.timeline_start(); }
+  static int timeline_mark(Cuda<T>& be) { return be.timeline_mark(); }
+  static double timeline_seconds(Cuda<T>& be, int mark) { return be.timeline_seconds(mark); }
+  static gpu::NvtxRange annotate(Cuda<T>& be, const char* label) { return be.annotate(label); }
 };
 
 }  // namespace cupipe::backend

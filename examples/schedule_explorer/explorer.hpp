@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+// The schedule explorer's work, over any list of policies (the library's by default): generate,
+// verify and simulate, then print a comparison table, one policy's figures, a timeline or a trace.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cupipe/schedule/registry.hpp"
+#include "cupipe/schedule/schedule.hpp"
+
+namespace sch = cupipe::schedule;
+
+namespace explorer {
+
+struct Options {
+  std::string schedule = "1f1b";
+  int stages = 4;
+  int microbatches = 8;
+  int chunks = 0;   // 0: the policy's default (2 for interleaved)
+  int batches = 0;  // 0: the policy's default (2 for PipeDream and 2BW, else 1)
+  sch::Costs costs{1, 2, 0, 0};
+  bool timeline = false;
+  bool json = false;
+  bool compare = false;
+  std::string trace;
+};
+
+/// The options' configuration for a policy: its own chunk and batch counts unless given.
+inline sch::Config config_for(const Options& o, const sch::PolicyInfo& policy) {
+  return {o.stages, o.microbatches, o.chunks > 0 ? o.chunks : policy.default_chunks,
+          o.batches > 0 ? o.batches : policy.default_batches};
+}
+
+template <class T>
+inline std::string join(const std::vector<T>& values) {
+  std::string out;
+  for (const T& v : values) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(v);
+  }
+  return out;
+}
+
+inline std::string fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+/// Generates, verifies and simulates; throws cupipe::error with the reason when anything fails.
+inline std::pair<sch::Plan, sch::SimResult> run(const sch::PolicyInfo& policy, const sch::Config& config,
+                                                const sch::Costs& costs) {
+  sch::Plan plan = policy.generate(config);
+  if (const sch::VerifyResult ok = sch::verify(plan); !ok) CUPIPE_THROW("the plan failed verification: ", ok.message());
+  sch::SimResult sim = sch::simulate(plan, costs);
+  return {std::move(plan), std::move(sim)};
+}
+
+template <class List = sch::Policies>
+void print_compare(const Options& o) {
+  std::printf("simulated (predicted), stages %d, microbatches %d, costs F=%g B=%g W=%g transfer=%g per stage\n",
+              o.stages, o.microbatches, o.costs.forward, o.costs.backward, o.costs.weight, o.costs.transfer);
+  std::printf("%-12s %6s %7s %10s %9s %16s %15s\n", "schedule", "chunks", "batches", "makespan", "bubble",
+              "peak activations", "weight versions");
+  for (const sch::PolicyInfo& policy : sch::policy_table<List>()) {
+    const sch::Config config = config_for(o, policy);
+    if (const std::string_view why = policy.check(config); !why.empty()) {
+      std::printf("%-12s rejected: %s\n", std::string(policy.name).c_str(), std::string(why).c_str());
+      continue;
+    }
+    const auto [plan, sim] = run(policy, config, o.costs);
+    std::printf("%-12s %6d %7d %10s %9s %16d %15d\n", std::string(policy.name).c_str(), config.chunks, config.batches,
+                fixed(sim.makespan, 2).c_str(), fixed(sim.bubble_fraction, 4).c_str(), sim.max_peak_activations(),
+                sim.max_weight_versions());
+  }
+  std::printf("bubble = idle / (stages x makespan); peak activations = most microbatch-chunks held between F and B\n"
+              "(or W) on any stage; async policies (pipedream, 2bw) run `batches` batches without a flush.\n");
+}
+
+template <class List = sch::Policies>
+int explore(const Options& o) {
+  if (o.compare) {
+    print_compare<List>(o);
+    return 0;
+  }
+  const sch::PolicyInfo policy = sch::find_policy<List>(o.schedule);
+  const sch::Config config = config_for(o, policy);
+  const auto [plan, sim] = run(policy, config, o.costs);
+  if (o.json) {
+    const nlohmann::json out{{"schedule", policy.name},
+                             {"stages", config.stages},
+                             {"microbatches", config.microbatches},
+                             {"chunks", config.chunks},
+                             {"makespan", sim.makespan},
+                             {"bubble_fraction", sim.bubble_fraction},
+                             {"idle_per_stage", sim.idle},
+                             {"peak_activations", sim.peak_activations},
+                             {"weight_versions", sim.weight_versions}};
+    std::cout << out.dump() << "\n";
+  } else {
+    std::printf("%s: stages %d, microbatches %d, chunks %d, batches %d (simulated, predicted)\n",
+                std::string(policy.name).c_str(), config.stages, config.microbatches, config.chunks, config.batches);
+    std::printf("  makespan          %s\n  bubble fraction   %s\n  idle per stage    %s\n",
+                fixed(sim.makespan, 3).c_str(), fixed(sim.bubble_fraction, 4).c_str(),
+                [&] {
+                  std::string out;
+                  for (double idle : sim.idle) {
+                    if (!out.empty()) out += ' ';
+                    out += fixed(idle, 2);
+                  }
+                  return out;
+                }().c_str());
+    std::printf("  peak activations  %s\n  weight versions   %s\n", join(sim.peak_activations).c_str(),
+                join(sim.weight_versions).c_str());
+  }
+  const auto events = sch::timeline_events(plan, sim);
+  if (o.timeline) std::cout << "\n" << sch::ascii_timeline(events, config.stages);
+  if (!o.trace.empty()) {
+    std::ofstream file(o.trace);
+    if (!file) CUPIPE_THROW("cannot write the trace to '", o.trace, "'");
+    // One unit of simulated time is shown as one millisecond.
+    file << sch::chrome_trace_json(events, "simulated (predicted): " + std::string(policy.name), 1e3);
+  }
+  return 0;
+}
+
+}  // namespace explorer
+

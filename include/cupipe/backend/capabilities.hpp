@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the pipeline runtime needs from a backend, as a concept, and the optional capabilities it may
+// use, as a trait whose defaults do nothing. A backend opts in by specialising `capabilities`
+// (backend/cuda/cuda.cuh does, for device clocks and NVTX ranges); the runtime calls the trait and
+// never branches on which backend it runs.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/tensor.hpp"
+
+namespace cupipe::backend {
+
+/// The operations every backend context provides; ops (gemm, copy, fill, transfer, ...) are free
+/// functions found by argument-dependent lookup and checked where a layer calls them.
+template <class B>
+concept Backend = requires(B& be, const typename B::value_type* from, typename B::value_type* to, index_t n,
+                           std::span<typename B::value_type> host, std::span<const typename B::value_type> chost) {
+  typename B::value_type;
+  typename B::template buffer<typename B::value_type>;
+  { B::on_device } -> std::convertible_to<bool>;
+  { B::name } -> std::convertible_to<std::string_view>;
+  { be.memory } -> std::convertible_to<MemoryTracker&>;
+  { be.template allocate<typename B::value_type>(n, MemoryTag::activations) }
+      -> std::same_as<typename B::template buffer<typename B::value_type>>;
+  be.upload(chost, to);
+  be.download(from, host);
+  be.synchronize();
+};
+
+/// No-op scope, for backends without profiler annotations.
+struct NoAnnotation {};
+
+/// Optional capabilities, all no-ops by default.
+template <class B>
+struct capabilities {
+  /// A context for `device` (backends without devices ignore it).
+  static std::unique_ptr<B> make(int /*device*/) { return std::make_unique<B>(); }
+  /// Whether actions are timed on the backend's own clock (device events) rather than the host's.
+  static constexpr bool device_timeline = false;
+  static void timeline_start(B&) {}
+  static int timeline_mark(B&) { return 0; }
+  static double timeline_seconds(B&, int) { return 0; }
+  /// A profiler range named `label` for as long as the result lives.
+  static NoAnnotation annotate(B&, const char*) { return {}; }
+};
+
+}  // namespace cupipe::backend

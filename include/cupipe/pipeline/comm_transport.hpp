@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+// CommTransport: workers in other processes, through a comm::Communicator (MPI for host ranks, NCCL
+// for device ranks). Data goes straight from the backend's memory when the communicator takes that
+// memory (host backend and MPI, CUDA backend and NCCL); a CUDA backend under MPI stages through host
+// memory. A worker's message to itself (a V-shaped placement's turn) stays in the process.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cupipe/comm/communicator.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/pipeline/local_transport.hpp"
+#include "cupipe/pipeline/transport.hpp"
+
+namespace cupipe::pipeline {
+
+template <class Backend>
+class CommTransport final : public Transport<Backend> {
+ public:
+  using typename Transport<Backend>::T;
+  using typename Transport<Backend>::buffer;
+
+  CommTransport(std::shared_ptr<comm::Communicator> communicator, std::vector<Backend*> backends, double timeout_seconds)
+      : comm_(std::move(communicator)), backends_(backends), timeout_(timeout_seconds), self_(backends, timeout_seconds) {
+    CUPIPE_REQUIRE(Backend::on_device || !comm_->device_memory(), "Pipeline: a ", Backend::name,
+                   " backend keeps its data in host memory, but the communicator moves device memory (use MPI)");
+  }
+
+  void begin_step(std::size_t capacity) override { self_.begin_step(capacity); }
+
+  void send(int from, int to, const MessageKey& key, ConstView<T> data) override {
+    if (from == to) return self_.send(from, to, key, data);
+    Backend& source = *backends_[std::size_t(from)];
+    source.synchronize();
+    const auto describe = [&] { return "sending " + describe_message(key, "to", to); };
+    const std::size_t bytes = std::size_t(data.numel()) * sizeof(T);
+    if (direct()) return comm_->send(to, key, data.data(), bytes, describe);
+    std::vector<T> host(static_cast<std::size_t>(data.numel()));
+    source.download(data.data(), std::span<T>(host));
+    comm_->send(to, key, host.data(), bytes, describe);
+  }
+
+  buffer receive(int at, int peer, const MessageKey& key, index_t elements) override {
+    if (at == peer) return self_.receive(at, peer, key, elements);
+    Backend& be = *backends_[std::size_t(at)];
+    buffer data = be.template allocate<T>(elements, MemoryTag::activations);
+    const auto describe = [&] { return "waiting for " + describe_message(key, "from", peer); };
+    const std::size_t bytes = std::size_t(elements) * sizeof(T);
+    if (direct()) {
+      // The block may have come straight back from work still queued on this worker's stream; a
+      // transport writing on its own stream must not start before that work is done.
+      be.synchronize();
+      comm_->receive(peer, key, data.data(), bytes, timeout_, describe);
+      return data;
+    }
+    std::vector<T> host(static_cast<std::size_t>(elements));
+    comm_->receive(peer, key, host.data(), bytes, timeout_, describe);
+    be.upload(std::span<const T>(host), data.data());
+    return data;
+  }
+
+  void abort() override { self_.abort(); }
+
+  void finish_step() override { comm_->complete_sends(timeout_); }
+
+ private:
+  /// Whether the communicator reads and writes the backend's memory itself.
+  bool direct() const { return Backend::on_device == comm_->device_memory(); }
+
+  std::shared_ptr<comm::Communicator> comm_;
+  std::vector<Backend*> backends_;
+  double timeout_;
+  LocalTransport<Backend> self_;
+};
+
+}  // namespace cupipe::pipeline

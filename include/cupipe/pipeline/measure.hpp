@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// From what the workers recorded and the allocators counted to a StepStats: makespan, busy and idle
+// per stage, the measured bubble, peak activation and weight bytes, and every action's times.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "cupipe/core/memory.hpp"
+#include "cupipe/pipeline/stats.hpp"
+
+namespace cupipe::pipeline {
+
+/// `records[w]` are worker w's actions, `backends[w]` its context (null: another process ran it, and
+/// its figures are in that process's StepStats, zero here); `peak_versions[w]` the most weight
+/// versions it held.
+template <class Backend>
+StepStats measure_step(const std::vector<const std::vector<ActionRecord>*>& records, const std::vector<Backend*>& backends,
+                       const std::vector<int>& peak_versions) {
+  StepStats stats;
+  double first = 1e300, last = 0;
+  for (const auto* per_worker : records)
+    if (per_worker)
+      for (const ActionRecord& r : *per_worker) {
+        first = std::min(first, r.start);
+        last = std::max(last, r.end);
+      }
+  stats.makespan_seconds = last > first ? last - first : 0;
+  double idle_total = 0;
+  int measured = 0;
+  for (std::size_t w = 0; w < backends.size(); ++w) {
+    double busy = 0;
+    if (backends[w]) {
+      for (const ActionRecord& r : *records[w]) busy += r.end - r.start;
+      idle_total += stats.makespan_seconds - busy;
+      ++measured;
+      stats.actions.insert(stats.actions.end(), records[w]->begin(), records[w]->end());
+    }
+    stats.busy_seconds.push_back(busy);
+    stats.idle_seconds.push_back(backends[w] ? stats.makespan_seconds - busy : 0);
+    stats.peak_activation_bytes.push_back(backends[w] ? backends[w]->memory.peak(MemoryTag::activations) : 0);
+    stats.peak_weight_bytes.push_back(backends[w] ? backends[w]->memory.peak(MemoryTag::weights) : 0);
+    stats.peak_weight_versions.push_back(backends[w] ? peak_versions[w] : 0);
+  }
+  stats.bubble_fraction = stats.makespan_seconds > 0 ? idle_total / (measured * stats.makespan_seconds) : 0;
+  return stats;
+}
+
+}  // namespace cupipe::pipeline

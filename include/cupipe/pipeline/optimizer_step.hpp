@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// Applying an optimizer to stage states: its state slots, one stage's update from its gradients, the
+// sum of a stage's gradients over its data-parallel replicas, and the flush update with the global
+// gradient norm summed over every stage.
+#pragma once
+
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cupipe/comm/communicator.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/tensor.hpp"
+#include "cupipe/optim/optimizers.hpp"
+
+namespace cupipe::pipeline {
+
+/// Allocates (zeroed) the optimizer's state slots of a stage, unless it already has them.
+template <class Optimizer, class St>
+void prepare_slots(St& st) {
+  using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
+  if (st.slots_for == Optimizer::name && st.slots.size() == Optimizer::slot_names.size()) return;
+  st.slots.clear();
+  for (std::size_t i = 0; i < Optimizer::slot_names.size(); ++i) {
+    st.slots.push_back(st.be->template allocate<T>(st.param_count, MemoryTag::optimizer));
+    fill(*st.be, TensorView<T>{st.slots.back().data(), Shape{st.param_count}}, T(0));
+  }
+  st.slots_for = std::string(Optimizer::name);
+}
+
+/// Updates `params` (one of the stage's weight versions) from the stage's gradients scaled by
+/// `grad_scale`, then zeroes the gradients.
+template <class Optimizer, class St, class T>
+void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_scale) {
+  std::vector<TensorView<T>> slots;
+  for (auto& s : st.slots) slots.push_back({s.data(), Shape{st.param_count}});
+  optimizer.update(*st.be, TensorView<T>{params, Shape{st.param_count}}, ConstView<T>(st.grad_view()),
+                   std::span<const TensorView<T>>(slots), st.updates, grad_scale);
+  st.zero_grads();
+  ++st.updates;
+}
+
+/// Sum of squares of a stage's gradients.
+template <class St>
+double gradient_sum_of_squares(St& st) {
+  using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
+  return sum_of_squares(*st.be, ConstView<T>(st.grad_view()));
+}
+
+/// Sums a stage's gradients over its replicas (through host memory unless the communicator takes
+/// the backend's memory). Nothing to do without replicas.
+template <class St>
+void sum_over_replicas(comm::Communicator* comm, St& st) {
+  if (!comm || comm->topology().replicas == 1) return;
+  using Backend = std::remove_reference_t<decltype(*st.be)>;
+  using T = typename Backend::value_type;
+  st.be->synchronize();
+  if (Backend::on_device == comm->device_memory()) {
+    comm->sum_over_replicas(st.grads.data(), std::size_t(st.param_count));
+    return;
+  }
+  std::vector<T> host(static_cast<std::size_t>(st.param_count));
+  st.be->download(st.grads.data(), std::span<T>(host));
+  comm->sum_over_replicas(host.data(), host.size());
+  st.be->upload(std::span<const T>(host), st.grads.data());
+}
+
+/// The flush update: the global gradient norm over every stage (and process), one clip factor, then
+/// every local stage steps. Returns the norm before clipping.
+template <class Optimizer, class States>
+double flush_update(States& states, comm::Communicator* comm, const Optimizer& optimizer) {
+  double sum = 0;
+  states.for_each([&](auto, auto& st) { sum += gradient_sum_of_squares(st); });
+  if (comm) sum = comm->sum_over_stages(sum);  // replicas hold the same summed gradients
+  const double norm = std::sqrt(sum);
+  const double scale = optim::clip_factor(norm, optimizer.clip_norm());
+  states.for_each([&](auto, auto& st) { update_stage(st, st.weights.latest_data(), optimizer, scale); });
+  return norm;
+}
+
+}  // namespace cupipe::pipeline

@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+// StageExecutor: what F, B, W and a microbatch's completion do on one virtual stage, for training
+// and for inference. It reads the step's plan, keeps what backward needs in the stage's state, and
+// moves every activation and gradient through the Transport, whatever the neighbour is.
+//
+// How a microbatch travels (see docs/architecture.md for the picture):
+// - F on virtual stage k takes its input (the batch rows for k = 0, else the activation from k - 1),
+//   runs its layers with the microbatch's weight version, keeps a record for backward and sends its
+//   output to k + 1; the last virtual stage computes the loss instead.
+// - B takes the gradient from k + 1 (the last stage differentiates the loss), runs the backward with
+//   the same version and sends the input gradient to k - 1. Split schedules (zero bubble) defer the
+//   weight gradient to W, which keeps the per-layer output gradients.
+// - When a stage is done with a microbatch it frees its record; asynchronous schedules then drop
+//   every weight version no unfinished microbatch needs and apply their update.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cupipe/comm/communicator.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/tensor.hpp"
+#include "cupipe/layers/network.hpp"
+#include "cupipe/optim/optimizers.hpp"
+#include "cupipe/pipeline/optimizer_step.hpp"
+#include "cupipe/pipeline/stage_states.hpp"
+#include "cupipe/pipeline/step_plan.hpp"
+#include "cupipe/pipeline/transport.hpp"
+#include "cupipe/pipeline/worker_runtime.hpp"
+#include "cupipe/schedule/action.hpp"
+#include "cupipe/schedule/weights.hpp"
+
+namespace cupipe::pipeline {
+
+template <class Stages, class Schedule, class Backend>
+class StageExecutor {
+ public:
+  using T = typename Backend::value_type;
+  using buffer = typename Backend::template buffer<T>;
+  using Loss = typename Stages::loss;
+  using input_type = model_input_t<typename Stages::template stage<0>, T>;
+  static constexpr int virtual_stages = int(Stages::size);
+  static constexpr schedule::UpdateRule update_rule = Schedule::update;
+  static constexpr bool split_backward = Schedule::split_backward;
+  static constexpr int max_versions = update_rule == schedule::UpdateRule::flush ? 1 : dynamic_versions;
+  using States = StageStates<Stages, Backend, max_versions>;
+
+  /// One step's inputs and outputs, shared by every worker.
+  struct Step {
+    const StepPlan* plan = nullptr;
+    ConstView<input_type> x;
+    ConstView<std::int32_t> labels;
+    std::vector<double> losses;             ///< [microbatch] written by the last virtual stage
+    const void* optimizer = nullptr;        ///< asynchronous schedules update inside the step
+    std::int64_t batches_before = 0;        ///< batches finished before this step (2BW versions)
+  };
+
+  StageExecutor(const schedule::Plan& plan, States& states, Transport<Backend>& transport,
+                WorkerRuntime<Backend>& runtime, comm::Communicator* comm, bool check_finite)
+      : plan_(plan),
+        offsets_(schedule::detail::microbatch_versions(plan)),
+        states_(states),
+        transport_(transport),
+        runtime_(runtime),
+        comm_(comm),
+        check_finite_(check_finite) {}
+
+  int worker_of(int virtual_stage) const { return plan_.placement.worker_of(virtual_stage); }
+  const std::vector<int>& version_offsets() const noexcept { return offsets_; }
+
+  /// Runs action `a` of worker `w`.
+  template <class Optimizer>
+  void execute(int w, const schedule::Action& a, Step& step) {
+    states_.visit(plan_.virtual_stage(w, a), [&](auto k, auto& st) {
+      constexpr int K = decltype(k)::value;
+      switch (a.kind) {
+        case schedule::ActionKind::F: forward<K>(st, a.microbatch, step); break;
+        case schedule::ActionKind::B: backward<K, Optimizer>(st, a.microbatch, step); break;
+        case schedule::ActionKind::W: weight<K, Optimizer>(st, a.microbatch, step); break;
+      }
+    });
+  }
+
+  /// Inference through this process's virtual stages in order, on the caller's thread, with each
+  /// stage's latest weights: x (n, in_features) -> the last stage's output (n, out_features), in the
+  /// last worker's memory; empty where the last stage runs in another process.
+  buffer predict(ConstView<input_type> x, int message_id) {
+    const index_t rows = x.rows();
+    buffer result;
+    states_.for_each([&](auto k, auto& st) {
+      constexpr int K = decltype(k)::value;
+      using Seq = typename Stages::template stage<K>;
+      Backend& be = *st.be;
+      buffer input;
+      if constexpr (K > 0)
+        input = transport_.receive(worker_of(K), worker_of(K - 1), {Flow::activation, K, message_id}, rows * Seq::in_features);
+      auto record = be.template allocate<T>(Seq::record_elements(rows), MemoryTag::activations);
+      if constexpr (K == 0) Seq::forward(be, st.weights.latest_data(), x, record.data());
+      else Seq::forward(be, st.weights.latest_data(), ConstView<T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
+      const ConstView<T> out = Seq::output(record.data(), rows);
+      if constexpr (K + 1 < virtual_stages) {
+        transport_.send(worker_of(K), worker_of(K + 1), {Flow::activation, K + 1, message_id}, out);
+      } else {
+        result = be.template allocate<T>(out.numel(), MemoryTag::activations);
+        copy(be, out, TensorView<T>{result.data(), out.shape()});
+      }
+    });
+    return result;
+  }
+
+ private:
+  template <int K>
+  using stage_seq = typename Stages::template stage<K>;
+
+  template <int K, class St>
+  auto stage_input(const typename St::InFlight& f, const Step& step, int j) const {
+    using Seq = stage_seq<K>;
+    if constexpr (K == 0) return ConstView<input_type>(step.x.row_slice(step.plan->first[std::size_t(j)], f.rows));
+    else return ConstView<T>{f.input.data(), Shape{f.rows, Seq::in_features}};
+  }
+
+  static ConstView<std::int32_t> microbatch_labels(const Step& step, int j) {
+    return {step.labels.data() + step.plan->first[std::size_t(j)], Shape{step.plan->rows[std::size_t(j)]}};
+  }
+
+  /// Waits for a message from virtual stage `from`; the action's measured time starts when it arrives.
+  buffer receive(int at, int from, const MessageKey& key, index_t elements) {
+    buffer message = transport_.receive(at, worker_of(from), key, elements);
+    runtime_.input_arrived(at);
+    return message;
+  }
+
+  template <int K, class St>
+  void forward(St& st, int j, Step& step) {
+    using Seq = stage_seq<K>;
+    Backend& be = *st.be;
+    typename St::InFlight f;
+    f.rows = step.plan->rows[std::size_t(j)];
+    f.version = step.plan->version[std::size_t(j)];
+    if constexpr (K > 0) f.input = receive(worker_of(K), K - 1, {Flow::activation, K, j}, f.rows * Seq::in_features);
+    f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
+    Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
+    const ConstView<T> out = Seq::output(f.record.data(), f.rows);
+    if constexpr (K + 1 < virtual_stages) {
+      transport_.send(worker_of(K), worker_of(K + 1), {Flow::activation, K + 1, j}, out);
+    } else {
+      const auto labels = microbatch_labels(step, j);
+      auto loss = be.template allocate<T>(1, MemoryTag::workspace);
+      Loss::forward(be, out, labels, TensorView<T>{loss.data(), Shape{1}}, step.plan->normalizer[std::size_t(j)]);
+      T value{};
+      be.download(loss.data(), std::span<T>(&value, 1));
+      if (check_finite_) Loss::check_finite(value, out, labels);
+      step.losses[std::size_t(j)] = double(value);
+    }
+    if (st.recompute) f.record = {};  // keep only the input; backward recomputes
+    st.in_flight.emplace(j, std::move(f));
+  }
+
+  template <int K, class Optimizer, class St>
+  void backward(St& st, int j, Step& step) {
+    using Seq = stage_seq<K>;
+    Backend& be = *st.be;
+    auto it = st.in_flight.find(j);
+    if (it == st.in_flight.end()) CUPIPE_THROW("backward before forward for microbatch ", j);
+    auto& f = it->second;
+    const T* params = st.weights.data(f.version);
+    const auto x0 = stage_input<K, St>(f, step, j);
+    if (st.recompute) {
+      f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
+      Seq::forward(be, params, x0, f.record.data());
+    }
+    if constexpr (K + 1 == virtual_stages) {
+      f.dy = be.template allocate<T>(f.rows * Seq::out_features, MemoryTag::activations);
+      Loss::backward(be, ConstView<T>(Seq::output(f.record.data(), f.rows)), microbatch_labels(step, j),
+                     TensorView<T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.plan->normalizer[std::size_t(j)]);
+    } else {
+      f.dy = receive(worker_of(K), K + 1, {Flow::gradient, K, j}, f.rows * Seq::out_features);
+    }
+    f.grad_record = be.template allocate<T>(Seq::grad_record_elements(f.rows), MemoryTag::activations);
+    buffer dx;
+    if constexpr (K > 0) dx = be.template allocate<T>(f.rows * Seq::in_features, MemoryTag::activations);
+    Seq::backward(be, params, x0, f.record.data(), ConstView<T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
+                  K > 0 ? TensorView<T>{dx.data(), Shape{f.rows, Seq::in_features}} : TensorView<T>{}, st.grads.data(),
+                  f.grad_record.data(), !split_backward);
+    if constexpr (K > 0)
+      transport_.send(worker_of(K), worker_of(K - 1), {Flow::gradient, K - 1, j},
+                      ConstView<T>{dx.data(), Shape{f.rows, Seq::in_features}});
+    if constexpr (!split_backward) finish<Optimizer>(st, j, step);
+  }
+
+  template <int K, class Optimizer, class St>
+  void weight(St& st, int j, Step& step) {
+    using Seq = stage_seq<K>;
+    auto it = st.in_flight.find(j);
+    if (it == st.in_flight.end() || it->second.dy.data() == nullptr) CUPIPE_THROW("W before B for microbatch ", j);
+    auto& f = it->second;
+    Seq::backward_weight(*st.be, stage_input<K, St>(f, step, j), f.record.data(),
+                         ConstView<T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, f.grad_record.data(), st.grads.data());
+    finish<Optimizer>(st, j, step);
+  }
+
+  /// The microbatch is done on this stage: free what it held, then apply the asynchronous update
+  /// its completion triggers, keeping exactly the versions unfinished microbatches still need.
+  template <class Optimizer, class St>
+  void finish(St& st, int j, Step& step) {
+    st.in_flight.erase(j);
+    st.done[std::size_t(j)] = 1;
+    if constexpr (update_rule != schedule::UpdateRule::flush) {
+      const schedule::Config& c = plan_.config;
+      const bool update = update_rule == schedule::UpdateRule::per_microbatch ||
+                          ++st.done_in_batch[std::size_t(j / c.microbatches)] == c.microbatches;
+      if (!update || step.optimizer == nullptr) return;
+      // The oldest version an unfinished microbatch will use: of this step, or the next step's first.
+      int needed = schedule::version_of(plan_, offsets_, c.total_microbatches(), st.weights.latest(), step.batches_before);
+      for (std::size_t i = 0; i < st.done.size(); ++i)
+        if (!st.done[i]) needed = std::min(needed, step.plan->version[i]);
+      st.weights.drop_below(std::min(needed, st.weights.latest()));
+      T* params = needed > st.weights.latest() ? st.weights.advance_in_place() : st.weights.advance();
+      sum_over_replicas(comm_, st);  // every replica of this stage runs the same actions, so they meet here
+      const auto& optimizer = *static_cast<const Optimizer*>(step.optimizer);
+      const double norm = std::sqrt(gradient_sum_of_squares(st));
+      update_stage(st, params, optimizer, optim::clip_factor(norm, optimizer.clip_norm()));
+    }
+  }
+
+  const schedule::Plan& plan_;
+  std::vector<int> offsets_;
+  States& states_;
+  Transport<Backend>& transport_;
+  WorkerRuntime<Backend>& runtime_;
+  comm::Communicator* comm_;
+  bool check_finite_;
+};
+
+}  // namespace cupipe::pipeline

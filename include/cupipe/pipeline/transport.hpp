@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// Transport: how a stage's output reaches the worker that needs it. The executor has one path for
+// every neighbour; the transport decides how: LocalTransport (workers in this process: a keyed
+// mailbox per worker and the backend's transfer()) or CommTransport (workers in other processes,
+// through a comm::Communicator: MPI for host ranks, NCCL for device ranks).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "cupipe/comm/message.hpp"
+#include "cupipe/core/tensor.hpp"
+
+namespace cupipe::pipeline {
+
+using comm::Flow;
+using comm::MessageKey;
+
+template <class Backend>
+class Transport {
+ public:
+  using T = typename Backend::value_type;
+  using buffer = typename Backend::template buffer<T>;
+
+  virtual ~Transport() = default;
+  /// Forgets whatever a failed step left and opens for a new step; `capacity` bounds the messages a
+  /// worker holds before senders wait.
+  virtual void begin_step(std::size_t capacity) = 0;
+  /// Hands `data` (in worker `from`'s memory) to worker `to` under `key`. The caller may reuse
+  /// `data` once this returns.
+  virtual void send(int from, int to, const MessageKey& key, ConstView<T> data) = 0;
+  /// The message `key` from worker `peer`, `elements` values, in worker `at`'s memory. A wait longer
+  /// than the transfer timeout is an error naming the message and the peer.
+  virtual buffer receive(int at, int peer, const MessageKey& key, index_t elements) = 0;
+  /// Wakes every waiter with pipeline::Aborted: a failure elsewhere ends the step.
+  virtual void abort() = 0;
+  /// Waits until every send of the step has been received (within the transfer timeout).
+  virtual void finish_step() = 0;
+};
+
+/// "the activation of microbatch 3 from stage 1", for waits and errors.
+inline std::string describe_message(const MessageKey& key, const char* direction, int peer) {
+  return std::string(key.flow == Flow::activation ? "the activation" : "the gradient") + " of microbatch " +
+         std::to_string(key.microbatch) + " " + direction + " stage " + std::to_string(peer);
+}
+
+}  // namespace cupipe::pipeline

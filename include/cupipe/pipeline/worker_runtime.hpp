@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+// WorkerRuntime: one thread per local worker, each walking its action list; the first failure is
+// kept with the action that failed, and every other worker is woken (through the transport's abort)
+// and stops. It also times each action: from when its input arrived (waiting is idle, not busy) to
+// its end, on the host clock, or on the backend's own clock where it has one (CUDA events).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cupipe/backend/capabilities.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/pipeline/mailbox.hpp"
+#include "cupipe/pipeline/stats.hpp"
+#include "cupipe/schedule/action.hpp"
+
+namespace cupipe::pipeline {
+
+template <class Backend>
+class WorkerRuntime {
+  using caps = backend::capabilities<Backend>;
+
+ public:
+  /// `backends[w]` is worker w's context, null for workers of other processes.
+  explicit WorkerRuntime(std::vector<Backend*> backends) : backends_(std::move(backends)), workers_(backends_.size()) {}
+
+  /// Runs every local worker's list of `plan` on its own thread; execute(w, action) does the work
+  /// and abort() wakes every waiter after a failure. Returns the first failure, or null.
+  template <class Execute, class Abort>
+  std::exception_ptr run(const schedule::Plan& plan, Execute&& execute, Abort&& abort) {
+    failure_ = nullptr;
+    failed_.store(false, std::memory_order_relaxed);
+    for (std::size_t w = 0; w < workers_.size(); ++w) {
+      workers_[w] = Worker{};
+      if (backends_[w]) caps::timeline_start(*backends_[w]);
+    }
+    start_ = std::chrono::steady_clock::now();
+    {
+      std::vector<std::jthread> threads;
+      for (int w = 0; w < int(workers_.size()); ++w)
+        if (backends_[std::size_t(w)]) threads.emplace_back([&, w] { walk(plan, w, execute, abort); });
+    }  // joins every worker, also when one failed
+    if (!failure_ && caps::device_timeline) device_times();
+    return failure_;
+  }
+
+  /// The running action of worker w has its input: its measured time starts now.
+  void input_arrived(int w) {
+    Worker& worker = workers_[std::size_t(w)];
+    worker.action_start = now();
+    worker.action_mark = caps::timeline_mark(*backends_[std::size_t(w)]);
+  }
+
+  /// Every action worker w ran in the last step, in order, with measured times.
+  const std::vector<ActionRecord>& records(int w) const { return workers_[std::size_t(w)].records; }
+
+ private:
+  struct Worker {
+    std::vector<ActionRecord> records;
+    std::vector<std::pair<int, int>> marks;  // backend clock marks of each record (device timelines)
+    double action_start = 0;
+    int action_mark = 0;
+  };
+
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+  template <class Execute, class Abort>
+  void walk(const schedule::Plan& plan, int w, Execute& execute, Abort& abort) {
+    Worker& worker = workers_[std::size_t(w)];
+    Backend& be = *backends_[std::size_t(w)];
+    const auto& actions = plan.actions[std::size_t(w)];
+    worker.records.reserve(actions.size());
+    for (const schedule::Action& a : actions) {
+      if (failed_.load(std::memory_order_acquire)) return;
+      input_arrived(w);  // moved on by a receive, once the input is there
+      try {
+        // Named like the trace's labels ("F3", "B3a"), so a profiler shows the schedule.
+        [[maybe_unused]] const auto range = caps::annotate(be, label(a, plan.config.chunks > 1).c_str());
+        execute(w, a);
+        worker.marks.emplace_back(worker.action_mark, caps::timeline_mark(be));
+      } catch (const Aborted&) {
+        return;
+      } catch (const error& e) {
+        fail(plan, w, a, e.message(), e.call(), e.file(), e.line(), abort);
+        return;
+      } catch (const std::exception& e) {
+        fail(plan, w, a, e.what(), "", __FILE__, __LINE__, abort);
+        return;
+      }
+      worker.records.push_back({w, a.kind, a.microbatch, a.chunk, worker.action_start, now()});
+    }
+  }
+
+  static std::string label(const schedule::Action& a, bool with_chunk) {
+    return schedule::detail::event_label({0, a.kind, a.microbatch, a.chunk, 0, 0}, with_chunk);
+  }
+
+  template <class Abort>
+  void fail(const schedule::Plan& plan, int w, const schedule::Action& a, const std::string& message,
+            const std::string& call, const std::string& file, int line, Abort& abort) {
+    std::string where = "stage " + std::to_string(w);
+    if (plan.config.chunks > 1) where += " (virtual stage " + std::to_string(plan.virtual_stage(w, a)) + ")";
+    where += std::string(", action ") + schedule::kind_letter(a.kind) + std::to_string(a.microbatch);
+    {
+      std::lock_guard lock(failure_mutex_);
+      if (!failure_) failure_ = std::make_exception_ptr(error(where + ": " + message, call, file, line));
+    }
+    failed_.store(true, std::memory_order_release);
+    abort();
+  }
+
+  /// Device timelines: from each worker's origin event (all recorded together just before the
+  /// workers started) to its action marks, so the records show kernels, not enqueueing.
+  void device_times() {
+    for (std::size_t w = 0; w < workers_.size(); ++w) {
+      if (!backends_[w]) continue;
+      Worker& worker = workers_[w];
+      for (std::size_t i = 0; i < worker.records.size(); ++i) {
+        worker.records[i].start = caps::timeline_seconds(*backends_[w], worker.marks[i].first);
+        worker.records[i].end = caps::timeline_seconds(*backends_[w], worker.marks[i].second);
+      }
+    }
+  }
+
+  std::vector<Backend*> backends_;
+  std::vector<Worker> workers_;
+  std::chrono::steady_clock::time_point start_;
+  std::mutex failure_mutex_;
+  std::exception_ptr failure_;
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace cupipe::pipeline
