@@ -11,6 +11,11 @@ namespace cupipe::ops {
 /// lookup finds the overload for their backend wherever it was declared, before or after the layer.
 struct Dispatch {};
 
+/// The tanh-form GELU (Hendrycks & Gimpel, as in GPT-2) of every backend:
+///   gelu(x) = 0.5 x (1 + tanh(gelu_k (x + gelu_c x^3))).
+inline constexpr double gelu_k = 0.7978845608028654;  // sqrt(2 / pi)
+inline constexpr double gelu_c = 0.044715;
+
 /// Whether a GEMM operand is used as stored (row-major) or transposed.
 enum class Transpose : std::uint8_t { no, yes };
 

@@ -13,6 +13,8 @@
 //   describe()                  "Linear<784, 512>"
 //   init(params, in, rng)       PyTorch's default initialisation, on host memory
 //   forward / backward_input / backward_weight, templated on the backend (see Linear for the form).
+// The concept Layer checks all of these (the three passes and init for every layer but a loss), and
+// layer_is_complete<L> says in one sentence which one a layer lacks.
 // Layers call ops unqualified (`gemm(be, ...)`): argument-dependent lookup on the backend picks the
 // op of that backend (see ops::Dispatch).
 #pragma once
@@ -20,10 +22,13 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
+#include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/core/shape.hpp"
 #include "cupipe/core/tensor.hpp"
@@ -43,8 +48,9 @@ struct ParamSpec {
   constexpr Shape shape() const { return cols == 0 ? Shape{rows} : Shape{rows, cols}; }
 };
 
+/// The static members that describe a layer (widths, parameters, cost, name).
 template <class L>
-concept Layer = requires(index_t in) {
+concept LayerDescription = requires(index_t in) {
   { L::in_features } -> std::convertible_to<index_t>;
   { L::out_features_for(in) } -> std::convertible_to<index_t>;
   { L::takes_token_ids } -> std::convertible_to<bool>;
@@ -53,6 +59,72 @@ concept Layer = requires(index_t in) {
   { L::saved_per_row(in) } -> std::convertible_to<index_t>;
   { L::forward_flops_per_sample(in) } -> std::convertible_to<double>;
   { L::describe() } -> std::convertible_to<std::string>;
+};
+
+namespace detail {
+/// A backend without ops, to check a layer's signatures in requires-expressions; nothing runs on it.
+struct SignatureProbe : ops::Dispatch {
+  using value_type = float;
+};
+/// What a layer reads: token ids for an Embedding, else the backend's values.
+template <class L>
+using layer_input_t = std::conditional_t<L::takes_token_ids, std::int32_t, float>;
+}  // namespace detail
+
+// The calls Sequential makes, with the argument types it passes (layers/sequential.hpp).
+template <class L>
+concept LayerForward = requires(detail::SignatureProbe& be, const float* params, ConstView<detail::layer_input_t<L>> x,
+                                TensorView<float> y, TensorView<float> saved) { L::forward(be, params, x, y, saved); };
+template <class L>
+concept LayerBackwardInput =
+    requires(detail::SignatureProbe& be, const float* params, ConstView<detail::layer_input_t<L>> x,
+             TensorView<float> saved, ConstView<float> dy, TensorView<float> dx) {
+      L::backward_input(be, params, x, saved, dy, dx);
+    };
+template <class L>
+concept LayerBackwardWeight =
+    requires(detail::SignatureProbe& be, ConstView<detail::layer_input_t<L>> x, TensorView<float> saved,
+             ConstView<float> dy, float* grads) { L::backward_weight(be, x, saved, dy, grads); };
+template <class L>
+concept LayerInit = requires(std::span<float> params, index_t in, Rng& rng) { L::init(params, in, rng); };
+
+/// A loss layer ends a model; the trainer, not Sequential, runs it.
+template <class L>
+concept LossLayer = LayerDescription<L> && L::is_loss;
+
+/// A layer Sequential can hold: described, and (unless it is the loss) able to run forward, both
+/// backward passes and init.
+template <class L>
+concept Layer = LayerDescription<L> &&
+                (LossLayer<L> || (LayerForward<L> && LayerBackwardInput<L> && LayerBackwardWeight<L> && LayerInit<L>));
+
+/// Instantiated by Sequential for each of its layers: a layer that is not a Layer fails here, with the
+/// layer as the template argument and one sentence naming what it lacks.
+template <class L>
+struct layer_is_complete {
+  static constexpr bool described = LayerDescription<L>;
+  static_assert(described,
+                "Sequential: this layer lacks a static member every layer has (in_features, out_features_for, "
+                "takes_token_ids, is_loss, params, saved_per_row, forward_flops_per_sample, describe); the layer is "
+                "the argument of layer_is_complete<layer> named above");
+  // A layer that is not described is reported once, above, and not again below.
+  static constexpr bool has_forward = !described || LossLayer<L> || LayerForward<L>;
+  static constexpr bool has_backward_input = !described || LossLayer<L> || LayerBackwardInput<L>;
+  static constexpr bool has_backward_weight = !described || LossLayer<L> || LayerBackwardWeight<L>;
+  static constexpr bool has_init = !described || LossLayer<L> || LayerInit<L>;
+  static_assert(has_forward,
+                "Sequential: the layer named in layer_is_complete<layer> above has no static "
+                "forward(be, params, x, y, saved) that Sequential can call");
+  static_assert(has_backward_input,
+                "Sequential: the layer named in layer_is_complete<layer> above has no static "
+                "backward_input(be, params, x, saved, dy, dx) that Sequential can call");
+  static_assert(has_backward_weight,
+                "Sequential: the layer named in layer_is_complete<layer> above has no static "
+                "backward_weight(be, x, saved, dy, grads) that Sequential can call (Stateless provides an empty one)");
+  static_assert(has_init,
+                "Sequential: the layer named in layer_is_complete<layer> above has no static init(params, in, rng) "
+                "that Sequential can call (Stateless provides an empty one)");
+  static constexpr bool value = Layer<L>;
 };
 
 /// Total parameter elements of layer L at input width `in`.

@@ -59,7 +59,10 @@ struct LayerSeq;
 template <std::size_t FirstIndex, index_t InFeatures, class... Layers>
 struct LayerSeq {
   static_assert(sizeof...(Layers) > 0, "a layer sequence needs at least one layer");
-  static_assert((Layer<Layers> && ...), "every element of a Sequential must be a cupipe layer");
+  // Instantiates layer_is_complete<L> for every layer, whose static_assert names a layer that lacks
+  // something and what; this assertion itself always holds, so each mistake is reported once.
+  static_assert(((void)layer_is_complete<Layers>::value, ..., true));
+  static constexpr bool all_layers = (Layer<Layers> && ...);
 
   static constexpr std::size_t size = sizeof...(Layers);
   static constexpr std::size_t first_index = FirstIndex;
@@ -180,12 +183,13 @@ struct LayerSeq {
   static void init(std::span<T> params, std::uint64_t seed) {
     CUPIPE_REQUIRE(index_t(params.size()) == param_count, "init: ", params.size(), " parameters given, ",
                    param_count, " needed");
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((void)[&] {
-        Rng rng = Rng::derive(seed, FirstIndex + I);
-        layer<I>::init(params.subspan(param_offsets[I], param_elements<layer<I>>(widths[I])), widths[I], rng);
-      }(), ...);
-    }(std::make_index_sequence<size>());
+    if constexpr (all_layers)
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((void)[&] {
+          Rng rng = Rng::derive(seed, FirstIndex + I);
+          layer<I>::init(params.subspan(param_offsets[I], param_elements<layer<I>>(widths[I])), widths[I], rng);
+        }(), ...);
+      }(std::make_index_sequence<size>());
   }
 
   /// Layer i's input (i >= 1) or the output (i == size) inside a record of `rows` rows.
@@ -212,9 +216,11 @@ struct LayerSeq {
     check_view(x0, Shape{rows, in_features}, describe_layer<0>(), "input");
     CUPIPE_REQUIRE((params != nullptr || param_count == 0) && record != nullptr, describe_layer<0>(),
                    ": null parameters or record");
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (forward_layer<I>(be, params, x0, record, rows), ...);
-    }(std::make_index_sequence<size>());
+    // Without a complete layer (reported above) the passes are not instantiated, so nothing follows that report.
+    if constexpr (all_layers)
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (forward_layer<I>(be, params, x0, record, rows), ...);
+      }(std::make_index_sequence<size>());
   }
 
   /// Backward through every layer, last to first, from dy (rows, out_features).
@@ -232,9 +238,10 @@ struct LayerSeq {
                    ": null parameters or record");
     CUPIPE_REQUIRE(grad_record != nullptr || size == 1, describe_layer<0>(), ": null grad record");
     CUPIPE_REQUIRE(grads != nullptr || !with_weight_grads || param_count == 0, describe_layer<0>(), ": null gradients");
-    [&]<std::size_t... R>(std::index_sequence<R...>) {
-      (backward_layer<size - 1 - R>(be, params, x0, record, rows, dy, dx, grads, grad_record, with_weight_grads), ...);
-    }(std::make_index_sequence<size>());
+    if constexpr (all_layers)
+      [&]<std::size_t... R>(std::index_sequence<R...>) {
+        (backward_layer<size - 1 - R>(be, params, x0, record, rows, dy, dx, grads, grad_record, with_weight_grads), ...);
+      }(std::make_index_sequence<size>());
   }
 
   /// Accumulates parameter gradients from a grad record that backward(..., false) filled.
@@ -244,9 +251,10 @@ struct LayerSeq {
     check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
     CUPIPE_REQUIRE(record != nullptr && (grad_record != nullptr || size == 1) && (grads != nullptr || param_count == 0),
                    describe_layer<0>(), ": null record, grad record or gradients");
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (weight_layer<I>(be, x0, record, rows, dy, grad_record, grads), ...);
-    }(std::make_index_sequence<size>());
+    if constexpr (all_layers)
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (weight_layer<I>(be, x0, record, rows, dy, grad_record, grads), ...);
+      }(std::make_index_sequence<size>());
   }
 
  private:
@@ -357,10 +365,6 @@ struct Sequential : detail::split_loss<Layers...>::body {
   using loss = typename detail::split_loss<Layers...>::loss;
   static constexpr bool has_loss = detail::split_loss<Layers...>::has_loss;
   static constexpr std::size_t layer_count = sizeof...(Layers);
-
- private:
-  // Checking the whole list (loss included) reports a loss layer placed anywhere but last.
-  static constexpr bool all_checked = all::size == layer_count;
 };
 
 }  // namespace cupipe

@@ -12,7 +12,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <array>
 #include <string_view>
 #include <type_traits>
 
@@ -21,6 +20,8 @@
 #include "cupipe/backend/cuda/gemm_plan.cuh"
 #include "cupipe/backend/cuda/kernels/elementwise.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
+#include "cupipe/backend/cuda/stream.cuh"
+#include "cupipe/backend/op_checks.hpp"
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
@@ -33,24 +34,6 @@ namespace cuda_detail {
 template <class X> inline constexpr cudaDataType_t cuda_type = CUDA_R_32F;
 template <> inline constexpr cudaDataType_t cuda_type<double> = CUDA_R_64F;
 template <> inline constexpr cudaDataType_t cuda_type<bfloat16> = CUDA_R_16BF;
-
-inline Shape transposed_if(const Shape& s, Transpose t) {
-  return t == Transpose::yes ? Shape{s.cols(), s.rows()} : Shape{s.rows(), s.cols()};
-}
-
-/// Shapes of c = op(a) op(b), checked as the host op checks them; returns (m, n, k).
-template <class AB, class C>
-std::array<index_t, 3> gemm_shape(std::string_view op, Transpose ta, Transpose tb, ConstView<AB> a, ConstView<AB> b,
-                                  const TensorView<C>& c) {
-  const Shape opa = transposed_if(a.shape(), ta), opb = transposed_if(b.shape(), tb);
-  const index_t m = opa[0], k = opa[1], n = opb[1];
-  if (opb[0] != k || c.rows() != m || c.cols() != n)
-    CUPIPE_THROW(op, ": op(a) is ", opa, " and op(b) is ", opb, ", so c must be (", m, ", ", n, ") but is ",
-                 c.shape());
-  if (m != 0 && n != 0)
-    CUPIPE_REQUIRE(c.data() != nullptr && (k == 0 || (a.data() && b.data())), op, ": null operand");
-  return {m, n, k};
-}
 
 /// One product through a cached plan: c = alpha op(a) op(b) + beta c, with `epilogue` applied.
 template <class T, class AB, class C, class S>
@@ -83,13 +66,13 @@ void lt_matmul(backend::Cuda<T>& be, Transpose ta, Transpose tb, S alpha, const 
   plan.run(ctx.cublas_lt(), key, args, workspace, gpu::Context::gemm_workspace_bytes, ctx.stream());
 }
 
-/// The shared body of every GEMM entry point; bias and pre may be null.
+/// The shared body of every GEMM entry point, after the host's shape checks; bias and pre may be null.
 template <class T, class AB, class C, class S>
 void gemm_impl(backend::Cuda<T>& be, std::string_view op, Transpose ta, Transpose tb, S alpha, ConstView<AB> a,
                ConstView<AB> b, S beta, TensorView<C> c, const C* bias, bool gelu, C* pre) {
-  const auto [m, n, k] = gemm_shape<AB, C>(op, ta, tb, a, b, c);
+  const auto [m, n, k] = checks::gemm<AB, C>(op, ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
-  be.context().activate();
+  const gpu::DeviceGuard device(be.device());
   using DC = gpu::kernels::device_t<C>;
   auto* dc = gpu::kernels::device_ptr(c.data());
   const index_t lda = std::max<index_t>(a.cols(), 1), ldb = std::max<index_t>(b.cols(), 1);

@@ -4,8 +4,10 @@
 // and bias_backward accumulate, everything else overwrites, and shapes are validated before any
 // launch. Each op is an NVTX range and enqueues on the context's stream without waiting, except
 // the ones that return a value to the host (sum_of_squares) or check device-side input (labels, token
-// ids) when be.check_inputs is set. Like the host ops, every op checks every view (inputs too) for
-// its shape and for a null pointer before it launches anything.
+// ids) when be.check_inputs is set. Every op of the host contract first runs the host's checks
+// (backend/op_checks.hpp) on every view (inputs too), for its shape and for a null pointer, before it
+// launches anything. An op makes its context's device current while it runs and restores the
+// thread's previous device when it returns.
 //
 // transfer (the pipeline's stage-to-stage hand-over) is in transfer.cuh.
 //
@@ -31,7 +33,9 @@
 #include "cupipe/backend/cuda/kernels/reduce.cuh"
 #include "cupipe/backend/cuda/kernels/softmax_xent.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
+#include "cupipe/backend/cuda/stream.cuh"
 #include "cupipe/backend/cuda/transfer.cuh"
+#include "cupipe/backend/op_checks.hpp"
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
@@ -43,16 +47,15 @@ namespace cuda_detail {
 
 using gpu::kernels::device_ptr;
 
-/// Enters an op: names it for profilers and makes the context's device current.
+/// Enters an op: names it for profilers and makes the context's device current until the op returns.
 class OpScope {
  public:
   template <class T>
-  OpScope(backend::Cuda<T>& be, const char* name) : range_(name) {
-    be.context().activate();
-  }
+  OpScope(backend::Cuda<T>& be, const char* name) : range_(name), device_(be.device()) {}
 
  private:
   gpu::NvtxRange range_;
+  gpu::DeviceGuard device_;
 };
 
 template <class V>
@@ -68,8 +71,7 @@ auto cptr(const V& view) {
 /// y (rows, n) += bias (n) on every row.
 template <class T>
 void bias_add(backend::Cuda<T>& be, TensorView<T> y, ConstView<T> bias) {
-  check_view(y, y.shape(), "bias_add", "y");
-  check_view(bias, Shape{y.cols()}, "bias_add", "bias");
+  checks::bias_add(y, bias);
   const cuda_detail::OpScope scope(be, "cupipe::bias_add");
   gpu::kernels::bias_add(be.context(), y.data(), bias.data(), y.rows(), y.cols());
 }
@@ -77,8 +79,7 @@ void bias_add(backend::Cuda<T>& be, TensorView<T> y, ConstView<T> bias) {
 /// dbias (n) += column sums of dy (rows, n).
 template <class T>
 void bias_backward(backend::Cuda<T>& be, ConstView<T> dy, TensorView<T> dbias) {
-  check_view(dy, dy.shape(), "bias_backward", "dy");
-  check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
+  checks::bias_backward(dy, dbias);
   const cuda_detail::OpScope scope(be, "cupipe::bias_backward");
   gpu::kernels::column_sums<1, T>(be.context(), dy.rows(), dy.cols(), gpu::kernels::ColumnValue<T>{dy.data(), dy.cols()},
                                    dbias.data());
@@ -86,8 +87,7 @@ void bias_backward(backend::Cuda<T>& be, ConstView<T> dy, TensorView<T> dbias) {
 
 template <class T>
 void relu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
-  check_view(x, x.shape(), "relu_forward", "x");
-  check_view(y, x.shape(), "relu_forward", "y");
+  checks::relu_forward(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::relu_forward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluForwardOp<T>{}, x.data(), y.data());
 }
@@ -95,9 +95,7 @@ void relu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
 /// dx = dy where x > 0, else 0 (x is the forward input).
 template <class T>
 void relu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
-  check_view(x, x.shape(), "relu_backward", "x");
-  check_view(dy, x.shape(), "relu_backward", "dy");
-  check_view(dx, x.shape(), "relu_backward", "dx");
+  checks::relu_backward(x, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::relu_backward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluBackwardOp<T>{}, x.data(), dy.data(), dx.data());
 }
@@ -105,17 +103,14 @@ void relu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, Tensor
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <class T>
 void gelu_forward(backend::Cuda<T>& be, ConstView<T> x, TensorView<T> y) {
-  check_view(x, x.shape(), "gelu_forward", "x");
-  check_view(y, x.shape(), "gelu_forward", "y");
+  checks::gelu_forward(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::gelu_forward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluForwardOp<T>{}, x.data(), y.data());
 }
 
 template <class T>
 void gelu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
-  check_view(x, x.shape(), "gelu_backward", "x");
-  check_view(dy, x.shape(), "gelu_backward", "dy");
-  check_view(dx, x.shape(), "gelu_backward", "dx");
+  checks::gelu_backward(x, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::gelu_backward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluBackwardOp<T>{}, x.data(), dy.data(), dx.data());
 }
@@ -123,9 +118,7 @@ void gelu_backward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> dy, Tensor
 /// y = a + b (the residual connection); y may alias a or b.
 template <class T>
 void residual_add(backend::Cuda<T>& be, ConstView<T> a, ConstView<T> b, TensorView<T> y) {
-  check_view(a, a.shape(), "residual_add", "a");
-  check_view(b, a.shape(), "residual_add", "b");
-  check_view(y, a.shape(), "residual_add", "y");
+  checks::residual_add(a, b, y);
   const cuda_detail::OpScope scope(be, "cupipe::residual_add");
   gpu::kernels::transform(be.context(), a.numel(), gpu::kernels::AddOp<T>{}, a.data(), b.data(), y.data());
 }
@@ -133,16 +126,14 @@ void residual_add(backend::Cuda<T>& be, ConstView<T> a, ConstView<T> b, TensorVi
 /// y += alpha * x.
 template <class T>
 void axpy(backend::Cuda<T>& be, Scalar<T> alpha, ConstView<T> x, TensorView<T> y) {
-  check_view(x, x.shape(), "axpy", "x");
-  check_view(y, x.shape(), "axpy", "y");
+  checks::axpy(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::axpy");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::AxpyOp<T>{alpha}, x.data(), y.data());
 }
 
 template <class T>
 void copy(backend::Cuda<T>& be, ConstView<T> from, TensorView<T> to) {
-  check_view(from, from.shape(), "copy", "source");
-  check_view(to, from.shape(), "copy", "destination");
+  checks::copy(from, to);
   if (from.numel() == 0 || from.data() == to.data()) return;
   const cuda_detail::OpScope scope(be, "cupipe::copy");
   CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to.data(), from.data(), std::size_t(from.numel()) * sizeof(T),
@@ -151,7 +142,7 @@ void copy(backend::Cuda<T>& be, ConstView<T> from, TensorView<T> to) {
 
 template <class T>
 void fill(backend::Cuda<T>& be, TensorView<T> y, Scalar<T> value) {
-  check_view(y, y.shape(), "fill", "y");
+  checks::fill(y);
   const cuda_detail::OpScope scope(be, "cupipe::fill");
   gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<T>{value}, y.data());
 }
@@ -194,12 +185,7 @@ template <class T>
 void layernorm_forward(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> gamma, ConstView<T> beta, TensorView<T> y,
                        TensorView<T> mean, TensorView<T> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
-  check_view(x, x.shape(), "layernorm_forward", "x");
-  check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
-  check_view(beta, Shape{n}, "layernorm_forward", "beta");
-  check_view(y, x.shape(), "layernorm_forward", "y");
-  check_view(mean, Shape{rows}, "layernorm_forward", "mean");
-  check_view(rstd, Shape{rows}, "layernorm_forward", "rstd");
+  checks::layernorm_forward(x, gamma, beta, y, mean, rstd);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_forward");
   gpu::kernels::layernorm_forward(be.context(), x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
                                    rows, n, eps);
@@ -209,12 +195,7 @@ template <class T>
 void layernorm_backward_input(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> gamma, ConstView<T> mean,
                               ConstView<T> rstd, ConstView<T> dy, TensorView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
-  check_view(x, x.shape(), "layernorm_backward_input", "x");
-  check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
-  check_view(mean, Shape{rows}, "layernorm_backward_input", "mean");
-  check_view(rstd, Shape{rows}, "layernorm_backward_input", "rstd");
-  check_view(dy, x.shape(), "layernorm_backward_input", "dy");
-  check_view(dx, x.shape(), "layernorm_backward_input", "dx");
+  checks::layernorm_backward_input(x, gamma, mean, rstd, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_input");
   gpu::kernels::layernorm_backward_input(be.context(), x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(),
                                           dx.data(), rows, n);
@@ -225,12 +206,7 @@ template <class T>
 void layernorm_backward_weight(backend::Cuda<T>& be, ConstView<T> x, ConstView<T> mean, ConstView<T> rstd,
                                ConstView<T> dy, TensorView<T> dgamma, TensorView<T> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
-  check_view(x, x.shape(), "layernorm_backward_weight", "x");
-  check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
-  check_view(rstd, Shape{rows}, "layernorm_backward_weight", "rstd");
-  check_view(dy, x.shape(), "layernorm_backward_weight", "dy");
-  check_view(dgamma, Shape{n}, "layernorm_backward_weight", "dgamma");
-  check_view(dbeta, Shape{n}, "layernorm_backward_weight", "dbeta");
+  checks::layernorm_backward_weight(x, mean, rstd, dy, dgamma, dbeta);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_weight");
   gpu::kernels::layernorm_backward_weight(be.context(), x.data(), mean.data(), rstd.data(), dy.data(), dgamma.data(),
                                            dbeta.data(), rows, n);
@@ -247,8 +223,7 @@ void check_reported_labels(backend::Cuda<T>& be, std::string_view op, const Shap
   if (!be.check_inputs) return;
   const gpu::DeviceError found = be.context().take_device_error();
   if (found.code == gpu::label_out_of_range)
-    CUPIPE_THROW(op, ": label ", found.value, " at row ", found.row, " is outside [0, ", logits.cols(), ") for logits ",
-                 logits);
+    checks::label_out_of_range(op, found.value, found.row, logits);
   if (found.code != gpu::no_error)
     CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
                  ", value ", found.value, ")");
@@ -259,7 +234,7 @@ void check_reported_ids(backend::Cuda<T>& be, std::string_view op, index_t vocab
   if (!be.check_inputs) return;
   const gpu::DeviceError found = be.context().take_device_error();
   if (found.code == gpu::token_id_out_of_range)
-    CUPIPE_THROW(op, ": token id ", found.value, " at row ", found.row, " is outside the vocabulary [0, ", vocab, ")");
+    checks::token_id_out_of_range(op, found.value, found.row, vocab);
   if (found.code != gpu::no_error)
     CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
                  ", value ", found.value, ")");
@@ -271,10 +246,7 @@ void check_reported_ids(backend::Cuda<T>& be, std::string_view op, index_t vocab
 template <class T>
 void softmax_cross_entropy_forward(backend::Cuda<T>& be, ConstView<T> logits, ConstView<std::int32_t> labels,
                                    TensorView<T> loss, index_t normalizer) {
-  check_view(logits, logits.shape(), "softmax_cross_entropy_forward", "logits");
-  check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_forward", "labels");
-  check_view(loss, Shape{1}, "softmax_cross_entropy_forward", "loss");
-  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_forward: normalizer must be positive, got ", normalizer);
+  checks::softmax_cross_entropy_forward(logits, labels, loss, normalizer);
   const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_forward");
   gpu::kernels::softmax_cross_entropy_forward(be.context(), logits.data(), labels.data(), loss.data(), logits.rows(),
                                                logits.cols(), normalizer);
@@ -285,10 +257,7 @@ void softmax_cross_entropy_forward(backend::Cuda<T>& be, ConstView<T> logits, Co
 template <class T>
 void softmax_cross_entropy_backward(backend::Cuda<T>& be, ConstView<T> logits, ConstView<std::int32_t> labels,
                                     TensorView<T> dlogits, index_t normalizer, Scalar<T> dloss = T(1)) {
-  check_view(logits, logits.shape(), "softmax_cross_entropy_backward", "logits");
-  check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_backward", "labels");
-  check_view(dlogits, logits.shape(), "softmax_cross_entropy_backward", "dlogits");
-  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_backward: normalizer must be positive, got ", normalizer);
+  checks::softmax_cross_entropy_backward(logits, labels, dlogits, normalizer);
   const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_backward");
   gpu::kernels::softmax_cross_entropy_backward(be.context(), logits.data(), labels.data(), dlogits.data(),
                                                 logits.rows(), logits.cols(), T(dloss / T(normalizer)));
@@ -300,9 +269,7 @@ void softmax_cross_entropy_backward(backend::Cuda<T>& be, ConstView<T> logits, C
 
 template <class T>
 void embedding_forward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y) {
-  check_view(ids, ids.shape(), "embedding_forward", "ids");
-  check_view(table, table.shape(), "embedding_forward", "table");
-  check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
+  checks::embedding_forward(ids, table, y);
   const cuda_detail::OpScope scope(be, "cupipe::embedding_forward");
   gpu::kernels::embedding_forward(be.context(), ids.data(), table.data(), y.data(), ids.numel(), table.cols(),
                                    table.rows());
@@ -311,9 +278,7 @@ void embedding_forward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, ConstV
 
 template <class T>
 void embedding_backward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable) {
-  check_view(ids, ids.shape(), "embedding_backward", "ids");
-  check_view(dtable, dtable.shape(), "embedding_backward", "dtable");
-  check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
+  checks::embedding_backward(ids, dy, dtable);
   const cuda_detail::OpScope scope(be, "cupipe::embedding_backward");
   gpu::kernels::embedding_backward(be.context(), ids.data(), dy.data(), dtable.data(), ids.numel(), dtable.cols(),
                                     dtable.rows());
@@ -327,7 +292,7 @@ void embedding_backward(backend::Cuda<T>& be, ConstView<std::int32_t> ids, Const
 /// the result.
 template <class T>
 double sum_of_squares(backend::Cuda<T>& be, ConstView<T> x) {
-  check_view(x, x.shape(), "sum_of_squares", "x");
+  checks::sum_of_squares(x);
   if (x.numel() == 0) return 0.0;
   const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares");
   auto* result = static_cast<double*>(
@@ -339,9 +304,7 @@ double sum_of_squares(backend::Cuda<T>& be, ConstView<T> x) {
 template <class T>
 void sgd_update(backend::Cuda<T>& be, TensorView<T> param, ConstView<T> grad, TensorView<T> velocity, const SgdHyper& h,
                 Scalar<T> grad_scale) {
-  check_view(param, param.shape(), "sgd_update", "param");
-  check_view(grad, param.shape(), "sgd_update", "grad");
-  check_view(velocity, param.shape(), "sgd_update", "velocity");
+  checks::sgd_update(param, grad, velocity);
   const cuda_detail::OpScope scope(be, "cupipe::sgd_update");
   using A = gpu::kernels::acc_t<T>;
   const gpu::kernels::SgdOp<T> op{A(T(h.lr)), A(T(h.momentum)), A(T(h.weight_decay)), A(grad_scale), h.nesterov};
@@ -349,10 +312,9 @@ void sgd_update(backend::Cuda<T>& be, TensorView<T> param, ConstView<T> grad, Te
 }
 
 namespace cuda_detail {
-/// AdamW's per-step scalars, rounded to the arithmetic type as the host op rounds them.
+/// AdamW's per-step scalars, rounded to the arithmetic type as the host op rounds them (`step` is checked).
 template <class A>
 gpu::kernels::AdamWScalars<A> adamw_scalars(const AdamWHyper& h, std::int64_t step, A grad_scale) {
-  CUPIPE_REQUIRE(step >= 1, "adamw_update: step counts from 1, got ", step);
   return {A(h.lr),
           A(h.beta1),
           A(1 - h.beta1),
@@ -370,10 +332,7 @@ gpu::kernels::AdamWScalars<A> adamw_scalars(const AdamWHyper& h, std::int64_t st
 template <class T>
 void adamw_update(backend::Cuda<T>& be, TensorView<T> param, ConstView<T> grad, TensorView<T> m, TensorView<T> v,
                   const AdamWHyper& h, std::int64_t step, Scalar<T> grad_scale) {
-  check_view(param, param.shape(), "adamw_update", "param");
-  check_view(grad, param.shape(), "adamw_update", "grad");
-  check_view(m, param.shape(), "adamw_update", "m");
-  check_view(v, param.shape(), "adamw_update", "v");
+  checks::adamw_update(param, grad, m, v, step);
   const auto scalars = cuda_detail::adamw_scalars<T>(h, step, grad_scale);
   const cuda_detail::OpScope scope(be, "cupipe::adamw_update");
   gpu::kernels::transform(be.context(), param.numel(), gpu::kernels::AdamWOp<T>{scalars}, param.data(), grad.data(),
@@ -392,6 +351,7 @@ void adamw_update_master(backend::Cuda<T>& be, TensorView<float> master, TensorV
   check_view(grad, master.shape(), "adamw_update_master", "grad");
   check_view(m, master.shape(), "adamw_update_master", "m");
   check_view(v, master.shape(), "adamw_update_master", "v");
+  checks::adamw_step(step);
   const auto scalars = cuda_detail::adamw_scalars<float>(h, step, grad_scale);
   const cuda_detail::OpScope scope(be, "cupipe::adamw_update_master");
   using DG = gpu::kernels::device_t<std::remove_const_t<G>>;

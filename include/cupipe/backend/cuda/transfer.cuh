@@ -24,6 +24,7 @@
 #include "cupipe/backend/cuda/cuda.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
 #include "cupipe/backend/cuda/stream.cuh"
+#include "cupipe/backend/op_checks.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 
@@ -61,13 +62,13 @@ namespace cupipe::ops {
 /// far and before `to`'s work from now on. Returns without waiting for the copy.
 template <class T>
 void transfer(backend::Cuda<T>& from, backend::Cuda<T>& to, ConstView<T> src, TensorView<T> dst) {
-  check_view(src, src.shape(), "transfer", "source");
-  check_view(dst, src.shape(), "transfer", "destination");
+  checks::transfer(src, dst);
   if (src.numel() == 0) return;
   const gpu::NvtxRange range("cupipe::transfer");
+  // The copy is enqueued from the sender's device; the thread's own current device is restored on return.
+  const gpu::DeviceGuard device(from.device());
   const std::size_t bytes = std::size_t(src.numel()) * sizeof(T);
   if (from.device() != to.device()) gpu::enable_peer_access(from.device(), to.device());
-  from.context().activate();
   if (&from != &to)
     if (cudaEvent_t fence = to.context().pool().reuse_fence(dst.data()))
       CUPIPE_CHECK_CUDA(cudaStreamWaitEvent(from.stream(), fence, 0));

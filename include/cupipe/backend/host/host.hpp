@@ -10,6 +10,7 @@
 #include <span>
 #include <string_view>
 
+#include "cupipe/backend/op_checks.hpp"
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
@@ -71,8 +72,7 @@ namespace cupipe::ops {
 /// waiting on the host (backend/cuda/transfer.cuh).
 template <class T>
 void transfer(backend::Host<T>&, backend::Host<T>&, ConstView<T> src, TensorView<T> dst) {
-  check_view(src, src.shape(), "transfer", "source");
-  check_view(dst, src.shape(), "transfer", "destination");
+  checks::transfer(src, dst);
   std::copy_n(src.data(), src.numel(), dst.data());
 }
 

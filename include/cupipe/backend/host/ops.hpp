@@ -6,8 +6,8 @@
 // - tensors are row-major; an op sees them as 2-D (rows, cols) through TensorView::rows()/cols();
 // - ops named *_backward_weight and bias_backward ACCUMULATE into gradients (+=), so gradients of
 //   several microbatches sum without extra passes; everything else overwrites its output;
-// - every op validates shapes and null pointers first and throws cupipe::error naming the op and
-//   both shapes, before touching memory.
+// - every op validates shapes and null pointers first, through the backend-neutral checks of
+//   backend/op_checks.hpp, and throws cupipe::error naming the op and both shapes before touching memory.
 #pragma once
 
 #include <cblas.h>
@@ -19,28 +19,12 @@
 #include <type_traits>
 
 #include "cupipe/backend/host/host.hpp"
+#include "cupipe/backend/op_checks.hpp"
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 
 namespace cupipe::ops {
-
-namespace detail {
-
-inline Shape transposed_if(const Shape& s, Transpose t) {
-  return t == Transpose::yes ? Shape{s.cols(), s.rows()} : Shape{s.rows(), s.cols()};
-}
-
-template <class T>
-void require_same_shape(std::string_view op, ConstView<T> a, std::string_view a_name, const Shape& expected) {
-  check_view(a, expected, op, a_name);
-}
-
-/// tanh-form GELU constants (Hendrycks & Gimpel), as in GPT-2.
-inline constexpr double gelu_k = 0.7978845608028654;  // sqrt(2 / pi)
-inline constexpr double gelu_c = 0.044715;
-
-}  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
 // GEMM: c = alpha * op(a) * op(b) + beta * c, with op(a) (m, k), op(b) (k, n), c (m, n).
@@ -48,16 +32,8 @@ template <class T>
 void gemm(backend::Host<T>&, Transpose ta, Transpose tb, Scalar<T> alpha, ConstView<T> a, ConstView<T> b, Scalar<T> beta,
           TensorView<T> c) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "host gemm supports float and double");
-  const Shape opa = detail::transposed_if(a.shape(), ta), opb = detail::transposed_if(b.shape(), tb);
-  const index_t m = opa[0], k = opa[1], n = opb[1];
-  if (opb[0] != k)
-    CUPIPE_THROW("gemm: op(a) is ", opa, " but op(b) is ", opb, ": their inner extents ", k, " and ", opb[0],
-                 " must be equal");
-  if (c.rows() != m || c.cols() != n)
-    CUPIPE_THROW("gemm: op(a) is ", opa, " and op(b) is ", opb, ", so c must be (", m, ", ", n, ") but is ",
-                 c.shape());
+  const auto [m, n, k] = checks::gemm<T, T>("gemm", ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
-  CUPIPE_REQUIRE(c.data() != nullptr && (k == 0 || (a.data() && b.data())), "gemm: null operand");
   const auto cta = ta == Transpose::yes ? CblasTrans : CblasNoTrans;
   const auto ctb = tb == Transpose::yes ? CblasTrans : CblasNoTrans;
   const int lda = static_cast<int>(std::max<index_t>(a.cols(), 1)), ldb = static_cast<int>(std::max<index_t>(b.cols(), 1));
@@ -75,8 +51,7 @@ void gemm(backend::Host<T>&, Transpose ta, Transpose tb, Scalar<T> alpha, ConstV
 /// y (rows, n) += bias (n) on every row.
 template <class T>
 void bias_add(backend::Host<T>&, TensorView<T> y, ConstView<T> bias) {
-  check_view(y, y.shape(), "bias_add", "y");
-  check_view(bias, Shape{y.cols()}, "bias_add", "bias");
+  checks::bias_add(y, bias);
   for (index_t r = 0; r < y.rows(); ++r)
     for (index_t c = 0; c < y.cols(); ++c) y.at(r, c) += bias[c];
 }
@@ -84,16 +59,14 @@ void bias_add(backend::Host<T>&, TensorView<T> y, ConstView<T> bias) {
 /// dbias (n) += column sums of dy (rows, n).
 template <class T>
 void bias_backward(backend::Host<T>&, ConstView<T> dy, TensorView<T> dbias) {
-  check_view(dy, dy.shape(), "bias_backward", "dy");
-  check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
+  checks::bias_backward(dy, dbias);
   for (index_t r = 0; r < dy.rows(); ++r)
     for (index_t c = 0; c < dy.cols(); ++c) dbias[c] += dy.at(r, c);
 }
 
 template <class T>
 void relu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
-  check_view(x, x.shape(), "relu_forward", "x");
-  check_view(y, x.shape(), "relu_forward", "y");
+  checks::relu_forward(x, y);
   // NaN propagates, as in torch.relu: mapping it to 0 would hide a diverged model from the loss check.
   for (index_t i = 0; i < x.numel(); ++i) y[i] = x[i] > T(0) || std::isnan(x[i]) ? x[i] : T(0);
 }
@@ -101,34 +74,29 @@ void relu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
 /// dx = dy where x > 0, else 0 (x is the forward input).
 template <class T>
 void relu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
-  check_view(x, x.shape(), "relu_backward", "x");
-  check_view(dy, x.shape(), "relu_backward", "dy");
-  check_view(dx, x.shape(), "relu_backward", "dx");
+  checks::relu_backward(x, dy, dx);
   for (index_t i = 0; i < x.numel(); ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
 }
 
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <class T>
 void gelu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
-  check_view(x, x.shape(), "gelu_forward", "x");
-  check_view(y, x.shape(), "gelu_forward", "y");
+  checks::gelu_forward(x, y);
   for (index_t i = 0; i < x.numel(); ++i) {
     const T v = x[i];
-    const T inner = T(detail::gelu_k) * (v + T(detail::gelu_c) * v * v * v);
+    const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
     y[i] = T(0.5) * v * (T(1) + std::tanh(inner));
   }
 }
 
 template <class T>
 void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
-  check_view(x, x.shape(), "gelu_backward", "x");
-  check_view(dy, x.shape(), "gelu_backward", "dy");
-  check_view(dx, x.shape(), "gelu_backward", "dx");
+  checks::gelu_backward(x, dy, dx);
   for (index_t i = 0; i < x.numel(); ++i) {
     const T v = x[i];
-    const T inner = T(detail::gelu_k) * (v + T(detail::gelu_c) * v * v * v);
+    const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
     const T t = std::tanh(inner);
-    const T dinner = T(detail::gelu_k) * (T(1) + T(3 * detail::gelu_c) * v * v);
+    const T dinner = T(gelu_k) * (T(1) + T(3 * gelu_c) * v * v);
     dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
   }
 }
@@ -136,30 +104,26 @@ void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
 /// y = a + b (the residual connection); y may alias a or b.
 template <class T>
 void residual_add(backend::Host<T>&, ConstView<T> a, ConstView<T> b, TensorView<T> y) {
-  check_view(a, a.shape(), "residual_add", "a");
-  check_view(b, a.shape(), "residual_add", "b");
-  check_view(y, a.shape(), "residual_add", "y");
+  checks::residual_add(a, b, y);
   for (index_t i = 0; i < a.numel(); ++i) y[i] = a[i] + b[i];
 }
 
 /// y += alpha * x.
 template <class T>
 void axpy(backend::Host<T>&, Scalar<T> alpha, ConstView<T> x, TensorView<T> y) {
-  check_view(x, x.shape(), "axpy", "x");
-  check_view(y, x.shape(), "axpy", "y");
+  checks::axpy(x, y);
   for (index_t i = 0; i < x.numel(); ++i) y[i] += alpha * x[i];
 }
 
 template <class T>
 void copy(backend::Host<T>&, ConstView<T> from, TensorView<T> to) {
-  check_view(from, from.shape(), "copy", "source");
-  check_view(to, from.shape(), "copy", "destination");
+  checks::copy(from, to);
   std::copy_n(from.data(), from.numel(), to.data());
 }
 
 template <class T>
 void fill(backend::Host<T>&, TensorView<T> y, Scalar<T> value) {
-  check_view(y, y.shape(), "fill", "y");
+  checks::fill(y);
   std::fill_n(y.data(), y.numel(), value);
 }
 
@@ -171,12 +135,7 @@ template <class T>
 void layernorm_forward(backend::Host<T>&, ConstView<T> x, ConstView<T> gamma, ConstView<T> beta, TensorView<T> y,
                        TensorView<T> mean, TensorView<T> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
-  check_view(x, x.shape(), "layernorm_forward", "x");
-  check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
-  check_view(beta, Shape{n}, "layernorm_forward", "beta");
-  check_view(y, x.shape(), "layernorm_forward", "y");
-  check_view(mean, Shape{rows}, "layernorm_forward", "mean");
-  check_view(rstd, Shape{rows}, "layernorm_forward", "rstd");
+  checks::layernorm_forward(x, gamma, beta, y, mean, rstd);
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x.data() + r * n;
     T sum = 0;
@@ -196,12 +155,7 @@ template <class T>
 void layernorm_backward_input(backend::Host<T>&, ConstView<T> x, ConstView<T> gamma, ConstView<T> mean,
                               ConstView<T> rstd, ConstView<T> dy, TensorView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
-  check_view(x, x.shape(), "layernorm_backward_input", "x");
-  check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
-  check_view(mean, Shape{rows}, "layernorm_backward_input", "mean");
-  check_view(rstd, Shape{rows}, "layernorm_backward_input", "rstd");
-  check_view(dy, x.shape(), "layernorm_backward_input", "dy");
-  check_view(dx, x.shape(), "layernorm_backward_input", "dx");
+  checks::layernorm_backward_input(x, gamma, mean, rstd, dy, dx);
   for (index_t r = 0; r < rows; ++r) {
     T mean_g = 0, mean_gx = 0;
     for (index_t c = 0; c < n; ++c) {
@@ -225,12 +179,7 @@ template <class T>
 void layernorm_backward_weight(backend::Host<T>&, ConstView<T> x, ConstView<T> mean, ConstView<T> rstd,
                                ConstView<T> dy, TensorView<T> dgamma, TensorView<T> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
-  check_view(x, x.shape(), "layernorm_backward_weight", "x");
-  check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
-  check_view(rstd, Shape{rows}, "layernorm_backward_weight", "rstd");
-  check_view(dy, x.shape(), "layernorm_backward_weight", "dy");
-  check_view(dgamma, Shape{n}, "layernorm_backward_weight", "dgamma");
-  check_view(dbeta, Shape{n}, "layernorm_backward_weight", "dbeta");
+  checks::layernorm_backward_weight(x, mean, rstd, dy, dgamma, dbeta);
   for (index_t r = 0; r < rows; ++r)
     for (index_t c = 0; c < n; ++c) {
       dgamma[c] += dy.at(r, c) * (x.at(r, c) - mean[r]) * rstd[r];
@@ -252,23 +201,19 @@ T row_logsumexp(const T* z, index_t n) {
   for (index_t c = 0; c < n; ++c) sum += std::exp(z[c] - max);
   return max + std::log(sum);
 }
+/// Label ranges, which only the host can read before the kernel runs (the views are checked already).
 template <class T>
-void check_labels(std::string_view op, ConstView<T> logits, ConstView<std::int32_t> labels) {
-  check_view(logits, logits.shape(), op, "logits");
-  check_view(labels, Shape{logits.rows()}, op, "labels");
+void check_label_values(std::string_view op, ConstView<T> logits, ConstView<std::int32_t> labels) {
   for (index_t r = 0; r < logits.rows(); ++r)
-    if (labels[r] < 0 || labels[r] >= logits.cols())
-      CUPIPE_THROW(op, ": label ", labels[r], " at row ", r, " is outside [0, ", logits.cols(), ") for logits ",
-                   logits.shape());
+    if (labels[r] < 0 || labels[r] >= logits.cols()) checks::label_out_of_range(op, labels[r], r, logits.shape());
 }
 }  // namespace detail
 
 template <class T>
 void softmax_cross_entropy_forward(backend::Host<T>&, ConstView<T> logits, ConstView<std::int32_t> labels,
                                    TensorView<T> loss, index_t normalizer) {
-  detail::check_labels<T>("softmax_cross_entropy_forward", logits, labels);
-  check_view(loss, Shape{1}, "softmax_cross_entropy_forward", "loss");
-  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_forward: normalizer must be positive, got ", normalizer);
+  checks::softmax_cross_entropy_forward(logits, labels, loss, normalizer);
+  detail::check_label_values<T>("softmax_cross_entropy_forward", logits, labels);
   T total = 0;
   for (index_t r = 0; r < logits.rows(); ++r) {
     const T* z = logits.data() + r * logits.cols();
@@ -281,9 +226,8 @@ void softmax_cross_entropy_forward(backend::Host<T>&, ConstView<T> logits, Const
 template <class T>
 void softmax_cross_entropy_backward(backend::Host<T>&, ConstView<T> logits, ConstView<std::int32_t> labels,
                                     TensorView<T> dlogits, index_t normalizer, Scalar<T> dloss = T(1)) {
-  detail::check_labels<T>("softmax_cross_entropy_backward", logits, labels);
-  check_view(dlogits, logits.shape(), "softmax_cross_entropy_backward", "dlogits");
-  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_backward: normalizer must be positive, got ", normalizer);
+  checks::softmax_cross_entropy_backward(logits, labels, dlogits, normalizer);
+  detail::check_label_values<T>("softmax_cross_entropy_backward", logits, labels);
   const T scale = dloss / T(normalizer);
   for (index_t r = 0; r < logits.rows(); ++r) {
     const T* z = logits.data() + r * logits.cols();
@@ -298,29 +242,25 @@ void softmax_cross_entropy_backward(backend::Host<T>&, ConstView<T> logits, Cons
 // dtable in row order, so it is deterministic.
 
 namespace detail {
-template <class T>
-void check_ids(std::string_view op, ConstView<std::int32_t> ids, index_t vocab) {
-  check_view(ids, ids.shape(), op, "ids");
+/// Token id ranges, read on the host (the views are checked already).
+inline void check_id_values(std::string_view op, ConstView<std::int32_t> ids, index_t vocab) {
   for (index_t r = 0; r < ids.numel(); ++r)
-    if (ids[r] < 0 || ids[r] >= vocab)
-      CUPIPE_THROW(op, ": token id ", ids[r], " at row ", r, " is outside the vocabulary [0, ", vocab, ")");
+    if (ids[r] < 0 || ids[r] >= vocab) checks::token_id_out_of_range(op, ids[r], r, vocab);
 }
 }  // namespace detail
 
 template <class T>
 void embedding_forward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y) {
-  check_view(table, table.shape(), "embedding_forward", "table");
-  check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
-  detail::check_ids<T>("embedding_forward", ids, table.rows());
+  checks::embedding_forward(ids, table, y);
+  detail::check_id_values("embedding_forward", ids, table.rows());
   for (index_t r = 0; r < ids.numel(); ++r)
     std::copy_n(table.data() + ids[r] * table.cols(), table.cols(), y.data() + r * table.cols());
 }
 
 template <class T>
 void embedding_backward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable) {
-  check_view(dtable, dtable.shape(), "embedding_backward", "dtable");
-  check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
-  detail::check_ids<T>("embedding_backward", ids, dtable.rows());
+  checks::embedding_backward(ids, dy, dtable);
+  detail::check_id_values("embedding_backward", ids, dtable.rows());
   for (index_t r = 0; r < ids.numel(); ++r)
     for (index_t c = 0; c < dtable.cols(); ++c) dtable.at(ids[r], c) += dy.at(r, c);
 }
@@ -331,7 +271,7 @@ void embedding_backward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstVie
 /// Sum of squares of all elements, accumulated in double.
 template <class T>
 double sum_of_squares(backend::Host<T>&, ConstView<T> x) {
-  check_view(x, x.shape(), "sum_of_squares", "x");
+  checks::sum_of_squares(x);
   double sum = 0;
   for (index_t i = 0; i < x.numel(); ++i) sum += double(x[i]) * double(x[i]);
   return sum;
@@ -340,9 +280,7 @@ double sum_of_squares(backend::Host<T>&, ConstView<T> x) {
 template <class T>
 void sgd_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, TensorView<T> velocity,
                 const SgdHyper& h, Scalar<T> grad_scale) {
-  check_view(param, param.shape(), "sgd_update", "param");
-  check_view(grad, param.shape(), "sgd_update", "grad");
-  check_view(velocity, param.shape(), "sgd_update", "velocity");
+  checks::sgd_update(param, grad, velocity);
   for (index_t i = 0; i < param.numel(); ++i) {
     const T g = grad[i] * grad_scale + T(h.weight_decay) * param[i];
     velocity[i] = T(h.momentum) * velocity[i] + g;
@@ -354,11 +292,7 @@ void sgd_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, Tenso
 template <class T>
 void adamw_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, TensorView<T> m, TensorView<T> v,
                   const AdamWHyper& h, std::int64_t step, Scalar<T> grad_scale) {
-  check_view(param, param.shape(), "adamw_update", "param");
-  check_view(grad, param.shape(), "adamw_update", "grad");
-  check_view(m, param.shape(), "adamw_update", "m");
-  check_view(v, param.shape(), "adamw_update", "v");
-  CUPIPE_REQUIRE(step >= 1, "adamw_update: step counts from 1, got ", step);
+  checks::adamw_update(param, grad, m, v, step);
   const T bias1 = T(1) - T(std::pow(h.beta1, double(step)));
   const T bias2 = T(1) - T(std::pow(h.beta2, double(step)));
   const T decay = T(1) - T(h.lr * h.weight_decay);

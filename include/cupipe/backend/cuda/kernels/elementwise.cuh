@@ -11,6 +11,7 @@
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/context.cuh"
 #include "cupipe/backend/cuda/kernels/common.cuh"
+#include "cupipe/backend/op_types.hpp"
 
 namespace cupipe::gpu::kernels {
 
@@ -77,13 +78,13 @@ struct ReluBackwardOp {
   __device__ void operator()(const T& x, const T& dy, T& dx) const { dx = x > T(0) ? dy : T(0); }
 };
 
-/// tanh-form GELU, the constants of ops::detail (sqrt(2/pi) and 0.044715).
+/// tanh-form GELU with the host's constants (ops::gelu_k, ops::gelu_c in op_types.hpp).
 template <class T>
 struct GeluForwardOp {
   __device__ void operator()(const T& x, T& y) const {
     using A = acc_t<T>;
     const A v = to_acc(x);
-    const A inner = A(0.7978845608028654) * (v + A(0.044715) * v * v * v);
+    const A inner = A(ops::gelu_k) * (v + A(ops::gelu_c) * v * v * v);
     y = from_acc<T>(A(0.5) * v * (A(1) + dev_tanh(inner)));
   }
 };
@@ -93,9 +94,9 @@ struct GeluBackwardOp {
   __device__ void operator()(const T& x, const T& dy, T& dx) const {
     using A = acc_t<T>;
     const A v = to_acc(x);
-    const A inner = A(0.7978845608028654) * (v + A(0.044715) * v * v * v);
+    const A inner = A(ops::gelu_k) * (v + A(ops::gelu_c) * v * v * v);
     const A t = dev_tanh(inner);
-    const A dinner = A(0.7978845608028654) * (A(1) + A(3 * 0.044715) * v * v);
+    const A dinner = A(ops::gelu_k) * (A(1) + A(3 * ops::gelu_c) * v * v);
     dx = from_acc<T>(to_acc(dy) * (A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * dinner));
   }
 };

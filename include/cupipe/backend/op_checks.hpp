@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+// The argument checks of every op, backend-neutral: the layer between an op's public overload and its
+// backend implementation. Each backend's overload of op X calls checks::X first, with the same
+// arguments, and only then does its own work, so every backend rejects the same calls with the same
+// message (naming the op, the argument and both shapes) before touching memory.
+//
+// Checks that read tensor contents stay with the backend that can read them: the host checks labels
+// and token ids itself; the CUDA kernels report them and throw through the messages below.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/shape.hpp"
+#include "cupipe/core/tensor.hpp"
+
+namespace cupipe::ops::checks {
+
+inline Shape transposed_if(const Shape& s, Transpose t) {
+  return t == Transpose::yes ? Shape{s.cols(), s.rows()} : Shape{s.rows(), s.cols()};
+}
+
+/// c = op(a) op(b): op(a) (m, k), op(b) (k, n), c (m, n). Returns {m, n, k}. `op` names the entry
+/// point (gemm, gemm_bias, ...); a and b may have another element type than c (bf16 GEMM).
+template <class AB, class C>
+std::array<index_t, 3> gemm(std::string_view op, Transpose ta, Transpose tb, TensorView<const AB> a,
+                            TensorView<const AB> b, const TensorView<C>& c) {
+  const Shape opa = transposed_if(a.shape(), ta), opb = transposed_if(b.shape(), tb);
+  const index_t m = opa[0], k = opa[1], n = opb[1];
+  if (opb[0] != k)
+    CUPIPE_THROW(op, ": op(a) is ", opa, " and op(b) is ", opb, ": their inner extents ", k, " and ", opb[0],
+                 " must be equal");
+  if (c.rows() != m || c.cols() != n)
+    CUPIPE_THROW(op, ": op(a) is ", opa, " and op(b) is ", opb, ", so c must be (", m, ", ", n, ") but is ",
+                 c.shape());
+  if (m != 0 && n != 0)
+    CUPIPE_REQUIRE(c.data() != nullptr && (k == 0 || (a.data() && b.data())), op, ": null operand");
+  return {m, n, k};
+}
+
+// ---- elementwise and broadcast ops ----------------------------------------------------------
+
+template <class T>
+void bias_add(const TensorView<T>& y, TensorView<const T> bias) {
+  check_view(y, y.shape(), "bias_add", "y");
+  check_view(bias, Shape{y.cols()}, "bias_add", "bias");
+}
+
+template <class T>
+void bias_backward(TensorView<const T> dy, const TensorView<T>& dbias) {
+  check_view(dy, dy.shape(), "bias_backward", "dy");
+  check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
+}
+
+template <class T>
+void relu_forward(TensorView<const T> x, const TensorView<T>& y) {
+  check_view(x, x.shape(), "relu_forward", "x");
+  check_view(y, x.shape(), "relu_forward", "y");
+}
+
+template <class T>
+void relu_backward(TensorView<const T> x, TensorView<const T> dy, const TensorView<T>& dx) {
+  check_view(x, x.shape(), "relu_backward", "x");
+  check_view(dy, x.shape(), "relu_backward", "dy");
+  check_view(dx, x.shape(), "relu_backward", "dx");
+}
+
+template <class T>
+void gelu_forward(TensorView<const T> x, const TensorView<T>& y) {
+  check_view(x, x.shape(), "gelu_forward", "x");
+  check_view(y, x.shape(), "gelu_forward", "y");
+}
+
+template <class T>
+void gelu_backward(TensorView<const T> x, TensorView<const T> dy, const TensorView<T>& dx) {
+  check_view(x, x.shape(), "gelu_backward", "x");
+  check_view(dy, x.shape(), "gelu_backward", "dy");
+  check_view(dx, x.shape(), "gelu_backward", "dx");
+}
+
+template <class T>
+void residual_add(TensorView<const T> a, TensorView<const T> b, const TensorView<T>& y) {
+  check_view(a, a.shape(), "residual_add", "a");
+  check_view(b, a.shape(), "residual_add", "b");
+  check_view(y, a.shape(), "residual_add", "y");
+}
+
+template <class T>
+void axpy(TensorView<const T> x, const TensorView<T>& y) {
+  check_view(x, x.shape(), "axpy", "x");
+  check_view(y, x.shape(), "axpy", "y");
+}
+
+template <class T>
+void copy(TensorView<const T> from, const TensorView<T>& to) {
+  check_view(from, from.shape(), "copy", "source");
+  check_view(to, from.shape(), "copy", "destination");
+}
+
+template <class T>
+void fill(const TensorView<T>& y) {
+  check_view(y, y.shape(), "fill", "y");
+}
+
+/// The stage-to-stage hand-over (backend/host/host.hpp, backend/cuda/transfer.cuh).
+template <class T>
+void transfer(TensorView<const T> src, const TensorView<T>& dst) {
+  check_view(src, src.shape(), "transfer", "source");
+  check_view(dst, src.shape(), "transfer", "destination");
+}
+
+// ---- LayerNorm --------------------------------------------------------------------------------
+
+template <class T>
+void layernorm_forward(TensorView<const T> x, TensorView<const T> gamma, TensorView<const T> beta,
+                       const TensorView<T>& y, const TensorView<T>& mean, const TensorView<T>& rstd) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_forward", "x");
+  check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
+  check_view(beta, Shape{n}, "layernorm_forward", "beta");
+  check_view(y, x.shape(), "layernorm_forward", "y");
+  check_view(mean, Shape{rows}, "layernorm_forward", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_forward", "rstd");
+}
+
+template <class T>
+void layernorm_backward_input(TensorView<const T> x, TensorView<const T> gamma, TensorView<const T> mean,
+                              TensorView<const T> rstd, TensorView<const T> dy, const TensorView<T>& dx) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_backward_input", "x");
+  check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
+  check_view(mean, Shape{rows}, "layernorm_backward_input", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_backward_input", "rstd");
+  check_view(dy, x.shape(), "layernorm_backward_input", "dy");
+  check_view(dx, x.shape(), "layernorm_backward_input", "dx");
+}
+
+template <class T>
+void layernorm_backward_weight(TensorView<const T> x, TensorView<const T> mean, TensorView<const T> rstd,
+                               TensorView<const T> dy, const TensorView<T>& dgamma, const TensorView<T>& dbeta) {
+  const index_t rows = x.rows(), n = x.cols();
+  check_view(x, x.shape(), "layernorm_backward_weight", "x");
+  check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
+  check_view(rstd, Shape{rows}, "layernorm_backward_weight", "rstd");
+  check_view(dy, x.shape(), "layernorm_backward_weight", "dy");
+  check_view(dgamma, Shape{n}, "layernorm_backward_weight", "dgamma");
+  check_view(dbeta, Shape{n}, "layernorm_backward_weight", "dbeta");
+}
+
+// ---- softmax cross-entropy --------------------------------------------------------------------
+
+template <class T>
+void softmax_cross_entropy_forward(TensorView<const T> logits, TensorView<const std::int32_t> labels,
+                                   const TensorView<T>& loss, index_t normalizer) {
+  check_view(logits, logits.shape(), "softmax_cross_entropy_forward", "logits");
+  check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_forward", "labels");
+  check_view(loss, Shape{1}, "softmax_cross_entropy_forward", "loss");
+  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_forward: normalizer must be positive, got ", normalizer);
+}
+
+template <class T>
+void softmax_cross_entropy_backward(TensorView<const T> logits, TensorView<const std::int32_t> labels,
+                                    const TensorView<T>& dlogits, index_t normalizer) {
+  check_view(logits, logits.shape(), "softmax_cross_entropy_backward", "logits");
+  check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_backward", "labels");
+  check_view(dlogits, logits.shape(), "softmax_cross_entropy_backward", "dlogits");
+  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_backward: normalizer must be positive, got ", normalizer);
+}
+
+/// The message for a label outside the class range, wherever a backend finds it.
+[[noreturn]] inline void label_out_of_range(std::string_view op, std::int64_t label, index_t row, const Shape& logits) {
+  CUPIPE_THROW(op, ": label ", label, " at row ", row, " is outside [0, ", logits.cols(), ") for logits ", logits);
+}
+
+// ---- embedding --------------------------------------------------------------------------------
+
+template <class T>
+void embedding_forward(TensorView<const std::int32_t> ids, TensorView<const T> table, const TensorView<T>& y) {
+  check_view(table, table.shape(), "embedding_forward", "table");
+  check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
+  check_view(ids, ids.shape(), "embedding_forward", "ids");
+}
+
+template <class T>
+void embedding_backward(TensorView<const std::int32_t> ids, TensorView<const T> dy, const TensorView<T>& dtable) {
+  check_view(dtable, dtable.shape(), "embedding_backward", "dtable");
+  check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
+  check_view(ids, ids.shape(), "embedding_backward", "ids");
+}
+
+/// The message for a token id outside the vocabulary, wherever a backend finds it.
+[[noreturn]] inline void token_id_out_of_range(std::string_view op, std::int64_t id, index_t row, index_t vocab) {
+  CUPIPE_THROW(op, ": token id ", id, " at row ", row, " is outside the vocabulary [0, ", vocab, ")");
+}
+
+// ---- optimizer updates and reductions -----------------------------------------------------------
+
+template <class T>
+void sum_of_squares(TensorView<const T> x) {
+  check_view(x, x.shape(), "sum_of_squares", "x");
+}
+
+template <class T>
+void sgd_update(const TensorView<T>& param, TensorView<const T> grad, const TensorView<T>& velocity) {
+  check_view(param, param.shape(), "sgd_update", "param");
+  check_view(grad, param.shape(), "sgd_update", "grad");
+  check_view(velocity, param.shape(), "sgd_update", "velocity");
+}
+
+/// AdamW's bias corrections count steps from 1 (adamw_update and its bf16 master-weight variant).
+inline void adamw_step(std::int64_t step) {
+  CUPIPE_REQUIRE(step >= 1, "adamw_update: step counts from 1, got ", step);
+}
+
+template <class T>
+void adamw_update(const TensorView<T>& param, TensorView<const T> grad, const TensorView<T>& m,
+                  const TensorView<T>& v, std::int64_t step) {
+  check_view(param, param.shape(), "adamw_update", "param");
+  check_view(grad, param.shape(), "adamw_update", "grad");
+  check_view(m, param.shape(), "adamw_update", "m");
+  check_view(v, param.shape(), "adamw_update", "v");
+  adamw_step(step);
+}
+
+}  // namespace cupipe::ops::checks
