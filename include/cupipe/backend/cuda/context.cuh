@@ -103,15 +103,7 @@ class Context {
     peers_.emplace(peer, can != 0);
     return can != 0;
   }
-    CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
-    CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes_, cudaDevAttrL2CacheSize, device_));
-    CUPIPE_CHECK_CUBLAS(cublasLtCreate(&lt_));
-    void* host = nullptr;
-    CUPIPE_CHECK_CUDA(cudaMallocHost(&host, sizeof(Readback)));
-    readback_ = static_cast<Readback*>(host);
-    error_ = DeviceBuffer<DeviceError>(pool_, 1, MemoryTag::workspace);
-    CUPIPE_CHECK_CUDA(cudaMemsetAsync(error_.data(), 0, sizeof(DeviceError), stream_));
-  }
+
   /// The cuBLASLt workspace, allocated on the first GEMM (accounted as workspace).
   void* gemm_workspace() {
     if (gemm_workspace_.empty())
