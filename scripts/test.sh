@@ -8,17 +8,19 @@ bash "$root/scripts/setup.sh"
 mkdir -p "$root/build"
 
 echo "== host subset (CUPIPE_ENABLE_CUDA=OFF)"
-build "$root/build/host" -DCUPIPE_ENABLE_CUDA=OFF
+# Tests and benchmarks on by name: run.sh turns them off in the same build dir.
+all=(-DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_BUILD_BENCH=ON)
+build "$root/build/host" -DCUPIPE_ENABLE_CUDA=OFF "${all[@]}"
 (cd "$root/build/host" && ctest --output-on-failure -j "$jobs")
 
 if have_cuda; then
   echo "== CUDA on (nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
-  build "$root/build/cuda" -DCUPIPE_ENABLE_CUDA=ON
+  build "$root/build/cuda" -DCUPIPE_ENABLE_CUDA=ON "${all[@]}"
   (cd "$root/build/cuda" && ctest --output-on-failure -j "$jobs")
 else
   echo "== CUDA on: skipped, no nvcc on this machine"
 fi
 
 echo "== ThreadSanitizer (runtime tests)"
-build "$root/build/tsan" -DCUPIPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+build "$root/build/tsan" -DCUPIPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUPIPE_BUILD_TESTS=ON
 (cd "$root/build/tsan" && ctest --output-on-failure -j "$jobs")

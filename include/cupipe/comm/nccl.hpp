@@ -52,6 +52,7 @@
 #endif
 
 #include "cupipe/backend/cuda/check.cuh"
+#include "cupipe/backend/cuda/device_guard.cuh"
 #include "cupipe/backend/cuda/memory_pool.cuh"
 #include "cupipe/backend/cuda/stream.cuh"
 #include "cupipe/comm/communicator.hpp"
@@ -80,9 +81,6 @@ namespace detail {
   } while (0)
 
 namespace cupipe::comm {
-
-/// Whether this NCCL can split communicators (ncclCommSplit, NCCL 2.18).
-inline constexpr bool nccl_has_split = NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0);
 
 /// How ranks agree on a unique id for a group when communicators cannot be split: every rank of
 /// the world calls it with the same name, its group's color (or -1 outside any group) and whether
@@ -176,7 +174,7 @@ class NcclCommunicator final : public Communicator {
   void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
             const std::function<std::string()>& describe) override {
     check_alive();
-    CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+    const gpu::DeviceGuard guard(device_);
     reap();
     Channel& channel = channel_for(to_stage, Direction::send, key.flow, describe);
     Pending pending{gpu::DeviceBuffer<std::byte>(*pool_, index_t(header_bytes + bytes), MemoryTag::workspace),
@@ -197,7 +195,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void complete_sends(double timeout_seconds) override {
-    CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+    const gpu::DeviceGuard guard(device_);
     while (!pending_.empty()) {
       Pending& p = pending_.front();
       wait(p.done, timeout_seconds, [&] { return p.what; }, "not received");
@@ -208,7 +206,7 @@ class NcclCommunicator final : public Communicator {
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
                const std::function<std::string()>& describe) override {
     check_alive();
-    CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+    const gpu::DeviceGuard guard(device_);
     Channel& channel = channel_for(from_stage, Direction::receive, key.flow, describe);
     gpu::DeviceBuffer<std::byte> header_buffer(*pool_, index_t(header_bytes), MemoryTag::workspace);
     // The header tells the payload's size; a message of another size fails the header check, and
@@ -410,7 +408,7 @@ class NcclCommunicator final : public Communicator {
   void allreduce(void* data, std::size_t n, ncclDataType_t type, ncclComm_t comm) {
     check_alive();
     if (n == 0) return;
-    CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+    const gpu::DeviceGuard guard(device_);
     const std::size_t bytes = n * (type == ncclFloat64 ? sizeof(double) : sizeof(float));
     cudaPointerAttributes attributes{};
     CUPIPE_CHECK_CUDA(cudaPointerGetAttributes(&attributes, data));
@@ -452,7 +450,7 @@ class NcclCommunicator final : public Communicator {
   /// Frees everything; after a failure (`abort`) aborts the communicators instead of waiting for
   /// their pending work.
   void destroy(bool abort) noexcept {
-    (void)cudaSetDevice(device_);
+    const gpu::DeviceGuard guard(device_, std::nothrow);
     if (abort) {
       abort_all();
     } else {

@@ -10,13 +10,6 @@
 
 #include "cupipe/core/error.hpp"
 
-#if defined(CUPIPE_HAS_CUDNN)
-#include <cudnn.h>
-#endif
-#if defined(CUPIPE_HAS_NCCL)
-#include <nccl.h>
-#endif
-
 namespace cupipe::gpu::detail {
 
 [[noreturn]] inline void throw_cuda(cudaError_t status, const char* call, const char* file, int line) {
@@ -32,18 +25,6 @@ namespace cupipe::gpu::detail {
                                     cublasLtGetStatusString(status),
                                 call, file, line);
 }
-
-#if defined(CUPIPE_HAS_CUDNN)
-[[noreturn]] inline void throw_cudnn(cudnnStatus_t status, const char* call, const char* file, int line) {
-  ::cupipe::detail::throw_error(std::string("cuDNN: ") + cudnnGetErrorString(status), call, file, line);
-}
-#endif
-
-#if defined(CUPIPE_HAS_NCCL)
-[[noreturn]] inline void throw_nccl(ncclResult_t status, const char* call, const char* file, int line) {
-  ::cupipe::detail::throw_error(std::string("NCCL: ") + ncclGetErrorString(status), call, file, line);
-}
-#endif
 
 }  // namespace cupipe::gpu::detail
 
@@ -70,23 +51,3 @@ namespace cupipe::gpu::detail {
     if (cupipe_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                             \
       ::cupipe::gpu::detail::throw_cublas(cupipe_status_, #call, __FILE__, __LINE__);                    \
   } while (0)
-
-#if defined(CUPIPE_HAS_CUDNN)
-/// Throws cupipe::error when a cuDNN call does not return CUDNN_STATUS_SUCCESS.
-#define CUPIPE_CHECK_CUDNN(call)                                                                          \
-  do {                                                                                                    \
-    const cudnnStatus_t cupipe_status_ = (call);                                                          \
-    if (cupipe_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                              \
-      ::cupipe::gpu::detail::throw_cudnn(cupipe_status_, #call, __FILE__, __LINE__);                     \
-  } while (0)
-#endif
-
-#if defined(CUPIPE_HAS_NCCL)
-/// Throws cupipe::error when an NCCL call does not return ncclSuccess.
-#define CUPIPE_CHECK_NCCL(call)                                                                           \
-  do {                                                                                                    \
-    const ncclResult_t cupipe_status_ = (call);                                                           \
-    if (cupipe_status_ != ncclSuccess) [[unlikely]]                                                       \
-      ::cupipe::gpu::detail::throw_nccl(cupipe_status_, #call, __FILE__, __LINE__);                      \
-  } while (0)
-#endif

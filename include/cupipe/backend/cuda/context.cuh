@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpu::Context: what one backend::Cuda<T> owns on its device. A stream, the memory pool, the
-// cuBLASLt (and cuDNN) handles, the GEMM workspace and plan cache, a grow-only scratch area for ops
-// that need temporaries, and a device-side error record that kernels fill when they meet bad input
-// (a label or token id out of range) and the host turns into a cupipe::error.
+// cuBLASLt handle, the GEMM workspace and plan cache, a grow-only scratch area for ops that need
+// temporaries, a device-side error record that kernels fill when they meet bad input (a label or
+// token id out of range) and the host turns into a cupipe::error, and the peers its device was
+// given direct access to.
 #pragma once
 
 #include <cublasLt.h>
@@ -11,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 
 #include "cupipe/backend/cuda/check.cuh"
@@ -39,7 +42,6 @@ inline int checked_device(int device) {
   CUPIPE_CHECK_CUDA(cudaGetDeviceCount(&count));
   CUPIPE_REQUIRE(device >= 0 && device < count, "CUDA device ", device, " does not exist (", count,
                  count == 1 ? " device" : " devices", " present)");
-  CUPIPE_CHECK_CUDA(cudaSetDevice(device));
   return device;
 }
 }  // namespace detail
@@ -49,30 +51,12 @@ class Context {
   /// cuBLASLt's own recommendation for Hopper; also enough for every Ampere kernel.
   static constexpr std::size_t gemm_workspace_bytes = std::size_t(32) << 20;
 
-  Context(int device, MemoryTracker& tracker)
-      : device_(detail::checked_device(device)), pool_(device_, tracker, stream_) {
-    CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
-    CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes_, cudaDevAttrL2CacheSize, device_));
-    CUPIPE_CHECK_CUBLAS(cublasLtCreate(&lt_));
-#if defined(CUPIPE_HAS_CUDNN)
-    try {
-      CUPIPE_CHECK_CUDNN(cudnnCreate(&cudnn_));
-      CUPIPE_CHECK_CUDNN(cudnnSetStream(cudnn_, stream_));
-    } catch (...) {
-      cublasLtDestroy(lt_);
-      throw;
-    }
-#endif
-    void* host = nullptr;
-    CUPIPE_CHECK_CUDA(cudaMallocHost(&host, sizeof(Readback)));
-    readback_ = static_cast<Readback*>(host);
-    error_ = DeviceBuffer<DeviceError>(pool_, 1, MemoryTag::workspace);
-    CUPIPE_CHECK_CUDA(cudaMemsetAsync(error_.data(), 0, sizeof(DeviceError), stream_));
-  }
+  /// Everything is made on `device`; the caller's current device is unchanged afterwards.
+  Context(int device, MemoryTracker& tracker) : Context(DeviceGuard(detail::checked_device(device)), device, tracker) {}
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
   ~Context() {
-    DeviceGuard guard(device_);
+    DeviceGuard guard(device_, std::nothrow);
     (void)cudaStreamSynchronize(stream_);
     plans_.clear();
     error_ = DeviceBuffer<DeviceError>();
@@ -80,9 +64,6 @@ class Context {
     gemm_workspace_ = DeviceBuffer<std::byte>();
     pool_.trim();
     if (readback_) (void)cudaFreeHost(readback_);
-#if defined(CUPIPE_HAS_CUDNN)
-    if (cudnn_) cudnnDestroy(cudnn_);
-#endif
     if (lt_) cublasLtDestroy(lt_);
   }
 
@@ -90,18 +71,37 @@ class Context {
   cudaStream_t stream() const noexcept { return stream_; }
   DevicePool& pool() noexcept { return pool_; }
   cublasLtHandle_t cublas_lt() const noexcept { return lt_; }
-#if defined(CUPIPE_HAS_CUDNN)
-  cudnnHandle_t cudnn() const noexcept { return cudnn_; }
-#endif
   int sm_count() const noexcept { return sm_count_; }
   int l2_bytes() const noexcept { return l2_bytes_; }
   GemmPlanCache& gemm_plans() noexcept { return plans_; }
 
-  /// Makes this context's device current for the calling thread (a no-op when it already is).
+  /// Makes this context's device current for the calling thread and leaves it so. Prefer a
+  /// DeviceGuard on device(), which restores the caller's device; this remains for OpScope in
+  /// ops.cuh until it holds a guard.
   void activate() const {
     int current = -1;
     CUPIPE_CHECK_CUDA(cudaGetDevice(&current));
     if (current != device_) CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
+  }
+
+  /// Lets this context's device read and write `peer`'s memory directly where the hardware can
+  /// (NVLink or PCIe), and says whether it can. Asks CUDA once per peer: peer access is a property
+  /// of the device's CUDA context, so it stays on for the process.
+  bool enable_peer_access(int peer) {
+    std::lock_guard lock(peers_mutex_);
+    if (const auto known = peers_.find(peer); known != peers_.end()) return known->second;
+    int can = 0;
+    CUPIPE_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, device_, peer));
+    if (can) {
+      const DeviceGuard guard(device_);
+      const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+      if (status == cudaErrorPeerAccessAlreadyEnabled)  // another context on this device did it
+        (void)cudaGetLastError();
+      else
+        CUPIPE_CHECK_CUDA(status);
+    }
+    peers_.emplace(peer, can != 0);
+    return can != 0;
   }
 
   /// The cuBLASLt workspace, allocated on the first GEMM (accounted as workspace).
@@ -157,6 +157,18 @@ class Context {
   }
 
  private:
+  // The guard keeps `device` current while the members and the body below are made.
+  Context(const DeviceGuard&, int device, MemoryTracker& tracker) : device_(device), pool_(device_, tracker, stream_) {
+    CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
+    CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes_, cudaDevAttrL2CacheSize, device_));
+    CUPIPE_CHECK_CUBLAS(cublasLtCreate(&lt_));
+    void* host = nullptr;
+    CUPIPE_CHECK_CUDA(cudaMallocHost(&host, sizeof(Readback)));
+    readback_ = static_cast<Readback*>(host);
+    error_ = DeviceBuffer<DeviceError>(pool_, 1, MemoryTag::workspace);
+    CUPIPE_CHECK_CUDA(cudaMemsetAsync(error_.data(), 0, sizeof(DeviceError), stream_));
+  }
+
   struct Readback {  // pinned, so the copies above are truly asynchronous
     DeviceError error;
     alignas(16) unsigned char scalar[16];
@@ -168,9 +180,6 @@ class Context {
   int sm_count_ = 0;
   int l2_bytes_ = 0;
   cublasLtHandle_t lt_ = nullptr;
-#if defined(CUPIPE_HAS_CUDNN)
-  cudnnHandle_t cudnn_ = nullptr;
-#endif
   Readback* readback_ = nullptr;
   GemmPlanCache plans_;
   ActionTimer timer_;
@@ -178,6 +187,8 @@ class Context {
   DeviceBuffer<std::byte> gemm_workspace_;
   DeviceBuffer<std::byte> scratch_;
   DeviceBuffer<DeviceError> error_;
+  std::mutex peers_mutex_;
+  std::map<int, bool> peers_;  // peer device -> whether this device has direct access to it
 };
 
 }  // namespace cupipe::gpu

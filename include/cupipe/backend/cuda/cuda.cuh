@@ -14,6 +14,7 @@
 #include "cupipe/backend/capabilities.hpp"
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/context.cuh"
+#include "cupipe/backend/cuda/device_guard.cuh"
 #include "cupipe/backend/cuda/gemm_plan.cuh"
 #include "cupipe/backend/cuda/memory_pool.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
@@ -62,7 +63,7 @@ class Cuda : public ops::Dispatch {
   /// An uninitialised device array of `count` elements, accounted under `tag`.
   template <class U = T>
   buffer<U> allocate(index_t count, MemoryTag tag) {
-    context_.activate();
+    const gpu::DeviceGuard guard(context_.device());
     return buffer<U>(context_.pool(), count, tag);
   }
 
@@ -70,7 +71,7 @@ class Cuda : public ops::Dispatch {
   template <class U>
   void upload(std::span<const U> from, U* to) {
     if (from.empty()) return;
-    context_.activate();
+    const gpu::DeviceGuard guard(context_.device());
     CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to, from.data(), from.size_bytes(), cudaMemcpyHostToDevice, context_.stream()));
     CUPIPE_CHECK_CUDA(cudaStreamSynchronize(context_.stream()));
   }
@@ -79,7 +80,7 @@ class Cuda : public ops::Dispatch {
   template <class U>
   void download(const U* from, std::span<U> to) {
     if (to.empty()) return;
-    context_.activate();
+    const gpu::DeviceGuard guard(context_.device());
     CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to.data(), from, to.size_bytes(), cudaMemcpyDeviceToHost, context_.stream()));
     CUPIPE_CHECK_CUDA(cudaStreamSynchronize(context_.stream()));
   }
@@ -87,7 +88,7 @@ class Cuda : public ops::Dispatch {
   /// Waits for all work enqueued on this context; throws if a kernel reported bad input since the
   /// last check, or if the work failed.
   void synchronize() {
-    context_.activate();
+    const gpu::DeviceGuard guard(context_.device());
     const gpu::DeviceError found = context_.take_device_error();
     if (found.code == gpu::label_out_of_range)
       CUPIPE_THROW("a softmax cross-entropy kernel met label ", found.value, " at row ", found.row,
@@ -99,15 +100,15 @@ class Cuda : public ops::Dispatch {
   // A pipeline step's device-side timeline (see gpu::ActionTimer): the origin, a mark after the
   // work enqueued so far on this stream, and a mark's seconds since the origin (waits for it).
   void timeline_start() {
-    context_.activate();
+    const gpu::DeviceGuard guard(context_.device());
     context_.timer().start(context_.stream());
   }
   int timeline_mark() {
-    context_.activate();
+    const gpu::DeviceGuard guard(context_.device());
     return context_.timer().mark(context_.stream());
   }
   double timeline_seconds(int mark) {
-    context_.activate();
+    const gpu::DeviceGuard guard(context_.device());
     return context_.timer().seconds(mark);
   }
   /// An NVTX range for as long as the returned object lives (the pipeline names its actions "F3").

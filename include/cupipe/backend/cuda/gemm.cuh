@@ -17,6 +17,7 @@
 
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/cuda.cuh"
+#include "cupipe/backend/cuda/device_guard.cuh"
 #include "cupipe/backend/cuda/gemm_plan.cuh"
 #include "cupipe/backend/cuda/kernels/elementwise.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
@@ -72,7 +73,7 @@ void gemm_impl(backend::Cuda<T>& be, std::string_view op, Transpose ta, Transpos
                ConstView<AB> b, S beta, TensorView<C> c, const C* bias, bool gelu, C* pre) {
   const auto [m, n, k] = checks::gemm<AB, C>(op, ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
-  const gpu::DeviceGuard device(be.device());
+  const gpu::DeviceGuard guard(be.device());
   using DC = gpu::kernels::device_t<C>;
   auto* dc = gpu::kernels::device_ptr(c.data());
   const index_t lda = std::max<index_t>(a.cols(), 1), ldb = std::max<index_t>(b.cols(), 1);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cupipe/backend/cuda/check.cuh"
+#include "cupipe/backend/cuda/device_guard.cuh"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/shape.hpp"
@@ -144,6 +145,7 @@ class DevicePool {
  private:
   void* fresh_block(std::size_t size, std::size_t bytes, MemoryTag tag) {
     void* ptr = nullptr;
+    const DeviceGuard guard(device_);  // cudaMalloc allocates on the current device
     cudaError_t status = cudaMalloc(&ptr, size);
     if (status == cudaErrorMemoryAllocation) {  // cached blocks of other sizes may be in the way
       (void)cudaGetLastError();
@@ -182,11 +184,9 @@ class DevicePool {
       event = spare_events_.back();
       spare_events_.pop_back();
     } else {
-      int current = -1;
-      const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
-                            cudaSetDevice(device_) == cudaSuccess;
+      // An event lives on the device current at its creation and must match the stream's.
+      const DeviceGuard guard(device_, std::nothrow);
       if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) event = nullptr;
-      if (switched) (void)cudaSetDevice(current);
     }
     if (event && cudaEventRecord(event, stream_) == cudaSuccess) {
       try {

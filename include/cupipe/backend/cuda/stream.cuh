@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Move-only owners of a CUDA stream and a CUDA event, and the guard that makes a device current.
+// Move-only owners of a CUDA stream and a CUDA event. DeviceGuard comes with them, since every user
+// of a stream also needs its device current.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -7,27 +8,9 @@
 #include <utility>
 
 #include "cupipe/backend/cuda/check.cuh"
+#include "cupipe/backend/cuda/device_guard.cuh"
 
 namespace cupipe::gpu {
-
-/// Makes `device` current for this thread while it lives, and restores the previous one after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    CUPIPE_CHECK_CUDA(cudaGetDevice(&previous_));
-    if (previous_ != device) CUPIPE_CHECK_CUDA(cudaSetDevice(device));
-    changed_ = previous_ != device;
-  }
-  ~DeviceGuard() {
-    if (changed_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
 
 /// A non-blocking stream (it does not synchronise with the legacy default stream).
 class Stream {

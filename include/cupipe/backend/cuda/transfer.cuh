@@ -6,8 +6,8 @@
 //   first waits for the destination block's reuse fence (the receiver's last use of that block,
 //   see DevicePool), so a recycled block is never overwritten while the receiver still reads it;
 // - the same device: cudaMemcpyAsync; different devices: cudaMemcpyPeerAsync (over NVLink/PCIe
-//   peer access where cudaDeviceCanAccessPeer allows it, which is enabled once per pair; CUDA
-//   stages the copy through the host otherwise);
+//   peer access where cudaDeviceCanAccessPeer allows it, which the sender's context enables once
+//   per peer; CUDA stages the copy through the host otherwise);
 // - the sender records its hand-over event after the copy and the receiver's stream waits on it,
 //   so the receiver's next kernels see the data.
 // `dst` must be a whole buffer allocated from `to` (its reuse fence is looked up by address).
@@ -16,45 +16,15 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <mutex>
-#include <set>
-#include <utility>
 
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/cuda.cuh"
+#include "cupipe/backend/cuda/device_guard.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
 #include "cupipe/backend/cuda/stream.cuh"
 #include "cupipe/backend/op_checks.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
-
-namespace cupipe::gpu {
-
-/// Lets `device` access `peer`'s memory directly when the hardware can, once per process and pair.
-/// Returns whether peer access is on. Makes `device` current.
-inline bool enable_peer_access(int device, int peer) {
-  static std::mutex mutex;
-  static std::set<std::pair<int, int>> known_on, known_off;
-  std::lock_guard lock(mutex);
-  if (known_on.count({device, peer})) return true;
-  if (known_off.count({device, peer})) return false;
-  int can = 0;
-  CUPIPE_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, device, peer));
-  if (!can) {
-    known_off.insert({device, peer});
-    return false;
-  }
-  CUPIPE_CHECK_CUDA(cudaSetDevice(device));
-  const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
-  if (status == cudaErrorPeerAccessAlreadyEnabled)
-    (void)cudaGetLastError();
-  else
-    CUPIPE_CHECK_CUDA(status);
-  known_on.insert({device, peer});
-  return true;
-}
-
-}  // namespace cupipe::gpu
 
 namespace cupipe::ops {
 
@@ -68,7 +38,7 @@ void transfer(backend::Cuda<T>& from, backend::Cuda<T>& to, ConstView<T> src, Te
   // The copy is enqueued from the sender's device; the thread's own current device is restored on return.
   const gpu::DeviceGuard device(from.device());
   const std::size_t bytes = std::size_t(src.numel()) * sizeof(T);
-  if (from.device() != to.device()) gpu::enable_peer_access(from.device(), to.device());
+  if (from.device() != to.device()) from.context().enable_peer_access(to.device());
   if (&from != &to)
     if (cudaEvent_t fence = to.context().pool().reuse_fence(dst.data()))
       CUPIPE_CHECK_CUDA(cudaStreamWaitEvent(from.stream(), fence, 0));
