@@ -201,7 +201,7 @@ class Benchmark {
     axes_.push_back({std::move(name), std::move(values)});
     return *this;
   }
-  Benchmark& axis(std::string name, const std::vector<std::int64_t>& values) {
+  Benchmark& int_axis(std::string name, const std::vector<std::int64_t>& values) {
     std::vector<std::string> text;
     for (std::int64_t v : values) text.push_back(std::to_string(v));
     return axis(std::move(name), std::move(text));
