@@ -1,42 +1,42 @@
 // SPDX-License-Identifier: Apache-2.0
-// Kernel benchmarks of backend::Cuda. First the device's own ceilings, measured in this run: a large
-// device-to-device copy (GB/s, bytes read plus written) and the best large GEMM cuBLASLt offers in
-// fp32, tf32 and bf16 (TFLOP/s). Then each op at GPT-2-like shapes (B*T = 8192 rows), reported as a
-// percentage of the ceiling that bounds it; GEMMs also against the fastest of cuBLASLt's heuristic
-// candidates for the same problem.
-//   bench_kernels [--json out.json] [--repeats N] [--warmup N] [--quick]
+// Kernel benchmarks of backend::Cuda, on bench/harness with its CUDA timer (events, L2 flushed before
+// every timed run). First the device's own ceilings, measured in this run: a large device-to-device
+// copy (GB/s, bytes read plus written) and the best large GEMM cuBLASLt offers in fp32, tf32 and bf16
+// (TFLOP/s). Then each op at GPT-2-like shapes (B*T = 8192 rows), reported as a percentage of the
+// ceiling that bounds it; GEMMs also against the fastest of cuBLASLt's heuristic candidates for the
+// same problem, timed side by side. A percentage needs its ceiling in the same run: a --filter that
+// leaves out `ceiling/...` leaves it "-".
+//   bench_kernels [--json out.json] [--repeats N] [--warmup N] [--quick] [--filter REGEX] [--list]
 // Targets (documented, not asserted): memory-bound kernels >= 85% of copy bandwidth; GEMM >= 0.95x the
 // best heuristic candidate.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
+#include <map>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "../harness/cuda_timer.cuh"
+#include "../harness/harness.hpp"
 #include "cupipe/cupipe.cuh"
-#include "harness.cuh"
 
 using namespace cupipe;
-using bench::Harness;
-using bench::Result;
+using bench::CudaTimer;
+using bench::State;
 using ops::Transpose;
 using Gpu = backend::Cuda<float>;
 
 namespace {
 
-struct Options {
-  std::string json;
-  int repeats = 20;
-  int warmup = 3;
-  bool quick = false;
-};
-
 std::string shape_text(std::initializer_list<index_t> extents) {
   std::string out = "(";
-  for (index_t e : extents) out += (out.size() > 1 ? ", " : "") + std::to_string(e);
+  for (index_t e : extents) {
+    if (out.size() > 1) out.append(", ");
+    out.append(std::to_string(e));
+  }
   return out + ")";
 }
 
@@ -49,58 +49,73 @@ void fill_random(Gpu& be, U* device, index_t n, std::uint64_t seed, double low =
   be.upload(std::span<const U>(host), device);
 }
 
-Result make_result(std::string group, std::string name, std::string shape) {
-  Result r;
-  r.group = std::move(group);
-  r.name = std::move(name);
-  r.shape = std::move(shape);
-  return r;
+/// The device's ceilings, measured by the `ceiling/...` benchmarks of this run (0: not measured).
+struct Ceilings {
+  double copy_gbps = 0;
+  std::map<std::string, double> gemm_tflops;  // "gemm_fp32", "gemm_tf32", "gemm_bf16"
+};
+
+/// Reports the state's GB/s against the copy ceiling.
+void against_copy(State& state, const Ceilings& ceilings) {
+  state.summary("ceiling", "vs ceiling", std::string("copy"));
+  if (ceilings.copy_gbps > 0) state.summary("percent_of_ceiling", "% of ceiling", 100 * state.gbps() / ceilings.copy_gbps, 1);
 }
+
+/// Everything a benchmark body needs: the backend, the timer and the ceilings measured so far.
+struct Bench {
+  Gpu& be;
+  CudaTimer& timer;
+  Ceilings& ceilings;
+};
 
 // --- ceilings -----------------------------------------------------------------------------------
 
-void measure_copy_ceiling(Gpu& be, Harness& h) {
+void copy_ceiling(Bench& b, State& state) {
   const std::size_t bytes = std::size_t(1) << 30;
-  auto src = be.allocate<std::byte>(index_t(bytes), MemoryTag::workspace);
-  auto dst = be.allocate<std::byte>(index_t(bytes), MemoryTag::workspace);
-  CUPIPE_CHECK_CUDA(cudaMemsetAsync(src.data(), 1, bytes, be.stream()));
-  Result r = make_result("ceiling", "device-to-device copy", "1 GiB");
-  r.bytes = 2.0 * double(bytes);
-  r.timing = h.time([&] {
-    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, be.stream()));
+  auto src = b.be.allocate<std::byte>(index_t(bytes), MemoryTag::workspace);
+  auto dst = b.be.allocate<std::byte>(index_t(bytes), MemoryTag::workspace);
+  CUPIPE_CHECK_CUDA(cudaMemsetAsync(src.data(), 1, bytes, b.be.stream()));
+  state.add_reads(double(bytes));
+  state.add_writes(double(bytes));
+  state.exec(b.timer, [&] {
+    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, b.be.stream()));
   });
-  h.set_ceiling("copy", r.gbps(), "GB/s");
-  r.ceiling = "copy";
-  r.ceiling_value = r.gbps();
-  h.add(r);
+  b.ceilings.copy_gbps = state.gbps();
+  state.summary("shape", "shape", std::string("1 GiB"));
+  against_copy(state, b.ceilings);
+  b.be.context().pool().trim();
 }
 
-/// Times every candidate cuBLASLt proposes for `key` and returns the fastest time (ms).
-double best_heuristic_ms(Gpu& be, Harness& h, const gpu::GemmKey& key, const gpu::GemmArgs& args) {
-  gpu::Context& ctx = be.context();
+enum class GemmKind { fp32, tf32, bf16 };
+
+GemmKind parse_kind(const std::string& name) {
+  if (name == "fp32") return GemmKind::fp32;
+  if (name == "tf32") return GemmKind::tf32;
+  CUPIPE_REQUIRE(name == "bf16", "bench_kernels: precision expected fp32, tf32 or bf16 but got '", name, "'");
+  return GemmKind::bf16;
+}
+
+/// The fastest of every candidate cuBLASLt proposes for `key`, timed like the state (seconds).
+double best_heuristic_seconds(Bench& b, const State& state, const gpu::GemmKey& key, const gpu::GemmArgs& args) {
+  gpu::Context& ctx = b.be.context();
   gpu::GemmPlan plan(ctx.cublas_lt(), key, args, gpu::Context::gemm_workspace_bytes);
   void* workspace = ctx.gemm_workspace();
   double best = 0;
   for (const gpu::GemmCandidate& candidate :
        plan.heuristics(ctx.cublas_lt(), key, gpu::Context::gemm_workspace_bytes, 16)) {
     if (candidate.workspace_bytes > gpu::Context::gemm_workspace_bytes) continue;
-    const double ms = h.time([&] {
+    const double seconds = state.measure_other(b.timer, [&] {
       plan.run(ctx.cublas_lt(), key, args, workspace, gpu::Context::gemm_workspace_bytes, ctx.stream(), &candidate.algo);
-    }).median_ms;
-    if (best == 0 || ms < best) best = ms;
+    }).median;
+    if (best == 0 || seconds < best) best = seconds;
   }
   return best;
 }
 
-enum class GemmKind { fp32, tf32, bf16 };
-
-const char* kind_name(GemmKind kind) {
-  return kind == GemmKind::fp32 ? "fp32" : kind == GemmKind::tf32 ? "tf32" : "bf16";
-}
-
-/// One GEMM problem: c (m, n) = op(a) op(b), timed through ops::gemm and against the best candidate.
-Result run_gemm(Gpu& be, Harness& h, GemmKind kind, const std::string& name, index_t m, index_t n, index_t k,
-                Transpose ta, Transpose tb) {
+/// c (m, n) = op(a) op(b), timed through ops::gemm and, side by side, the best cuBLASLt candidate.
+/// Returns the faster of the two (seconds).
+double run_gemm(Bench& b, State& state, GemmKind kind, index_t m, index_t n, index_t k, Transpose ta, Transpose tb) {
+  Gpu& be = b.be;
   const Shape as = ta == Transpose::yes ? Shape{k, m} : Shape{m, k};
   const Shape bs = tb == Transpose::yes ? Shape{n, k} : Shape{k, n};
   const Shape cs{m, n};
@@ -108,61 +123,62 @@ Result run_gemm(Gpu& be, Harness& h, GemmKind kind, const std::string& name, ind
   gpu::GemmKey key;
   key.m = m, key.n = n, key.k = k, key.lda = as.cols(), key.ldb = bs.cols(), key.ldc = n, key.ta = ta, key.tb = tb;
   const float alpha = 1, beta = 0;
-  Result r = make_result("gemm", name + " (" + kind_name(kind) + ")",
-                         shape_text({m, n, k}) + (ta == Transpose::yes ? " T" : " N") + (tb == Transpose::yes ? "T" : "N"));
-  r.flops = 2.0 * double(m) * double(n) * double(k);
+  state.summary("shape", "shape",
+                shape_text({m, n, k}) + (ta == Transpose::yes ? " T" : " N") + (tb == Transpose::yes ? "T" : "N"));
+  state.add_flops(2.0 * double(m) * double(n) * double(k));
+  double reference = 0;
   if (kind == GemmKind::bf16) {
     auto a = be.allocate<cupipe::bfloat16>(m * k, MemoryTag::activations);
-    auto b = be.allocate<cupipe::bfloat16>(k * n, MemoryTag::activations);
+    auto bm = be.allocate<cupipe::bfloat16>(k * n, MemoryTag::activations);
     auto c = be.allocate<cupipe::bfloat16>(m * n, MemoryTag::activations);
     fill_random(be, a.data(), m * k, 1);
-    fill_random(be, b.data(), k * n, 2);
-    r.timing = h.time([&] {
-      ops::gemm(be, ta, tb, 1.0f, ConstView<cupipe::bfloat16>(a.view(as)), ConstView<cupipe::bfloat16>(b.view(bs)), 0.0f,
+    fill_random(be, bm.data(), k * n, 2);
+    state.exec(b.timer, [&] {
+      ops::gemm(be, ta, tb, 1.0f, ConstView<cupipe::bfloat16>(a.view(as)), ConstView<cupipe::bfloat16>(bm.view(bs)), 0.0f,
                 c.view(cs));
     });
     key.ab_type = key.c_type = CUDA_R_16BF;
     key.compute = CUBLAS_COMPUTE_32F;
-    r.reference_ms = best_heuristic_ms(be, h, key, {a.data(), b.data(), c.data(), nullptr, nullptr, &alpha, &beta});
+    reference = best_heuristic_seconds(b, state, key, {a.data(), bm.data(), c.data(), nullptr, nullptr, &alpha, &beta});
   } else {
     auto a = be.allocate<float>(m * k, MemoryTag::activations);
-    auto b = be.allocate<float>(k * n, MemoryTag::activations);
+    auto bm = be.allocate<float>(k * n, MemoryTag::activations);
     auto c = be.allocate<float>(m * n, MemoryTag::activations);
     fill_random(be, a.data(), m * k, 1);
-    fill_random(be, b.data(), k * n, 2);
-    r.timing = h.time([&] { ops::gemm(be, ta, tb, 1.0f, a.view(as), b.view(bs), 0.0f, c.view(cs)); });
+    fill_random(be, bm.data(), k * n, 2);
+    state.exec(b.timer, [&] { ops::gemm(be, ta, tb, 1.0f, a.view(as), bm.view(bs), 0.0f, c.view(cs)); });
     key.compute = kind == GemmKind::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    r.reference_ms = best_heuristic_ms(be, h, key, {a.data(), b.data(), c.data(), nullptr, nullptr, &alpha, &beta});
+    reference = best_heuristic_seconds(b, state, key, {a.data(), bm.data(), c.data(), nullptr, nullptr, &alpha, &beta});
   }
   be.math = gpu::MathMode::fp32;
-  return r;
+  const double ours = state.timing().median;
+  if (reference > 0) {
+    state.summary("best_heuristic_us", "best heuristic us", reference * 1e6, 1);
+    state.summary("ratio_best_heuristic_over_ours", "best heuristic / ours", reference / ours, 3);
+  }
+  be.context().pool().trim();
+  return reference > 0 ? std::min(reference, ours) : ours;
 }
 
-void measure_gemm_ceilings(Gpu& be, Harness& h, index_t size) {
-  for (GemmKind kind : {GemmKind::fp32, GemmKind::tf32, GemmKind::bf16}) {
-    Result r = run_gemm(be, h, kind, "large square", size, size, size, Transpose::no, Transpose::no);
-    // The ceiling is the faster of our op and the best candidate, as TFLOP/s.
-    const double best_ms = r.reference_ms > 0 ? std::min(r.reference_ms, r.timing.median_ms) : r.timing.median_ms;
-    const std::string name = std::string("gemm_") + kind_name(kind);
-    h.set_ceiling(name, r.flops / (best_ms * 1e-3) / 1e12, "TFLOP/s");
-    r.group = "ceiling";
-    r.ceiling = name;
-    r.ceiling_value = h.ceiling(name);
-    h.add(r);
-  }
+void gemm_ceiling(Bench& b, State& state, index_t size) {
+  const std::string precision = state.text("precision");
+  const double best = run_gemm(b, state, parse_kind(precision), size, size, size, Transpose::no, Transpose::no);
+  // The ceiling is the faster of our op and the best candidate.
+  const std::string name = "gemm_" + precision;
+  b.ceilings.gemm_tflops[name] = state.flops() / best / 1e12;
+  state.summary("ceiling", "vs ceiling", name);
+  state.summary("ceiling_tflops", "ceiling TFLOP/s", b.ceilings.gemm_tflops[name], 2);
+  state.summary("percent_of_ceiling", "% of ceiling", 100 * state.tflops() / b.ceilings.gemm_tflops[name], 1);
 }
 
 // --- ops ------------------------------------------------------------------------------------------
 
-Result memory_bound(Harness& h, std::string group, std::string name, std::string shape, double bytes) {
-  Result r = make_result(std::move(group), std::move(name), std::move(shape));
-  r.bytes = bytes;
-  r.ceiling = "copy";
-  r.ceiling_value = h.ceiling("copy");
-  return r;
-}
+constexpr index_t rows = 8192;  // B * T
 
-void bench_layernorm(Gpu& be, Harness& h, index_t rows, index_t cols) {
+void layernorm(Bench& b, State& state) {
+  Gpu& be = b.be;
+  const index_t cols = state.integer("width");
+  const std::string pass = state.text("pass");
   const Shape s{rows, cols}, c{cols}, r{rows};
   auto x = be.allocate(rows * cols, MemoryTag::activations), y = be.allocate(rows * cols, MemoryTag::activations);
   auto dy = be.allocate(rows * cols, MemoryTag::activations), dx = be.allocate(rows * cols, MemoryTag::activations);
@@ -175,44 +191,62 @@ void bench_layernorm(Gpu& be, Harness& h, index_t rows, index_t cols) {
   fill_random(be, beta.data(), cols, 6);
   fill_random(be, dgamma.data(), cols, 7);
   fill_random(be, dbeta.data(), cols, 8);
+  // The statistics the backward passes read.
+  ops::layernorm_forward(be, x.view(s), gamma.view(c), beta.view(c), y.view(s), mean.view(r), rstd.view(r), 1e-5);
   const double f = sizeof(float), rc = double(rows * cols);
-  const std::string shape = shape_text({rows, cols});
-
-  Result fwd = memory_bound(h, "layernorm", "forward", shape, f * (2 * rc + 2.0 * cols + 2.0 * rows));
-  fwd.timing = h.time([&] {
-    ops::layernorm_forward(be, x.view(s), gamma.view(c), beta.view(c), y.view(s), mean.view(r), rstd.view(r), 1e-5);
-  });
-  h.add(fwd);
-  Result bwd = memory_bound(h, "layernorm", "backward input", shape, f * (3 * rc + double(cols) + 2.0 * rows));
-  bwd.timing = h.time([&] {
-    ops::layernorm_backward_input(be, x.view(s), gamma.view(c), mean.view(r), rstd.view(r), dy.view(s), dx.view(s));
-  });
-  h.add(bwd);
-  Result wgt = memory_bound(h, "layernorm", "backward weight", shape, f * (2 * rc + 4.0 * cols + 2.0 * rows));
-  wgt.timing = h.time([&] {
-    ops::layernorm_backward_weight(be, x.view(s), mean.view(r), rstd.view(r), dy.view(s), dgamma.view(c), dbeta.view(c));
-  });
-  h.add(wgt);
+  state.summary("shape", "shape", shape_text({rows, cols}));
+  if (pass == "forward") {
+    state.add_reads(f * (rc + 2.0 * cols));   // x, gamma, beta
+    state.add_writes(f * (rc + 2.0 * rows));  // y, mean, rstd
+    state.exec(b.timer, [&] {
+      ops::layernorm_forward(be, x.view(s), gamma.view(c), beta.view(c), y.view(s), mean.view(r), rstd.view(r), 1e-5);
+    });
+  } else if (pass == "backward input") {
+    state.add_reads(f * (2 * rc + double(cols) + 2.0 * rows));  // x, dy, gamma, mean, rstd
+    state.add_writes(f * rc);                                   // dx
+    state.exec(b.timer, [&] {
+      ops::layernorm_backward_input(be, x.view(s), gamma.view(c), mean.view(r), rstd.view(r), dy.view(s), dx.view(s));
+    });
+  } else {
+    CUPIPE_REQUIRE(pass == "backward weight", "bench_kernels: layernorm pass '", pass, "' is not one of forward, "
+                   "backward input, backward weight");
+    state.add_reads(f * (2 * rc + 2.0 * rows + 2.0 * cols));  // x, dy, mean, rstd, dgamma, dbeta
+    state.add_writes(f * 2.0 * cols);                         // dgamma, dbeta
+    state.exec(b.timer, [&] {
+      ops::layernorm_backward_weight(be, x.view(s), mean.view(r), rstd.view(r), dy.view(s), dgamma.view(c), dbeta.view(c));
+    });
+  }
+  against_copy(state, b.ceilings);
+  be.context().pool().trim();
 }
 
-void bench_gelu(Gpu& be, Harness& h, index_t rows, index_t cols) {
+void gelu(Bench& b, State& state) {
+  Gpu& be = b.be;
   // The MLP's hidden activation: (B*T, 4C).
-  const index_t n = rows * 4 * cols;
-  const Shape s{rows, 4 * cols};
+  const index_t cols = 4 * state.integer("width"), n = rows * cols;
+  const Shape s{rows, cols};
   auto x = be.allocate(n, MemoryTag::activations), y = be.allocate(n, MemoryTag::activations);
   auto dy = be.allocate(n, MemoryTag::activations);
   fill_random(be, x.data(), n, 9, -3, 3);
   fill_random(be, dy.data(), n, 10);
-  const std::string shape = shape_text({rows, 4 * cols});
-  Result fwd = memory_bound(h, "gelu", "forward", shape, 2.0 * sizeof(float) * double(n));
-  fwd.timing = h.time([&] { ops::gelu_forward(be, x.view(s), y.view(s)); });
-  h.add(fwd);
-  Result bwd = memory_bound(h, "gelu", "backward", shape, 3.0 * sizeof(float) * double(n));
-  bwd.timing = h.time([&] { ops::gelu_backward(be, x.view(s), dy.view(s), y.view(s)); });
-  h.add(bwd);
+  const double f = sizeof(float);
+  state.summary("shape", "shape", shape_text({rows, cols}));
+  if (state.text("pass") == "forward") {
+    state.add_reads(f * double(n));
+    state.add_writes(f * double(n));
+    state.exec(b.timer, [&] { ops::gelu_forward(be, x.view(s), y.view(s)); });
+  } else {
+    state.add_reads(2 * f * double(n));
+    state.add_writes(f * double(n));
+    state.exec(b.timer, [&] { ops::gelu_backward(be, x.view(s), dy.view(s), y.view(s)); });
+  }
+  against_copy(state, b.ceilings);
+  be.context().pool().trim();
 }
 
-void bench_softmax_xent(Gpu& be, Harness& h, index_t rows, index_t vocab) {
+void softmax_xent(Bench& b, State& state) {
+  Gpu& be = b.be;
+  const index_t vocab = state.integer("vocab");
   const Shape s{rows, vocab}, r{rows};
   auto z = be.allocate(rows * vocab, MemoryTag::activations), dz = be.allocate(rows * vocab, MemoryTag::activations);
   auto loss = be.allocate(1, MemoryTag::activations);
@@ -225,18 +259,24 @@ void bench_softmax_xent(Gpu& be, Harness& h, index_t rows, index_t vocab) {
   // Device-side label checks would add a host wait to every timed run; bad labels are not the point here.
   be.check_inputs = false;
   const double f = sizeof(float), rv = double(rows * vocab);
-  const std::string shape = shape_text({rows, vocab});
-  Result fwd = memory_bound(h, "softmax_xent", "forward", shape, f * rv + 4.0 * double(rows));
-  fwd.timing = h.time([&] { ops::softmax_cross_entropy_forward(be, z.view(s), labels.view(r), loss.view(Shape{1}), rows); });
-  h.add(fwd);
-  Result bwd = memory_bound(h, "softmax_xent", "backward", shape, 2 * f * rv + 4.0 * double(rows));
-  bwd.timing = h.time([&] { ops::softmax_cross_entropy_backward(be, z.view(s), labels.view(r), dz.view(s), rows); });
-  h.add(bwd);
+  state.summary("shape", "shape", shape_text({rows, vocab}));
+  if (state.text("pass") == "forward") {
+    state.add_reads(f * rv + 4.0 * double(rows));  // logits, labels
+    state.exec(b.timer, [&] { ops::softmax_cross_entropy_forward(be, z.view(s), labels.view(r), loss.view(Shape{1}), rows); });
+  } else {
+    state.add_reads(f * rv + 4.0 * double(rows));
+    state.add_writes(f * rv);  // dlogits
+    state.exec(b.timer, [&] { ops::softmax_cross_entropy_backward(be, z.view(s), labels.view(r), dz.view(s), rows); });
+  }
   be.check_inputs = true;
   be.synchronize();
+  against_copy(state, b.ceilings);
+  be.context().pool().trim();
 }
 
-void bench_adamw(Gpu& be, Harness& h, index_t n) {
+void adamw(Bench& b, State& state) {
+  Gpu& be = b.be;
+  const index_t n = state.integer("parameters");
   const Shape s{n};
   auto p = be.allocate(n, MemoryTag::weights), g = be.allocate(n, MemoryTag::gradients);
   auto m = be.allocate(n, MemoryTag::optimizer), v = be.allocate(n, MemoryTag::optimizer);
@@ -245,13 +285,18 @@ void bench_adamw(Gpu& be, Harness& h, index_t n) {
   fill_random(be, m.data(), n, 15, -0.01, 0.01);
   fill_random(be, v.data(), n, 16, 0, 1e-4);
   const ops::AdamWHyper hyper{.lr = 1e-4};
-  Result r = memory_bound(h, "adamw", "update (fp32)", shape_text({n}), 7.0 * sizeof(float) * double(n));
+  state.summary("shape", "shape", shape_text({n}) + " fp32");
+  state.add_reads(4.0 * sizeof(float) * double(n));   // p, g, m, v
+  state.add_writes(3.0 * sizeof(float) * double(n));  // p, m, v
   std::int64_t step = 1;
-  r.timing = h.time([&] { ops::adamw_update(be, p.view(s), g.view(s), m.view(s), v.view(s), hyper, step++, 1.0f); });
-  h.add(r);
+  state.exec(b.timer, [&] { ops::adamw_update(be, p.view(s), g.view(s), m.view(s), v.view(s), hyper, step++, 1.0f); });
+  against_copy(state, b.ceilings);
+  be.context().pool().trim();
 }
 
-void bench_embedding_backward(Gpu& be, Harness& h, index_t rows, index_t vocab, index_t cols) {
+void embedding_backward(Bench& b, State& state) {
+  Gpu& be = b.be;
+  const index_t cols = state.integer("width"), vocab = 50257;
   const Shape t{vocab, cols}, s{rows, cols}, r{rows};
   auto dtable = be.allocate(vocab * cols, MemoryTag::gradients), dy = be.allocate(rows * cols, MemoryTag::activations);
   auto ids = be.allocate<std::int32_t>(rows, MemoryTag::activations);
@@ -263,16 +308,51 @@ void bench_embedding_backward(Gpu& be, Harness& h, index_t rows, index_t vocab, 
   be.upload(std::span<const std::int32_t>(host_ids), ids.data());
   const double unique = double(std::unordered_set<std::int32_t>(host_ids.begin(), host_ids.end()).size());
   // dy once, each touched table row read and written once, the ids.
-  const double bytes = sizeof(float) * (double(rows * cols) + 2 * unique * double(cols)) + 4.0 * double(rows);
+  state.add_reads(sizeof(float) * (double(rows * cols) + unique * double(cols)) + 4.0 * double(rows));
+  state.add_writes(sizeof(float) * unique * double(cols));
+  state.summary("shape", "shape", shape_text({rows, cols}) + " vocab " + std::to_string(vocab));
   be.check_inputs = false;
-  Result res = memory_bound(h, "embedding", "backward", shape_text({rows, cols}) + " vocab " + std::to_string(vocab), bytes);
-  res.timing = h.time([&] { ops::embedding_backward(be, ids.view(r), dy.view(s), dtable.view(t)); });
-  h.add(res);
+  state.exec(b.timer, [&] { ops::embedding_backward(be, ids.view(r), dy.view(s), dtable.view(t)); });
   be.check_inputs = true;
   be.synchronize();
+  against_copy(state, b.ceilings);
+  be.context().pool().trim();
 }
 
-int run(const Options& options) {
+/// GPT-2 small block (C = 768), forward and the two backward products of each Linear.
+struct Problem {
+  const char* name;
+  index_t m, n, k;
+  Transpose ta, tb;
+};
+constexpr index_t C = 768;
+const std::vector<Problem> gpt2_problems{
+    {"qkv forward", rows, 3 * C, C, Transpose::no, Transpose::yes},
+    {"attn proj forward", rows, C, C, Transpose::no, Transpose::yes},
+    {"fc forward", rows, 4 * C, C, Transpose::no, Transpose::yes},
+    {"fc proj forward", rows, C, 4 * C, Transpose::no, Transpose::yes},
+    {"fc backward dx", rows, C, 4 * C, Transpose::no, Transpose::no},
+    {"fc backward dW", 4 * C, C, rows, Transpose::yes, Transpose::no},
+};
+
+void gemm(Bench& b, State& state) {
+  const std::string precision = state.text("precision"), problem = state.text("problem");
+  const auto p = std::find_if(gpt2_problems.begin(), gpt2_problems.end(), [&](const Problem& q) { return q.name == problem; });
+  CUPIPE_REQUIRE(p != gpt2_problems.end(), "bench_kernels: no GEMM problem named '", problem, "'");
+  run_gemm(b, state, parse_kind(precision), p->m, p->n, p->k, p->ta, p->tb);
+  const std::string ceiling = "gemm_" + precision;
+  state.summary("ceiling", "vs ceiling", ceiling);
+  if (b.ceilings.gemm_tflops.contains(ceiling))
+    state.summary("percent_of_ceiling", "% of ceiling", 100 * state.tflops() / b.ceilings.gemm_tflops[ceiling], 1);
+}
+
+int run(int argc, char** argv) {
+  bench::Harness harness("cupipe kernel benchmarks");
+  bool quick = false;
+  for (const std::string& arg : harness.parse(argc, argv)) {
+    CUPIPE_REQUIRE(arg == "--quick", "bench_kernels: unknown argument '", arg, "'; use --quick and ", bench::harness_usage);
+    quick = true;
+  }
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
@@ -283,84 +363,53 @@ int run(const Options& options) {
   Gpu be(0);
   cudaDeviceProp prop{};
   CUPIPE_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const nlohmann::json device{{"name", prop.name},
-                              {"compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor)},
-                              {"sm_count", prop.multiProcessorCount},
-                              {"l2_bytes", prop.l2CacheSize},
-                              {"global_memory_bytes", prop.totalGlobalMem}};
-  std::printf("# cupipe kernel benchmarks on %s (sm_%d%d, %d SMs, %d MiB L2)\n\n", prop.name, prop.major, prop.minor,
-              prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  Harness h(be.stream(), std::size_t(prop.l2CacheSize), options.warmup, options.repeats);
-  h.print_header();
-
-  measure_copy_ceiling(be, h);
-  be.context().pool().trim();
-  measure_gemm_ceilings(be, h, options.quick ? 4096 : 8192);
-  be.context().pool().trim();
-
-  const index_t rows = 8192;  // B * T
-  const std::vector<index_t> widths = options.quick ? std::vector<index_t>{768} : std::vector<index_t>{768, 1024, 4096};
-  for (index_t c : widths) {
-    bench_layernorm(be, h, rows, c);
-    bench_gelu(be, h, rows, c);
-    bench_embedding_backward(be, h, rows, 50257, c);
-    be.context().pool().trim();
-  }
-  bench_softmax_xent(be, h, rows, options.quick ? 8192 : 50257);
-  be.context().pool().trim();
-  bench_adamw(be, h, 124'000'000);
-  be.context().pool().trim();
-
-  // GPT-2 small block (C = 768), forward and the two backward products of each Linear.
-  struct Problem {
-    const char* name;
-    index_t m, n, k;
-    Transpose ta, tb;
+  harness.context() = {{"device",
+                        {{"name", prop.name},
+                         {"compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor)},
+                         {"sm_count", prop.multiProcessorCount},
+                         {"l2_bytes", prop.l2CacheSize},
+                         {"global_memory_bytes", prop.totalGlobalMem}}},
+                       {"rows", rows},
+                       {"targets", "memory-bound ops >= 85% of the copy ceiling; GEMM >= 0.95x the best heuristic"}};
+  std::printf("Device: %s (sm_%d%d, %d SMs, %d MiB L2)\n\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  CudaTimer timer(be.stream(), std::size_t(prop.l2CacheSize));
+  Ceilings ceilings;
+  Bench b{be, timer, ceilings};
+  // Every kernel benchmark: 3 warm-up runs, median of 20 (--warmup, --repeats override).
+  auto add = [&](std::string name, void (*body)(Bench&, State&)) -> bench::Benchmark& {
+    return harness.add(std::move(name), [&b, body](State& state) { body(b, state); }).runs(3, 20);
   };
-  const index_t C = 768;
-  const std::vector<Problem> problems{
-      {"qkv forward", rows, 3 * C, C, Transpose::no, Transpose::yes},
-      {"attn proj forward", rows, C, C, Transpose::no, Transpose::yes},
-      {"fc forward", rows, 4 * C, C, Transpose::no, Transpose::yes},
-      {"fc proj forward", rows, C, 4 * C, Transpose::no, Transpose::yes},
-      {"fc backward dx", rows, C, 4 * C, Transpose::no, Transpose::no},
-      {"fc backward dW", 4 * C, C, rows, Transpose::yes, Transpose::no},
-  };
-  for (GemmKind kind : {GemmKind::tf32, GemmKind::bf16}) {
-    for (const Problem& p : problems) {
-      Result r = run_gemm(be, h, kind, p.name, p.m, p.n, p.k, p.ta, p.tb);
-      r.ceiling = std::string("gemm_") + kind_name(kind);
-      r.ceiling_value = h.ceiling(r.ceiling);
-      h.add(r);
-    }
-    be.context().pool().trim();
-  }
+  const std::vector<std::int64_t> widths = quick ? std::vector<std::int64_t>{768} : std::vector<std::int64_t>{768, 1024, 4096};
+  const index_t gemm_ceiling_size = quick ? 4096 : 8192;
 
-  std::printf("\nTargets (not asserted): memory-bound ops >= 85%% of the copy ceiling; GEMM >= 0.95x the best heuristic.\n");
-  if (!options.json.empty()) {
-    h.write_json(options.json, device);
-    std::printf("JSON written to %s\n", options.json.c_str());
-  }
+  add("ceiling/copy", copy_ceiling).note("Device-to-device copy of 1 GiB; GB/s counts bytes read plus written.");
+  harness.add("ceiling/gemm", [&](State& state) { gemm_ceiling(b, state, gemm_ceiling_size); })
+      .runs(3, 20)
+      .axis("precision", std::vector<std::string>{"fp32", "tf32", "bf16"})
+      .note("Large square GEMM; the ceiling is the faster of ops::gemm and the best cuBLASLt heuristic candidate.");
+  add("layernorm", layernorm).int_axis("width", widths).axis("pass", {"forward", "backward input", "backward weight"});
+  add("gelu", gelu).int_axis("width", widths).axis("pass", {"forward", "backward"}).note("The MLP's hidden activation, (B*T, 4C).");
+  add("embedding_backward", embedding_backward).int_axis("width", widths);
+  add("softmax_xent", softmax_xent).int_axis("vocab", {quick ? 8192 : 50257}).axis("pass", {"forward", "backward"});
+  add("adamw", adamw).int_axis("parameters", {124'000'000});
+  std::vector<std::string> problems;
+  for (const Problem& p : gpt2_problems) problems.emplace_back(p.name);
+  add("gemm", gemm)
+      .axis("precision", std::vector<std::string>{"tf32", "bf16"})
+      .axis("problem", problems)
+      .note("GPT-2 small (C = 768) Linear products; best heuristic: the fastest cuBLASLt candidate, timed in this run.");
+
+  harness.run();
+  std::printf("Targets (not asserted): memory-bound ops >= 85%% of the copy ceiling; GEMM >= 0.95x the best heuristic.\n");
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) options.json = argv[++i];
-    else if (arg == "--repeats" && i + 1 < argc) options.repeats = std::max(1, std::atoi(argv[++i]));
-    else if (arg == "--warmup" && i + 1 < argc) options.warmup = std::max(0, std::atoi(argv[++i]));
-    else if (arg == "--quick") options.quick = true;
-    else {
-      std::fprintf(stderr, "usage: %s [--json out.json] [--repeats N] [--warmup N] [--quick]\n", argv[0]);
-      return 1;
-    }
-  }
   try {
-    return run(options);
+    return run(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_kernels: %s\n", e.what());
     return 1;

@@ -12,7 +12,8 @@
 
 int main(int argc, char** argv) {
   try {
-    const cupipe::bench::Options options = cupipe::bench::parse(argc, argv);
+    cupipe::bench::Harness harness("pipeline_throughput (CUDA backend)");
+    const cupipe::bench::Options options = cupipe::bench::parse(harness.parse(argc, argv));
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0) {
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pipeline_throughput: CUDA device %d does not exist (%d present)\n", options.device, count);
       return 2;
     }
-    return cupipe::bench::run<cupipe::backend::Cuda<float>>(options, std::string(prop.name));
+    return cupipe::bench::run<cupipe::backend::Cuda<float>>(harness, options, std::string(prop.name));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_throughput: %s\n", e.what());
     return 1;

@@ -8,8 +8,9 @@
 
 int main(int argc, char** argv) {
   try {
-    const cupipe::bench::Options options = cupipe::bench::parse(argc, argv);
-    return cupipe::bench::run<cupipe::backend::Host<float>>(options, "CPU");
+    cupipe::bench::Harness harness("pipeline_throughput (host backend, CPU)");
+    const cupipe::bench::Options options = cupipe::bench::parse(harness.parse(argc, argv));
+    return cupipe::bench::run<cupipe::backend::Host<float>>(harness, options, "CPU");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_throughput_host: %s\n", e.what());
     return 1;
