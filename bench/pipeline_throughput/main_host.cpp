@@ -8,6 +8,8 @@
 
 int main(int argc, char** argv) {
   try {
+    // The pipelines' workers share the cores: one OpenBLAS thread per call (a process-wide setting).
+    cupipe::backend::Host<float>::set_blas_threads(1);
     cupipe::bench::Harness harness("pipeline_throughput (host backend, CPU)");
     const cupipe::bench::Options options = cupipe::bench::parse(harness.parse(argc, argv));
     return cupipe::bench::run<cupipe::backend::Host<float>>(harness, options, "CPU");

@@ -33,8 +33,7 @@ constexpr int model_layers = 7;
 /// order. The only place in bench/ that knows where that list lives.
 template <class F>
 void for_each_schedule(F&& f) {
-  for (const schedule::PolicyInfo& policy : schedule::all_policies)
-    with_policy(policy.id, [&]<class Schedule>() { f.template operator()<Schedule>(std::string_view(policy.name)); });
+  schedule::for_each_policy([&]<class Schedule>() { f.template operator()<Schedule>(Schedule::name); });
 }
 
 struct Options {
@@ -210,6 +209,7 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
+    cupipe::backend::Host<float>::set_blas_threads(1);  // p workers share the cores (process-wide setting)
     return run(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "schedules: %s\n", e.what());

@@ -75,15 +75,6 @@ class Context {
   int l2_bytes() const noexcept { return l2_bytes_; }
   GemmPlanCache& gemm_plans() noexcept { return plans_; }
 
-  /// Makes this context's device current for the calling thread and leaves it so. Prefer a
-  /// DeviceGuard on device(), which restores the caller's device; this remains for OpScope in
-  /// ops.cuh until it holds a guard.
-  void activate() const {
-    int current = -1;
-    CUPIPE_CHECK_CUDA(cudaGetDevice(&current));
-    if (current != device_) CUPIPE_CHECK_CUDA(cudaSetDevice(device_));
-  }
-
   /// Lets this context's device read and write `peer`'s memory directly where the hardware can
   /// (NVLink or PCIe), and says whether it can. Asks CUDA once per peer: peer access is a property
   /// of the device's CUDA context, so it stays on for the process.
