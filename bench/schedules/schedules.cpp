@@ -152,7 +152,7 @@ void train(State& state, const Options& o, const Job& job) {
 /// Ratios to 1F1B, from the states measured in this run; none when 1F1B was not among them.
 void ratio_to_1f1b(std::vector<State>& states) {
   const auto base = std::find_if(states.begin(), states.end(), [](const State& s) {
-    return s.text("schedule") == schedule::policy_name(schedule::PolicyId::one_f_one_b) && s.skipped().empty();
+    return s.text("schedule") == schedule::OneFOneB::name && s.skipped().empty();
   });
   if (base == states.end()) return;
   const double base_samples_per_second = std::get<double>(base->find("samples_per_second")->value);
