@@ -205,12 +205,14 @@ constexpr std::array<std::size_t, P + 1> balanced_cuts(const std::array<double, 
   return cuts;
 }
 
-template <class Model, std::size_t P>
+template <class Model, std::size_t Requested>
 struct partition_impl {
   using body = typename Model::body;
   static constexpr std::size_t L = body::size;
-  static_assert(P >= 1, "partition<Model, P>: a pipeline needs at least one stage");
-  static_assert(P <= L, "partition<Model, P>: more stages than layers; every stage needs at least one layer");
+  static_assert(Requested >= 1, "partition<Model, P>: a pipeline needs at least one stage");
+  static_assert(Requested <= L, "partition<Model, P>: more stages than layers; every stage needs at least one layer");
+  // After a failed check, go on with a count that works, so the sentence above is the only error.
+  static constexpr std::size_t P = Requested < 1 ? 1 : (Requested > L ? L : Requested);
 
   static constexpr std::array<double, L> layer_costs = []<std::size_t... I>(std::index_sequence<I...>) {
     return std::array<double, L>{body::template layer<I>::forward_flops_per_sample(body::widths[I])...};

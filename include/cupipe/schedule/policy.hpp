@@ -103,8 +103,8 @@ struct StaticSchedule {
   static constexpr Config config{Stages, Microbatches, Chunks, Batches};
   static constexpr bool accepted = schedule_rejected<Reason(check<Policy>(config))>::value;
   static constexpr Plan plan() {
-    static_assert(accepted);
-    return generate<Policy>(config);
+    if constexpr (accepted) return generate<Policy>(config);
+    else return Plan{config, {}, Policy::split_backward, Policy::update, {}};  // schedule_rejected has reported
   }
 };
 
