@@ -19,6 +19,8 @@ using namespace fmnist;
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Train a 784-1024-512-256-10 MLP on Fashion-MNIST with a pipeline schedule (cupipe, CPU)"};
+  // A flag given twice takes its last value, so `scripts/run.sh --epochs 10` overrides the script's own.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data", f.data, "folder with the Fashion-MNIST IDX files (gzip or plain)")->capture_default_str();
   app.add_option("--schedule", f.schedule, "one of: " + schedule::policy_names())->capture_default_str();
   app.add_option("--stages", f.stages, "pipeline stages (workers): 1 to 4 (interleaved: 1 to 3)")->capture_default_str();
