@@ -46,4 +46,11 @@ class Communicator {
   virtual void sum_over_stages(double* data, std::size_t count) = 0;
 };
 
+/// Whether `comm` reads and writes a backend's buffers itself (host buffers under MPI, device buffers
+/// under NCCL); otherwise they travel through host memory.
+template <class Backend>
+bool reads_backend_memory(const Communicator& comm) {
+  return Backend::on_device == comm.device_memory();
+}
+
 }  // namespace cupipe::comm

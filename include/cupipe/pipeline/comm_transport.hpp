@@ -67,8 +67,7 @@ class CommTransport final : public Transport<Backend> {
   void finish_step() override { comm_->complete_sends(timeout_); }
 
  private:
-  /// Whether the communicator reads and writes the backend's memory itself.
-  bool direct() const { return Backend::on_device == comm_->device_memory(); }
+  bool direct() const { return comm::reads_backend_memory<Backend>(*comm_); }
 
   std::shared_ptr<comm::Communicator> comm_;
   std::vector<Backend*> backends_;

@@ -76,13 +76,9 @@ class Mailbox {
     capacity_ = capacity == 0 ? 1 : capacity;
   }
 
-  std::size_t pending() const {
-    std::lock_guard lock(mutex_);
-    return messages_.size();
-  }
 
  private:
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::condition_variable arrived_;
   std::condition_variable space_;
   std::map<MessageKey, Message> messages_;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cupipe/comm/communicator.hpp"
@@ -56,7 +57,7 @@ void sum_over_replicas(comm::Communicator* comm, St& st) {
   using Backend = std::remove_reference_t<decltype(*st.be)>;
   using T = typename Backend::value_type;
   st.be->synchronize();
-  if (Backend::on_device == comm->device_memory()) {
+  if (comm::reads_backend_memory<Backend>(*comm)) {
     comm->sum_over_replicas(st.grads.data(), std::size_t(st.param_count));
     return;
   }

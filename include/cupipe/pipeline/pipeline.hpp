@@ -211,7 +211,7 @@ class Pipeline {
     check_view(out, Shape{x.rows(), out_features}, "Pipeline::predict", "output");
     transport_->begin_step(1);
     auto result = executor_->predict(x, predict_message);
-    const int last = worker_of(virtual_stages - 1);
+    const int last = plan_.placement.worker_of(virtual_stages - 1);
     if (!comm()) {
       copy(*backends_[std::size_t(last)], ConstView<T>{result.data(), out.shape()}, out);
       backends_[std::size_t(last)]->synchronize();
@@ -346,7 +346,7 @@ class Pipeline {
     std::vector<int> peak_versions(std::size_t(stages), 0);
     for (int w = 0; w < stages; ++w) records.push_back(local(w) ? &runtime_->records(w) : nullptr);
     states_.for_each([&](auto k, auto& st) {
-      int& peak = peak_versions[std::size_t(worker_of(decltype(k)::value))];
+      int& peak = peak_versions[std::size_t(plan_.placement.worker_of(decltype(k)::value))];
       peak = std::max(peak, st.weights.peak_live());
     });
     StepStats stats = pipeline::measure_step(records, backends_, peak_versions);

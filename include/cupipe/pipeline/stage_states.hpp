@@ -50,14 +50,6 @@ class StageStates {
       ((int(K) == k ? (f(std::integral_constant<int, int(K)>{}, *std::get<K>(states_)), 0) : 0), ...);
     }(std::make_index_sequence<Stages::size>());
   }
-  template <int K>
-  auto& get() {
-    return *std::get<std::size_t(K)>(states_);
-  }
-  template <int K>
-  auto& slot() {
-    return std::get<std::size_t(K)>(states_);
-  }
 
   /// Offset of virtual stage K's parameters in the whole model's flat layout.
   template <int K>

@@ -15,7 +15,6 @@ struct Placement {
   std::vector<int> chunk;   ///< [virtual stage] -> local chunk on that worker
   std::vector<int> virtual_of;  ///< [worker * chunks + chunk] -> virtual stage
 
-  constexpr int virtual_stages() const { return workers * chunks; }
   constexpr int virtual_stage(int w, int local_chunk) const {
     return virtual_of[static_cast<std::size_t>(w * chunks + local_chunk)];
   }
