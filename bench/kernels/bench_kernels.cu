@@ -134,7 +134,7 @@ double run_gemm(Bench& b, State& state, GemmKind kind, index_t m, index_t n, ind
     fill_random(be, a.data(), m * k, 1);
     fill_random(be, bm.data(), k * n, 2);
     state.exec(b.timer, [&] {
-      ops::gemm(be, ta, tb, 1.0f, ConstView<cupipe::bfloat16>(a.view(as)), ConstView<cupipe::bfloat16>(bm.view(bs)), 0.0f,
+      ops::gemm(be, ta, tb, 1.0f, DeviceConstView<cupipe::bfloat16>(a.view(as)), DeviceConstView<cupipe::bfloat16>(bm.view(bs)), 0.0f,
                 c.view(cs));
     });
     key.ab_type = key.c_type = CUDA_R_16BF;

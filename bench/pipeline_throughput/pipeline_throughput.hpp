@@ -111,8 +111,8 @@ class Job {
     Network<Model, Backend> net = make_network();
     auto x = resident(net.backend(), x_);
     auto y = resident(net.backend(), labels_);
-    const ConstView<T> xv{x.data(), Shape{batch_, in}};
-    const ConstView<std::int32_t> yv{y.data(), Shape{batch_}};
+    const ConstViewOn<Backend, T> xv{x.data(), Shape{batch_, in}};
+    const ConstViewOn<Backend, std::int32_t> yv{y.data(), Shape{batch_}};
     HostTimer timer;
     const Timing& t = state.exec(timer, [&] {
       net.forward_backward(xv, yv);  // returns the loss, so the host work has finished
@@ -139,12 +139,12 @@ class Job {
     PipelineOptions options;
     options.microbatches = m;
     options.seed = 3;
-    if constexpr (Backend::on_device) options.devices.assign(std::size_t(P), o_.device);
+    if constexpr (!host_accessible<typename Backend::space>) options.devices.assign(std::size_t(P), o_.device);
     Pipe pipe(options);
     auto x = resident(pipe.backend(0), x_);
     auto y = resident(pipe.backend(P - 1), labels_);
-    const ConstView<T> xv{x.data(), Shape{batch_, in}};
-    const ConstView<std::int32_t> yv{y.data(), Shape{batch_}};
+    const ConstViewOn<Backend, T> xv{x.data(), Shape{batch_, in}};
+    const ConstViewOn<Backend, std::int32_t> yv{y.data(), Shape{batch_}};
     StepStats last;
     HostTimer timer;
     const Timing& t = state.exec(timer, [&] { last = pipe.forward_backward(xv, yv); });
@@ -174,7 +174,7 @@ class Job {
 
  private:
   Network<Model, Backend> make_network() {
-    if constexpr (Backend::on_device) return Network<Model, Backend>(3, o_.device);
+    if constexpr (!host_accessible<typename Backend::space>) return Network<Model, Backend>(3, o_.device);
     else return Network<Model, Backend>(3);
   }
 
@@ -192,12 +192,12 @@ void action_cost(State& state, const Options& o) {
   constexpr int m = 32;
   PipelineOptions options;
   options.microbatches = m;
-  if constexpr (Backend::on_device) options.devices.assign(std::size_t(P), o.device);
+  if constexpr (!host_accessible<typename Backend::space>) options.devices.assign(std::size_t(P), o.device);
   Pipe pipe(options);
   auto x = resident(pipe.backend(0), random_inputs(m * 4, 5));
   auto y = resident(pipe.backend(P - 1), random_labels(m, 4, 6));
-  const ConstView<T> xv{x.data(), Shape{m, 4}};
-  const ConstView<std::int32_t> yv{y.data(), Shape{m}};
+  const ConstViewOn<Backend, T> xv{x.data(), Shape{m, 4}};
+  const ConstViewOn<Backend, std::int32_t> yv{y.data(), Shape{m}};
   // Every run's figures, the warm-up's included; only the timed runs' are kept below.
   std::vector<double> mean_action, per_action;
   int actions = 0;

@@ -109,63 +109,15 @@ class Progress {
   int last_decile_ = -1;
 };
 
-/// Batches in the memory the pipeline's backend reads: host arrays as they are; for a device
-/// backend, copies on the first stage's (inputs) and last stage's (labels, outputs) devices.
-template <class Pipe>
-class Staging {
- public:
-  using Backend = std::remove_reference_t<decltype(std::declval<Pipe&>().backend(0))>;
-
-  explicit Staging(Pipe& pipe) : pipe_(pipe) {}
-
-  ConstView<T> inputs(const T* host, index_t rows) {
-    if constexpr (!Backend::on_device) {
-      return {host, Shape{rows, 784}};
-    } else {
-      Backend& be = pipe_.backend(0);
-      if (x_.size() < rows * 784) x_ = be.template allocate<T>(rows * 784, MemoryTag::workspace);
-      be.upload(std::span<const T>(host, std::size_t(rows * 784)), x_.data());
-      return {x_.data(), Shape{rows, 784}};
-    }
-  }
-  ConstView<std::int32_t> labels(const std::int32_t* host, index_t rows) {
-    if constexpr (!Backend::on_device) {
-      return {host, Shape{rows}};
-    } else {
-      Backend& be = pipe_.backend(Pipe::stages - 1);
-      if (y_.size() < rows) y_ = be.template allocate<std::int32_t>(rows, MemoryTag::workspace);
-      be.upload(std::span<const std::int32_t>(host, std::size_t(rows)), y_.data());
-      return {y_.data(), Shape{rows}};
-    }
-  }
-  /// Runs predict and copies the outputs into `host` (rows x 10).
-  void predict(const T* x, index_t rows, T* host) {
-    if constexpr (!Backend::on_device) {
-      pipe_.predict(ConstView<T>{x, Shape{rows, 784}}, TensorView<T>{host, Shape{rows, 10}});
-    } else {
-      Backend& be = pipe_.backend(Pipe::stages - 1);
-      if (out_.size() < rows * 10) out_ = be.template allocate<T>(rows * 10, MemoryTag::workspace);
-      pipe_.predict(inputs(x, rows), TensorView<T>{out_.data(), Shape{rows, 10}});
-      be.download(out_.data(), std::span<T>(host, std::size_t(rows * 10)));
-    }
-  }
-
- private:
-  Pipe& pipe_;
-  typename Backend::template buffer<T> x_, out_;
-  typename Backend::template buffer<std::int32_t> y_;
-};
-
 template <class Pipe>
 double accuracy(Pipe& pipe, const io::Dataset& data) {
   constexpr index_t chunk = 1000;
   std::vector<T> logits;
   std::int64_t correct = 0;
-  Staging<Pipe> staging(pipe);
   for (index_t first = 0; first < data.count; first += chunk) {
     const index_t rows = std::min(chunk, data.count - first);
     logits.resize(std::size_t(rows * 10));
-    staging.predict(data.images.data() + first * 784, rows, logits.data());
+    pipe.predict(ConstView<T>{data.images.data() + first * 784, Shape{rows, 784}}, TensorView<T>{logits.data(), Shape{rows, 10}});
     for (index_t r = 0; r < rows; ++r) {
       const T* row = logits.data() + r * 10;
       correct += std::max_element(row, row + 10) - row == data.labels[std::size_t(first + r)];
@@ -200,7 +152,6 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = launch.communicator ? 300.0 : 0.0, .communicator = launch.communicator});
-  Staging<Pipe> staging(pipe);
   // Only the first rank talks; every rank computes.
   auto say = [&](const char* format, auto... args) {
     if (launch.leader()) std::printf(format, args...);
@@ -255,7 +206,8 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
         std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
         y[std::size_t(r)] = train_set.labels[std::size_t(i)];
       }
-      last = pipe.train_step(staging.inputs(x.data(), share_rows), staging.labels(y.data(), share_rows), optimizer);
+      last = pipe.train_step(ConstView<T>{x.data(), Shape{share_rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{share_rows}},
+                             optimizer);
       epoch_loss += last.loss * double(rows);
       epoch_samples += rows;
       samples += rows;
@@ -302,10 +254,10 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
     std::printf("wrote %s (open it in https://ui.perfetto.dev or chrome://tracing): the last step, measured and "
                 "simulated side by side\n", f.trace.c_str());
   }
-  if (f.rebalance && launch.leader() && !Backend::on_device) {
-    std::vector<T> sample(train_set.images.begin(), train_set.images.begin() + std::min<std::int64_t>(n, f.batch) * 784);
-    const auto profile = profile_layers<typename Model::body, Backend>(
-        ConstView<T>{sample.data(), Shape{std::min<std::int64_t>(n, f.batch) / f.microbatches, 784}}, 3);
+  if (f.rebalance && launch.leader()) {
+    // One microbatch of real images, timed on a fresh context of the same backend (device 0 for CUDA).
+    const index_t rows = std::max<index_t>(1, std::min<std::int64_t>(n, f.batch) / f.microbatches);
+    const auto profile = profile_layers<typename Model::body, Backend>(ConstView<T>{train_set.images.data(), Shape{rows, 784}}, 3);
     std::printf("%s", describe(rebalance(pipe.plan(), profile, stage_cuts<Stages>())).c_str());
   }
 

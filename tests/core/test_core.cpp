@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "cupipe/backend/staging.hpp"
 #include "cupipe/core/core.hpp"
 
 using namespace cupipe;
@@ -136,6 +137,87 @@ TEST_CASE("TensorView reshapes and slices rows, and says why it cannot", "[cpu][
   const TensorView<const float> read_only = v;  // mutable converts to read-only
   CHECK(read_only.data() == v.data());
   CHECK(read_only.shape() == v.shape());
+}
+
+// The memory space is part of a view's type: views convert (mutable to read-only) only within their
+// space, so a device pointer cannot be handed to a host op by accident (compile_fail tests show the
+// diagnostics), and backends name the views of their memory.
+static_assert(std::is_convertible_v<TensorView<float>, ConstView<float>>);
+static_assert(std::is_convertible_v<DeviceView<float>, DeviceConstView<float>>);
+static_assert(!std::is_convertible_v<DeviceView<float>, ConstView<float>>);
+static_assert(!std::is_convertible_v<DeviceConstView<float>, ConstView<float>>);
+static_assert(!std::is_convertible_v<TensorView<float>, DeviceConstView<float>>);
+static_assert(!std::is_convertible_v<TensorView<float>, DeviceView<float>>);
+static_assert(host_accessible<HostSpace> && !host_accessible<DeviceSpace>);
+
+namespace {
+/// A backend whose memory the host may not read (its own space), kept in host arrays so the test can
+/// look; it counts allocations and uploads.
+struct OtherSpace {};
+struct CountingBackend {
+  using value_type = float;
+  using space = OtherSpace;
+  template <class U>
+  using buffer = HostBuffer<U>;
+  MemoryTracker memory;
+  int allocations = 0;
+  int uploads = 0;
+  template <class U>
+  buffer<U> allocate(index_t n, MemoryTag tag) {
+    ++allocations;
+    return buffer<U>(n, &memory, tag);
+  }
+  template <class U>
+  void upload(std::span<const U> from, U* to) {
+    ++uploads;
+    std::copy(from.begin(), from.end(), to);
+  }
+};
+struct HostLike {
+  using value_type = float;
+  using space = HostSpace;
+  template <class U>
+  using buffer = HostBuffer<U>;
+};
+}  // namespace
+
+TEST_CASE("Staging hands host arrays to a backend: the same memory where the host reads it, else a reused copy",
+          "[cpu][core][tensor][staging]") {
+  std::vector<float> a{1, 2, 3, 4, 5, 6};
+  SECTION("host memory: the view is the host array itself") {
+    HostLike be;
+    backend::Staging<HostLike, float> staging;
+    const TensorView<const float> v = staging(be, ConstView<float>{a.data(), Shape{3, 2}});
+    CHECK(v.data() == a.data());
+    CHECK(v.shape() == Shape{3, 2});
+  }
+  SECTION("other memory: a copy, in a buffer reused until a larger array comes") {
+    CountingBackend be;
+    backend::Staging<CountingBackend, float> staging;
+    const TensorView<const float, OtherSpace> v = staging(be, ConstView<float>{a.data(), Shape{3, 2}});
+    CHECK(v.data() != a.data());
+    CHECK(v.shape() == Shape{3, 2});
+    CHECK(std::vector<float>(v.data(), v.data() + 6) == a);
+    CHECK(be.memory.in_use(MemoryTag::workspace) == 6 * sizeof(float));
+    const float* first = v.data();
+    a[0] = 7;
+    const auto w = staging(be, ConstView<float>{a.data(), Shape{2, 2}});
+    CHECK(w.data() == first);  // reused
+    CHECK(w.shape() == Shape{2, 2});
+    CHECK(w.data()[0] == 7);
+    CHECK(be.allocations == 1);
+    std::vector<float> big(10, 1.5f);
+    const auto z = staging(be, ConstView<float>{big.data(), Shape{5, 2}});
+    CHECK(be.allocations == 2);
+    CHECK(be.memory.in_use(MemoryTag::workspace) == 10 * sizeof(float));  // the old buffer was freed
+    CHECK(z.data()[9] == 1.5f);
+    CHECK(be.uploads == 3);
+    const auto empty = staging(be, ConstView<float>{nullptr, Shape{0, 2}});
+    CHECK(empty.data() == nullptr);
+    CHECK(empty.shape() == Shape{0, 2});
+    CHECK(be.uploads == 3);
+    CHECK_THROWS_WITH(staging(be, ConstView<float>{nullptr, Shape{2, 2}}), Contains("null pointer"));
+  }
 }
 
 TEST_CASE("check_view names who, what, and both shapes", "[cpu][core][tensor]") {

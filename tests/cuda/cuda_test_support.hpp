@@ -61,8 +61,8 @@ struct DeviceArray {
   DeviceArray(B& be, index_t n, MemoryTag tag = MemoryTag::activations)
       : be_(&be), buffer(be.template allocate<U>(n, tag)) {}
 
-  TensorView<U> view(Shape shape) { return buffer.view(shape); }
-  ConstView<U> cview(Shape shape) { return buffer.view(shape); }
+  ViewOn<B, U> view(Shape shape) { return buffer.view(shape); }
+  ConstViewOn<B, U> cview(Shape shape) { return buffer.view(shape); }
   std::vector<U> download() {
     std::vector<U> out(static_cast<std::size_t>(buffer.size()));
     be_->download(buffer.data(), std::span<U>(out));

@@ -72,7 +72,7 @@ TEST_CASE("elementwise ops match the host", "[gpu][cuda][ops]") {
     ops::poison(gpu, b.view(s));
     ops::convert(gpu, dx_.cview(s), b.view(s));
     auto back = poisoned<float>(gpu, n);
-    ops::convert(gpu, ConstView<cupipe::bfloat16>(b.view(s)), back.view(s));
+    ops::convert(gpu, DeviceConstView<cupipe::bfloat16>(b.view(s)), back.view(s));
     std::vector<float> expected;
     for (float v : x) expected.push_back(float(cupipe::bfloat16(v)));
     CHECK(back.download() == expected);
@@ -346,15 +346,15 @@ TEST_CASE("gemm matches the host in fp32, tf32 and bf16", "[gpu][cuda][ops][gemm
     for (float v : b) br.push_back(double(float(cupipe::bfloat16(v))));
     const auto want = host_gemm(ta, tb, 1.0, ar, as, br, bs, 0.0, std::vector<double>(std::size_t(m * n)), cs);
     auto c32 = poisoned<float>(gpu, m * n);
-    ops::gemm(gpu, ta, tb, 1.0f, ConstView<cupipe::bfloat16>(a16.view(as)), ConstView<cupipe::bfloat16>(b16.view(bs)), 0.0f,
+    ops::gemm(gpu, ta, tb, 1.0f, DeviceConstView<cupipe::bfloat16>(a16.view(as)), DeviceConstView<cupipe::bfloat16>(b16.view(bs)), 0.0f,
               c32.view(cs));
     CHECK(relative_error(c32.download(), want) <= bf16_tolerance);
     auto c16 = gpu.allocate<cupipe::bfloat16>(m * n, MemoryTag::activations);
     ops::poison(gpu, c16.view(cs));
-    ops::gemm(gpu, ta, tb, 1.0f, ConstView<cupipe::bfloat16>(a16.view(as)), ConstView<cupipe::bfloat16>(b16.view(bs)), 0.0f,
+    ops::gemm(gpu, ta, tb, 1.0f, DeviceConstView<cupipe::bfloat16>(a16.view(as)), DeviceConstView<cupipe::bfloat16>(b16.view(bs)), 0.0f,
               c16.view(cs));
     auto back = poisoned<float>(gpu, m * n);
-    ops::convert(gpu, ConstView<cupipe::bfloat16>(c16.view(cs)), back.view(cs));
+    ops::convert(gpu, DeviceConstView<cupipe::bfloat16>(c16.view(cs)), back.view(cs));
     CHECK(relative_error(back.download(), want) <= bf16_tolerance);
   }
 }
@@ -387,7 +387,7 @@ TEST_CASE("fused gemm_bias and gemm_bias_gelu match gemm, bias_add and gelu on t
   CHECK(relative_error(pre.download(), pre_want) <= fp32_tolerance);
   auto g2 = poisoned<float>(gpu, m * n);
   ops::gemm_bias_gelu(gpu, Transpose::no, Transpose::yes, 1.0f, da.cview(as), db.cview(bs), dbias.cview(Shape{n}),
-                      TensorView<float>{}, g2.view(cs));
+                      DeviceView<float>{}, g2.view(cs));
   CHECK(relative_error(g2.download(), gelu_want) <= tf32_tolerance);
 }
 

@@ -37,6 +37,8 @@ struct HostBatch {
   std::vector<float> x;
   std::vector<std::int32_t> labels;
   index_t rows;
+  ConstView<float> inputs() const { return {x.data(), Shape{rows, features}}; }
+  ConstView<std::int32_t> targets() const { return {labels.data(), Shape{rows}}; }
 };
 
 HostBatch make_batch(index_t rows, std::uint64_t batch_seed) {
@@ -49,8 +51,8 @@ template <class Pipe>
 struct DeviceBatch {
   DeviceBatch(Pipe& pipe, const HostBatch& b)
       : x(pipe.backend(0), b.x), labels(pipe.backend(Pipe::stages - 1), b.labels), rows(b.rows) {}
-  ConstView<float> inputs() { return x.cview(Shape{rows, features}); }
-  ConstView<std::int32_t> targets() { return labels.cview(Shape{rows}); }
+  DeviceConstView<float> inputs() { return x.cview(Shape{rows, features}); }
+  DeviceConstView<std::int32_t> targets() { return labels.cview(Shape{rows}); }
   DeviceArray<float, backend::Cuda<float>> x;
   DeviceArray<std::int32_t, backend::Cuda<float>> labels;
   index_t rows;
@@ -60,7 +62,8 @@ template <class Policy>
 constexpr bool flush = Policy::update == schedule::UpdateRule::flush;
 
 /// One stage list on the GPU(s) `devices` against the host: gradients of one forward_backward
-/// (flush schedules), then the weights after three SGD steps.
+/// (flush schedules) on a batch already on the devices, then the weights after three SGD steps on
+/// host arrays that the pipeline stages itself.
 template <class Policy, int P>
 void check_cuda_equals_host(std::vector<int> devices) {
   using Stages = partition<Deep, P * Policy::chunks>;
@@ -83,8 +86,7 @@ void check_cuda_equals_host(std::vector<int> devices) {
     const HostBatch b = make_batch(rows, 7);
     DeviceBatch<Gpu> d(gpu, b);
     const StepStats on_gpu = gpu.forward_backward(d.inputs(), d.targets());
-    const StepStats on_cpu =
-        cpu.forward_backward(ConstView<float>{b.x.data(), Shape{rows, features}}, ConstView<std::int32_t>{b.labels.data(), Shape{rows}});
+    const StepStats on_cpu = cpu.forward_backward(b.inputs(), b.targets());
     CHECK(relative_error(gpu.gradients(), cpu.gradients()) <= fp32_tolerance);
     CHECK(std::abs(on_gpu.loss - on_cpu.loss) <= fp32_tolerance * std::abs(on_cpu.loss));
     // Device-side timing: one record per planned action, inside the step, per stage in plan order.
@@ -102,13 +104,22 @@ void check_cuda_equals_host(std::vector<int> devices) {
   Cpu cpu(options);
   for (int step = 0; step < 3; ++step) {
     const HostBatch b = make_batch(rows, 100 + std::uint64_t(step));
-    DeviceBatch<Gpu> d(gpu, b);
-    gpu.train_step(d.inputs(), d.targets(), sgd);
-    cpu.train_step(ConstView<float>{b.x.data(), Shape{rows, features}}, ConstView<std::int32_t>{b.labels.data(), Shape{rows}},
-                   sgd);
+    gpu.train_step(b.inputs(), b.targets(), sgd);
+    cpu.train_step(b.inputs(), b.targets(), sgd);
   }
   CHECK(gpu.updates() == cpu.updates());
   CHECK(relative_error(gpu.parameters(), cpu.parameters()) <= fp32_tolerance);
+
+  // Inference from host arrays (staged by the pipeline) and from device arrays, against the host.
+  const HostBatch t = make_batch(rows, 999);
+  std::vector<float> want(std::size_t(rows * classes)), from_host(want.size());
+  cpu.predict(t.inputs(), TensorView<float>{want.data(), Shape{rows, classes}});
+  gpu.predict(t.inputs(), TensorView<float>{from_host.data(), Shape{rows, classes}});
+  CHECK(relative_error(from_host, want) <= fp32_tolerance);
+  DeviceBatch<Gpu> d(gpu, t);
+  auto out = poisoned<float>(gpu.backend(Gpu::worker_of(Gpu::virtual_stages - 1)), rows * classes);
+  gpu.predict(d.inputs(), out.view(Shape{rows, classes}));
+  CHECK(relative_error(out.download(), want) <= fp32_tolerance);
 }
 
 template <class Policy>
@@ -183,7 +194,7 @@ TEST_CASE("a hand-over never overwrites a pooled buffer its slow consumer still 
   // (stream order). The next hand-over gets the same block and writes poison into it.
   const auto run = [&](bool through_transfer) {
     auto received = consumer.allocate(n, MemoryTag::activations);
-    ops::transfer(producer, consumer, ConstView<float>(ones.view(Shape{n})), received.view(Shape{n}));
+    ops::transfer(producer, consumer, DeviceConstView<float>(ones.view(Shape{n})), received.view(Shape{n}));
     slow_sum_kernel<<<1, 256, 0, consumer.stream()>>>(received.data(), n, sum.data(), spin);
     REQUIRE(cudaGetLastError() == cudaSuccess);
     const float* block = received.data();
@@ -191,7 +202,7 @@ TEST_CASE("a hand-over never overwrites a pooled buffer its slow consumer still 
     auto next = consumer.allocate(n, MemoryTag::activations);
     REQUIRE(next.data() == block);  // the pool recycled it, so only the fence protects the reader
     if (through_transfer)
-      ops::transfer(producer, consumer, ConstView<float>(poison_source.view(Shape{n})), next.view(Shape{n}));
+      ops::transfer(producer, consumer, DeviceConstView<float>(poison_source.view(Shape{n})), next.view(Shape{n}));
     else  // control: the same copy without the fence
       REQUIRE(cudaMemcpyAsync(next.data(), poison_source.data(), n * sizeof(float), cudaMemcpyDeviceToDevice,
                               producer.stream()) == cudaSuccess);
@@ -230,7 +241,7 @@ TEST_CASE("CUDA ops reject a null input view as the host ops do", "[gpu][cuda][o
   backend::Cuda<float> be;
   const Shape s{4, 3};
   DeviceArray<float, backend::Cuda<float>> y(be, s.numel()), b(be, 3);
-  const ConstView<float> null_input{nullptr, s};
+  const DeviceConstView<float> null_input{nullptr, s};
   const auto fails = [](auto&& call, const char* text) {
     try {
       call();

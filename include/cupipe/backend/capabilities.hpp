@@ -23,7 +23,7 @@ concept Backend = requires(B& be, const typename B::value_type* from, typename B
                            std::span<typename B::value_type> host, std::span<const typename B::value_type> chost) {
   typename B::value_type;
   typename B::template buffer<typename B::value_type>;
-  { B::on_device } -> std::convertible_to<bool>;
+  typename B::space;
   { B::name } -> std::convertible_to<std::string_view>;
   { be.memory } -> std::convertible_to<MemoryTracker&>;
   { be.template allocate<typename B::value_type>(n, MemoryTag::activations) }

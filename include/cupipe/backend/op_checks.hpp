@@ -25,9 +25,9 @@ inline Shape transposed_if(const Shape& s, Transpose t) {
 
 /// c = op(a) op(b): op(a) (m, k), op(b) (k, n), c (m, n). Returns {m, n, k}. `op` names the entry
 /// point (gemm, gemm_bias, ...); a and b may have another element type than c (bf16 GEMM).
-template <class AB, class C>
-std::array<index_t, 3> gemm(std::string_view op, Transpose ta, Transpose tb, TensorView<const AB> a,
-                            TensorView<const AB> b, const TensorView<C>& c) {
+template <class AB, class C, class S>
+std::array<index_t, 3> gemm(std::string_view op, Transpose ta, Transpose tb, TensorView<const AB, S> a,
+                            TensorView<const AB, S> b, const TensorView<C, S>& c) {
   const Shape opa = transposed_if(a.shape(), ta), opb = transposed_if(b.shape(), tb);
   const index_t m = opa[0], k = opa[1], n = opb[1];
   if (opb[0] != k)
@@ -43,80 +43,80 @@ std::array<index_t, 3> gemm(std::string_view op, Transpose ta, Transpose tb, Ten
 
 // ---- elementwise and broadcast ops ----------------------------------------------------------
 
-template <class T>
-void bias_add(const TensorView<T>& y, TensorView<const T> bias) {
+template <class T, class S>
+void bias_add(const TensorView<T, S>& y, TensorView<const T, S> bias) {
   check_view(y, y.shape(), "bias_add", "y");
   check_view(bias, Shape{y.cols()}, "bias_add", "bias");
 }
 
-template <class T>
-void bias_backward(TensorView<const T> dy, const TensorView<T>& dbias) {
+template <class T, class S>
+void bias_backward(TensorView<const T, S> dy, const TensorView<T, S>& dbias) {
   check_view(dy, dy.shape(), "bias_backward", "dy");
   check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
 }
 
-template <class T>
-void relu_forward(TensorView<const T> x, const TensorView<T>& y) {
+template <class T, class S>
+void relu_forward(TensorView<const T, S> x, const TensorView<T, S>& y) {
   check_view(x, x.shape(), "relu_forward", "x");
   check_view(y, x.shape(), "relu_forward", "y");
 }
 
-template <class T>
-void relu_backward(TensorView<const T> x, TensorView<const T> dy, const TensorView<T>& dx) {
+template <class T, class S>
+void relu_backward(TensorView<const T, S> x, TensorView<const T, S> dy, const TensorView<T, S>& dx) {
   check_view(x, x.shape(), "relu_backward", "x");
   check_view(dy, x.shape(), "relu_backward", "dy");
   check_view(dx, x.shape(), "relu_backward", "dx");
 }
 
-template <class T>
-void gelu_forward(TensorView<const T> x, const TensorView<T>& y) {
+template <class T, class S>
+void gelu_forward(TensorView<const T, S> x, const TensorView<T, S>& y) {
   check_view(x, x.shape(), "gelu_forward", "x");
   check_view(y, x.shape(), "gelu_forward", "y");
 }
 
-template <class T>
-void gelu_backward(TensorView<const T> x, TensorView<const T> dy, const TensorView<T>& dx) {
+template <class T, class S>
+void gelu_backward(TensorView<const T, S> x, TensorView<const T, S> dy, const TensorView<T, S>& dx) {
   check_view(x, x.shape(), "gelu_backward", "x");
   check_view(dy, x.shape(), "gelu_backward", "dy");
   check_view(dx, x.shape(), "gelu_backward", "dx");
 }
 
-template <class T>
-void residual_add(TensorView<const T> a, TensorView<const T> b, const TensorView<T>& y) {
+template <class T, class S>
+void residual_add(TensorView<const T, S> a, TensorView<const T, S> b, const TensorView<T, S>& y) {
   check_view(a, a.shape(), "residual_add", "a");
   check_view(b, a.shape(), "residual_add", "b");
   check_view(y, a.shape(), "residual_add", "y");
 }
 
-template <class T>
-void axpy(TensorView<const T> x, const TensorView<T>& y) {
+template <class T, class S>
+void axpy(TensorView<const T, S> x, const TensorView<T, S>& y) {
   check_view(x, x.shape(), "axpy", "x");
   check_view(y, x.shape(), "axpy", "y");
 }
 
-template <class T>
-void copy(TensorView<const T> from, const TensorView<T>& to) {
+template <class T, class S>
+void copy(TensorView<const T, S> from, const TensorView<T, S>& to) {
   check_view(from, from.shape(), "copy", "source");
   check_view(to, from.shape(), "copy", "destination");
 }
 
-template <class T>
-void fill(const TensorView<T>& y) {
+template <class T, class S>
+void fill(const TensorView<T, S>& y) {
   check_view(y, y.shape(), "fill", "y");
 }
 
 /// The stage-to-stage hand-over (backend/host/host.hpp, backend/cuda/transfer.cuh).
-template <class T>
-void transfer(TensorView<const T> src, const TensorView<T>& dst) {
+template <class T, class S>
+void transfer(TensorView<const T, S> src, const TensorView<T, S>& dst) {
   check_view(src, src.shape(), "transfer", "source");
   check_view(dst, src.shape(), "transfer", "destination");
 }
 
 // ---- LayerNorm --------------------------------------------------------------------------------
 
-template <class T>
-void layernorm_forward(TensorView<const T> x, TensorView<const T> gamma, TensorView<const T> beta,
-                       const TensorView<T>& y, const TensorView<T>& mean, const TensorView<T>& rstd) {
+template <class T, class S>
+void layernorm_forward(TensorView<const T, S> x, TensorView<const T, S> gamma, TensorView<const T, S> beta,
+                       const TensorView<T, S>& y, const TensorView<T, S>& mean, const TensorView<T, S>& rstd) {
   const index_t rows = x.rows(), n = x.cols();
   check_view(x, x.shape(), "layernorm_forward", "x");
   check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
@@ -126,9 +126,9 @@ void layernorm_forward(TensorView<const T> x, TensorView<const T> gamma, TensorV
   check_view(rstd, Shape{rows}, "layernorm_forward", "rstd");
 }
 
-template <class T>
-void layernorm_backward_input(TensorView<const T> x, TensorView<const T> gamma, TensorView<const T> mean,
-                              TensorView<const T> rstd, TensorView<const T> dy, const TensorView<T>& dx) {
+template <class T, class S>
+void layernorm_backward_input(TensorView<const T, S> x, TensorView<const T, S> gamma, TensorView<const T, S> mean,
+                              TensorView<const T, S> rstd, TensorView<const T, S> dy, const TensorView<T, S>& dx) {
   const index_t rows = x.rows(), n = x.cols();
   check_view(x, x.shape(), "layernorm_backward_input", "x");
   check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
@@ -138,9 +138,9 @@ void layernorm_backward_input(TensorView<const T> x, TensorView<const T> gamma, 
   check_view(dx, x.shape(), "layernorm_backward_input", "dx");
 }
 
-template <class T>
-void layernorm_backward_weight(TensorView<const T> x, TensorView<const T> mean, TensorView<const T> rstd,
-                               TensorView<const T> dy, const TensorView<T>& dgamma, const TensorView<T>& dbeta) {
+template <class T, class S>
+void layernorm_backward_weight(TensorView<const T, S> x, TensorView<const T, S> mean, TensorView<const T, S> rstd,
+                               TensorView<const T, S> dy, const TensorView<T, S>& dgamma, const TensorView<T, S>& dbeta) {
   const index_t rows = x.rows(), n = x.cols();
   check_view(x, x.shape(), "layernorm_backward_weight", "x");
   check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
@@ -152,18 +152,18 @@ void layernorm_backward_weight(TensorView<const T> x, TensorView<const T> mean, 
 
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
-template <class T>
-void softmax_cross_entropy_forward(TensorView<const T> logits, TensorView<const std::int32_t> labels,
-                                   const TensorView<T>& loss, index_t normalizer) {
+template <class T, class S>
+void softmax_cross_entropy_forward(TensorView<const T, S> logits, TensorView<const std::int32_t, S> labels,
+                                   const TensorView<T, S>& loss, index_t normalizer) {
   check_view(logits, logits.shape(), "softmax_cross_entropy_forward", "logits");
   check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_forward", "labels");
   check_view(loss, Shape{1}, "softmax_cross_entropy_forward", "loss");
   CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_forward: normalizer must be positive, got ", normalizer);
 }
 
-template <class T>
-void softmax_cross_entropy_backward(TensorView<const T> logits, TensorView<const std::int32_t> labels,
-                                    const TensorView<T>& dlogits, index_t normalizer) {
+template <class T, class S>
+void softmax_cross_entropy_backward(TensorView<const T, S> logits, TensorView<const std::int32_t, S> labels,
+                                    const TensorView<T, S>& dlogits, index_t normalizer) {
   check_view(logits, logits.shape(), "softmax_cross_entropy_backward", "logits");
   check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_backward", "labels");
   check_view(dlogits, logits.shape(), "softmax_cross_entropy_backward", "dlogits");
@@ -177,15 +177,15 @@ void softmax_cross_entropy_backward(TensorView<const T> logits, TensorView<const
 
 // ---- embedding --------------------------------------------------------------------------------
 
-template <class T>
-void embedding_forward(TensorView<const std::int32_t> ids, TensorView<const T> table, const TensorView<T>& y) {
+template <class T, class S>
+void embedding_forward(TensorView<const std::int32_t, S> ids, TensorView<const T, S> table, const TensorView<T, S>& y) {
   check_view(table, table.shape(), "embedding_forward", "table");
   check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
   check_view(ids, ids.shape(), "embedding_forward", "ids");
 }
 
-template <class T>
-void embedding_backward(TensorView<const std::int32_t> ids, TensorView<const T> dy, const TensorView<T>& dtable) {
+template <class T, class S>
+void embedding_backward(TensorView<const std::int32_t, S> ids, TensorView<const T, S> dy, const TensorView<T, S>& dtable) {
   check_view(dtable, dtable.shape(), "embedding_backward", "dtable");
   check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
   check_view(ids, ids.shape(), "embedding_backward", "ids");
@@ -198,13 +198,13 @@ void embedding_backward(TensorView<const std::int32_t> ids, TensorView<const T> 
 
 // ---- optimizer updates and reductions -----------------------------------------------------------
 
-template <class T>
-void sum_of_squares(TensorView<const T> x) {
+template <class T, class S>
+void sum_of_squares(TensorView<const T, S> x) {
   check_view(x, x.shape(), "sum_of_squares", "x");
 }
 
-template <class T>
-void sgd_update(const TensorView<T>& param, TensorView<const T> grad, const TensorView<T>& velocity) {
+template <class T, class S>
+void sgd_update(const TensorView<T, S>& param, TensorView<const T, S> grad, const TensorView<T, S>& velocity) {
   check_view(param, param.shape(), "sgd_update", "param");
   check_view(grad, param.shape(), "sgd_update", "grad");
   check_view(velocity, param.shape(), "sgd_update", "velocity");
@@ -215,9 +215,9 @@ inline void adamw_step(std::int64_t step) {
   CUPIPE_REQUIRE(step >= 1, "adamw_update: step counts from 1, got ", step);
 }
 
-template <class T>
-void adamw_update(const TensorView<T>& param, TensorView<const T> grad, const TensorView<T>& m,
-                  const TensorView<T>& v, std::int64_t step) {
+template <class T, class S>
+void adamw_update(const TensorView<T, S>& param, TensorView<const T, S> grad, const TensorView<T, S>& m,
+                  const TensorView<T, S>& v, std::int64_t step) {
   check_view(param, param.shape(), "adamw_update", "param");
   check_view(grad, param.shape(), "adamw_update", "grad");
   check_view(m, param.shape(), "adamw_update", "m");

@@ -11,6 +11,7 @@
 
 #include "cupipe/comm/message.hpp"
 #include "cupipe/comm/topology.hpp"
+#include "cupipe/core/tensor.hpp"
 
 namespace cupipe::comm {
 
@@ -50,7 +51,7 @@ class Communicator {
 /// under NCCL); otherwise they travel through host memory.
 template <class Backend>
 bool reads_backend_memory(const Communicator& comm) {
-  return Backend::on_device == comm.device_memory();
+  return host_accessible<typename Backend::space> != comm.device_memory();
 }
 
 }  // namespace cupipe::comm

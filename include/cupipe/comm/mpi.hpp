@@ -12,13 +12,13 @@
 
 #include <chrono>
 #include <cstring>
-#include <list>
 #include <vector>
 #include <functional>
 #include <string>
 #include <thread>
 
 #include "cupipe/comm/communicator.hpp"
+#include "cupipe/comm/pending_sends.hpp"
 #include "cupipe/core/error.hpp"
 
 namespace cupipe::comm {
@@ -97,7 +97,7 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     int finalised = 0;
     if (MPI_Finalized(&finalised) != MPI_SUCCESS || finalised) return;
-    for (Pending& p : pending_) {  // after a failure: give up on what was never received
+    for (Send& p : pending_) {  // after a failure: give up on what was never received
       MPI_Cancel(&p.request);
       MPI_Request_free(&p.request);
     }
@@ -112,18 +112,14 @@ class MpiCommunicator final : public Communicator {
   void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
             const std::function<std::string()>& describe) override {
     reap();
-    Pending pending{MPI_REQUEST_NULL, std::vector<std::byte>(bytes), describe()};
-    if (bytes) std::memcpy(pending.data.data(), data, bytes);
-    CUPIPE_CHECK_MPI(MPI_Isend(pending.data.data(), count(bytes), MPI_BYTE, to_stage, tag(key), pipeline_, &pending.request));
-    pending_.push_back(std::move(pending));
+    Send out{MPI_REQUEST_NULL, std::vector<std::byte>(bytes), describe()};
+    if (bytes) std::memcpy(out.data.data(), data, bytes);
+    CUPIPE_CHECK_MPI(MPI_Isend(out.data.data(), count(bytes), MPI_BYTE, to_stage, tag(key), pipeline_, &out.request));
+    pending_.add(std::move(out));
   }
 
   void complete_sends(double timeout_seconds) override {
-    while (!pending_.empty()) {
-      Pending& p = pending_.front();
-      wait(p.request, timeout_seconds, [&] { return p.what; });
-      pending_.pop_front();
-    }
+    pending_.complete([&](Send& s) { wait(s.request, timeout_seconds, [&] { return s.what; }); });
   }
 
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
@@ -152,7 +148,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   /// A send in flight: the request and the copy of the data it reads.
-  struct Pending {
+  struct Send {
     MPI_Request request;
     std::vector<std::byte> data;
     std::string what;
@@ -160,11 +156,11 @@ class MpiCommunicator final : public Communicator {
 
   /// Frees the copies of sends that have completed.
   void reap() {
-    for (auto it = pending_.begin(); it != pending_.end();) {
+    pending_.reap([](Send& s) {
       int done = 0;
-      CUPIPE_CHECK_MPI(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE));
-      it = done ? pending_.erase(it) : std::next(it);
-    }
+      CUPIPE_CHECK_MPI(MPI_Test(&s.request, &done, MPI_STATUS_IGNORE));
+      return done != 0;
+    });
   }
 
   static int count(std::size_t bytes) {
@@ -207,7 +203,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm pipeline_ = MPI_COMM_NULL;
   MPI_Comm replicas_ = MPI_COMM_NULL;
   long long tag_limit_ = 32767;
-  std::list<Pending> pending_;
+  PendingSends<Send> pending_;
 };
 
 }  // namespace cupipe::comm

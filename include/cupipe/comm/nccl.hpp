@@ -36,7 +36,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,6 +55,7 @@
 #include "cupipe/backend/cuda/memory_pool.cuh"
 #include "cupipe/backend/cuda/stream.cuh"
 #include "cupipe/comm/communicator.hpp"
+#include "cupipe/comm/pending_sends.hpp"
 #include "cupipe/comm/message.hpp"
 #include "cupipe/comm/topology.hpp"
 #include "cupipe/core/error.hpp"
@@ -177,9 +177,9 @@ class NcclCommunicator final : public Communicator {
     const gpu::DeviceGuard guard(device_);
     reap();
     Channel& channel = channel_for(to_stage, Direction::send, key.flow, describe);
-    Pending pending{gpu::DeviceBuffer<std::byte>(*pool_, index_t(header_bytes + bytes), MemoryTag::workspace),
-                    gpu::Event(false), describe(), to_stage};
-    std::byte* buffer = pending.buffer.data();
+    Send out{gpu::DeviceBuffer<std::byte>(*pool_, index_t(header_bytes + bytes), MemoryTag::workspace),
+              gpu::Event(false), describe(), to_stage};
+    std::byte* buffer = out.buffer.data();
     headers_[0] = Header{std::int32_t(key.flow), key.virtual_stage, key.microbatch, 0, std::int64_t(bytes)};
     // The copy runs on its own stream: behind a pending NCCL send it would wait for a receiver.
     CUPIPE_CHECK_CUDA(cudaMemcpyAsync(buffer, &headers_[0], sizeof(Header), cudaMemcpyHostToDevice, copy_stream_));
@@ -190,17 +190,13 @@ class NcclCommunicator final : public Communicator {
     CUPIPE_COMM_CHECK_NCCL(ncclSend(buffer, header_bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
     if (bytes) CUPIPE_COMM_CHECK_NCCL(ncclSend(buffer + header_bytes, bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
     CUPIPE_COMM_CHECK_NCCL(ncclGroupEnd());
-    pending.done.record(channel.stream);
-    pending_.push_back(std::move(pending));
+    out.done.record(channel.stream);
+    pending_.add(std::move(out));
   }
 
   void complete_sends(double timeout_seconds) override {
     const gpu::DeviceGuard guard(device_);
-    while (!pending_.empty()) {
-      Pending& p = pending_.front();
-      wait(p.done, timeout_seconds, [&] { return p.what; }, "not received");
-      pending_.pop_front();
-    }
+    pending_.complete([&](Send& s) { wait(s.done, timeout_seconds, [&] { return s.what; }, "not received"); });
   }
 
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
@@ -263,7 +259,8 @@ class NcclCommunicator final : public Communicator {
     gpu::Event received{false};
   };
 
-  struct Pending {
+  /// A send in flight: the pooled copy it transmits and the event that marks it done.
+  struct Send {
     gpu::DeviceBuffer<std::byte> buffer;
     gpu::Event done;
     std::string what;
@@ -372,7 +369,7 @@ class NcclCommunicator final : public Communicator {
 
   /// Frees the copies of sends that have completed.
   void reap() {
-    for (auto it = pending_.begin(); it != pending_.end();) it = it->done.ready() ? pending_.erase(it) : std::next(it);
+    pending_.reap([](Send& s) { return s.done.ready(); });
   }
 
   void check_alive() const {
@@ -482,7 +479,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t pipeline_ = nullptr;
   ncclComm_t replicas_ = nullptr;
   std::map<std::tuple<int, Direction, Flow>, Channel> channels_;
-  std::list<Pending> pending_;
+  PendingSends<Send> pending_;
   void* scalar_ = nullptr;
   Header* headers_ = nullptr;  ///< pinned: [0] the header being sent, [1] the one received
   bool aborted_ = false;

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Non-owning tensor views, and owning host buffers with optional memory accounting.
-// A view does not know which memory space its pointer lives in; the backend that made it does.
+// A view's type names the memory space its pointer lives in (Kokkos's View<T, Space> is the model):
+// TensorView<T> is host memory, TensorView<T, DeviceSpace> a device's. A view converts only within its
+// space, so a device pointer cannot reach a host op, a host loop or a host copy without a compile
+// error; element access exists only on host views. A backend names its space (`B::space`), and
+// ViewOn<B, T> / ConstViewOn<B, T> are the views of that backend's memory.
 #pragma once
 
 #include <cmath>
@@ -18,17 +22,27 @@
 
 namespace cupipe {
 
-template <class T>
+/// Memory the host can read and write (also what Host backends allocate).
+struct HostSpace {
+  static constexpr std::string_view name = "host";
+};
+/// Memory of an accelerator (a CUDA device); the host reaches it only through its backend.
+struct DeviceSpace {
+  static constexpr std::string_view name = "device";
+};
+
+template <class T, class Space = HostSpace>
 class TensorView {
  public:
   using value_type = std::remove_const_t<T>;
+  using space = Space;
 
   constexpr TensorView() = default;
   constexpr TensorView(T* data, Shape shape) : data_(data), shape_(shape) {}
-  /// A mutable view converts to a read-only one.
+  /// A mutable view converts to a read-only one of the same space.
   template <class U>
     requires(std::is_const_v<T> && std::is_same_v<const U, T>)
-  constexpr TensorView(TensorView<U> other) : data_(other.data()), shape_(other.shape()) {}
+  constexpr TensorView(TensorView<U, Space> other) : data_(other.data()), shape_(other.shape()) {}
 
   constexpr T* data() const noexcept { return data_; }
   constexpr const Shape& shape() const noexcept { return shape_; }
@@ -37,9 +51,17 @@ class TensorView {
   constexpr index_t cols() const noexcept { return shape_.cols(); }
   /// True for a default (null) view or one with no elements.
   constexpr bool empty() const noexcept { return data_ == nullptr || numel() == 0; }
-  /// Element access; only meaningful for host memory.
-  constexpr T& operator[](index_t i) const noexcept { return data_[i]; }
-  constexpr T& at(index_t row, index_t col) const noexcept { return data_[row * cols() + col]; }
+  /// Element access, on host views only.
+  constexpr T& operator[](index_t i) const noexcept
+    requires std::is_same_v<Space, HostSpace>
+  {
+    return data_[i];
+  }
+  constexpr T& at(index_t row, index_t col) const noexcept
+    requires std::is_same_v<Space, HostSpace>
+  {
+    return data_[row * cols() + col];
+  }
 
   /// The same memory seen with another shape of the same element count.
   TensorView reshaped(Shape shape) const {
@@ -61,14 +83,23 @@ class TensorView {
 /// A read-only view. The element type is not deduced from it (it sits in a non-deduced context), so
 /// an op templated on T accepts a mutable TensorView<T> where it asks for ConstView<T>, with T
 /// taken from the backend argument.
-template <class T> using ConstView = std::type_identity_t<TensorView<const T>>;
+template <class T, class Space = HostSpace> using ConstView = std::type_identity_t<TensorView<const T, Space>>;
+/// Whether the host can read memory of this space directly.
+template <class Space> inline constexpr bool host_accessible = std::is_same_v<Space, HostSpace>;
+/// Views of backend B's memory (B::space): what layers and the runtime pass to B's ops. ViewOn
+/// deduces T (from a view of exactly that type); ConstViewOn, like ConstView, does not.
+template <class B, class T> using ViewOn = TensorView<T, typename B::space>;
+template <class B, class T> using ConstViewOn = std::type_identity_t<TensorView<const T, typename B::space>>;
+/// Views of a device's memory: what the CUDA backend's ops take.
+template <class T> using DeviceView = TensorView<T, DeviceSpace>;
+template <class T> using DeviceConstView = std::type_identity_t<TensorView<const T, DeviceSpace>>;
 /// A scalar argument whose type is not deduced (taken from the backend): `axpy(be, 1.0, x, y)` works for float.
 template <class T> using Scalar = std::type_identity_t<T>;
 
 /// Checks that `view` is non-null (when non-empty) and has exactly `expected` shape; the message
 /// names `who` (a layer or op) and both shapes.
-template <class T>
-void check_view(const TensorView<T>& view, const Shape& expected, std::string_view who,
+template <class T, class Space>
+void check_view(const TensorView<T, Space>& view, const Shape& expected, std::string_view who,
                 std::string_view what) {
   if (!(view.shape() == expected))
     CUPIPE_THROW(who, ": ", what, " expected shape ", expected, " but got ", view.shape());

@@ -15,9 +15,9 @@ struct ReLU : Stateless {
   static std::string describe() { return "ReLU"; }
 
   template <class B, class T>
-  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) { relu_forward(be, x, y); }
+  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) { relu_forward(be, x, y); }
   template <class B, class T>
-  static void backward_input(B& be, const T*, ConstView<T> x, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
+  static void backward_input(B& be, const T*, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     relu_backward(be, x, dy, dx);
   }
 };
@@ -30,9 +30,9 @@ struct GELU : Stateless {
   static std::string describe() { return "GELU"; }
 
   template <class B, class T>
-  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) { gelu_forward(be, x, y); }
+  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) { gelu_forward(be, x, y); }
   template <class B, class T>
-  static void backward_input(B& be, const T*, ConstView<T> x, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
+  static void backward_input(B& be, const T*, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     gelu_backward(be, x, dy, dx);
   }
 };

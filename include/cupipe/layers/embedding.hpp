@@ -31,20 +31,20 @@ struct Embedding {
 
   // ids (n, 1) -> y (n, Dim)
   template <class B, class T>
-  static void forward(B& be, const T* p, ConstView<std::int32_t> ids, TensorView<T> y, TensorView<T>) {
-    embedding_forward(be, ids, table(p), y);
+  static void forward(B& be, const T* p, ConstViewOn<B, std::int32_t> ids, ViewOn<B, T> y, ViewOn<B, T>) {
+    embedding_forward(be, ids, table<B>(p), y);
   }
   // The ids have no gradient.
   template <class B, class T>
-  static void backward_input(B&, const T*, ConstView<std::int32_t>, ConstView<T>, ConstView<T>, TensorView<T>) {}
+  static void backward_input(B&, const T*, ConstViewOn<B, std::int32_t>, ConstViewOn<B, T>, ConstViewOn<B, T>, ViewOn<B, T>) {}
   template <class B, class T>
-  static void backward_weight(B& be, ConstView<std::int32_t> ids, ConstView<T>, ConstView<T> dy, T* g) {
-    embedding_backward(be, ids, dy, TensorView<T>{g, Shape{Vocab, Dim}});
+  static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
+    embedding_backward(be, ids, dy, ViewOn<B, T>{g, Shape{Vocab, Dim}});
   }
 
  private:
-  template <class T>
-  static ConstView<T> table(const T* p) { return {p, Shape{Vocab, Dim}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> table(const T* p) { return {p, Shape{Vocab, Dim}}; }
 };
 
 }  // namespace cupipe

@@ -65,6 +65,7 @@ namespace detail {
 /// A backend without ops, to check a layer's signatures in requires-expressions; nothing runs on it.
 struct SignatureProbe : ops::Dispatch {
   using value_type = float;
+  using space = HostSpace;
 };
 /// What a layer reads: token ids for an Embedding, else the backend's values.
 template <class L>
@@ -144,7 +145,7 @@ struct Stateless {
   template <class T>
   static void init(std::span<T>, index_t, Rng&) {}
   template <class B, class T>
-  static void backward_weight(B&, ConstView<T>, ConstView<T>, ConstView<T>, T*) {}
+  static void backward_weight(B&, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T>, T*) {}
 };
 
 }  // namespace cupipe

@@ -30,22 +30,22 @@ struct LayerNorm {
   }
 
   template <class B, class T>
-  static void forward(B& be, const T* p, ConstView<T> x, TensorView<T> y, TensorView<T> saved) {
+  static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T> saved) {
     const index_t n = x.rows();
-    layernorm_forward(be, x, ConstView<T>{p, Shape{N}}, ConstView<T>{p + N, Shape{N}}, y,
-                           TensorView<T>{saved.data(), Shape{n}}, TensorView<T>{saved.data() + n, Shape{n}}, eps);
+    layernorm_forward(be, x, ConstViewOn<B, T>{p, Shape{N}}, ConstViewOn<B, T>{p + N, Shape{N}}, y,
+                           ViewOn<B, T>{saved.data(), Shape{n}}, ViewOn<B, T>{saved.data() + n, Shape{n}}, eps);
   }
   template <class B, class T>
-  static void backward_input(B& be, const T* p, ConstView<T> x, ConstView<T> saved, ConstView<T> dy, TensorView<T> dx) {
+  static void backward_input(B& be, const T* p, ConstViewOn<B, T> x, ConstViewOn<B, T> saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     const index_t n = x.rows();
-    layernorm_backward_input(be, x, ConstView<T>{p, Shape{N}}, ConstView<T>{saved.data(), Shape{n}},
-                                  ConstView<T>{saved.data() + n, Shape{n}}, dy, dx);
+    layernorm_backward_input(be, x, ConstViewOn<B, T>{p, Shape{N}}, ConstViewOn<B, T>{saved.data(), Shape{n}},
+                                  ConstViewOn<B, T>{saved.data() + n, Shape{n}}, dy, dx);
   }
   template <class B, class T>
-  static void backward_weight(B& be, ConstView<T> x, ConstView<T> saved, ConstView<T> dy, T* g) {
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T> saved, ConstViewOn<B, T> dy, T* g) {
     const index_t n = x.rows();
-    layernorm_backward_weight(be, x, ConstView<T>{saved.data(), Shape{n}}, ConstView<T>{saved.data() + n, Shape{n}},
-                                   dy, TensorView<T>{g, Shape{N}}, TensorView<T>{g + N, Shape{N}});
+    layernorm_backward_weight(be, x, ConstViewOn<B, T>{saved.data(), Shape{n}}, ConstViewOn<B, T>{saved.data() + n, Shape{n}},
+                                   dy, ViewOn<B, T>{g, Shape{N}}, ViewOn<B, T>{g + N, Shape{N}});
   }
 };
 

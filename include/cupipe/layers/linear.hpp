@@ -33,27 +33,27 @@ struct Linear {
 
   // x (n, In) -> y (n, Out)
   template <class B, class T>
-  static void forward(B& be, const T* p, ConstView<T> x, TensorView<T> y, TensorView<T>) {
-    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, weight(p), T(0), y);
-    bias_add(be, y, bias(p));
+  static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
+    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, weight<B>(p), T(0), y);
+    bias_add(be, y, bias<B>(p));
   }
   // dx (n, In) = dy (n, Out) W (Out, In)
   template <class B, class T>
-  static void backward_input(B& be, const T* p, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
-    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, weight(p), T(0), dx);
+  static void backward_input(B& be, const T* p, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, weight<B>(p), T(0), dx);
   }
   // dW (Out, In) += dy^T x;  db (Out) += sum over rows of dy
   template <class B, class T>
-  static void backward_weight(B& be, ConstView<T> x, ConstView<T>, ConstView<T> dy, T* g) {
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), TensorView<T>{g, Shape{Out, In}});
-    bias_backward(be, dy, TensorView<T>{g + Out * In, Shape{Out}});
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{Out, In}});
+    bias_backward(be, dy, ViewOn<B, T>{g + Out * In, Shape{Out}});
   }
 
  private:
-  template <class T>
-  static ConstView<T> weight(const T* p) { return {p, Shape{Out, In}}; }
-  template <class T>
-  static ConstView<T> bias(const T* p) { return {p + Out * In, Shape{Out}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> weight(const T* p) { return {p, Shape{Out, In}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> bias(const T* p) { return {p + Out * In, Shape{Out}}; }
 };
 
 }  // namespace cupipe

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 
+#include "cupipe/core/memory.hpp"
 #include "cupipe/layers/layer.hpp"
 
 namespace cupipe {
@@ -23,32 +25,47 @@ struct SoftmaxCrossEntropy : Stateless {
 
   /// Writes the loss to `loss` (1,) in the backend's memory.
   template <class B, class T>
-  static void forward(B& be, ConstView<T> logits, ConstView<std::int32_t> labels, TensorView<T> loss, index_t normalizer) {
+  static void forward(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels, ViewOn<B, T> loss, index_t normalizer) {
     check<T>(logits, labels);
     softmax_cross_entropy_forward(be, logits, labels, loss, normalizer);
   }
   template <class B, class T>
-  static void backward(B& be, ConstView<T> logits, ConstView<std::int32_t> labels, TensorView<T> dlogits,
+  static void backward(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels, ViewOn<B, T> dlogits,
                        index_t normalizer) {
     check<T>(logits, labels);
     softmax_cross_entropy_backward(be, logits, labels, dlogits, normalizer);
   }
 
   /// Throws when a loss computed from `logits` and `labels` is not finite.
-  template <class T>
-  static void check_finite(T loss, ConstView<T> logits, ConstView<std::int32_t> labels) {
+  template <class T, class Space>
+  static void check_finite(T loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
     if (!std::isfinite(double(loss)))
       CUPIPE_THROW(describe(), ": the loss is not finite (", double(loss), ") for logits ", logits.shape(),
                    " and labels ", labels.shape());
   }
 
  private:
-  template <class T>
-  static void check(ConstView<T> logits, ConstView<std::int32_t> labels) {
+  template <class T, class Space>
+  static void check(TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
     if (logits.cols() != Classes || labels.numel() != logits.rows())
       CUPIPE_THROW(describe(), ": expected logits (n, ", Classes, ") and labels (n,) but got logits ", logits.shape(),
                    " and labels ", labels.shape());
   }
 };
+
+/// The loss of `logits` against `labels`, divided by `normalizer`, as a host value: runs Loss::forward
+/// on `be` and reads the result back. With check_finite, a loss that is not finite throws, naming the
+/// shapes. The one place a pipeline stage and Network evaluate a loss.
+template <class Loss, class B>
+typename B::value_type loss_value(B& be, ConstViewOn<B, typename B::value_type> logits,
+                                  ConstViewOn<B, std::int32_t> labels, index_t normalizer, bool check_finite) {
+  using T = typename B::value_type;
+  auto loss = be.template allocate<T>(1, MemoryTag::workspace);
+  Loss::forward(be, logits, labels, ViewOn<B, T>{loss.data(), Shape{1}}, normalizer);
+  T value{};
+  be.download(loss.data(), std::span<T>(&value, 1));
+  if (check_finite) Loss::check_finite(value, logits, labels);
+  return value;
+}
 
 }  // namespace cupipe

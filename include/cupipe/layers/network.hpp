@@ -41,9 +41,7 @@ class Network {
       : backend_(std::forward<BackendArgs>(backend_args)...),
         params_(backend_.template allocate<T>(Body::param_count, MemoryTag::weights)),
         grads_(backend_.template allocate<T>(Body::param_count, MemoryTag::gradients)) {
-    std::vector<T> host(static_cast<std::size_t>(Body::param_count));
-    Body::init(std::span<T>(host), seed);
-    set_parameters(host);
+    Body::init_on(backend_, params_.data(), seed);
     zero_grad();
   }
 
@@ -59,20 +57,20 @@ class Network {
                    " values for a model of ", Body::param_count, " parameters");
     backend_.upload(values, params_.data());
   }
-  void zero_grad() { fill(backend_, TensorView<T>{grads_.data(), Shape{Body::param_count}}, T(0)); }
+  void zero_grad() { fill(backend_, ViewOn<Backend, T>{grads_.data(), Shape{Body::param_count}}, T(0)); }
 
   /// Inference: x (n, in_features) -> out (n, out_features), in the backend's memory.
-  void forward(ConstView<input_type> x, TensorView<T> out) {
+  void forward(ConstViewOn<Backend, input_type> x, ViewOn<Backend, T> out) {
     check_view(out, Shape{x.rows(), out_features}, "Network::forward", "output");
     auto record = backend_.template allocate<T>(Body::record_elements(x.rows()), MemoryTag::activations);
     Body::forward(backend_, params_.data(), x, record.data());
-    copy(backend_, ConstView<T>(Body::output(record.data(), x.rows())), out);
+    copy(backend_, ConstViewOn<Backend, T>(Body::template output<typename Backend::space>(record.data(), x.rows())), out);
   }
 
   /// One forward and backward over x (n, in_features) and labels (n,), both in the backend's memory.
   /// Gradients accumulate (call zero_grad between steps). The loss is divided by `normalizer`
   /// (n when 0). Returns the loss; throws if it is not finite.
-  T forward_backward(ConstView<input_type> x, ConstView<std::int32_t> labels, index_t normalizer = 0) {
+  T forward_backward(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels, index_t normalizer = 0) {
     const index_t n = x.rows();
     if (normalizer == 0) normalizer = n;
     if (labels.numel() != n)
@@ -80,16 +78,12 @@ class Network {
     auto record = backend_.template allocate<T>(Body::record_elements(n), MemoryTag::activations);
     auto grad_record = backend_.template allocate<T>(Body::grad_record_elements(n), MemoryTag::activations);
     auto dlogits = backend_.template allocate<T>(n * out_features, MemoryTag::activations);
-    auto loss = backend_.template allocate<T>(1, MemoryTag::workspace);
     Body::forward(backend_, params_.data(), x, record.data());
-    const ConstView<T> logits = Body::output(record.data(), n);
-    Loss::forward(backend_, logits, labels, TensorView<T>{loss.data(), Shape{1}}, normalizer);
-    T value{};
-    backend_.download(loss.data(), std::span<T>(&value, 1));
-    Loss::check_finite(value, logits, labels);
-    Loss::backward(backend_, logits, labels, TensorView<T>{dlogits.data(), Shape{n, out_features}}, normalizer);
-    Body::backward(backend_, params_.data(), x, record.data(), ConstView<T>{dlogits.data(), Shape{n, out_features}},
-                   TensorView<T>{}, grads_.data(), grad_record.data(), true);
+    const ConstViewOn<Backend, T> logits = Body::template output<typename Backend::space>(record.data(), n);
+    const T value = loss_value<Loss>(backend_, logits, labels, normalizer, true);
+    Loss::backward(backend_, logits, labels, ViewOn<Backend, T>{dlogits.data(), Shape{n, out_features}}, normalizer);
+    Body::backward(backend_, params_.data(), x, record.data(), ConstViewOn<Backend, T>{dlogits.data(), Shape{n, out_features}},
+                   ViewOn<Backend, T>{}, grads_.data(), grad_record.data(), true);
     return value;
   }
 

@@ -192,26 +192,35 @@ struct LayerSeq {
       }(std::make_index_sequence<size>());
   }
 
+  /// Initialises parameters as init() does, on the host, and uploads them to `params` in be's memory.
+  template <class B, class T>
+  static void init_on(B& be, T* params, std::uint64_t seed) {
+    std::vector<T> host(static_cast<std::size_t>(param_count));
+    init(std::span<T>(host), seed);
+    be.upload(std::span<const T>(host), params);
+  }
+
   /// Layer i's input (i >= 1) or the output (i == size) inside a record of `rows` rows.
-  template <class T>
-  static TensorView<T> activation(T* record, index_t rows, std::size_t i) {
+  /// The accessors return views in `Space`, the memory space of the record (a backend's B::space).
+  template <class Space = HostSpace, class T>
+  static TensorView<T, Space> activation(T* record, index_t rows, std::size_t i) {
     return {record + rows * act_offsets[i - 1], Shape{rows, widths[i]}};
   }
-  template <class T>
-  static TensorView<T> saved(T* record, index_t rows, std::size_t i) {
+  template <class Space = HostSpace, class T>
+  static TensorView<T, Space> saved(T* record, index_t rows, std::size_t i) {
     return {record + rows * (act_offsets[size] + saved_offsets[i]), Shape{rows * (saved_offsets[i + 1] - saved_offsets[i])}};
   }
-  template <class T>
-  static TensorView<T> output(T* record, index_t rows) { return activation(record, rows, size); }
+  template <class Space = HostSpace, class T>
+  static TensorView<T, Space> output(T* record, index_t rows) { return activation<Space>(record, rows, size); }
   /// Gradient of layer i's output (i < size - 1) inside a grad record.
-  template <class T>
-  static TensorView<T> output_grad(T* grad_record, index_t rows, std::size_t i) {
+  template <class Space = HostSpace, class T>
+  static TensorView<T, Space> output_grad(T* grad_record, index_t rows, std::size_t i) {
     return {grad_record + rows * act_offsets[i], Shape{rows, widths[i + 1]}};
   }
 
   /// Runs every layer on x0 (rows, in_features), filling `record` (record_elements(rows)).
   template <class B, class T>
-  static void forward(B& be, const T* params, ConstView<input_t<T>> x0, T* record) {
+  static void forward(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, T* record) {
     const index_t rows = x0.rows();
     check_view(x0, Shape{rows, in_features}, describe_layer<0>(), "input");
     CUPIPE_REQUIRE((params != nullptr || param_count == 0) && record != nullptr, describe_layer<0>(),
@@ -229,7 +238,7 @@ struct LayerSeq {
   ///   schedules); otherwise leave them to backward_weight (the W of zero-bubble schedules).
   /// - grad_record (grad_record_elements(rows)) receives the per-layer output gradients W needs.
   template <class B, class T>
-  static void backward(B& be, const T* params, ConstView<input_t<T>> x0, const T* record, ConstView<T> dy, TensorView<T> dx,
+  static void backward(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, const T* record, ConstViewOn<B, T> dy, ViewOn<B, T> dx,
                        T* grads, T* grad_record, bool with_weight_grads) {
     const index_t rows = x0.rows();
     check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
@@ -246,7 +255,7 @@ struct LayerSeq {
 
   /// Accumulates parameter gradients from a grad record that backward(..., false) filled.
   template <class B, class T>
-  static void backward_weight(B& be, ConstView<input_t<T>> x0, const T* record, ConstView<T> dy, const T* grad_record, T* grads) {
+  static void backward_weight(B& be, ConstViewOn<B, input_t<T>> x0, const T* record, ConstViewOn<B, T> dy, const T* grad_record, T* grads) {
     const index_t rows = x0.rows();
     check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
     CUPIPE_REQUIRE(record != nullptr && (grad_record != nullptr || size == 1) && (grads != nullptr || param_count == 0),
@@ -267,52 +276,52 @@ struct LayerSeq {
     }
   }
 
-  template <std::size_t I, class T>
-  static auto layer_input(ConstView<input_t<T>> x0, const T* record, index_t rows) {
+  template <std::size_t I, class B, class T>
+  static auto layer_input(ConstViewOn<B, input_t<T>> x0, const T* record, index_t rows) {
     if constexpr (I == 0) return x0;
-    else return ConstView<T>(activation(const_cast<T*>(record), rows, I));
+    else return ConstViewOn<B, T>(activation<typename B::space>(const_cast<T*>(record), rows, I));
   }
 
   template <std::size_t I, class B, class T>
-  static void forward_layer(B& be, const T* params, ConstView<input_t<T>> x0, T* record, index_t rows) {
+  static void forward_layer(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, T* record, index_t rows) {
     using L = layer<I>;
     try {
-      L::forward(be, params + param_offsets[I], layer_input<I>(x0, record, rows), activation(record, rows, I + 1),
-                 saved(record, rows, I));
+      L::forward(be, params + param_offsets[I], layer_input<I, B>(x0, record, rows), activation<typename B::space>(record, rows, I + 1),
+                 saved<typename B::space>(record, rows, I));
     } catch (const error& e) {
       rethrow_naming<I>(e, "forward");
     }
   }
 
   template <std::size_t I, class B, class T>
-  static void backward_layer(B& be, const T* params, ConstView<input_t<T>> x0, const T* record, index_t rows, ConstView<T> dy,
-                             TensorView<T> dx, T* grads, T* grad_record, bool with_weight_grads) {
+  static void backward_layer(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, const T* record, index_t rows, ConstViewOn<B, T> dy,
+                             ViewOn<B, T> dx, T* grads, T* grad_record, bool with_weight_grads) {
     using L = layer<I>;
     T* rec = const_cast<T*>(record);
-    const ConstView<T> g = I + 1 == size ? dy : ConstView<T>(output_grad(grad_record, rows, I));
+    const ConstViewOn<B, T> g = I + 1 == size ? dy : ConstViewOn<B, T>(output_grad<typename B::space>(grad_record, rows, I));
     try {
       if constexpr (I == 0) {
-        if (!dx.empty()) L::backward_input(be, params, x0, saved(rec, rows, 0), g, dx);
+        if (!dx.empty()) L::backward_input(be, params, x0, saved<typename B::space>(rec, rows, 0), g, dx);
       } else {
-        L::backward_input(be, params + param_offsets[I], layer_input<I>(x0, record, rows), saved(rec, rows, I), g,
-                          output_grad(grad_record, rows, I - 1));
+        L::backward_input(be, params + param_offsets[I], layer_input<I, B>(x0, record, rows), saved<typename B::space>(rec, rows, I), g,
+                          output_grad<typename B::space>(grad_record, rows, I - 1));
       }
       if (with_weight_grads && param_elements<L>(widths[I]) > 0)
-        L::backward_weight(be, layer_input<I>(x0, record, rows), saved(rec, rows, I), g, grads + param_offsets[I]);
+        L::backward_weight(be, layer_input<I, B>(x0, record, rows), saved<typename B::space>(rec, rows, I), g, grads + param_offsets[I]);
     } catch (const error& e) {
       rethrow_naming<I>(e, "backward");
     }
   }
 
   template <std::size_t I, class B, class T>
-  static void weight_layer(B& be, ConstView<input_t<T>> x0, const T* record, index_t rows, ConstView<T> dy,
+  static void weight_layer(B& be, ConstViewOn<B, input_t<T>> x0, const T* record, index_t rows, ConstViewOn<B, T> dy,
                            const T* grad_record, T* grads) {
     using L = layer<I>;
     if constexpr (param_elements<L>(widths[I]) > 0) {
       T* rec = const_cast<T*>(record);
-      const ConstView<T> g = I + 1 == size ? dy : ConstView<T>(output_grad(const_cast<T*>(grad_record), rows, I));
+      const ConstViewOn<B, T> g = I + 1 == size ? dy : ConstViewOn<B, T>(output_grad<typename B::space>(const_cast<T*>(grad_record), rows, I));
       try {
-        L::backward_weight(be, layer_input<I>(x0, record, rows), saved(rec, rows, I), g, grads + param_offsets[I]);
+        L::backward_weight(be, layer_input<I, B>(x0, record, rows), saved<typename B::space>(rec, rows, I), g, grads + param_offsets[I]);
       } catch (const error& e) {
         rethrow_naming<I>(e, "weight gradient");
       }

@@ -46,7 +46,7 @@ struct SGD {
 
   /// One update of `param` from `grad` (times grad_scale); `step` is the 0-based update index.
   template <class B, class T>
-  void update(B& be, TensorView<T> param, ConstView<T> grad, std::span<const TensorView<T>> slots,
+  void update(B& be, ViewOn<B, T> param, ConstViewOn<B, T> grad, std::span<const ViewOn<B, T>> slots,
               std::int64_t step, double grad_scale) const {
     const ops::SgdHyper h{lr(step), options.momentum, options.weight_decay, options.nesterov};
     sgd_update(be, param, grad, slots[0], h, T(grad_scale));
@@ -76,7 +76,7 @@ struct AdamW {
   double clip_norm() const noexcept { return options.clip_norm; }
 
   template <class B, class T>
-  void update(B& be, TensorView<T> param, ConstView<T> grad, std::span<const TensorView<T>> slots,
+  void update(B& be, ViewOn<B, T> param, ConstViewOn<B, T> grad, std::span<const ViewOn<B, T>> slots,
               std::int64_t step, double grad_scale) const {
     const ops::AdamWHyper h{lr(step), options.beta1, options.beta2, options.eps, options.weight_decay};
     adamw_update(be, param, grad, slots[0], slots[1], h, step + 1, T(grad_scale));

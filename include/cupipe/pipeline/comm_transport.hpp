@@ -25,13 +25,13 @@ class CommTransport final : public Transport<Backend> {
 
   CommTransport(std::shared_ptr<comm::Communicator> communicator, std::vector<Backend*> backends, double timeout_seconds)
       : comm_(std::move(communicator)), backends_(backends), timeout_(timeout_seconds), self_(backends, timeout_seconds) {
-    CUPIPE_REQUIRE(Backend::on_device || !comm_->device_memory(), "Pipeline: a ", Backend::name,
+    CUPIPE_REQUIRE(!host_accessible<typename Backend::space> || !comm_->device_memory(), "Pipeline: a ", Backend::name,
                    " backend keeps its data in host memory, but the communicator moves device memory (use MPI)");
   }
 
   void begin_step(std::size_t capacity) override { self_.begin_step(capacity); }
 
-  void send(int from, int to, const MessageKey& key, ConstView<T> data) override {
+  void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
     if (from == to) return self_.send(from, to, key, data);
     Backend& source = *backends_[std::size_t(from)];
     source.synchronize();

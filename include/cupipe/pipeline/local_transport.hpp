@@ -31,10 +31,10 @@ class LocalTransport final : public Transport<Backend> {
     for (auto& box : mailboxes_) box->reset(capacity);
   }
 
-  void send(int from, int to, const MessageKey& key, ConstView<T> data) override {
+  void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
     Backend& target = *backends_[std::size_t(to)];
     buffer message = target.template allocate<T>(data.numel(), MemoryTag::activations);
-    transfer(*backends_[std::size_t(from)], target, data, TensorView<T>{message.data(), data.shape()});
+    transfer(*backends_[std::size_t(from)], target, data, ViewOn<Backend, T>{message.data(), data.shape()});
     mailboxes_[std::size_t(to)]->send(key, std::move(message));
   }
 

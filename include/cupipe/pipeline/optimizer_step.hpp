@@ -20,12 +20,13 @@ namespace cupipe::pipeline {
 /// Allocates (zeroed) the optimizer's state slots of a stage, unless it already has them.
 template <class Optimizer, class St>
 void prepare_slots(St& st) {
-  using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
+  using B = std::remove_reference_t<decltype(*st.be)>;
+  using T = typename B::value_type;
   if (st.slots_for == Optimizer::name && st.slots.size() == Optimizer::slot_names.size()) return;
   st.slots.clear();
   for (std::size_t i = 0; i < Optimizer::slot_names.size(); ++i) {
     st.slots.push_back(st.be->template allocate<T>(st.param_count, MemoryTag::optimizer));
-    fill(*st.be, TensorView<T>{st.slots.back().data(), Shape{st.param_count}}, T(0));
+    fill(*st.be, ViewOn<B, T>{st.slots.back().data(), Shape{st.param_count}}, T(0));
   }
   st.slots_for = std::string(Optimizer::name);
 }
@@ -34,10 +35,11 @@ void prepare_slots(St& st) {
 /// `grad_scale`, then zeroes the gradients.
 template <class Optimizer, class St, class T>
 void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_scale) {
-  std::vector<TensorView<T>> slots;
+  using B = std::remove_reference_t<decltype(*st.be)>;
+  std::vector<ViewOn<B, T>> slots;
   for (auto& s : st.slots) slots.push_back({s.data(), Shape{st.param_count}});
-  optimizer.update(*st.be, TensorView<T>{params, Shape{st.param_count}}, ConstView<T>(st.grad_view()),
-                   std::span<const TensorView<T>>(slots), st.updates, grad_scale);
+  optimizer.update(*st.be, ViewOn<B, T>{params, Shape{st.param_count}}, ConstViewOn<B, T>(st.grad_view()),
+                   std::span<const ViewOn<B, T>>(slots), st.updates, grad_scale);
   st.zero_grads();
   ++st.updates;
 }
@@ -45,8 +47,8 @@ void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_sca
 /// Sum of squares of a stage's gradients.
 template <class St>
 double gradient_sum_of_squares(St& st) {
-  using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
-  return sum_of_squares(*st.be, ConstView<T>(st.grad_view()));
+  using B = std::remove_reference_t<decltype(*st.be)>;
+  return sum_of_squares(*st.be, ConstViewOn<B, typename B::value_type>(st.grad_view()));
 }
 
 /// Sums a stage's gradients over its replicas (through host memory unless the communicator takes

@@ -17,10 +17,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "cupipe/backend/capabilities.hpp"
+#include "cupipe/backend/staging.hpp"
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
@@ -87,6 +89,7 @@ class Pipeline {
 
  public:
   using T = typename Backend::value_type;
+  using space = typename Backend::space;
   using Model = typename Stages::model;
   using Loss = typename Stages::loss;
   using input_type = typename Executor::input_type;
@@ -145,9 +148,7 @@ class Pipeline {
       Backend& be = *backends_[std::size_t(w)];
       const bool recompute = std::find(options_.recompute.begin(), options_.recompute.end(), K) != options_.recompute.end();
       slot = std::make_unique<std::remove_reference_t<decltype(*slot)>>(be, versions_allowed[std::size_t(w)], recompute);
-      std::vector<T> host(static_cast<std::size_t>(Seq::param_count));
-      Seq::init(std::span<T>(host), options_.seed);
-      be.upload(std::span<const T>(host), slot->weights.latest_data());
+      Seq::init_on(be, slot->weights.latest_data(), options_.seed);
     });
   }
 
@@ -155,7 +156,6 @@ class Pipeline {
   Pipeline& operator=(const Pipeline&) = delete;
 
   const schedule::Plan& plan() const noexcept { return plan_; }
-  const PipelineOptions& options() const noexcept { return options_; }
   Backend& backend(int stage) { return *backends_.at(std::size_t(stage)); }
   /// The worker (physical stage) that runs virtual stage k, from the schedule's placement (which
   /// depends only on the stage and chunk counts).
@@ -175,22 +175,36 @@ class Pipeline {
     return n;
   }
 
-  /// One training step on a batch x (n, in_features) with labels (n,), both in the first and last
-  /// workers' backend memory: forward, backward and the optimizer update(s) the schedule prescribes.
-  /// Any n >= microbatches (x batches) works: microbatch sizes then differ by at most one row.
+  /// One training step on a batch x (n, in_features) with labels (n,), both in host memory, on any
+  /// backend: forward, backward and the optimizer update(s) the schedule prescribes. The pipeline
+  /// stages x to the worker that runs the first stage and the labels to the one that runs the last
+  /// (no copy on the host backend). Any n >= microbatches (x batches) works: microbatch sizes then
+  /// differ by at most one row.
   template <optim::Optimizer Optimizer>
   StepStats train_step(ConstView<input_type> x, ConstView<std::int32_t> labels, const Optimizer& optimizer) {
-    prepare_slots<Optimizer>();
-    StepStats stats = run(x, labels, &optimizer);
-    if constexpr (update_rule == schedule::UpdateRule::flush) stats.grad_norm = pipeline::flush_update(states_, comm(), optimizer);
-    return stats;
+    check_batch(x, labels, "Pipeline::train_step");
+    return train_resident(stage_inputs(x), stage_labels(labels), optimizer);
+  }
+  /// The same with the batch already in the backend's memory (device backends): x in the first
+  /// stage's worker's, labels in the last stage's.
+  template <optim::Optimizer Optimizer>
+    requires(!host_accessible<space>)
+  StepStats train_step(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels,
+                       const Optimizer& optimizer) {
+    check_batch(x, labels, "Pipeline::train_step");
+    return train_resident(x, labels, optimizer);
   }
 
   /// Forward and backward only (flush schedules): gradients accumulate, weights stay. For tests and
-  /// for callers that step the optimizer themselves with step().
+  /// for callers that step the optimizer themselves with step(). Host arrays, as train_step.
   StepStats forward_backward(ConstView<input_type> x, ConstView<std::int32_t> labels) {
-    static_assert(update_rule == schedule::UpdateRule::flush,
-                  "forward_backward: asynchronous schedules update inside the step; use train_step");
+    check_batch(x, labels, "Pipeline::forward_backward");
+    return run(stage_inputs(x), stage_labels(labels), static_cast<const optim::SGD*>(nullptr));
+  }
+  StepStats forward_backward(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels)
+    requires(!host_accessible<space>)
+  {
+    check_batch(x, labels, "Pipeline::forward_backward");
     return run(x, labels, static_cast<const optim::SGD*>(nullptr));
   }
 
@@ -203,26 +217,35 @@ class Pipeline {
     return pipeline::flush_update(states_, comm(), optimizer);
   }
 
-  /// Inference through all stages on the caller's thread: x (n, in_features) -> out (n, out_features).
-  /// In one process `out` is in the last worker's memory. Across processes every rank calls it with
-  /// its replica's x (read by stage 0's ranks) and gets the output in host memory `out`.
+  /// Inference through all stages on the caller's thread: x (n, in_features) -> out (n, out_features),
+  /// both in host memory, on any backend. Across processes every rank calls it with its replica's x
+  /// (read by stage 0's ranks) and every rank gets the output.
   void predict(ConstView<input_type> x, TensorView<T> out) {
-    CUPIPE_REQUIRE(x.rows() > 0, "Pipeline::predict: the input has 0 rows; there is nothing to predict");
-    check_view(out, Shape{x.rows(), out_features}, "Pipeline::predict", "output");
-    transport_->begin_step(1);
-    auto result = executor_->predict(x, predict_message);
+    check_prediction(x, out);
+    auto result = predict_resident(stage_inputs(x));
     const int last = plan_.placement.worker_of(virtual_stages - 1);
+    const std::span<T> host(out.data(), std::size_t(out.numel()));
     if (!comm()) {
-      copy(*backends_[std::size_t(last)], ConstView<T>{result.data(), out.shape()}, out);
-      backends_[std::size_t(last)]->synchronize();
+      backends_[std::size_t(last)]->download(result.data(), host);
       return;
     }
     // The last stage's ranks hold the output; a sum over the pipeline gives it to every stage.
-    std::vector<T> host(static_cast<std::size_t>(out.numel()), T(0));
-    if (local(last)) backends_[std::size_t(last)]->download(result.data(), std::span<T>(host));
+    std::fill(host.begin(), host.end(), T(0));
+    if (local(last)) backends_[std::size_t(last)]->download(result.data(), host);
     transport_->finish_step();
     comm()->sum_over_stages(host.data(), host.size());
-    std::copy(host.begin(), host.end(), out.data());
+  }
+  /// The same with x in the first stage's worker's memory and `out` in the last stage's (device
+  /// backends, in one process).
+  void predict(ConstViewOn<Backend, input_type> x, ViewOn<Backend, T> out)
+    requires(!host_accessible<space>)
+  {
+    check_prediction(x, out);
+    CUPIPE_REQUIRE(!comm(), "Pipeline::predict: across processes the output is gathered in host memory; pass host views");
+    auto result = predict_resident(x);
+    Backend& be = *backends_[std::size_t(plan_.placement.worker_of(virtual_stages - 1))];
+    copy(be, ConstViewOn<Backend, T>{result.data(), out.shape()}, out);
+    be.synchronize();
   }
 
   /// The whole model's parameters, in the unsplit model's flat layout (latest versions).
@@ -269,13 +292,57 @@ class Pipeline {
     return std::size_t(2 * chunks * plan_.config.total_microbatches());
   }
 
-  template <class Optimizer>
-  StepStats run(ConstView<input_type> x, ConstView<std::int32_t> labels, const Optimizer* optimizer) {
+  /// Shapes and pointers of a batch, in whichever memory it is.
+  template <class Space>
+  static void check_batch(TensorView<const input_type, Space> x, TensorView<const std::int32_t, Space> labels,
+                          std::string_view who) {
     const index_t n = x.rows();
-    check_view(x, Shape{n, in_features}, "Pipeline::train_step", "input batch");
+    check_view(x, Shape{n, in_features}, who, "input batch");
     if (labels.numel() != n)
       CUPIPE_THROW(Loss::describe(), ": expected labels (", n, ",) for the input batch ", x.shape(), " but got labels ",
                    labels.shape());
+    check_view(labels, labels.shape(), who, "labels");
+  }
+  template <class Space>
+  static void check_prediction(TensorView<const input_type, Space> x, const TensorView<T, Space>& out) {
+    CUPIPE_REQUIRE(x.rows() > 0, "Pipeline::predict: the input has 0 rows; there is nothing to predict");
+    check_view(x, Shape{x.rows(), in_features}, "Pipeline::predict", "input");
+    check_view(out, Shape{x.rows(), out_features}, "Pipeline::predict", "output");
+  }
+
+  /// The batch's inputs in the memory of the worker that runs the first stage; where another process
+  /// runs it, only the shape (nothing here reads them).
+  ConstViewOn<Backend, input_type> stage_inputs(ConstView<input_type> x) {
+    const int w = plan_.placement.worker_of(0);
+    if (!local(w)) return {nullptr, x.shape()};
+    return input_staging_(*backends_[std::size_t(w)], x);
+  }
+  /// The labels in the memory of the worker that runs the last stage (the one that computes the loss).
+  ConstViewOn<Backend, std::int32_t> stage_labels(ConstView<std::int32_t> labels) {
+    const int w = plan_.placement.worker_of(virtual_stages - 1);
+    if (!local(w)) return {nullptr, labels.shape()};
+    return label_staging_(*backends_[std::size_t(w)], labels);
+  }
+
+  template <optim::Optimizer Optimizer>
+  StepStats train_resident(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels,
+                           const Optimizer& optimizer) {
+    prepare_slots<Optimizer>();
+    StepStats stats = run(x, labels, &optimizer);
+    if constexpr (update_rule == schedule::UpdateRule::flush) stats.grad_norm = pipeline::flush_update(states_, comm(), optimizer);
+    return stats;
+  }
+
+  /// The last stage's output for x (empty where another process runs the last stage).
+  typename Backend::template buffer<T> predict_resident(ConstViewOn<Backend, input_type> x) {
+    transport_->begin_step(1);
+    return executor_->predict(x, predict_message);
+  }
+
+  /// One step over a checked batch already in the backend's memory.
+  template <class Optimizer>
+  StepStats run(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels, const Optimizer* optimizer) {
+    const index_t n = x.rows();
     int base = 0;
     states_.for_each([&](auto, auto& st) { base = st.weights.latest(); });
     const pipeline::StepPlan step_plan = global_step_plan(n, base);
@@ -365,6 +432,8 @@ class Pipeline {
   std::unique_ptr<pipeline::Transport<Backend>> transport_;
   std::unique_ptr<pipeline::WorkerRuntime<Backend>> runtime_;
   std::unique_ptr<Executor> executor_;
+  backend::Staging<Backend, input_type> input_staging_;
+  backend::Staging<Backend, std::int32_t> label_staging_;
   std::int64_t batches_done_ = 0;
   index_t global_samples_ = 0;
   int local_worker_ = -1;  ///< the stage this process runs; -1: all of them

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cupipe/backend/staging.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/sequential.hpp"
 #include "cupipe/pipeline/stage_list.hpp"
@@ -74,17 +75,19 @@ double median_seconds(int repeats, F&& f) {
 }
 }  // namespace detail
 
-/// Times each layer of `Body` on `x` (one microbatch of real inputs), median of `repeats` runs.
+/// Times each layer of `Body` on `x_host` (one microbatch of real inputs, in host memory) on a fresh
+/// context of `Backend`, median of `repeats` runs.
 template <class Body, class Backend>
-LayerProfile profile_layers(ConstView<typename Body::template input_t<typename Backend::value_type>> x, int repeats = 5) {
+LayerProfile profile_layers(ConstView<typename Body::template input_t<typename Backend::value_type>> x_host, int repeats = 5) {
   using T = typename Backend::value_type;
+  using space = typename Backend::space;
   Backend be;
-  const index_t rows = x.rows();
-  std::vector<T> host(static_cast<std::size_t>(Body::param_count));
-  Body::init(std::span<T>(host), 0);
+  const index_t rows = x_host.rows();
   auto params = be.template allocate<T>(Body::param_count, MemoryTag::weights);
   auto grads = be.template allocate<T>(Body::param_count, MemoryTag::gradients);
-  be.upload(std::span<const T>(host), params.data());
+  Body::init_on(be, params.data(), 0);
+  backend::Staging<Backend, typename Body::template input_t<T>> staging;
+  const auto x = staging(be, x_host);
   auto record = be.template allocate<T>(Body::record_elements(rows), MemoryTag::activations);
   Body::forward(be, params.data(), x, record.data());
   // Output gradients with realistic magnitudes: what backward really sees is data-dependent only in
@@ -107,17 +110,17 @@ LayerProfile profile_layers(ConstView<typename Body::template input_t<typename B
       T* rec = record.data();
       auto input = [&] {
         if constexpr (I == 0) return x;
-        else return ConstView<T>(Body::activation(rec, rows, I));
+        else return ConstViewOn<Backend, T>(Body::template activation<space>(rec, rows, I));
       }();
-      const TensorView<T> saved = Body::saved(rec, rows, I);
-      const ConstView<T> g{dy.data(), Shape{rows, Body::widths[I + 1]}};
+      const ViewOn<Backend, T> saved = Body::template saved<space>(rec, rows, I);
+      const ConstViewOn<Backend, T> g{dy.data(), Shape{rows, Body::widths[I + 1]}};
       profile.names.push_back(Body::template describe_layer<I>());
       profile.forward.push_back(detail::median_seconds(repeats, [&] {
-        L::forward(be, p, input, Body::activation(rec, rows, I + 1), saved);
+        L::forward(be, p, input, Body::template activation<space>(rec, rows, I + 1), saved);
         be.synchronize();
       }));
       profile.backward_input.push_back(I == 0 ? 0.0 : detail::median_seconds(repeats, [&] {
-        if constexpr (I > 0) L::backward_input(be, p, input, saved, g, TensorView<T>{dx.data(), Shape{rows, Body::widths[I]}});
+        if constexpr (I > 0) L::backward_input(be, p, input, saved, g, ViewOn<Backend, T>{dx.data(), Shape{rows, Body::widths[I]}});
         be.synchronize();
       }));
       profile.backward_weight.push_back(detail::median_seconds(repeats, [&] {

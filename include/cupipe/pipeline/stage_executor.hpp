@@ -40,6 +40,7 @@ template <class Stages, class Schedule, class Backend>
 class StageExecutor {
  public:
   using T = typename Backend::value_type;
+  using space = typename Backend::space;
   using buffer = typename Backend::template buffer<T>;
   using Loss = typename Stages::loss;
   using input_type = model_input_t<typename Stages::template stage<0>, T>;
@@ -52,8 +53,8 @@ class StageExecutor {
   /// One step's inputs and outputs, shared by every worker.
   struct Step {
     const StepPlan* plan = nullptr;
-    ConstView<input_type> x;
-    ConstView<std::int32_t> labels;
+    ConstViewOn<Backend, input_type> x;
+    ConstViewOn<Backend, std::int32_t> labels;
     std::vector<double> losses;             ///< [microbatch] written by the last virtual stage
     const void* optimizer = nullptr;        ///< asynchronous schedules update inside the step
     std::int64_t batches_before = 0;        ///< batches finished before this step (2BW versions)
@@ -88,7 +89,7 @@ class StageExecutor {
   /// Inference through this process's virtual stages in order, on the caller's thread, with each
   /// stage's latest weights: x (n, in_features) -> the last stage's output (n, out_features), in the
   /// last worker's memory; empty where the last stage runs in another process.
-  buffer predict(ConstView<input_type> x, int message_id) {
+  buffer predict(ConstViewOn<Backend, input_type> x, int message_id) {
     const index_t rows = x.rows();
     buffer result;
     states_.for_each([&](auto k, auto& st) {
@@ -100,13 +101,13 @@ class StageExecutor {
         input = transport_.receive(worker_of(K), worker_of(K - 1), {Flow::activation, K, message_id}, rows * Seq::in_features);
       auto record = be.template allocate<T>(Seq::record_elements(rows), MemoryTag::activations);
       if constexpr (K == 0) Seq::forward(be, st.weights.latest_data(), x, record.data());
-      else Seq::forward(be, st.weights.latest_data(), ConstView<T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
-      const ConstView<T> out = Seq::output(record.data(), rows);
+      else Seq::forward(be, st.weights.latest_data(), ConstViewOn<Backend, T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
+      const ConstViewOn<Backend, T> out = Seq::template output<space>(record.data(), rows);
       if constexpr (K + 1 < virtual_stages) {
         transport_.send(worker_of(K), worker_of(K + 1), {Flow::activation, K + 1, message_id}, out);
       } else {
         result = be.template allocate<T>(out.numel(), MemoryTag::activations);
-        copy(be, out, TensorView<T>{result.data(), out.shape()});
+        copy(be, out, ViewOn<Backend, T>{result.data(), out.shape()});
       }
     });
     return result;
@@ -119,11 +120,11 @@ class StageExecutor {
   template <int K, class St>
   auto stage_input(const typename St::InFlight& f, const Step& step, int j) const {
     using Seq = stage_seq<K>;
-    if constexpr (K == 0) return ConstView<input_type>(step.x.row_slice(step.plan->first[std::size_t(j)], f.rows));
-    else return ConstView<T>{f.input.data(), Shape{f.rows, Seq::in_features}};
+    if constexpr (K == 0) return ConstViewOn<Backend, input_type>(step.x.row_slice(step.plan->first[std::size_t(j)], f.rows));
+    else return ConstViewOn<Backend, T>{f.input.data(), Shape{f.rows, Seq::in_features}};
   }
 
-  static ConstView<std::int32_t> microbatch_labels(const Step& step, int j) {
+  static ConstViewOn<Backend, std::int32_t> microbatch_labels(const Step& step, int j) {
     return {step.labels.data() + step.plan->first[std::size_t(j)], Shape{step.plan->rows[std::size_t(j)]}};
   }
 
@@ -144,17 +145,13 @@ class StageExecutor {
     if constexpr (K > 0) f.input = receive(worker_of(K), K - 1, {Flow::activation, K, j}, f.rows * Seq::in_features);
     f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
-    const ConstView<T> out = Seq::output(f.record.data(), f.rows);
+    const ConstViewOn<Backend, T> out = Seq::template output<space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
       transport_.send(worker_of(K), worker_of(K + 1), {Flow::activation, K + 1, j}, out);
     } else {
       const auto labels = microbatch_labels(step, j);
-      auto loss = be.template allocate<T>(1, MemoryTag::workspace);
-      Loss::forward(be, out, labels, TensorView<T>{loss.data(), Shape{1}}, step.plan->normalizer[std::size_t(j)]);
-      T value{};
-      be.download(loss.data(), std::span<T>(&value, 1));
-      if (check_finite_) Loss::check_finite(value, out, labels);
-      step.losses[std::size_t(j)] = double(value);
+      step.losses[std::size_t(j)] =
+          double(loss_value<Loss>(be, out, labels, step.plan->normalizer[std::size_t(j)], check_finite_));
     }
     if (st.recompute) f.record = {};  // keep only the input; backward recomputes
     st.in_flight.emplace(j, std::move(f));
@@ -175,20 +172,20 @@ class StageExecutor {
     }
     if constexpr (K + 1 == virtual_stages) {
       f.dy = be.template allocate<T>(f.rows * Seq::out_features, MemoryTag::activations);
-      Loss::backward(be, ConstView<T>(Seq::output(f.record.data(), f.rows)), microbatch_labels(step, j),
-                     TensorView<T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.plan->normalizer[std::size_t(j)]);
+      Loss::backward(be, ConstViewOn<Backend, T>(Seq::template output<space>(f.record.data(), f.rows)), microbatch_labels(step, j),
+                     ViewOn<Backend, T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.plan->normalizer[std::size_t(j)]);
     } else {
       f.dy = receive(worker_of(K), K + 1, {Flow::gradient, K, j}, f.rows * Seq::out_features);
     }
     f.grad_record = be.template allocate<T>(Seq::grad_record_elements(f.rows), MemoryTag::activations);
     buffer dx;
     if constexpr (K > 0) dx = be.template allocate<T>(f.rows * Seq::in_features, MemoryTag::activations);
-    Seq::backward(be, params, x0, f.record.data(), ConstView<T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
-                  K > 0 ? TensorView<T>{dx.data(), Shape{f.rows, Seq::in_features}} : TensorView<T>{}, st.grads.data(),
+    Seq::backward(be, params, x0, f.record.data(), ConstViewOn<Backend, T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
+                  K > 0 ? ViewOn<Backend, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<Backend, T>{}, st.grads.data(),
                   f.grad_record.data(), !split_backward);
     if constexpr (K > 0)
       transport_.send(worker_of(K), worker_of(K - 1), {Flow::gradient, K - 1, j},
-                      ConstView<T>{dx.data(), Shape{f.rows, Seq::in_features}});
+                      ConstViewOn<Backend, T>{dx.data(), Shape{f.rows, Seq::in_features}});
     if constexpr (!split_backward) finish<Optimizer>(st, j, step);
   }
 
@@ -199,7 +196,7 @@ class StageExecutor {
     if (it == st.in_flight.end() || it->second.dy.data() == nullptr) CUPIPE_THROW("W before B for microbatch ", j);
     auto& f = it->second;
     Seq::backward_weight(*st.be, stage_input<K, St>(f, step, j), f.record.data(),
-                         ConstView<T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, f.grad_record.data(), st.grads.data());
+                         ConstViewOn<Backend, T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, f.grad_record.data(), st.grads.data());
     finish<Optimizer>(st, j, step);
   }
 

@@ -38,7 +38,7 @@ struct StageState {
     zero_grads();
   }
 
-  TensorView<T> grad_view() { return {grads.data(), Shape{param_count}}; }
+  ViewOn<Backend, T> grad_view() { return {grads.data(), Shape{param_count}}; }
   void zero_grads() { fill(*be, grad_view(), T(0)); }
 
   Backend* be;

@@ -28,7 +28,7 @@ class Transport {
   virtual void begin_step(std::size_t capacity) = 0;
   /// Hands `data` (in worker `from`'s memory) to worker `to` under `key`. The caller may reuse
   /// `data` once this returns.
-  virtual void send(int from, int to, const MessageKey& key, ConstView<T> data) = 0;
+  virtual void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) = 0;
   /// The message `key` from worker `peer`, `elements` values, in worker `at`'s memory. A wait longer
   /// than the transfer timeout is an error naming the message and the peer.
   virtual buffer receive(int at, int peer, const MessageKey& key, index_t elements) = 0;

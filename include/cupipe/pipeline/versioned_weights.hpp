@@ -54,7 +54,7 @@ class VersionedWeights {
       CUPIPE_THROW("a stage would hold ", live() + 1, " weight versions (", oldest(), "..", latest() + 1,
                    ") but its schedule allows ", capacity_);
     Version next{latest() + 1, backend_->template allocate<T>(count_, MemoryTag::weights)};
-    copy(*backend_, ConstView<T>{latest_data(), Shape{count_}}, TensorView<T>{next.data.data(), Shape{count_}});
+    copy(*backend_, ConstViewOn<Backend, T>{latest_data(), Shape{count_}}, ViewOn<Backend, T>{next.data.data(), Shape{count_}});
     versions_.push_back(std::move(next));
     peak_live_ = std::max(peak_live_, live());
     return versions_.back().data.data();

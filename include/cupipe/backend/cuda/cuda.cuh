@@ -33,7 +33,7 @@ class Cuda : public ops::Dispatch {
 
  public:
   using value_type = T;
-  static constexpr bool on_device = true;
+  using space = DeviceSpace;
   static constexpr std::string_view name = "cuda";
 
   template <class U>

@@ -20,7 +20,7 @@ namespace cupipe::backend {
 template <class T>
 struct Host : ops::Dispatch {
   using value_type = T;
-  static constexpr bool on_device = false;
+  using space = HostSpace;
   static constexpr std::string_view name = "host";
 
   template <class U>
