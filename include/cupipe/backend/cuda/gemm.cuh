@@ -69,8 +69,8 @@ void lt_matmul(backend::Cuda<T>& be, Transpose ta, Transpose tb, S alpha, const 
 
 /// The shared body of every GEMM entry point, after the host's shape checks; bias and pre may be null.
 template <class T, class AB, class C, class S>
-void gemm_impl(backend::Cuda<T>& be, std::string_view op, Transpose ta, Transpose tb, S alpha, ConstView<AB, DeviceSpace> a,
-               ConstView<AB, DeviceSpace> b, S beta, TensorView<C, DeviceSpace> c, const C* bias, bool gelu, C* pre) {
+void gemm_impl(backend::Cuda<T>& be, std::string_view op, Transpose ta, Transpose tb, S alpha, DeviceConstView<AB> a,
+               DeviceConstView<AB> b, S beta, DeviceView<C> c, const C* bias, bool gelu, C* pre) {
   const auto [m, n, k] = checks::gemm<AB, C>(op, ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
   const gpu::DeviceGuard guard(be.device());
@@ -106,8 +106,8 @@ void gemm_impl(backend::Cuda<T>& be, std::string_view op, Transpose ta, Transpos
 /// c = alpha * op(a) * op(b) + beta * c, with op(a) (m, k), op(b) (k, n), c (m, n). beta == 0 does
 /// not read c. Float uses fp32 arithmetic unless be.math is MathMode::tf32.
 template <class T>
-void gemm(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, ConstView<T, DeviceSpace> a, ConstView<T, DeviceSpace> b,
-          Scalar<T> beta, TensorView<T, DeviceSpace> c) {
+void gemm(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, DeviceConstView<T> a, DeviceConstView<T> b,
+          Scalar<T> beta, DeviceView<T> c) {
   gpu::NvtxRange range("cupipe::gemm");
   cuda_detail::gemm_impl<T, T, T, T>(be, "gemm", ta, tb, alpha, a, b, beta, c, nullptr, false, nullptr);
 }
@@ -115,16 +115,16 @@ void gemm(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, Con
 /// bf16 a and b with fp32 accumulation and fp32 scalars; c is float or bfloat16.
 template <class T, class C>
   requires(std::is_same_v<C, float> || std::is_same_v<C, bfloat16>)
-void gemm(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<float> alpha, ConstView<bfloat16, DeviceSpace> a,
-          ConstView<bfloat16, DeviceSpace> b, Scalar<float> beta, TensorView<C, DeviceSpace> c) {
+void gemm(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<float> alpha, DeviceConstView<bfloat16> a,
+          DeviceConstView<bfloat16> b, Scalar<float> beta, DeviceView<C> c) {
   gpu::NvtxRange range("cupipe::gemm_bf16");
   cuda_detail::gemm_impl<T, bfloat16, C, float>(be, "gemm", ta, tb, alpha, a, b, beta, c, nullptr, false, nullptr);
 }
 
 /// y (m, n) = alpha * op(a) * op(b) + bias (n): Linear's forward in one launch.
 template <class T>
-void gemm_bias(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, ConstView<T, DeviceSpace> a, ConstView<T, DeviceSpace> b,
-               ConstView<T, DeviceSpace> bias, TensorView<T, DeviceSpace> y) {
+void gemm_bias(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, DeviceConstView<T> a, DeviceConstView<T> b,
+               DeviceConstView<T> bias, DeviceView<T> y) {
   gpu::NvtxRange range("cupipe::gemm_bias");
   check_view(bias, Shape{y.cols()}, "gemm_bias", "bias");
   cuda_detail::gemm_impl<T, T, T, T>(be, "gemm_bias", ta, tb, alpha, a, b, T(0), y, bias.data(), false, nullptr);
@@ -133,8 +133,8 @@ void gemm_bias(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha
 /// y = gelu(alpha * op(a) * op(b) + bias), tanh-form GELU. `pre` (same shape as y, or empty) receives
 /// the argument of gelu, which gelu_backward needs as its x.
 template <class T>
-void gemm_bias_gelu(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, ConstView<T, DeviceSpace> a, ConstView<T, DeviceSpace> b,
-                    ConstView<T, DeviceSpace> bias, TensorView<T, DeviceSpace> pre, TensorView<T, DeviceSpace> y) {
+void gemm_bias_gelu(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, DeviceConstView<T> a, DeviceConstView<T> b,
+                    DeviceConstView<T> bias, DeviceView<T> pre, DeviceView<T> y) {
   gpu::NvtxRange range("cupipe::gemm_bias_gelu");
   check_view(bias, Shape{y.cols()}, "gemm_bias_gelu", "bias");
   if (!pre.empty()) check_view(pre, y.shape(), "gemm_bias_gelu", "pre");

@@ -250,11 +250,11 @@ class DeviceBuffer {
   MemoryTag tag() const noexcept { return tag_; }
 
   /// A view of the first shape.numel() elements; throws if the buffer is too small.
-  TensorView<T, DeviceSpace> view(Shape shape) {
+  DeviceView<T> view(Shape shape) {
     CUPIPE_REQUIRE(shape.numel() <= size_, "device buffer of ", size_, " elements is too small for shape ", shape);
     return {data_, shape};
   }
-  ConstView<T, DeviceSpace> view(Shape shape) const {
+  DeviceConstView<T> view(Shape shape) const {
     CUPIPE_REQUIRE(shape.numel() <= size_, "device buffer of ", size_, " elements is too small for shape ", shape);
     return {data_, shape};
   }

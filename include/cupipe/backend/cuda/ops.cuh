@@ -70,7 +70,7 @@ auto cptr(const V& view) {
 
 /// y (rows, n) += bias (n) on every row.
 template <class T>
-void bias_add(backend::Cuda<T>& be, TensorView<T, DeviceSpace> y, ConstView<T, DeviceSpace> bias) {
+void bias_add(backend::Cuda<T>& be, DeviceView<T> y, DeviceConstView<T> bias) {
   checks::bias_add(y, bias);
   const cuda_detail::OpScope scope(be, "cupipe::bias_add");
   gpu::kernels::bias_add(be.context(), y.data(), bias.data(), y.rows(), y.cols());
@@ -78,7 +78,7 @@ void bias_add(backend::Cuda<T>& be, TensorView<T, DeviceSpace> y, ConstView<T, D
 
 /// dbias (n) += column sums of dy (rows, n).
 template <class T>
-void bias_backward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> dy, TensorView<T, DeviceSpace> dbias) {
+void bias_backward(backend::Cuda<T>& be, DeviceConstView<T> dy, DeviceView<T> dbias) {
   checks::bias_backward(dy, dbias);
   const cuda_detail::OpScope scope(be, "cupipe::bias_backward");
   gpu::kernels::column_sums<1, T>(be.context(), dy.rows(), dy.cols(), gpu::kernels::ColumnValue<T>{dy.data(), dy.cols()},
@@ -86,7 +86,7 @@ void bias_backward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> dy, TensorVie
 }
 
 template <class T>
-void relu_forward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, TensorView<T, DeviceSpace> y) {
+void relu_forward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceView<T> y) {
   checks::relu_forward(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::relu_forward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluForwardOp<T>{}, x.data(), y.data());
@@ -94,7 +94,7 @@ void relu_forward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, TensorView<
 
 /// dx = dy where x > 0, else 0 (x is the forward input).
 template <class T>
-void relu_backward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, ConstView<T, DeviceSpace> dy, TensorView<T, DeviceSpace> dx) {
+void relu_backward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> dy, DeviceView<T> dx) {
   checks::relu_backward(x, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::relu_backward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluBackwardOp<T>{}, x.data(), dy.data(), dx.data());
@@ -102,14 +102,14 @@ void relu_backward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, ConstView<
 
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <class T>
-void gelu_forward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, TensorView<T, DeviceSpace> y) {
+void gelu_forward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceView<T> y) {
   checks::gelu_forward(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::gelu_forward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluForwardOp<T>{}, x.data(), y.data());
 }
 
 template <class T>
-void gelu_backward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, ConstView<T, DeviceSpace> dy, TensorView<T, DeviceSpace> dx) {
+void gelu_backward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> dy, DeviceView<T> dx) {
   checks::gelu_backward(x, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::gelu_backward");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluBackwardOp<T>{}, x.data(), dy.data(), dx.data());
@@ -117,7 +117,7 @@ void gelu_backward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, ConstView<
 
 /// y = a + b (the residual connection); y may alias a or b.
 template <class T>
-void residual_add(backend::Cuda<T>& be, ConstView<T, DeviceSpace> a, ConstView<T, DeviceSpace> b, TensorView<T, DeviceSpace> y) {
+void residual_add(backend::Cuda<T>& be, DeviceConstView<T> a, DeviceConstView<T> b, DeviceView<T> y) {
   checks::residual_add(a, b, y);
   const cuda_detail::OpScope scope(be, "cupipe::residual_add");
   gpu::kernels::transform(be.context(), a.numel(), gpu::kernels::AddOp<T>{}, a.data(), b.data(), y.data());
@@ -125,14 +125,14 @@ void residual_add(backend::Cuda<T>& be, ConstView<T, DeviceSpace> a, ConstView<T
 
 /// y += alpha * x.
 template <class T>
-void axpy(backend::Cuda<T>& be, Scalar<T> alpha, ConstView<T, DeviceSpace> x, TensorView<T, DeviceSpace> y) {
+void axpy(backend::Cuda<T>& be, Scalar<T> alpha, DeviceConstView<T> x, DeviceView<T> y) {
   checks::axpy(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::axpy");
   gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::AxpyOp<T>{alpha}, x.data(), y.data());
 }
 
 template <class T>
-void copy(backend::Cuda<T>& be, ConstView<T, DeviceSpace> from, TensorView<T, DeviceSpace> to) {
+void copy(backend::Cuda<T>& be, DeviceConstView<T> from, DeviceView<T> to) {
   checks::copy(from, to);
   if (from.numel() == 0 || from.data() == to.data()) return;
   const cuda_detail::OpScope scope(be, "cupipe::copy");
@@ -141,7 +141,7 @@ void copy(backend::Cuda<T>& be, ConstView<T, DeviceSpace> from, TensorView<T, De
 }
 
 template <class T>
-void fill(backend::Cuda<T>& be, TensorView<T, DeviceSpace> y, Scalar<T> value) {
+void fill(backend::Cuda<T>& be, DeviceView<T> y, Scalar<T> value) {
   checks::fill(y);
   const cuda_detail::OpScope scope(be, "cupipe::fill");
   gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<T>{value}, y.data());
@@ -149,7 +149,7 @@ void fill(backend::Cuda<T>& be, TensorView<T, DeviceSpace> y, Scalar<T> value) {
 
 /// Fills y with quiet NaN, so a test sees every element an op fails to write. Any float type.
 template <class T, class U>
-void poison(backend::Cuda<T>& be, TensorView<U, DeviceSpace> y) {
+void poison(backend::Cuda<T>& be, DeviceView<U> y) {
   static_assert(std::is_floating_point_v<U> || std::is_same_v<U, bfloat16>, "poison: NaN needs a floating-point type");
   check_view(y, y.shape(), "poison", "y");
   const cuda_detail::OpScope scope(be, "cupipe::poison");
@@ -168,7 +168,7 @@ void poison(backend::Cuda<T>& be, TensorView<U, DeviceSpace> y) {
 /// Element type conversion (float, double, bfloat16; bf16 rounds to nearest even). `from` may be a
 /// const or mutable view (its element type is deduced).
 template <class T, class From, class To>
-void convert(backend::Cuda<T>& be, TensorView<From, DeviceSpace> from, TensorView<To, DeviceSpace> to) {
+void convert(backend::Cuda<T>& be, DeviceView<From> from, DeviceView<To> to) {
   check_view(from, from.shape(), "convert", "source");
   check_view(to, from.shape(), "convert", "destination");
   const cuda_detail::OpScope scope(be, "cupipe::convert");
@@ -182,8 +182,8 @@ void convert(backend::Cuda<T>& be, TensorView<From, DeviceSpace> from, TensorVie
 // LayerNorm over the last axis (see host/ops.hpp for the formulas); mean and rstd are saved.
 
 template <class T>
-void layernorm_forward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, ConstView<T, DeviceSpace> gamma, ConstView<T, DeviceSpace> beta, TensorView<T, DeviceSpace> y,
-                       TensorView<T, DeviceSpace> mean, TensorView<T, DeviceSpace> rstd, double eps) {
+void layernorm_forward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> gamma, DeviceConstView<T> beta, DeviceView<T> y,
+                       DeviceView<T> mean, DeviceView<T> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_forward(x, gamma, beta, y, mean, rstd);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_forward");
@@ -192,8 +192,8 @@ void layernorm_forward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, ConstV
 }
 
 template <class T>
-void layernorm_backward_input(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, ConstView<T, DeviceSpace> gamma, ConstView<T, DeviceSpace> mean,
-                              ConstView<T, DeviceSpace> rstd, ConstView<T, DeviceSpace> dy, TensorView<T, DeviceSpace> dx) {
+void layernorm_backward_input(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> gamma, DeviceConstView<T> mean,
+                              DeviceConstView<T> rstd, DeviceConstView<T> dy, DeviceView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_input(x, gamma, mean, rstd, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_input");
@@ -203,8 +203,8 @@ void layernorm_backward_input(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x,
 
 /// dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy (deterministic).
 template <class T>
-void layernorm_backward_weight(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x, ConstView<T, DeviceSpace> mean, ConstView<T, DeviceSpace> rstd,
-                               ConstView<T, DeviceSpace> dy, TensorView<T, DeviceSpace> dgamma, TensorView<T, DeviceSpace> dbeta) {
+void layernorm_backward_weight(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> mean, DeviceConstView<T> rstd,
+                               DeviceConstView<T> dy, DeviceView<T> dgamma, DeviceView<T> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_weight(x, mean, rstd, dy, dgamma, dbeta);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_weight");
@@ -244,8 +244,8 @@ void check_reported_ids(backend::Cuda<T>& be, std::string_view op, index_t vocab
 
 /// loss (1,) = sum over rows of (logsumexp(z_r) - z_r[label_r]) / normalizer, in device memory.
 template <class T>
-void softmax_cross_entropy_forward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> logits, ConstView<std::int32_t, DeviceSpace> labels,
-                                   TensorView<T, DeviceSpace> loss, index_t normalizer) {
+void softmax_cross_entropy_forward(backend::Cuda<T>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
+                                   DeviceView<T> loss, index_t normalizer) {
   checks::softmax_cross_entropy_forward(logits, labels, loss, normalizer);
   const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_forward");
   gpu::kernels::softmax_cross_entropy_forward(be.context(), logits.data(), labels.data(), loss.data(), logits.rows(),
@@ -255,8 +255,8 @@ void softmax_cross_entropy_forward(backend::Cuda<T>& be, ConstView<T, DeviceSpac
 
 /// dlogits = (softmax(z) - onehot(label)) * dloss / normalizer.
 template <class T>
-void softmax_cross_entropy_backward(backend::Cuda<T>& be, ConstView<T, DeviceSpace> logits, ConstView<std::int32_t, DeviceSpace> labels,
-                                    TensorView<T, DeviceSpace> dlogits, index_t normalizer, Scalar<T> dloss = T(1)) {
+void softmax_cross_entropy_backward(backend::Cuda<T>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
+                                    DeviceView<T> dlogits, index_t normalizer, Scalar<T> dloss = T(1)) {
   checks::softmax_cross_entropy_backward(logits, labels, dlogits, normalizer);
   const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_backward");
   gpu::kernels::softmax_cross_entropy_backward(be.context(), logits.data(), labels.data(), dlogits.data(),
@@ -268,7 +268,7 @@ void softmax_cross_entropy_backward(backend::Cuda<T>& be, ConstView<T, DeviceSpa
 // Embedding: y (rows, dim) = table[ids]; the backward is deterministic (kernels/embedding.cuh).
 
 template <class T>
-void embedding_forward(backend::Cuda<T>& be, ConstView<std::int32_t, DeviceSpace> ids, ConstView<T, DeviceSpace> table, TensorView<T, DeviceSpace> y) {
+void embedding_forward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> table, DeviceView<T> y) {
   checks::embedding_forward(ids, table, y);
   const cuda_detail::OpScope scope(be, "cupipe::embedding_forward");
   gpu::kernels::embedding_forward(be.context(), ids.data(), table.data(), y.data(), ids.numel(), table.cols(),
@@ -277,7 +277,7 @@ void embedding_forward(backend::Cuda<T>& be, ConstView<std::int32_t, DeviceSpace
 }
 
 template <class T>
-void embedding_backward(backend::Cuda<T>& be, ConstView<std::int32_t, DeviceSpace> ids, ConstView<T, DeviceSpace> dy, TensorView<T, DeviceSpace> dtable) {
+void embedding_backward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> dy, DeviceView<T> dtable) {
   checks::embedding_backward(ids, dy, dtable);
   const cuda_detail::OpScope scope(be, "cupipe::embedding_backward");
   gpu::kernels::embedding_backward(be.context(), ids.data(), dy.data(), dtable.data(), ids.numel(), dtable.cols(),
@@ -291,7 +291,7 @@ void embedding_backward(backend::Cuda<T>& be, ConstView<std::int32_t, DeviceSpac
 /// Sum of squares of all elements, accumulated in double by a fixed two-phase reduction. Waits for
 /// the result.
 template <class T>
-double sum_of_squares(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x) {
+double sum_of_squares(backend::Cuda<T>& be, DeviceConstView<T> x) {
   checks::sum_of_squares(x);
   if (x.numel() == 0) return 0.0;
   const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares");
@@ -302,7 +302,7 @@ double sum_of_squares(backend::Cuda<T>& be, ConstView<T, DeviceSpace> x) {
 }
 
 template <class T>
-void sgd_update(backend::Cuda<T>& be, TensorView<T, DeviceSpace> param, ConstView<T, DeviceSpace> grad, TensorView<T, DeviceSpace> velocity, const SgdHyper& h,
+void sgd_update(backend::Cuda<T>& be, DeviceView<T> param, DeviceConstView<T> grad, DeviceView<T> velocity, const SgdHyper& h,
                 Scalar<T> grad_scale) {
   checks::sgd_update(param, grad, velocity);
   const cuda_detail::OpScope scope(be, "cupipe::sgd_update");
@@ -330,7 +330,7 @@ gpu::kernels::AdamWScalars<A> adamw_scalars(const AdamWHyper& h, std::int64_t st
 
 /// `step` counts from 1 (the first update uses step 1 for the bias corrections).
 template <class T>
-void adamw_update(backend::Cuda<T>& be, TensorView<T, DeviceSpace> param, ConstView<T, DeviceSpace> grad, TensorView<T, DeviceSpace> m, TensorView<T, DeviceSpace> v,
+void adamw_update(backend::Cuda<T>& be, DeviceView<T> param, DeviceConstView<T> grad, DeviceView<T> m, DeviceView<T> v,
                   const AdamWHyper& h, std::int64_t step, Scalar<T> grad_scale) {
   checks::adamw_update(param, grad, m, v, step);
   const auto scalars = cuda_detail::adamw_scalars<T>(h, step, grad_scale);
@@ -343,8 +343,8 @@ void adamw_update(backend::Cuda<T>& be, TensorView<T, DeviceSpace> param, ConstV
 /// parameter is rewritten as master rounded to bf16. The gradient is a (const) float or bfloat16 view.
 template <class T, class G>
   requires(std::is_same_v<std::remove_const_t<G>, float> || std::is_same_v<std::remove_const_t<G>, bfloat16>)
-void adamw_update_master(backend::Cuda<T>& be, TensorView<float, DeviceSpace> master, TensorView<bfloat16, DeviceSpace> param, TensorView<G, DeviceSpace> grad,
-                         TensorView<float, DeviceSpace> m, TensorView<float, DeviceSpace> v, const AdamWHyper& h, std::int64_t step,
+void adamw_update_master(backend::Cuda<T>& be, DeviceView<float> master, DeviceView<bfloat16> param, DeviceView<G> grad,
+                         DeviceView<float> m, DeviceView<float> v, const AdamWHyper& h, std::int64_t step,
                          float grad_scale) {
   check_view(master, master.shape(), "adamw_update_master", "master");
   check_view(param, master.shape(), "adamw_update_master", "param");

@@ -31,7 +31,7 @@ namespace cupipe::ops {
 /// Copies `src` (in `from`'s memory) into `dst` (a buffer of `to`), ordered after `from`'s work so
 /// far and before `to`'s work from now on. Returns without waiting for the copy.
 template <class T>
-void transfer(backend::Cuda<T>& from, backend::Cuda<T>& to, ConstView<T, DeviceSpace> src, TensorView<T, DeviceSpace> dst) {
+void transfer(backend::Cuda<T>& from, backend::Cuda<T>& to, DeviceConstView<T> src, DeviceView<T> dst) {
   checks::transfer(src, dst);
   if (src.numel() == 0) return;
   const gpu::NvtxRange range("cupipe::transfer");
