@@ -16,6 +16,21 @@
 
 using namespace fmnist;
 
+namespace {
+/// "must be positive", instead of CLI::PositiveNumber's "Value 0 not in range 0.000000 to 1797693...".
+const CLI::Validator positive(
+    [](std::string& text) -> std::string {
+      try {
+        std::size_t used = 0;
+        const double value = std::stod(text, &used);
+        if (used == text.size() && value > 0) return {};
+      } catch (const std::exception&) {
+      }
+      return "must be a positive number, got '" + text + "'";
+    },
+    "POSITIVE");
+}  // namespace
+
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Train a 784-1024-512-256-10 MLP on Fashion-MNIST with a pipeline schedule (cupipe, CPU)"};
@@ -24,10 +39,10 @@ int main(int argc, char** argv) {
   app.add_option("--data", f.data, "folder with the Fashion-MNIST IDX files (gzip or plain)")->capture_default_str();
   app.add_option("--schedule", f.schedule, "one of: " + schedule::policy_names())->capture_default_str();
   app.add_option("--stages", f.stages, "pipeline stages (workers): 1 to 4 (interleaved: 1 to 3)")->capture_default_str();
-  app.add_option("--microbatches", f.microbatches, "microbatches per batch")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch", f.batch, "samples per batch")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--epochs", f.epochs, "passes over the training set")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", f.lr, "peak learning rate (linear warm-up, cosine decay)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--microbatches", f.microbatches, "microbatches per batch")->capture_default_str()->check(positive);
+  app.add_option("--batch", f.batch, "samples per batch")->capture_default_str()->check(positive);
+  app.add_option("--epochs", f.epochs, "passes over the training set")->capture_default_str()->check(positive);
+  app.add_option("--lr", f.lr, "peak learning rate (linear warm-up, cosine decay)")->capture_default_str()->check(positive);
   app.add_option("--optimizer", f.optimizer, "adamw or sgd (momentum 0.9)")->capture_default_str()->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--weight-decay", f.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")->capture_default_str();
   app.add_option("--warmup-epochs", f.warmup_epochs, "epochs of linear learning-rate warm-up")->capture_default_str();
@@ -42,7 +57,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", f.max_steps, "stop (and save) after this many steps in total (0: no limit)");
   app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--devices", f.devices, "GPU of each stage, e.g. 0,0,1,1 (with --backend cuda)");
-  app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")->capture_default_str()->check(positive);
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -71,7 +86,8 @@ int main(int argc, char** argv) {
       const comm::Topology& topology = launch.communicator->topology();
       if (topology.replicas != f.dp)
         CUPIPE_THROW("--stages ", f.stages, " x --dp ", f.dp, " needs ", f.stages * f.dp, " processes but ", topology.world,
-                     " were launched");
+                     topology.world == 1 ? " was" : " were", " launched: run it as `mpirun -np ", f.stages * f.dp,
+                     " mlp_fashion_mnist ...` (or srun -n ", f.stages * f.dp, ")");
       launch.rank = topology.rank;
       launch.replica = topology.replica();
       launch.replicas = topology.replicas;
@@ -80,6 +96,12 @@ int main(int argc, char** argv) {
     if (f.dp > 1) CUPIPE_THROW("--dp needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
 #endif
     (void)schedule::find_policy(f.schedule);  // an unknown name fails before the data loads
+    // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
+    if (!f.save.empty()) {
+      io::check_writable(io::model_file(f.save), "--save");
+      io::check_writable(io::state_file(f.save), "--save");
+    }
+    if (!f.trace.empty()) io::check_writable(f.trace, "--trace");
     io::FashionMnist data = io::load_fashion_mnist(f.data);
     if (f.train_limit > 0) data.train = io::take(data.train, 0, std::min(f.train_limit, data.train.count));
     if (f.test_limit > 0) data.test = io::take(data.test, 0, std::min(f.test_limit, data.test.count));

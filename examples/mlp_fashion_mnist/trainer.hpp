@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -173,6 +172,11 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   state.rng = data_rng.state();
   if (!f.resume.empty()) {
     state = io::load_checkpoint(f.resume, pipe, optimizer);
+    if (state.batch > batches_per_epoch)
+      CUPIPE_THROW("--resume ", f.resume, ": the checkpoint is after batch ", state.batch, " of its epoch, but this run's epochs have ",
+                   batches_per_epoch, " batches (was it saved with another --batch or --train-limit?)");
+    if (state.epoch > f.epochs)
+      CUPIPE_THROW("--resume ", f.resume, ": the checkpoint has finished ", state.epoch, " epochs, more than --epochs ", f.epochs);
     say("resumed from %s: epoch %lld, batch %lld, %lld updates\n", f.resume.c_str(), (long long)state.epoch,
         (long long)state.batch, (long long)state.updates);
   }
@@ -250,7 +254,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
 
   if (f.timeline && steps && launch.leader()) std::printf("measured timeline of the last step (seconds):\n%s", measured_ascii_timeline(last, P).c_str());
   if (!f.trace.empty() && steps && launch.leader()) {
-    std::ofstream(f.trace) << measured_trace_json(pipe.plan(), last);
+    io::write_file_atomically(f.trace, measured_trace_json(pipe.plan(), last));
     std::printf("wrote %s (open it in https://ui.perfetto.dev or chrome://tracing): the last step, measured and "
                 "simulated side by side\n", f.trace.c_str());
   }

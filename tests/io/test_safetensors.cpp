@@ -292,6 +292,31 @@ TEST_CASE("safetensors load rejects corrupted headers with a message for each", 
   }
 }
 
+TEST_CASE("safetensors load refuses deep nesting and never prints a whole hostile value", "[cpu][io][safetensors]") {
+  TempDir dir;
+  // 75,000 nested arrays (a 150 KB header) once overflowed the stack while the loader built its message.
+  const std::string deep = std::string(75'000, '[') + std::string(75'000, ']');
+  for (const std::string& header :
+       {R"({"__metadata__":{"step":)" + deep + "}}", R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,8]}})",
+        R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,)" + deep + "]}}", deep}) {
+    REQUIRE_THROWS_WITH(load_built(dir, header, eight_zero_bytes),
+                        Contains("the header nests deeper than 16 levels (a safetensors header needs 3)"));
+  }
+  // Nesting within the limit is reported by its size, and a long string is cut.
+  CHECK_THROWS_WITH(load_built(dir, R"({"__metadata__":{"step":[[[1,2],[3]]]}})", {}),
+                    Contains("metadata value for 'step' is a JSON array (an array of 1 element), expected a string"));
+  CHECK_THROWS_WITH(load_built(dir, R"({"w":{"dtype":"F32","shape":[[1,2,3]],"data_offsets":[0,8]}})", eight_zero_bytes),
+                    Contains("shape[0] is an array of 3 elements, expected a non-negative integer"));
+  const std::string long_text(100'000, 'x');
+  try {
+    load_built(dir, R"({"w":{"dtype":"F32","shape":[")" + long_text + R"("],"data_offsets":[0,8]}})", eight_zero_bytes);
+    FAIL("a string extent was accepted");
+  } catch (const cupipe::error& e) {
+    CHECK_THAT(e.message(), Contains(R"(shape[0] is "xxxxxxxx)") && Contains("..., expected a non-negative integer"));
+    CHECK(e.message().size() < 400);
+  }
+}
+
 TEST_CASE("write_file_atomically leaves the old file intact when the writer fails", "[cpu][io][atomic]") {
   TempDir dir;
   const auto path = dir / "state.bin";

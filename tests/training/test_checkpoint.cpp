@@ -2,6 +2,8 @@
 // Checkpoints: exact round trips, bit-exact resume, loading across schedules and stage counts, the
 // PyTorch layout of the model file, and load errors that name what is wrong instead of crashing.
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -400,6 +402,121 @@ TEST_CASE("model and state files from different saves are refused", "[cpu][check
   CHECK(contains(message, "different saves"));
   CHECK(contains(message, io::model_file(saved.prefix).string()));
   CHECK(contains(message, io::state_file(saved.prefix).string()));
+}
+
+TEST_CASE("edited training-state metadata with a recomputed checksum is range-checked, not trusted",
+          "[cpu][checkpoint][errors]") {
+  // The checksum catches accidents, not edits: rewrite one value and the checksum as an editor would.
+  const auto edit = [](const fs::path& prefix, const std::string& key, const std::string& value) {
+    const io::SafetensorsFile file = io::SafetensorsFile::load(io::state_file(prefix));
+    std::vector<io::TensorEntry> tensors;
+    for (const std::string& name : file.names()) tensors.push_back(file.at(name));
+    std::map<std::string, std::string> metadata = file.metadata();
+    metadata.erase("checksum");
+    metadata[key] = value;
+    io::detail::save_with_checksum(io::state_file(prefix), tensors, metadata);
+  };
+  struct Case {
+    std::string key, value, message;
+  };
+  // batch=-1000 indexed out of bounds, rng=0 0 0 0 hung Rng::below, updates=INT64_MAX overflowed the
+  // optimizer's step + 1, epoch=-3 trained the wrong number of epochs.
+  const std::vector<Case> cases{
+      {"batch", "-1000", "metadata 'batch' is -1000, outside [0, 2^40]"},
+      {"epoch", "-3", "metadata 'epoch' is -3, outside [0, 2^40]"},
+      {"updates", "9223372036854775807", "metadata 'updates' is 9223372036854775807, outside [0, 2^40]"},
+      {"updates", "12x", "metadata 'updates' must be an integer, got '12x'"},
+      {"rng", "0 0 0 0", "metadata 'rng' is all zeros, a state the generator never leaves"},
+      {"rng", "1 2 three 4", "metadata 'rng' must be four unsigned integers"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.key << " = " << c.value);
+    SavedCheckpoint saved;
+    edit(saved.prefix, c.key, c.value);
+    OneFOneB4<float> pipe({.microbatches = 2, .seed = 8});
+    const std::vector<float> before = pipe.parameters();
+    const std::string message = error_message([&] { io::load_checkpoint(saved.prefix, pipe, saved.adamw); });
+    CHECK(contains(message, c.message));
+    CHECK(contains(message, io::state_file(saved.prefix).string()));
+    CHECK(pipe.parameters() == before);  // a refused load changes nothing
+  }
+  // The edit itself is what the checksum accepts: an in-range value loads.
+  SavedCheckpoint saved;
+  edit(saved.prefix, "batch", "5");
+  OneFOneB4<float> pipe({.microbatches = 2, .seed = 8});
+  CHECK(io::load_checkpoint(saved.prefix, pipe, saved.adamw).batch == 5);
+}
+
+TEST_CASE("a save killed between its two renames loads as the new checkpoint", "[cpu][checkpoint][crash]") {
+  // The state file of save B in place, B's complete model staged, A's model still in place: what a
+  // kill between the renames leaves. Built by hand from two real saves, so this window is always covered.
+  ScratchDir dir;
+  const fs::path a = dir / "a", b = dir / "b";
+  const optim::AdamW adamw({.lr = 1e-2});
+  OneFOneB4<float> pipe({.microbatches = 2, .seed = 5});
+  train(pipe, adamw, 0, 1);
+  io::save_checkpoint(a, pipe, adamw, sample_state<float>(1));
+  train(pipe, adamw, 1, 1);
+  io::save_checkpoint(b, pipe, adamw, sample_state<float>(2));
+  const std::vector<float> b_params = pipe.parameters();
+  fs::copy_file(io::state_file(b), io::state_file(a), fs::copy_options::overwrite_existing);
+  fs::copy_file(io::model_file(b), io::model_file(a).string() + ".partial");
+  REQUIRE(io::detail::completes_torn_pair(io::model_file(a), io::state_file(a)));
+
+  OneFOneB4<float> loader({.microbatches = 2, .seed = 8});
+  const io::TrainingState state = io::load_checkpoint(a, loader, adamw);
+  CHECK(state.updates == 2);
+  CHECK(loader.parameters() == b_params);
+  CHECK_FALSE(fs::exists(io::model_file(a).string() + ".partial"));  // the commit was finished
+  OneFOneB4<float> again({.microbatches = 2, .seed = 9});
+  CHECK(io::load_checkpoint(a, again, adamw).updates == 2);  // and loads normally from now on
+}
+
+TEST_CASE("a save killed by SIGKILL at a random instant always leaves a checkpoint that loads: the old or the new",
+          "[cpu][checkpoint][crash]") {
+  // A child process saves checkpoints in a loop, each with a distinct update count, until the parent
+  // kills it with SIGKILL at a random moment; the parent then loads. Some kills land while the files
+  // are written, some between the two renames (the case that once left no loadable checkpoint).
+  ScratchDir dir;
+  const fs::path prefix = dir / "ckpt";
+  const optim::AdamW adamw({.lr = 1e-2});
+  OneFOneB4<float> pipe({.microbatches = 2, .seed = 5});
+  train(pipe, adamw, 0, 1);
+  io::save_checkpoint(prefix, pipe, adamw, sample_state<float>(1));
+  Rng rng(77);
+  int loaded = 0, torn_recovered = 0;
+  std::int64_t last_seen = 1;
+  for (int kill = 0; kill < 60; ++kill) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // never returns into Catch2: saves until killed, or exits 3 if a save throws
+      try {
+        for (std::int64_t n = last_seen + 1;; ++n) io::save_checkpoint(prefix, pipe, adamw, sample_state<float>(n));
+      } catch (...) {
+      }
+      ::_exit(3);
+    }
+    ::usleep(useconds_t(rng.below(20'000)));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    REQUIRE(WIFSIGNALED(status));
+    torn_recovered += fs::exists(io::model_file(prefix).string() + ".partial") &&
+                      io::detail::completes_torn_pair(io::model_file(prefix), io::state_file(prefix));
+    OneFOneB4<float> loader({.microbatches = 2, .seed = 8});
+    io::TrainingState state;
+    REQUIRE_NOTHROW(state = io::load_checkpoint(prefix, loader, adamw));
+    CHECK(state.updates >= last_seen);  // never older than a save that completed before
+    last_seen = state.updates;
+    ++loaded;
+  }
+  CHECK(loaded == 60);
+  INFO("kills between the two renames, recovered from the staged model: " << torn_recovered);
+  // A save after the kills removes what they left behind: only the two checkpoint files remain.
+  io::save_checkpoint(prefix, pipe, adamw, sample_state<float>(last_seen + 1));
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) names.insert(entry.path().filename().string());
+  CHECK(names == std::set<std::string>{"ckpt.safetensors", "ckpt.state.safetensors"});
 }
 
 TEST_CASE("truncated checkpoint files are cupipe::errors", "[cpu][checkpoint][errors]") {

@@ -150,6 +150,27 @@ inline void write_file_atomically(const std::filesystem::path& target,
   detail::sync_directory(target);
 }
 
+/// Throws unless a file can be written at `target` now: its folder exists and accepts a new file (the
+/// check creates and removes a temporary one). For output paths a long run writes at its end, so a
+/// mistyped folder fails in the first second instead of after the work. `what` names the setting.
+inline void check_writable(const std::filesystem::path& target, std::string_view what) {
+  namespace fs = std::filesystem;
+  if (!target.has_filename()) CUPIPE_THROW(what, " '", target.string(), "' does not name a file");
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    CUPIPE_THROW(what, " '", target.string(), "': the folder '", dir.string(), "' does not exist");
+  if (fs::is_directory(target, ec)) CUPIPE_THROW(what, " '", target.string(), "' is a folder, not a file");
+  std::string probe = (dir / ".cupipe-write-check.XXXXXX").string();
+  const int fd = ::mkostemp(probe.data(), O_CLOEXEC);
+  if (fd < 0) {
+    const int code = errno;
+    CUPIPE_THROW(what, " '", target.string(), "': cannot create files in '", dir.string(), "': ", detail::errno_text(code));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 /// Replaces `target` with `bytes`, atomically as above.
 inline void write_file_atomically(const std::filesystem::path& target, std::span<const std::byte> bytes) {
   write_file_atomically(target, [bytes](FileSink& sink) { sink.write(bytes); });

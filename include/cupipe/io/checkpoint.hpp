@@ -9,8 +9,9 @@
 // Both carry a checksum of their contents in their metadata: safetensors has none, and a flipped
 // bit in the data would otherwise load silently.
 // Each file is written atomically, and both are complete before either replaces the old one. The
-// two carry the same save id, so a crash between the two renames is detected at load instead of
-// resuming from a mismatched pair.
+// two carry the same save id. A crash (kill -9, power loss) at any point of a save leaves a pair that
+// loads: the old one, or the new one, whose model file a crash between the two renames left staged
+// (load_checkpoint finishes that rename). The next save removes what killed saves left behind.
 #pragma once
 
 #include <fcntl.h>
@@ -40,7 +41,7 @@ namespace cupipe::io {
 struct TrainingState {
   std::string optimizer;          ///< "adamw", "sgd", or empty when there is no optimizer state
   std::int64_t updates = 0;       ///< optimizer updates applied (the LR-schedule position)
-  Rng::state_type rng{};          ///< the data-order generator
+  Rng::state_type rng = Rng(0).state();  ///< the data-order generator (never all zeros: that state never changes)
   std::int64_t epoch = 0;         ///< data position: epoch ...
   std::int64_t batch = 0;         ///< ... and batches done within it
   std::map<std::string, std::string> extra;  ///< anything else the trainer records (schedule, stages, ...)
@@ -127,6 +128,8 @@ inline Rng::state_type parse_rng(const std::string& file, const std::string& tex
     }
     pos += used;
   }
+  if (state == Rng::state_type{})
+    CUPIPE_THROW(file, ": metadata 'rng' is all zeros, a state the generator never leaves; the checkpoint was edited or corrupted");
   return state;
 }
 
@@ -136,15 +139,25 @@ inline const std::string& meta(const SafetensorsFile& file, const std::string& k
   return it->second;
 }
 
+/// Largest count a checkpoint may record (updates, epochs, batches): far beyond any real run, and far
+/// enough below INT64_MAX that the arithmetic done with it (step + 1, epoch * batches) cannot overflow.
+inline constexpr std::int64_t max_checkpoint_count = std::int64_t(1) << 40;
+
+/// A count from the metadata, in [0, max_checkpoint_count]. The checksum only catches accidents, so
+/// a value edited by hand must still not crash or mislead the trainer.
 inline std::int64_t meta_int(const SafetensorsFile& file, const std::string& key) {
   const std::string& text = meta(file, key);
+  std::int64_t value = 0;
   try {
     std::size_t used = 0;
-    const std::int64_t value = std::stoll(text, &used);
-    if (used == text.size()) return value;
+    value = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
   } catch (const std::exception&) {
+    CUPIPE_THROW(file.path().string(), ": metadata '", key, "' must be an integer, got '", text, "'");
   }
-  CUPIPE_THROW(file.path().string(), ": metadata '", key, "' must be an integer, got '", text, "'");
+  if (value < 0 || value > max_checkpoint_count)
+    CUPIPE_THROW(file.path().string(), ": metadata '", key, "' is ", value, ", outside [0, 2^40]; the checkpoint was edited or corrupted");
+  return value;
 }
 
 /// FNV-1a (64-bit) over a file's metadata but "checksum" and its tensors' names, dtypes, shapes and
@@ -207,6 +220,47 @@ inline std::filesystem::path staged(const std::filesystem::path& path) {
   return std::filesystem::path(path.string() + ".partial");
 }
 
+/// Removes what killed saves of `target` left behind: its staged copy and the hidden temp files
+/// (".NAME.tmp.XXXXXX") of write_file_atomically for the target and for the staged copy.
+inline void remove_leftovers(const std::filesystem::path& target) {
+  namespace fs = std::filesystem;
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string name = target.filename().string();
+  std::error_code ec;
+  fs::remove(staged(target), ec);
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string entry = it->path().filename().string();
+    for (const std::string& prefix : {"." + name + ".tmp.", "." + name + ".partial.tmp."})
+      if (entry.size() == prefix.size() + 6 && entry.starts_with(prefix)) {
+        std::error_code ignored;
+        fs::remove(it->path(), ignored);
+      }
+  }
+}
+
+/// The save id a checkpoint file records, or empty when the file is missing, unreadable, corrupted
+/// or has none.
+inline std::string readable_save_id(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {};
+  try {
+    const SafetensorsFile file = SafetensorsFile::load(path);
+    verify_checksum(file, true);
+    const auto it = file.metadata().find("save_id");
+    return it == file.metadata().end() ? std::string() : it->second;
+  } catch (const error&) {
+    return {};
+  }
+}
+
+/// True when a save was killed between its renames: the state file is the new one and the model
+/// file staged beside `model_target` is complete and from the same save, while the model file in
+/// place is not.
+inline bool completes_torn_pair(const std::filesystem::path& model_target, const std::filesystem::path& state_target) {
+  const std::string staged_id = readable_save_id(staged(model_target));
+  return !staged_id.empty() && staged_id == readable_save_id(state_target) && staged_id != readable_save_id(model_target);
+}
+
 }  // namespace detail
 
 /// Writes the model file alone (what PyTorch loads).
@@ -257,10 +311,15 @@ void save_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, cons
   if constexpr (requires { trainer.writes_checkpoints(); })
     if (!trainer.writes_checkpoints()) return;
   // Both files are written in full beside their targets before either replaces its old version, so
-  // a failure while writing (disk full, I/O error) leaves the previous checkpoint whole. Only a crash
-  // between the two renames can tear the pair, and the save ids expose that at load.
+  // a failure while writing (disk full, I/O error) leaves the previous checkpoint whole. A crash
+  // between the two renames leaves the new state file beside the old model file and the complete new
+  // model file staged; load_checkpoint finds it there by the save id and finishes the commit.
   const std::filesystem::path state_target = state_file(prefix), model_target = model_file(prefix);
   const std::filesystem::path state_staged = detail::staged(state_target), model_staged = detail::staged(model_target);
+  // What earlier killed saves left (staged copies, temp files): never loaded, only taking space. A
+  // staged model that completes a torn pair is kept: it is all there is of the last save's model.
+  detail::remove_leftovers(state_target);
+  if (!detail::completes_torn_pair(model_target, state_target)) detail::remove_leftovers(model_target);
   try {
     detail::save_with_checksum(state_staged, tensors, meta);
     save_model(model_staged, table, std::span<const T>(params), {{"save_id", save_id}});
@@ -281,10 +340,15 @@ template <class Trainer, class Optimizer>
 TrainingState load_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, const Optimizer& optimizer) {
   using T = typename std::decay_t<decltype(trainer.parameters())>::value_type;
   const auto table = trainer.parameter_table();
-  const SafetensorsFile model = SafetensorsFile::load(model_file(prefix));
   const SafetensorsFile state_file_ = SafetensorsFile::load(state_file(prefix));
-  detail::verify_checksum(model, true);
   detail::verify_checksum(state_file_, true);
+  // A save killed between its two renames left the new model staged: finish that commit first.
+  if (detail::completes_torn_pair(model_file(prefix), state_file(prefix))) {
+    detail::rename_over(detail::staged(model_file(prefix)), model_file(prefix));
+    detail::sync_directory(model_file(prefix));
+  }
+  const SafetensorsFile model = SafetensorsFile::load(model_file(prefix));
+  detail::verify_checksum(model, true);
   if (detail::meta(model, "save_id") != detail::meta(state_file_, "save_id"))
     CUPIPE_THROW(model.path().string(), " and ", state_file_.path().string(),
                  " come from different saves (save ids ", detail::meta(model, "save_id"), " and ",

@@ -220,6 +220,30 @@ namespace detail {
 
 /// Above this the length field is surely corrupted: real headers are kilobytes.
 inline constexpr std::uint64_t max_safetensors_header = 100'000'000;
+/// Deepest nesting a header may have. A valid one needs 3 (header object, tensor entry, shape array);
+/// a file nesting 75,000 arrays would otherwise overflow the stack of whatever walks the value.
+inline constexpr int max_safetensors_depth = 16;
+
+/// A JSON value from an untrusted file, for an error message: scalars as written (cut at 60
+/// characters), arrays and objects by their size only, so a message never serialises a whole value.
+inline std::string excerpt(const nlohmann::json& value) {
+  const auto count = [](std::size_t n, const char* what) {
+    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  };
+  if (value.is_array()) return "an array of " + count(value.size(), "element");
+  if (value.is_object()) return "an object of " + count(value.size(), "key");
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+/// The text of data_offsets for a message: "[0,8]" when it is a short array of scalars.
+inline std::string excerpt_offsets(const nlohmann::json& offsets) {
+  if (!offsets.is_array() || offsets.size() > 4) return excerpt(offsets);
+  std::string text = "[";
+  for (std::size_t i = 0; i < offsets.size(); ++i) text += (i ? "," : "") + excerpt(offsets[i]);
+  return text + "]";
+}
 
 /// An integer JSON value that fits in int64 and is >= 0, or false.
 inline bool non_negative_integer(const nlohmann::json& value, std::int64_t& out) {
@@ -263,7 +287,7 @@ inline PendingTensor parse_tensor_header(const std::string& file, const std::str
   for (std::size_t i = 0; i < shape.size(); ++i) {
     std::int64_t extent = 0;
     if (!non_negative_integer(shape[i], extent))
-      CUPIPE_THROW(where, ": shape[", i, "] is ", shape[i].dump(), ", expected a non-negative integer");
+      CUPIPE_THROW(where, ": shape[", i, "] is ", excerpt(shape[i]), ", expected a non-negative integer");
     out.entry.shape.push_back(extent);
   }
 
@@ -271,7 +295,7 @@ inline PendingTensor parse_tensor_header(const std::string& file, const std::str
   std::int64_t begin = 0, end = 0;
   if (!offsets.is_array() || offsets.size() != 2 || !non_negative_integer(offsets[0], begin) ||
       !non_negative_integer(offsets[1], end))
-    CUPIPE_THROW(where, ": data_offsets is ", offsets.dump(), ", expected [begin, end] with non-negative integers");
+    CUPIPE_THROW(where, ": data_offsets is ", excerpt_offsets(offsets), ", expected [begin, end] with non-negative integers");
   if (end < begin) CUPIPE_THROW(where, ": data_offsets [", begin, ", ", end, "] end before they begin");
   out.begin = static_cast<std::uint64_t>(begin);
   out.end = static_cast<std::uint64_t>(end);
@@ -339,6 +363,9 @@ inline SafetensorsFile SafetensorsFile::load(const std::filesystem::path& path) 
   std::vector<std::set<std::string, std::less<>>> keys_per_object;
   const auto reject_duplicates = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using event_t = nlohmann::json::parse_event_t;
+    if (depth > detail::max_safetensors_depth)
+      CUPIPE_THROW(file, ": the header nests deeper than ", detail::max_safetensors_depth,
+                   " levels (a safetensors header needs 3); the file is corrupted or hostile");
     if (event == event_t::object_start) keys_per_object.emplace_back();
     if (event == event_t::object_end) keys_per_object.pop_back();
     if (event == event_t::key && !keys_per_object.back().insert(parsed.get<std::string>()).second) {
@@ -368,7 +395,7 @@ inline SafetensorsFile SafetensorsFile::load(const std::filesystem::path& path) 
     for (const auto& [meta_key, meta_value] : value.items()) {
       if (!meta_value.is_string())
         CUPIPE_THROW(file, ": metadata value for '", meta_key, "' is a JSON ", meta_value.type_name(), " (",
-                     meta_value.dump(), "), expected a string");
+                     detail::excerpt(meta_value), "), expected a string");
       out.metadata_[meta_key] = meta_value.get<std::string>();
     }
   }
