@@ -91,6 +91,8 @@ int main(int argc, char** argv) {
       launch.rank = topology.rank;
       launch.replica = topology.replica();
       launch.replicas = topology.replicas;
+      // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
+      comm::require_same_settings(*launch.communicator, shared_settings(f));
     }
 #else
     if (f.dp > 1) CUPIPE_THROW("--dp needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
@@ -105,6 +107,9 @@ int main(int argc, char** argv) {
     io::FashionMnist data = io::load_fashion_mnist(f.data);
     if (f.train_limit > 0) data.train = io::take(data.train, 0, std::min(f.train_limit, data.train.count));
     if (f.test_limit > 0) data.test = io::take(data.test, 0, std::min(f.test_limit, data.test.count));
+    if (launch.communicator)
+      comm::require_same_settings(*launch.communicator, {{"training data", data_fingerprint(data.train)},
+                                                         {"test data", data_fingerprint(data.test)}});
     standardise(data.train, data.test);
     if (f.backend == "cuda") {
       if (launch.communicator)

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "cupipe/comm/agreement.hpp"
 #include "cupipe/cupipe.hpp"
 #include "cupipe/pipeline/rebalance.hpp"
 
@@ -52,6 +53,39 @@ struct Flags {
   std::string devices;
   int dp = 1;
 };
+
+/// The flags every rank of a multi-process run must share (display flags and the data folder, which
+/// may be mounted elsewhere on another node, are left out; the data itself is compared after loading).
+inline comm::Settings shared_settings(const Flags& f) {
+  const auto real = [](double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", v);
+    return std::string(text);
+  };
+  return {{"--schedule", f.schedule},          {"--stages", std::to_string(f.stages)},
+          {"--dp", std::to_string(f.dp)},      {"--microbatches", std::to_string(f.microbatches)},
+          {"--batch", std::to_string(f.batch)}, {"--epochs", std::to_string(f.epochs)},
+          {"--lr", real(f.lr)},                {"--optimizer", f.optimizer},
+          {"--weight-decay", real(f.weight_decay)}, {"--warmup-epochs", real(f.warmup_epochs)},
+          {"--seed", std::to_string(f.seed)},  {"--train-limit", std::to_string(f.train_limit)},
+          {"--test-limit", std::to_string(f.test_limit)}, {"--max-steps", std::to_string(f.max_steps)},
+          {"--backend", f.backend},            {"--save", f.save},
+          {"--resume", f.resume}};
+}
+
+/// FNV-1a over a dataset's sizes, labels and pixels: equal on every rank that loaded the same data.
+inline std::string data_fingerprint(const io::Dataset& d) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto mix = [&](const void* data, std::size_t bytes) {
+    for (std::size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  };
+  mix(&d.count, sizeof d.count);
+  mix(d.labels.data(), d.labels.size() * sizeof(std::int32_t));
+  mix(d.images.data(), d.images.size() * sizeof(float));
+  char text[40];
+  std::snprintf(text, sizeof text, "%lld samples, hash %016llx", (long long)d.count, (unsigned long long)h);
+  return text;
+}
 
 /// The process's place in a multi-process run (mpirun/srun): none when run alone.
 struct Launch {

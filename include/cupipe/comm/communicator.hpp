@@ -42,6 +42,8 @@ class Communicator {
   /// Sums a host scalar over this replica's pipeline stages, or over every rank.
   virtual double sum_over_stages(double value) = 0;
   virtual double sum_over_world(double value) = 0;
+  /// Element-wise sum over every rank, in place (host memory).
+  virtual void sum_over_world(double* data, std::size_t count) = 0;
   /// In place, host memory: sums over this replica's pipeline stages (used to gather stage slices).
   virtual void sum_over_stages(float* data, std::size_t count) = 0;
   virtual void sum_over_stages(double* data, std::size_t count) = 0;

@@ -145,6 +145,7 @@ class MpiCommunicator final : public Communicator {
     allreduce(&value, 1, MPI_DOUBLE, world_);
     return value;
   }
+  void sum_over_world(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, world_); }
 
  private:
   /// A send in flight: the request and the copy of the data it reads.

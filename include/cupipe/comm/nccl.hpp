@@ -236,6 +236,7 @@ class NcclCommunicator final : public Communicator {
     allreduce(&value, 1, ncclFloat64, world_);
     return value;
   }
+  void sum_over_world(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, world_); }
 
  private:
   enum class Direction { send, receive };
