@@ -241,7 +241,10 @@ inline std::string excerpt(const nlohmann::json& value) {
 inline std::string excerpt_offsets(const nlohmann::json& offsets) {
   if (!offsets.is_array() || offsets.size() > 4) return excerpt(offsets);
   std::string text = "[";
-  for (std::size_t i = 0; i < offsets.size(); ++i) text += (i ? "," : "") + excerpt(offsets[i]);
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    if (i) text += ',';  // appended, not `"," + excerpt(...)`: GCC 12 warns on that (-Wrestrict, PR 105329)
+    text += excerpt(offsets[i]);
+  }
   return text + "]";
 }
 
