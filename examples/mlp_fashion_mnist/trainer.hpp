@@ -75,15 +75,12 @@ inline comm::Settings shared_settings(const Flags& f) {
 
 /// FNV-1a over a dataset's sizes, labels and pixels: equal on every rank that loaded the same data.
 inline std::string data_fingerprint(const io::Dataset& d) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto mix = [&](const void* data, std::size_t bytes) {
-    for (std::size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
-  };
-  mix(&d.count, sizeof d.count);
-  mix(d.labels.data(), d.labels.size() * sizeof(std::int32_t));
-  mix(d.images.data(), d.images.size() * sizeof(float));
+  Fnv1a hash;
+  hash.add(&d.count, sizeof d.count);
+  hash.add(d.labels.data(), d.labels.size() * sizeof(std::int32_t));
+  hash.add(d.images.data(), d.images.size() * sizeof(float));
   char text[40];
-  std::snprintf(text, sizeof text, "%lld samples, hash %016llx", (long long)d.count, (unsigned long long)h);
+  std::snprintf(text, sizeof text, "%lld samples, hash %016llx", (long long)d.count, (unsigned long long)hash.value());
   return text;
 }
 

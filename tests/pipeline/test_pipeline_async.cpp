@@ -18,10 +18,9 @@ using test::Host;
 
 /// FNV-1a over bytes: a fingerprint of input rows or of parameter values.
 std::uint64_t fingerprint(const void* data, std::size_t bytes) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  Fnv1a hash;
+  hash.add(data, bytes);
+  return hash.value();
 }
 
 /// What the probes saw, shared by all worker threads.

@@ -4,6 +4,7 @@
 
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
+#include "cupipe/core/hash.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/core/shape.hpp"

@@ -31,6 +31,9 @@ struct DeviceSpace {
   static constexpr std::string_view name = "device";
 };
 
+/// Whether the host can read memory of this space directly.
+template <class Space> inline constexpr bool host_accessible = std::is_same_v<Space, HostSpace>;
+
 template <class T, class Space = HostSpace>
 class TensorView {
  public:
@@ -53,12 +56,12 @@ class TensorView {
   constexpr bool empty() const noexcept { return data_ == nullptr || numel() == 0; }
   /// Element access, on host views only.
   constexpr T& operator[](index_t i) const noexcept
-    requires std::is_same_v<Space, HostSpace>
+    requires host_accessible<Space>
   {
     return data_[i];
   }
   constexpr T& at(index_t row, index_t col) const noexcept
-    requires std::is_same_v<Space, HostSpace>
+    requires host_accessible<Space>
   {
     return data_[row * cols() + col];
   }
@@ -84,8 +87,6 @@ class TensorView {
 /// an op templated on T accepts a mutable TensorView<T> where it asks for ConstView<T>, with T
 /// taken from the backend argument.
 template <class T, class Space = HostSpace> using ConstView = std::type_identity_t<TensorView<const T, Space>>;
-/// Whether the host can read memory of this space directly.
-template <class Space> inline constexpr bool host_accessible = std::is_same_v<Space, HostSpace>;
 /// Views of backend B's memory (B::space): what layers and the runtime pass to B's ops. ViewOn
 /// deduces T (from a view of exactly that type); ConstViewOn, like ConstView, does not.
 template <class B, class T> using ViewOn = TensorView<T, typename B::space>;

@@ -86,9 +86,24 @@ inline void rename_over(const std::filesystem::path& from, const std::filesystem
   }
 }
 
+/// The folder a path's file lives in ("." for a bare name).
+inline std::filesystem::path folder_of(const std::filesystem::path& path) {
+  return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+}
+
+/// The hidden name write_file_atomically gives its temp file for `target`, without mkostemp's six
+/// random characters: ".NAME.tmp.". Built by appending: `"." + name + ...` trips GCC 12's
+/// -Wrestrict false positive (PR 105329).
+inline std::string temp_prefix(const std::filesystem::path& target) {
+  std::string prefix = ".";
+  prefix += target.filename().string();
+  prefix += ".tmp.";
+  return prefix;
+}
+
 /// fsync of the directory holding `path`, so that renames in it survive a power loss.
 inline void sync_directory(const std::filesystem::path& path) {
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const std::filesystem::path dir = folder_of(path);
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
     const int code = errno;
@@ -111,13 +126,9 @@ inline void write_file_atomically(const std::filesystem::path& target,
                                   const std::function<void(FileSink&)>& writer) {
   namespace fs = std::filesystem;
   CUPIPE_REQUIRE(target.has_filename(), "write_file_atomically: '", target.string(), "' does not name a file");
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path dir = detail::folder_of(target);
   // A hidden name in the same directory: rename() is atomic only within one filesystem.
-  // Built by appending: `"." + name + ...` trips GCC 12's -Wrestrict false positive (PR 105329).
-  std::string hidden = ".";
-  hidden += target.filename().string();
-  hidden += ".tmp.XXXXXX";
-  std::string temp = (dir / hidden).string();
+  std::string temp = (dir / (detail::temp_prefix(target) + "XXXXXX")).string();
   int fd = ::mkostemp(temp.data(), O_CLOEXEC);
   if (fd < 0) {
     const int code = errno;
@@ -156,7 +167,7 @@ inline void write_file_atomically(const std::filesystem::path& target,
 inline void check_writable(const std::filesystem::path& target, std::string_view what) {
   namespace fs = std::filesystem;
   if (!target.has_filename()) CUPIPE_THROW(what, " '", target.string(), "' does not name a file");
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path dir = detail::folder_of(target);
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     CUPIPE_THROW(what, " '", target.string(), "': the folder '", dir.string(), "' does not exist");

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cupipe/core/error.hpp"
+#include "cupipe/core/hash.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/io/safetensors.hpp"
 #include "cupipe/layers/sequential.hpp"
@@ -165,11 +166,8 @@ inline std::int64_t meta_int(const SafetensorsFile& file, const std::string& key
 /// them changes the result: safetensors itself would load a flipped bit in the data silently.
 inline std::string content_checksum(const std::map<std::string, std::string>& metadata,
                                     std::vector<const TensorEntry*> tensors) {
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  auto add = [&hash](const void* data, std::size_t size) {
-    const auto* bytes = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < size; ++i) hash = (hash ^ bytes[i]) * 0x100000001b3ull;
-  };
+  Fnv1a hash;
+  auto add = [&hash](const void* data, std::size_t size) { hash.add(data, size); };
   auto add_text = [&add](std::string_view text) {
     add(text.data(), text.size());
     add("", 1);  // a terminator, so that ("ab", "c") and ("a", "bc") differ
@@ -188,7 +186,7 @@ inline std::string content_checksum(const std::map<std::string, std::string>& me
     add(t->data.data(), t->data.size());
   }
   char text[32];
-  std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(hash));
+  std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(hash.value()));
   return text;
 }
 
@@ -220,17 +218,15 @@ inline std::filesystem::path staged(const std::filesystem::path& path) {
   return std::filesystem::path(path.string() + ".partial");
 }
 
-/// Removes what killed saves of `target` left behind: its staged copy and the hidden temp files
-/// (".NAME.tmp.XXXXXX") of write_file_atomically for the target and for the staged copy.
+/// Removes what killed saves of `target` left behind: its staged copy and the temp files of
+/// write_file_atomically for the target and for the staged copy.
 inline void remove_leftovers(const std::filesystem::path& target) {
   namespace fs = std::filesystem;
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string name = target.filename().string();
   std::error_code ec;
   fs::remove(staged(target), ec);
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+  for (fs::directory_iterator it(folder_of(target), ec), end; !ec && it != end; it.increment(ec)) {
     const std::string entry = it->path().filename().string();
-    for (const std::string& prefix : {"." + name + ".tmp.", "." + name + ".partial.tmp."})
+    for (const std::string& prefix : {temp_prefix(target), temp_prefix(staged(target))})
       if (entry.size() == prefix.size() + 6 && entry.starts_with(prefix)) {
         std::error_code ignored;
         fs::remove(it->path(), ignored);
@@ -259,6 +255,15 @@ inline std::string readable_save_id(const std::filesystem::path& path) {
 inline bool completes_torn_pair(const std::filesystem::path& model_target, const std::filesystem::path& state_target) {
   const std::string staged_id = readable_save_id(staged(model_target));
   return !staged_id.empty() && staged_id == readable_save_id(state_target) && staged_id != readable_save_id(model_target);
+}
+
+/// Finishes a save killed between its two renames (the staged model completes the state file in
+/// place), so the checkpoint under `prefix` is a matching pair again. Cheap when there is nothing to
+/// finish: one stat of the staged model.
+inline void finish_torn_save(const std::filesystem::path& model_target, const std::filesystem::path& state_target) {
+  if (!completes_torn_pair(model_target, state_target)) return;
+  rename_over(staged(model_target), model_target);
+  sync_directory(model_target);
 }
 
 }  // namespace detail
@@ -343,10 +348,7 @@ TrainingState load_checkpoint(const std::filesystem::path& prefix, Trainer& trai
   const SafetensorsFile state_file_ = SafetensorsFile::load(state_file(prefix));
   detail::verify_checksum(state_file_, true);
   // A save killed between its two renames left the new model staged: finish that commit first.
-  if (detail::completes_torn_pair(model_file(prefix), state_file(prefix))) {
-    detail::rename_over(detail::staged(model_file(prefix)), model_file(prefix));
-    detail::sync_directory(model_file(prefix));
-  }
+  detail::finish_torn_save(model_file(prefix), state_file(prefix));
   const SafetensorsFile model = SafetensorsFile::load(model_file(prefix));
   detail::verify_checksum(model, true);
   if (detail::meta(model, "save_id") != detail::meta(state_file_, "save_id"))

@@ -199,13 +199,13 @@ class Pipeline {
   /// for callers that step the optimizer themselves with step(). Host arrays, as train_step.
   StepStats forward_backward(ConstView<input_type> x, ConstView<std::int32_t> labels) {
     check_batch(x, labels, "Pipeline::forward_backward");
-    return run(stage_inputs(x), stage_labels(labels), static_cast<const optim::SGD*>(nullptr));
+    return forward_backward_resident(stage_inputs(x), stage_labels(labels));
   }
   StepStats forward_backward(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels)
     requires(!host_accessible<space>)
   {
     check_batch(x, labels, "Pipeline::forward_backward");
-    return run(x, labels, static_cast<const optim::SGD*>(nullptr));
+    return forward_backward_resident(x, labels);
   }
 
   /// Applies one flush update from the accumulated gradients, then zeroes them. Returns the global
@@ -331,6 +331,12 @@ class Pipeline {
     StepStats stats = run(x, labels, &optimizer);
     if constexpr (update_rule == schedule::UpdateRule::flush) stats.grad_norm = pipeline::flush_update(states_, comm(), optimizer);
     return stats;
+  }
+
+  StepStats forward_backward_resident(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels) {
+    static_assert(update_rule == schedule::UpdateRule::flush,
+                  "forward_backward: asynchronous schedules update inside the step; use train_step");
+    return run(x, labels, static_cast<const optim::SGD*>(nullptr));
   }
 
   /// The last stage's output for x (empty where another process runs the last stage).
