@@ -472,6 +472,44 @@ TEST_CASE("a save killed between its two renames loads as the new checkpoint", "
   CHECK(io::load_checkpoint(a, again, adamw).updates == 2);  // and loads normally from now on
 }
 
+TEST_CASE("a save that fails after a torn save keeps the torn save's model", "[cpu][checkpoint][crash]") {
+  // Save B was killed between its renames (B's state in place, B's model staged). The next save fails
+  // while writing (the disk fills up); its cleanup must not take B's staged model with it, so the
+  // checkpoint still loads as B.
+  ScratchDir dir;
+  const fs::path a = dir / "a", b = dir / "b";
+  const optim::AdamW adamw({.lr = 1e-2});
+  OneFOneB4<float> pipe({.microbatches = 2, .seed = 5});
+  train(pipe, adamw, 0, 1);
+  io::save_checkpoint(a, pipe, adamw, sample_state<float>(1));
+  train(pipe, adamw, 1, 1);
+  io::save_checkpoint(b, pipe, adamw, sample_state<float>(2));
+  const std::vector<float> b_params = pipe.parameters();
+  fs::copy_file(io::state_file(b), io::state_file(a), fs::copy_options::overwrite_existing);
+  fs::copy_file(io::model_file(b), io::model_file(a).string() + ".partial");
+
+  train(pipe, adamw, 2, 1);
+  struct rlimit old_limit {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old_limit;
+  small.rlim_cur = rlim_t(fs::file_size(io::state_file(a)) / 2);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  bool failed = false;
+  try {
+    io::save_checkpoint(a, pipe, adamw, sample_state<float>(3));
+  } catch (const cupipe::error&) {
+    failed = true;
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  REQUIRE(failed);
+
+  OneFOneB4<float> loader({.microbatches = 2, .seed = 8});
+  CHECK(io::load_checkpoint(a, loader, adamw).updates == 2);
+  CHECK(loader.parameters() == b_params);
+}
+
 TEST_CASE("a save killed by SIGKILL at a random instant always leaves a checkpoint that loads: the old or the new",
           "[cpu][checkpoint][crash]") {
   // A child process saves checkpoints in a loop, each with a distinct update count, until the parent

@@ -11,7 +11,8 @@
 // Each file is written atomically, and both are complete before either replaces the old one. The
 // two carry the same save id. A crash (kill -9, power loss) at any point of a save leaves a pair that
 // loads: the old one, or the new one, whose model file a crash between the two renames left staged
-// (load_checkpoint finishes that rename). The next save removes what killed saves left behind.
+// (load_checkpoint, or the next save before it stages anything, finishes that rename). The next save
+// also removes what killed saves left behind.
 #pragma once
 
 #include <fcntl.h>
@@ -321,10 +322,11 @@ void save_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, cons
   // model file staged; load_checkpoint finds it there by the save id and finishes the commit.
   const std::filesystem::path state_target = state_file(prefix), model_target = model_file(prefix);
   const std::filesystem::path state_staged = detail::staged(state_target), model_staged = detail::staged(model_target);
-  // What earlier killed saves left (staged copies, temp files): never loaded, only taking space. A
-  // staged model that completes a torn pair is kept: it is all there is of the last save's model.
+  // A torn pair is completed before anything is staged over its model (a failed or killed save would
+  // otherwise take the only copy of it); what other killed saves left is only taking space.
+  detail::finish_torn_save(model_target, state_target);
   detail::remove_leftovers(state_target);
-  if (!detail::completes_torn_pair(model_target, state_target)) detail::remove_leftovers(model_target);
+  detail::remove_leftovers(model_target);
   try {
     detail::save_with_checksum(state_staged, tensors, meta);
     save_model(model_staged, table, std::span<const T>(params), {{"save_id", save_id}});
