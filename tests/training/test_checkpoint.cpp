@@ -447,20 +447,31 @@ TEST_CASE("edited training-state metadata with a recomputed checksum is range-ch
   CHECK(io::load_checkpoint(saved.prefix, pipe, saved.adamw).batch == 5);
 }
 
+/// What a save killed between its renames leaves, built by hand from two real saves: under `a`, save
+/// A's model in place, save B's state in place and B's complete model staged (`b_params`, 2 updates).
+struct TornSave {
+  ScratchDir dir;
+  fs::path a = dir / "a", b = dir / "b";
+  optim::AdamW adamw = optim::AdamW({.lr = 1e-2});
+  OneFOneB4<float> pipe{{.microbatches = 2, .seed = 5}};
+  std::vector<float> b_params;
+
+  TornSave() {
+    train(pipe, adamw, 0, 1);
+    io::save_checkpoint(a, pipe, adamw, sample_state<float>(1));
+    train(pipe, adamw, 1, 1);
+    io::save_checkpoint(b, pipe, adamw, sample_state<float>(2));
+    b_params = pipe.parameters();
+    fs::copy_file(io::state_file(b), io::state_file(a), fs::copy_options::overwrite_existing);
+    fs::copy_file(io::model_file(b), io::model_file(a).string() + ".partial");
+  }
+};
+
 TEST_CASE("a save killed between its two renames loads as the new checkpoint", "[cpu][checkpoint][crash]") {
   // The state file of save B in place, B's complete model staged, A's model still in place: what a
   // kill between the renames leaves. Built by hand from two real saves, so this window is always covered.
-  ScratchDir dir;
-  const fs::path a = dir / "a", b = dir / "b";
-  const optim::AdamW adamw({.lr = 1e-2});
-  OneFOneB4<float> pipe({.microbatches = 2, .seed = 5});
-  train(pipe, adamw, 0, 1);
-  io::save_checkpoint(a, pipe, adamw, sample_state<float>(1));
-  train(pipe, adamw, 1, 1);
-  io::save_checkpoint(b, pipe, adamw, sample_state<float>(2));
-  const std::vector<float> b_params = pipe.parameters();
-  fs::copy_file(io::state_file(b), io::state_file(a), fs::copy_options::overwrite_existing);
-  fs::copy_file(io::model_file(b), io::model_file(a).string() + ".partial");
+  TornSave torn;
+  auto& [dir, a, b, adamw, pipe, b_params] = torn;
   REQUIRE(io::detail::completes_torn_pair(io::model_file(a), io::state_file(a)));
 
   OneFOneB4<float> loader({.microbatches = 2, .seed = 8});
@@ -476,17 +487,8 @@ TEST_CASE("a save that fails after a torn save keeps the torn save's model", "[c
   // Save B was killed between its renames (B's state in place, B's model staged). The next save fails
   // while writing (the disk fills up); its cleanup must not take B's staged model with it, so the
   // checkpoint still loads as B.
-  ScratchDir dir;
-  const fs::path a = dir / "a", b = dir / "b";
-  const optim::AdamW adamw({.lr = 1e-2});
-  OneFOneB4<float> pipe({.microbatches = 2, .seed = 5});
-  train(pipe, adamw, 0, 1);
-  io::save_checkpoint(a, pipe, adamw, sample_state<float>(1));
-  train(pipe, adamw, 1, 1);
-  io::save_checkpoint(b, pipe, adamw, sample_state<float>(2));
-  const std::vector<float> b_params = pipe.parameters();
-  fs::copy_file(io::state_file(b), io::state_file(a), fs::copy_options::overwrite_existing);
-  fs::copy_file(io::model_file(b), io::model_file(a).string() + ".partial");
+  TornSave torn;
+  auto& [dir, a, b, adamw, pipe, b_params] = torn;
 
   train(pipe, adamw, 2, 1);
   struct rlimit old_limit {};
