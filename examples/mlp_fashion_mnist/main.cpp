@@ -17,18 +17,24 @@
 using namespace fmnist;
 
 namespace {
-/// "must be positive", instead of CLI::PositiveNumber's "Value 0 not in range 0.000000 to 1797693...".
-const CLI::Validator positive(
-    [](std::string& text) -> std::string {
-      try {
-        std::size_t used = 0;
-        const double value = std::stod(text, &used);
-        if (used == text.size() && value > 0) return {};
-      } catch (const std::exception&) {
-      }
-      return "must be a positive number, got '" + text + "'";
-    },
-    "POSITIVE");
+/// "must be positive" (or "must be 0 or positive"), instead of CLI::PositiveNumber's "Value 0 not in
+/// range 0.000000 to 1797693..." (a 309-digit number).
+CLI::Validator number_check(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& text) -> std::string {
+        try {
+          std::size_t used = 0;
+          const double value = std::stod(text, &used);
+          if (used == text.size() && (value > 0 || (zero_allowed && value == 0))) return {};
+        } catch (const std::exception&) {
+        }
+        return std::string(zero_allowed ? "must be 0 or a positive number" : "must be a positive number") + ", got '" +
+               text + "'";
+      },
+      zero_allowed ? "NONNEGATIVE" : "POSITIVE");
+}
+const CLI::Validator positive = number_check(false);
+const CLI::Validator non_negative = number_check(true);
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,20 +50,24 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", f.epochs, "passes over the training set")->capture_default_str()->check(positive);
   app.add_option("--lr", f.lr, "peak learning rate (linear warm-up, cosine decay)")->capture_default_str()->check(positive);
   app.add_option("--optimizer", f.optimizer, "adamw or sgd (momentum 0.9)")->capture_default_str()->check(CLI::IsMember({"adamw", "sgd"}));
-  app.add_option("--weight-decay", f.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")->capture_default_str();
-  app.add_option("--warmup-epochs", f.warmup_epochs, "epochs of linear learning-rate warm-up")->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay, "decoupled weight decay (AdamW) or L2 (SGD)")->capture_default_str()->check(non_negative);
+  app.add_option("--warmup-epochs", f.warmup_epochs, "epochs of linear learning-rate warm-up")->capture_default_str()->check(non_negative);
   app.add_option("--seed", f.seed, "initialisation and data-order seed")->capture_default_str();
   app.add_option("--save", f.save, "checkpoint prefix: writes PREFIX.safetensors and PREFIX.state.safetensors each epoch");
   app.add_option("--resume", f.resume, "checkpoint prefix to resume from");
   app.add_option("--trace", f.trace, "write a Chrome trace (measured vs simulated) of the last step here");
   app.add_flag("--timeline", f.timeline, "print the ASCII timeline of the last measured step");
   app.add_flag("--rebalance", f.rebalance, "profile every layer and propose a better split");
-  app.add_option("--train-limit", f.train_limit, "use only the first N training samples (0: all)");
-  app.add_option("--test-limit", f.test_limit, "use only the first N test samples (0: all)");
-  app.add_option("--max-steps", f.max_steps, "stop (and save) after this many steps in total (0: no limit)");
+  app.add_option("--train-limit", f.train_limit, "use only the first N training samples (0: all)")->check(non_negative);
+  app.add_option("--test-limit", f.test_limit, "use only the first N test samples (0: all)")->check(non_negative);
+  app.add_option("--max-steps", f.max_steps, "stop (and save) after this many steps in total (0: no limit)")->check(non_negative);
   app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--devices", f.devices, "GPU of each stage, e.g. 0,0,1,1 (with --backend cuda)");
   app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")->capture_default_str()->check(positive);
+  app.add_option("--timeout", f.timeout,
+                 "seconds a stage waits for another (a transfer, or a sum over ranks) before failing; 0: no limit")
+      ->capture_default_str()
+      ->check(non_negative);
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -82,7 +92,7 @@ int main(int argc, char** argv) {
     const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
     if (f.dp > 1 || under_launcher) {
       mpi = std::make_unique<comm::MpiSession>(&argc, &argv);
-      launch.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, f.stages);
+      launch.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, f.stages, f.timeout);
       const comm::Topology& topology = launch.communicator->topology();
       if (topology.replicas != f.dp)
         CUPIPE_THROW("--stages ", f.stages, " x --dp ", f.dp, " needs ", f.stages * f.dp, " processes but ", topology.world,

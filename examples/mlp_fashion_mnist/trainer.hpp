@@ -52,6 +52,7 @@ struct Flags {
   std::string backend = "host";
   std::string devices;
   int dp = 1;
+  double timeout = comm::Communicator::default_collective_timeout_seconds;
 };
 
 /// The flags every rank of a multi-process run must share (display flags and the data folder, which
@@ -181,7 +182,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
-             .transfer_timeout_seconds = launch.communicator ? 300.0 : 0.0, .communicator = launch.communicator});
+             .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator});
   // Only the first rank talks; every rank computes.
   auto say = [&](const char* format, auto... args) {
     if (launch.leader()) std::printf(format, args...);

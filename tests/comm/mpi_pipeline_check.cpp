@@ -19,6 +19,7 @@
 
 #include "cupipe/comm/mpi.hpp"
 #include "cupipe/cupipe.hpp"
+#include "hook_layer.hpp"
 
 using namespace cupipe;
 
@@ -27,22 +28,11 @@ namespace {
 bool stall = false;
 int calls = 0;
 
-/// Identity with a trap: with --stall, its 6th forward blocks for good (a hung peer).
-struct Trap : Stateless {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
-  static constexpr double forward_flops_per_sample(index_t) { return 0; }
-  static std::string describe() { return "Trap"; }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) {
-    if (stall && ++calls == 6) std::this_thread::sleep_for(std::chrono::hours(1));
-    copy(be, x, y);
-  }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
-    copy(be, dy, dx);
-  }
-};
+/// With --stall, the 6th forward of the stage holding the trap blocks for good (a hung peer).
+void trap() {
+  if (stall && ++calls == 6) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+using Trap = HookLayer<trap>;
 
 using Model = Sequential<Linear<6, 12>, ReLU, Linear<12, 12>, Trap, Linear<12, 10>, ReLU, Linear<10, 10>, ReLU, Linear<10, 8>,
                          ReLU, Linear<8, 8>, ReLU, Linear<8, 8>, GELU, Linear<8, 6>, ReLU, Linear<6, 3>>;

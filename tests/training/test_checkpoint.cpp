@@ -305,7 +305,7 @@ struct SavedCheckpoint {
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 }  // namespace
 
-TEST_CASE("loading a checkpoint of another model lists every mismatched tensor with both shapes", "[cpu][checkpoint][errors]") {
+TEST_CASE("loading a checkpoint of another model names the mismatched tensors with both shapes, in one line", "[cpu][checkpoint][errors]") {
   SavedCheckpoint saved;
   WiderPipe wider({.microbatches = 2});
   const std::string message = error_message([&] { io::load_checkpoint(saved.prefix, wider, saved.adamw); });
@@ -323,6 +323,15 @@ TEST_CASE("loading a checkpoint of another model lists every mismatched tensor w
   CHECK(contains(shorter, "'4.weight' is F32 (8, 12) but the model needs F32 (3, 12)"));
   CHECK(contains(shorter, "unexpected tensor '6.weight'"));
   CHECK(contains(shorter, "unexpected tensor '6.bias'"));
+
+  // Nothing in common: the first four differences and a count, not a line per tensor.
+  using Unrelated = Sequential<Linear<3, 5>, Linear<5, 7>, Linear<7, 9>>;
+  const std::string unrelated = error_message(
+      [&] { io::load_model<float>(io::model_file(saved.prefix), Unrelated::body::parameter_table()); });
+  INFO(unrelated);
+  CHECK(contains(unrelated, "does not fit the model (10 differences): tensor '0.weight' is F32 (16, 6) but the model needs F32 (5, 3)"));
+  CHECK(contains(unrelated, "; and 6 more"));
+  for (const std::string& m : {message, shorter, unrelated}) CHECK(m.find('\n') == std::string::npos);
 }
 
 TEST_CASE("missing and unexpected tensors are named", "[cpu][checkpoint][errors]") {
@@ -352,7 +361,8 @@ TEST_CASE("a float64 model file loaded into a float32 model names both dtypes", 
       [&] { target.set_parameters(io::load_model<float>(dir / "f64.safetensors", OneFOneB4<float>::parameter_table())); });
   INFO(message);
   CHECK(contains(message, "'0.weight' is F64 (16, 6) but the model needs F32 (16, 6)"));
-  CHECK(contains(message, "'6.bias' is F64 (3,) but the model needs F32 (3,)"));
+  CHECK(contains(message, "(8 differences)"));
+  CHECK(contains(message, "'2.bias' is F64 (12,) but the model needs F32 (12,); and 4 more"));
   CHECK(bitwise_equal(target.parameters(), before));
 }
 

@@ -11,6 +11,7 @@
 
 #include "cupipe/comm/message.hpp"
 #include "cupipe/comm/topology.hpp"
+#include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 
 namespace cupipe::comm {
@@ -36,6 +37,17 @@ class Communicator {
   virtual void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
                        const std::function<std::string()>& describe) = 0;
 
+  /// How long a collective (the sums below) may wait for the other ranks before it throws: a rank
+  /// that stalled or died before a collective must not hang the others. 0 waits for ever. After a
+  /// collective timed out the communicator is unusable (a collective cannot be cancelled): end the
+  /// job (MPI_Abort, or exit; MPI_Finalize would wait for the missing rank too).
+  static constexpr double default_collective_timeout_seconds = 300;
+  void set_collective_timeout(double seconds) {
+    CUPIPE_REQUIRE(seconds >= 0, "Communicator: the collective timeout must be 0 (none) or positive, got ", seconds);
+    collective_timeout_ = seconds;
+  }
+  double collective_timeout() const noexcept { return collective_timeout_; }
+
   /// In place: sums over the replicas of this rank's stage (the data-parallel group).
   virtual void sum_over_replicas(float* data, std::size_t count) = 0;
   virtual void sum_over_replicas(double* data, std::size_t count) = 0;
@@ -47,6 +59,9 @@ class Communicator {
   /// In place, host memory: sums over this replica's pipeline stages (used to gather stage slices).
   virtual void sum_over_stages(float* data, std::size_t count) = 0;
   virtual void sum_over_stages(double* data, std::size_t count) = 0;
+
+ private:
+  double collective_timeout_ = default_collective_timeout_seconds;
 };
 
 /// Whether `comm` reads and writes a backend's buffers itself (host buffers under MPI, device buffers

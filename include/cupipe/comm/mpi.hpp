@@ -1,7 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // MpiCommunicator: pipeline messages and gradient sums between host ranks over MPI (OpenMPI from
 // Debian, launched with mpirun or srun). Every MPI return code is checked and becomes a
-// cupipe::error naming the call.
+// cupipe::error naming the call: the communicators it creates return errors (MPI_ERRORS_RETURN)
+// instead of MPI's default of aborting the job from inside the call.
+//
+// Every wait has a deadline and sleeps between polls (comm/wait.hpp): a receive or the sends of a
+// step wait at most the transfer timeout the pipeline passes; a collective (MPI_Iallreduce) waits
+// at most collective_timeout(), then throws naming the group. After a collective timed out the
+// communicator refuses further calls and is not freed (the collective is still pending).
 //
 // Threads: a rank runs its stage's worker on its own thread, and the caller's thread does the
 // collectives after the step; the two never call MPI at the same time, so MPI_THREAD_SERIALIZED is
@@ -15,10 +21,10 @@
 #include <vector>
 #include <functional>
 #include <string>
-#include <thread>
 
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/comm/pending_sends.hpp"
+#include "cupipe/comm/wait.hpp"
 #include "cupipe/core/error.hpp"
 
 namespace cupipe::comm {
@@ -46,7 +52,8 @@ inline std::string mpi_error_text(int code) {
 namespace cupipe::comm {
 
 /// Initialises MPI for the lifetime of the object (MPI_THREAD_SERIALIZED at least) unless the
-/// program already did, and finalises it if it initialised it.
+/// program already did, and finalises it if it initialised it. MPI_Finalize waits for every rank:
+/// after a communication failure end the job with MPI_Abort instead (as the trainers do).
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv) {
@@ -75,7 +82,8 @@ class MpiSession {
 class MpiCommunicator final : public Communicator {
  public:
   /// Splits `world` into pipelines of `stages` ranks (see Topology for the mapping).
-  MpiCommunicator(MPI_Comm world, int stages) {
+  MpiCommunicator(MPI_Comm world, int stages, double collective_timeout_seconds = default_collective_timeout_seconds) {
+    set_collective_timeout(collective_timeout_seconds);
     int level = 0;
     CUPIPE_CHECK_MPI(MPI_Query_thread(&level));
     if (level < MPI_THREAD_SERIALIZED)
@@ -85,8 +93,11 @@ class MpiCommunicator final : public Communicator {
     CUPIPE_CHECK_MPI(MPI_Comm_rank(world, &rank));
     topology_ = Topology::make(size, rank, stages);
     CUPIPE_CHECK_MPI(MPI_Comm_dup(world, &world_));
+    CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
     CUPIPE_CHECK_MPI(MPI_Comm_split(world_, topology_.replica(), topology_.stage(), &pipeline_));
     CUPIPE_CHECK_MPI(MPI_Comm_split(world_, topology_.stage(), topology_.replica(), &replicas_));
+    CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(pipeline_, MPI_ERRORS_RETURN));
+    CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(replicas_, MPI_ERRORS_RETURN));
     int* upper = nullptr;
     int found = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_get_attr(world_, MPI_TAG_UB, &upper, &found));
@@ -96,7 +107,7 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   ~MpiCommunicator() override {
     int finalised = 0;
-    if (MPI_Finalized(&finalised) != MPI_SUCCESS || finalised) return;
+    if (MPI_Finalized(&finalised) != MPI_SUCCESS || finalised || broken_) return;
     for (Send& p : pending_) {  // after a failure: give up on what was never received
       MPI_Cancel(&p.request);
       MPI_Request_free(&p.request);
@@ -111,6 +122,7 @@ class MpiCommunicator final : public Communicator {
 
   void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
             const std::function<std::string()>& describe) override {
+    check_usable();
     reap();
     Send out{MPI_REQUEST_NULL, std::vector<std::byte>(bytes), describe()};
     if (bytes) std::memcpy(out.data.data(), data, bytes);
@@ -124,6 +136,7 @@ class MpiCommunicator final : public Communicator {
 
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
                const std::function<std::string()>& describe) override {
+    check_usable();
     MPI_Request request;
     CUPIPE_CHECK_MPI(MPI_Irecv(data, count(bytes), MPI_BYTE, from_stage, tag(key), pipeline_, &request));
     MPI_Status status = wait(request, timeout_seconds, describe);
@@ -133,19 +146,19 @@ class MpiCommunicator final : public Communicator {
       CUPIPE_THROW(describe(), ": received ", received, " bytes but expected ", bytes);
   }
 
-  void sum_over_replicas(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT, replicas_); }
-  void sum_over_replicas(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, replicas_); }
-  void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT, pipeline_); }
-  void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, pipeline_); }
+  void sum_over_replicas(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT, Group::replicas); }
+  void sum_over_replicas(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, Group::replicas); }
+  void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT, Group::pipeline); }
+  void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, Group::pipeline); }
   double sum_over_stages(double value) override {
-    allreduce(&value, 1, MPI_DOUBLE, pipeline_);
+    allreduce(&value, 1, MPI_DOUBLE, Group::pipeline);
     return value;
   }
   double sum_over_world(double value) override {
-    allreduce(&value, 1, MPI_DOUBLE, world_);
+    allreduce(&value, 1, MPI_DOUBLE, Group::world);
     return value;
   }
-  void sum_over_world(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, world_); }
+  void sum_over_world(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, Group::world); }
 
  private:
   /// A send in flight: the request and the copy of the data it reads.
@@ -177,26 +190,59 @@ class MpiCommunicator final : public Communicator {
                    " exceeds this MPI's MPI_TAG_UB (", tag_limit_, ")");
     return int(t);
   }
-  /// Polls the request until it completes; past the timeout cancels it and throws.
+  /// Polls the request until it completes (sleeping between polls); past the timeout cancels it
+  /// and throws.
   static MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe) {
     MPI_Status status{};
-    const auto start = std::chrono::steady_clock::now();
-    for (int spins = 0;; ++spins) {
-      int done = 0;
-      CUPIPE_CHECK_MPI(MPI_Test(&request, &done, &status));
-      if (done) return status;
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timeout_seconds > 0 && waited > timeout_seconds) {
-        MPI_Cancel(&request);
-        MPI_Request_free(&request);
-        CUPIPE_THROW(describe(), ": not matched after ", timeout_seconds,
-                     " s (transfer timeout; is the peer rank alive?)");
-      }
-      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    const bool done = wait_until(
+        [&] {
+          int flag = 0;
+          CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, &status));
+          return flag != 0;
+        },
+        timeout_seconds);
+    if (!done) {
+      MPI_Cancel(&request);
+      MPI_Request_free(&request);
+      CUPIPE_THROW(describe(), ": not matched after ", timeout_seconds,
+                   " s (transfer timeout; is the peer rank alive?)");
+    }
+    return status;
+  }
+
+  enum class Group { world, pipeline, replicas };
+
+  /// In-place sum over `group`, waiting at most collective_timeout().
+  void allreduce(void* data, std::size_t n, MPI_Datatype type, Group group) {
+    check_usable();
+    MPI_Comm comm = group == Group::world ? world_ : group == Group::pipeline ? pipeline_ : replicas_;
+    MPI_Request request = MPI_REQUEST_NULL;
+    CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, &request));
+    const bool done = wait_until(
+        [&] {
+          int flag = 0;
+          CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+          return flag != 0;
+        },
+        collective_timeout());
+    if (!done) {
+      broken_ = true;  // a collective cannot be cancelled: nothing more may go through these communicators
+      CUPIPE_THROW("rank ", topology_.rank, ": a sum over ", describe(group), " did not finish within ",
+                   collective_timeout(), " s (collective timeout): another rank stalled or died before reaching it");
     }
   }
-  static void allreduce(void* data, std::size_t n, MPI_Datatype type, MPI_Comm comm) {
-    CUPIPE_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm));
+
+  std::string describe(Group group) const {
+    const Topology& t = topology_;
+    if (group == Group::world) return "all " + std::to_string(t.world) + " ranks";
+    if (group == Group::pipeline)
+      return "the " + std::to_string(t.stages) + " stages of pipeline (replica) " + std::to_string(t.replica());
+    return "the " + std::to_string(t.replicas) + " replicas of stage " + std::to_string(t.stage());
+  }
+
+  void check_usable() const {
+    if (broken_)
+      CUPIPE_THROW("MpiCommunicator: unusable after a collective timed out (a rank stalled or died); end the job");
   }
 
   Topology topology_;
@@ -205,6 +251,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm replicas_ = MPI_COMM_NULL;
   long long tag_limit_ = 32767;
   PendingSends<Send> pending_;
+  bool broken_ = false;
 };
 
 }  // namespace cupipe::comm

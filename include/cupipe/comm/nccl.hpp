@@ -14,8 +14,9 @@
 // - send() copies the data into a pooled device buffer the communicator owns (on a copy stream,
 //   waiting only for that copy), then enqueues header and payload as one NCCL group on the
 //   channel's stream, and returns. complete_sends() polls the sends' events at step end.
-// - receive() and complete_sends() poll (cudaEventQuery + ncclCommGetAsyncError) with the timeout;
-//   on expiry they abort the communicators (ncclCommAbort), since a stuck NCCL kernel cannot be
+// - receive(), complete_sends() and the sums poll (cudaEventQuery + ncclCommGetAsyncError, sleeping
+//   between polls: comm/wait.hpp) with the transfer or the collective timeout; on expiry they abort
+//   the communicators (ncclCommAbort), since a stuck NCCL kernel cannot be
 //   cancelled otherwise, and throw naming the message and the peer stage.
 // - Gradient sums run ncclAllReduce on the data-parallel communicator; host values (scalars, the
 //   pipeline's host gathers) go through a small device buffer.
@@ -28,7 +29,6 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -41,7 +41,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -56,6 +55,7 @@
 #include "cupipe/backend/cuda/stream.cuh"
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/comm/pending_sends.hpp"
+#include "cupipe/comm/wait.hpp"
 #include "cupipe/comm/message.hpp"
 #include "cupipe/comm/topology.hpp"
 #include "cupipe/core/error.hpp"
@@ -295,18 +295,17 @@ class NcclCommunicator final : public Communicator {
       io::write_file_atomically(path, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&id), sizeof id));
       return id;
     }
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      std::ifstream in(path, std::ios::binary);
-      ncclUniqueId out{};
-      if (in && in.read(reinterpret_cast<char*>(&out), sizeof out) && in.gcount() == std::streamsize(sizeof out))
-        return out;
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_seconds)
-        CUPIPE_THROW("NcclCommunicator: the NCCL unique id file '", path.string(), "' did not appear within ",
-                     timeout_seconds, " s; is rank 0 running, and is the path on a filesystem every rank sees?");
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    ncclUniqueId out{};
+    const bool found = wait_until(
+        [&] {
+          std::ifstream in(path, std::ios::binary);
+          return in && in.read(reinterpret_cast<char*>(&out), sizeof out) && in.gcount() == std::streamsize(sizeof out);
+        },
+        timeout_seconds);
+    if (!found)
+      CUPIPE_THROW("NcclCommunicator: the NCCL unique id file '", path.string(), "' did not appear within ",
+                   timeout_seconds, " s; is rank 0 running, and is the path on a filesystem every rank sees?");
+    return out;
   }
 
   /// A communicator of the world's ranks with the same `color` (ordered by `key`); a negative
@@ -380,25 +379,25 @@ class NcclCommunicator final : public Communicator {
   /// Polls `event` and every communicator's asynchronous error; past the timeout (0: none) aborts
   /// the communicators and throws.
   void wait(const gpu::Event& event, double timeout_seconds, const std::function<std::string()>& describe,
-            const char* what) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int spins = 0;; ++spins) {
-      if (event.ready()) return;
-      for (ncclComm_t comm : communicators()) {
-        ncclResult_t async = ncclSuccess;
-        CUPIPE_COMM_CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
-        if (async != ncclSuccess && async != ncclInProgress) {
-          abort_all();
-          CUPIPE_THROW(describe(), ": NCCL reported an asynchronous error: ", ncclGetErrorString(async));
-        }
-      }
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timeout_seconds > 0 && waited > timeout_seconds) {
-        abort_all();
-        CUPIPE_THROW(describe(), ": ", what, " after ", timeout_seconds,
-                     " s (transfer timeout; is the peer rank alive?); the NCCL communicators were aborted");
-      }
-      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+            const char* what, const char* timeout_name = "transfer timeout; is the peer rank alive?") {
+    const bool done = wait_until(
+        [&] {
+          if (event.ready()) return true;
+          for (ncclComm_t comm : communicators()) {
+            ncclResult_t async = ncclSuccess;
+            CUPIPE_COMM_CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
+            if (async != ncclSuccess && async != ncclInProgress) {
+              abort_all();
+              CUPIPE_THROW(describe(), ": NCCL reported an asynchronous error: ", ncclGetErrorString(async));
+            }
+          }
+          return false;
+        },
+        timeout_seconds);
+    if (!done) {
+      abort_all();
+      CUPIPE_THROW(describe(), ": ", what, " after ", timeout_seconds, " s (", timeout_name,
+                   "); the NCCL communicators were aborted");
     }
   }
 
@@ -425,7 +424,8 @@ class NcclCommunicator final : public Communicator {
     CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(target, target, n, type, ncclSum, comm, collective_stream_));
     if (!on_device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(data, target, bytes, cudaMemcpyDeviceToHost, collective_stream_));
     summed_.record(collective_stream_);
-    wait(summed_, 0, [] { return std::string("NcclCommunicator: all-reduce"); }, "not finished");
+    wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": an NCCL all-reduce"; },
+         "not finished", "collective timeout: another rank stalled or died before reaching it");
   }
 
   std::vector<ncclComm_t> communicators() const {

@@ -101,9 +101,12 @@ std::vector<T> read_flat(const SafetensorsFile& file, const std::vector<ParamInf
     if (std::find(expected_names.begin(), expected_names.end(), name) == expected_names.end() &&
         (suffix.empty() || name.ends_with(suffix)))
       problems.push_back("unexpected tensor '" + name + "'");
-  if (!problems.empty()) {
-    std::string message = file.path().string() + ": does not fit the model:";
-    for (const std::string& p : problems) message += "\n  " + p;
+  if (!problems.empty()) {  // one line: the first few differences and how many more
+    constexpr std::size_t shown = 4;
+    std::string message = file.path().string() + ": does not fit the model (" + std::to_string(problems.size()) +
+                          (problems.size() == 1 ? " difference): " : " differences): ");
+    for (std::size_t i = 0; i < std::min(shown, problems.size()); ++i) message += (i ? "; " : "") + problems[i];
+    if (problems.size() > shown) message += "; and " + std::to_string(problems.size() - shown) + " more";
     CUPIPE_THROW(message);
   }
   return flat;

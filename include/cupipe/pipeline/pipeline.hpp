@@ -342,7 +342,7 @@ class Pipeline {
   /// The last stage's output for x (empty where another process runs the last stage).
   typename Backend::template buffer<T> predict_resident(ConstViewOn<Backend, input_type> x) {
     transport_->begin_step(1);
-    return executor_->predict(x, predict_message);
+    return executor_->predict(x, pipeline::predict_message_id);
   }
 
   /// One step over a checked batch already in the backend's memory.
@@ -443,8 +443,6 @@ class Pipeline {
   std::int64_t batches_done_ = 0;
   index_t global_samples_ = 0;
   int local_worker_ = -1;  ///< the stage this process runs; -1: all of them
-  /// Message id of predict()'s single microbatch, clear of any training microbatch id.
-  static constexpr int predict_message = 1 << 19;
 };
 
 }  // namespace cupipe
