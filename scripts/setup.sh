@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   catch2 libopenblas-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   openmpi-bin libopenmpi-dev
+  clang libclang-rt-dev
   dataset-fashion-mnist
 )
 

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs the whole test suite on a fresh Debian machine: installs the Debian packages, then builds and
 # tests (1) the host subset with CUDA off, (2) everything with CUDA on when nvcc exists (GPU tests
-# report "Skipped" without a GPU), (3) the threaded runtime under ThreadSanitizer.
+# report "Skipped" without a GPU), (3) the threaded runtime under ThreadSanitizer, (4) every MPI
+# path under AddressSanitizer and UndefinedBehaviorSanitizer, and the parsers' fuzz targets for 30 s
+# each (clang, libFuzzer).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 bash "$root/scripts/setup.sh"
 mkdir -p "$root/build"
@@ -24,3 +26,9 @@ fi
 echo "== ThreadSanitizer (runtime tests)"
 build "$root/build/tsan" -DCUPIPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUPIPE_BUILD_TESTS=ON
 (cd "$root/build/tsan" && ctest --output-on-failure -j "$jobs")
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer (clang): MPI ranks, fuzz smoke"
+asan_targets=(mpi_pipeline_check mpi_fault_check mlp_fashion_mnist fuzz_seed_corpus fuzz_safetensors fuzz_idx fuzz_checkpoint)
+CC=clang CXX=clang++ build "$root/build/asan" -DCUPIPE_ASAN=ON -DCUPIPE_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -- "${asan_targets[@]}"
+(cd "$root/build/asan" && ctest --output-on-failure -L "mpi|fuzz" -LE multi_gpu)

@@ -18,7 +18,8 @@ using schedule::with_policy;
 /// Calls f.template operator()<P>() for the stage count `stages`, one of Counts.
 template <int... Counts, class F>
 decltype(auto) with_stage_count(int stages, F&& f) {
-  using Result = decltype(std::forward<F>(f).template operator()<(Counts, ...)>());
+  static constexpr int counts[] = {Counts...};
+  using Result = decltype(std::forward<F>(f).template operator()<counts[0]>());
   if constexpr (std::is_void_v<Result>) {
     bool found = false;
     ((stages == Counts ? (std::forward<F>(f).template operator()<Counts>(), found = true) : false), ...);
