@@ -142,6 +142,7 @@ TEST_CASE("relu: forward is max(x, 0) and backward matches finite differences aw
   CHECK(out[1] == INFINITY);
   CHECK(out[2] == 0.0);
   CHECK(out[3] == 0.0);
+  CHECK_FALSE(std::signbit(out[3]));  // -0 maps to +0, as before the loop was vectorised
 }
 
 TEST_CASE("gelu: tanh-form forward and backward matches finite differences", "[cpu][host]") {

@@ -263,8 +263,13 @@ TEST_CASE("adamw_update follows torch.optim.AdamW over several steps", "[cpu][ho
 TEST_CASE("sum_of_squares accumulates in double", "[cpu][host][optim]") {
   Rng rng(3);
   const Vec x = float_exact(1000, rng, -10, 10);
-  double expected = 0;
-  for (double v : x) expected += v * v;
+  // The documented order: element i into partial sum i % 4, then (s0 + s1) + (s2 + s3).
+  double partial[4] = {0, 0, 0, 0};
+  for (std::size_t i = 0; i < x.size(); ++i) partial[i % 4] += x[i] * x[i];
+  const double expected = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+  double sequential = 0;
+  for (double v : x) sequential += v * v;
+  CHECK(std::abs(expected - sequential) <= 1e-12 * sequential);
   backend::Host<double> hd;
   backend::Host<float> hf;
   const auto xf = cast_all<float>(x);
