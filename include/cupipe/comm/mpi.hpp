@@ -16,7 +16,6 @@
 
 #include <mpi.h>
 
-#include <chrono>
 #include <cstring>
 #include <vector>
 #include <functional>
@@ -190,18 +189,23 @@ class MpiCommunicator final : public Communicator {
                    " exceeds this MPI's MPI_TAG_UB (", tag_limit_, ")");
     return int(t);
   }
+  /// Tests `request` until it completes (true) or `timeout_seconds` pass (false; 0: no deadline),
+  /// sleeping between tests.
+  static bool completes_within(MPI_Request& request, MPI_Status* status, double timeout_seconds) {
+    return wait_until(
+        [&] {
+          int flag = 0;
+          CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, status));
+          return flag != 0;
+        },
+        timeout_seconds);
+  }
+
   /// Polls the request until it completes (sleeping between polls); past the timeout cancels it
   /// and throws.
   static MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe) {
     MPI_Status status{};
-    const bool done = wait_until(
-        [&] {
-          int flag = 0;
-          CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, &status));
-          return flag != 0;
-        },
-        timeout_seconds);
-    if (!done) {
+    if (!completes_within(request, &status, timeout_seconds)) {
       MPI_Cancel(&request);
       MPI_Request_free(&request);
       CUPIPE_THROW(describe(), ": not matched after ", timeout_seconds,
@@ -218,14 +222,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = group == Group::world ? world_ : group == Group::pipeline ? pipeline_ : replicas_;
     MPI_Request request = MPI_REQUEST_NULL;
     CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, &request));
-    const bool done = wait_until(
-        [&] {
-          int flag = 0;
-          CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
-          return flag != 0;
-        },
-        collective_timeout());
-    if (!done) {
+    if (!completes_within(request, MPI_STATUS_IGNORE, collective_timeout())) {
       broken_ = true;  // a collective cannot be cancelled: nothing more may go through these communicators
       CUPIPE_THROW("rank ", topology_.rank, ": a sum over ", describe(group), " did not finish within ",
                    collective_timeout(), " s (collective timeout): another rank stalled or died before reaching it");
