@@ -325,3 +325,83 @@ TEST_CASE("residual_add and axpy: forward and gradients", "[cpu][host]") {
     CHECK(relative_error(r, numeric_gradient(b, loss)) <= grad_tolerance);
   }
 }
+
+namespace {
+
+/// Causal attention the textbook way, in double: for each sequence and head, the full (T, T) score
+/// matrix, masked above the diagonal, softmaxed row by row, times V.
+Vec naive_attention(const Vec& qkv, index_t rows, index_t C, index_t heads, index_t T) {
+  const index_t D = C / heads;
+  Vec out(std::size_t(rows * C), 0.0);
+  auto at = [&](index_t row, index_t part, index_t h, index_t d) { return qkv[std::size_t(row * 3 * C + part * C + h * D + d)]; };
+  for (index_t s0 = 0; s0 < rows; s0 += T)
+    for (index_t h = 0; h < heads; ++h) {
+      std::vector<Vec> p(std::size_t(T), Vec(std::size_t(T), 0.0));
+      for (index_t t = 0; t < T; ++t) {
+        double sum = 0;
+        for (index_t u = 0; u < T; ++u) {
+          if (u > t) continue;  // the mask
+          double dot = 0;
+          for (index_t d = 0; d < D; ++d) dot += at(s0 + t, 0, h, d) * at(s0 + u, 1, h, d);
+          p[std::size_t(t)][std::size_t(u)] = std::exp(dot / std::sqrt(double(D)));
+          sum += p[std::size_t(t)][std::size_t(u)];
+        }
+        for (index_t u = 0; u <= t; ++u) p[std::size_t(t)][std::size_t(u)] /= sum;
+        for (index_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (index_t u = 0; u <= t; ++u) o += p[std::size_t(t)][std::size_t(u)] * at(s0 + u, 2, h, d);
+          out[std::size_t((s0 + t) * C + h * D + d)] = o;
+        }
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("causal attention: forward matches the masked-softmax formula, backward matches finite differences",
+          "[cpu][host][attention]") {
+  const auto seed = std::uint64_t(GENERATE(take(2, random(1, 1000000))));
+  Rng rng(seed);
+  backend::Host<double> be;
+  // (heads, head_dim, T, sequences): T = 1, odd T, one head and several.
+  for (const auto& [heads, D, T, S] : {std::array<index_t, 4>{1, 4, 1, 3}, {2, 3, 7, 2}, {4, 2, 5, 1}, {3, 2, 8, 2}}) {
+    const index_t C = heads * D, rows = T * S;
+    Vec qkv = uniform_values(std::size_t(rows * 3 * C), rng, -1.5, 1.5), out(std::size_t(rows * C)),
+        lse(std::size_t(rows * heads));
+    auto forward = [&] {
+      ops::causal_attention_forward(be, cview(qkv, Shape{rows, 3 * C}), view(out, Shape{rows, C}),
+                                    view(lse, Shape{rows, heads}), heads, T);
+    };
+    forward();
+    CAPTURE(seed, heads, D, T, S);
+    CHECK(relative_error(out, naive_attention(qkv, rows, C, heads, T)) <= 1e-14);
+    // Query 0 of each sequence attends only to itself: its output is its own v, and its lse its score.
+    for (index_t s0 = 0; s0 < rows; s0 += T)
+      for (index_t d = 0; d < C; ++d) CHECK(out[std::size_t(s0 * C + d)] == qkv[std::size_t(s0 * 3 * C + 2 * C + d)]);
+
+    const Vec r = uniform_values(out.size(), rng);
+    Vec dqkv(qkv.size(), 7.0);  // overwritten, not accumulated
+    ops::causal_attention_backward(be, cview(qkv, Shape{rows, 3 * C}), cview(out, Shape{rows, C}),
+                                   cview(lse, Shape{rows, heads}), cview(r, Shape{rows, C}), view(dqkv, Shape{rows, 3 * C}),
+                                   heads, T);
+    const Vec numeric = numeric_gradient(qkv, [&] {
+      forward();
+      return dot(r, out);
+    });
+    CHECK(relative_error(dqkv, numeric) <= grad_tolerance);
+  }
+}
+
+TEST_CASE("causal attention: shapes that are not whole sequences or heads are refused", "[cpu][host][attention][errors]") {
+  backend::Host<double> be;
+  Vec qkv(6 * 12), out(6 * 4), lse(6 * 2);
+  auto run = [&](index_t rows, index_t cols, index_t heads, index_t T) {
+    ops::causal_attention_forward(be, cview(qkv, Shape{rows, cols}), view(out, Shape{rows, cols / 3}),
+                                  view(lse, Shape{rows, heads}), heads, T);
+  };
+  CHECK_NOTHROW(run(6, 12, 2, 3));
+  CHECK_THROWS_WITH(run(6, 12, 2, 4), Catch::Contains("qkv has 6 rows, not whole sequences of 4 tokens"));
+  CHECK_THROWS_WITH(run(6, 12, 3, 3), Catch::Contains("not 3 * C with C a multiple of 3 heads"));
+  CHECK_THROWS_WITH(run(6, 12, 0, 3), Catch::Contains("must be positive"));
+}

@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cupipe/backend/host/ops.hpp"
 #include "cupipe/layers/layers.hpp"
+#include "cupipe/models/gpt.hpp"
 #include "gradcheck.hpp"
 
 using namespace cupipe;
@@ -94,6 +96,11 @@ void check_sequence_gradients(std::uint64_t seed, index_t rows, bool away_from_z
 
 using Mlp = Sequential<Linear<5, 7>, GELU, LayerNorm<7>, ReLU, Linear<7, 3>>;
 using TokenModel = Sequential<Embedding<11, 6>, LayerNorm<6>, GELU, Linear<6, 4>, SoftmaxCrossEntropy<4>>;
+// A small GPT: V 11, T 4, 2 blocks, 2 heads, C 8. Its rows are whole sequences of 4 tokens.
+constexpr gpt::Config small_gpt{11, 4, 2, 2, 8};
+using SmallGpt = gpt::Model<small_gpt>;
+using AttentionBlock = Residual<LayerNorm<8>, CausalSelfAttention<8, 2, 5>>;
+using MlpBlock = Residual<LayerNorm<6>, Linear<6, 24>, GELU, Linear<24, 6>>;
 
 }  // namespace
 
@@ -105,6 +112,21 @@ TEST_CASE("every layer alone: parameter and input gradients match finite differe
   check_sequence_gradients<LayerSeq<0, 6, GELU>>(seed, rows);
   check_sequence_gradients<LayerSeq<0, 7, LayerNorm<7>>>(seed, rows);
   check_sequence_gradients<LayerSeq<0, 1, Embedding<11, 6>>>(seed, rows + 6);  // ids repeat
+  check_sequence_gradients<LayerSeq<0, 1, TokenPositionEmbedding<11, 4, 6>>>(seed, 12);  // 3 sequences
+  check_sequence_gradients<LayerSeq<0, 1, TokenPositionEmbedding<11, 1, 6>>>(seed, rows);
+  check_sequence_gradients<LayerSeq<0, 6, LinearNoBias<6, 5>>>(seed, rows);
+}
+
+TEST_CASE("causal self-attention and residual blocks: gradients match finite differences", "[cpu][layers][gradcheck][gpt]") {
+  const auto seed = std::uint64_t(GENERATE(take(3, random(1, 1000000))));
+  check_sequence_gradients<LayerSeq<0, 8, CausalSelfAttention<8, 2, 5>>>(seed, 10);  // 2 sequences of 5
+  check_sequence_gradients<LayerSeq<0, 6, CausalSelfAttention<6, 3, 1>>>(seed, 3);   // T = 1: attends to itself
+  check_sequence_gradients<LayerSeq<0, 8, CausalSelfAttention<8, 1, 7>>>(seed, 7);   // one head, odd T
+  check_sequence_gradients<LayerSeq<0, 8, AttentionBlock>>(seed, 10);
+  check_sequence_gradients<LayerSeq<0, 6, MlpBlock>>(seed, 3);
+  // A whole GPT body (embedding, 2 blocks, ln_f, lm_head), and a stage cut inside a block.
+  check_sequence_gradients<SmallGpt::body>(seed, 8);
+  check_sequence_gradients<LayerSeq<2, 8, gpt::MlpHalf<small_gpt>, gpt::AttentionHalf<small_gpt>>>(seed, 8);
 }
 
 TEST_CASE("SoftmaxCrossEntropy layer: gradient matches finite differences, normalizer != rows",
@@ -171,6 +193,7 @@ TEST_CASE("Network forward_backward: loss gradient w.r.t. every parameter matche
   check_network_gradients<Mlp>(seed, 4, 0);            // normalizer = rows
   check_network_gradients<Mlp>(seed, 3, 8);            // a microbatch of a batch of 8
   check_network_gradients<TokenModel>(seed, 10, 0);    // Embedding first, explicit loss layer
+  check_network_gradients<SmallGpt>(seed, 8, 0);       // mean cross-entropy over 2 sequences of 4
 }
 
 namespace {
@@ -221,6 +244,10 @@ TEST_CASE("zero-bubble split: backward without weight grads, then backward_weigh
   check_split_backward_is_bitwise_fused<TokenModel::body>(seed, 7);
   check_split_backward_is_bitwise_fused<LayerSeq<2, 7, LayerNorm<7>, ReLU, Linear<7, 3>>>(seed, 4);
   check_split_backward_is_bitwise_fused<LayerSeq<0, 5, Linear<5, 7>>>(seed, 3);  // one layer: no grad record
+  check_split_backward_is_bitwise_fused<SmallGpt::body>(seed, 8);
+  // Attention and a block first in a stage: B must still run them with no dx, for W's sake.
+  check_split_backward_is_bitwise_fused<LayerSeq<1, 8, CausalSelfAttention<8, 2, 4>, LayerNorm<8>>>(seed, 8);
+  check_split_backward_is_bitwise_fused<LayerSeq<1, 8, AttentionBlock>>(seed, 10);
 }
 
 namespace {
@@ -258,5 +285,81 @@ TEST_CASE("float and double Networks agree on loss and gradients", "[cpu][layers
   const auto seed = std::uint64_t(GENERATE(take(3, random(1, 1000000))));
   check_float_double_networks_agree<Mlp>(seed, 16);
   check_float_double_networks_agree<TokenModel>(seed, 16);
+  check_float_double_networks_agree<SmallGpt>(seed, 16);
   check_float_double_networks_agree<Sequential<Linear<64, 32>, ReLU, Linear<32, 10>>>(seed, 32);
+}
+
+TEST_CASE("a stage that starts with attention or a block: B without dx, then W, gives the weight gradients",
+          "[cpu][layers][zero_bubble][gpt]") {
+  // A first stage needs no input gradient, but attention's and a block's W read what their B keeps.
+  auto check = [](auto seq, std::uint64_t seed, index_t rows) {
+    using Seq = decltype(seq);
+    Rng rng(seed);
+    backend::Host<double> be;
+    Vec params = random_params<Seq>(seed, rng);
+    const Vec x = uniform_values(std::size_t(rows * Seq::in_features), rng);
+    const ConstView<double> xv{x.data(), Shape{rows, Seq::in_features}};
+    const Vec dy = uniform_values(std::size_t(rows * Seq::out_features), rng);
+    const ConstView<double> dyv{dy.data(), Shape{rows, Seq::out_features}};
+    Vec record(std::size_t(Seq::record_elements(rows))), dx(x.size());
+    Seq::forward(be, params.data(), xv, record.data());
+    const std::size_t grad_record_size = std::size_t(std::max<index_t>(Seq::grad_record_elements(rows), 1));
+    Vec with_dx(params.size()), record_a(grad_record_size);
+    Seq::backward(be, params.data(), xv, record.data(), dyv, TensorView<double>{dx.data(), Shape{rows, Seq::in_features}},
+                  with_dx.data(), record_a.data(), true);
+    Vec split(params.size()), record_b(grad_record_size);
+    Seq::backward(be, params.data(), xv, record.data(), dyv, TensorView<double>{}, split.data(), record_b.data(), false);
+    Seq::backward_weight(be, xv, record.data(), dyv, record_b.data(), split.data());
+    CAPTURE(Seq::describe(), seed);
+    CHECK(std::memcmp(split.data(), with_dx.data(), split.size() * sizeof(double)) == 0);
+  };
+  const auto seed = std::uint64_t(GENERATE(take(2, random(1, 1000000))));
+  check(LayerSeq<0, 8, CausalSelfAttention<8, 2, 4>, LayerNorm<8>>{}, seed, 8);
+  check(LayerSeq<0, 8, AttentionBlock, LayerNorm<8>>{}, seed, 10);
+  check(LayerSeq<0, 8, AttentionBlock>{}, seed, 5);
+}
+
+TEST_CASE("GPT model: nanoGPT's names and shapes, the parameter count, whole sequences", "[cpu][layers][gpt]") {
+  using Body = SmallGpt::body;
+  STATIC_REQUIRE(Body::rows_per_sample == 4);
+  STATIC_REQUIRE(Body::param_count == small_gpt.parameters());
+  const std::vector<ParamInfo> table = Body::parameter_table();
+  std::vector<std::string> names;
+  for (const ParamInfo& p : table) names.push_back(gpt::nanogpt_name(small_gpt, p.name));
+  const std::vector<std::string> expected = {
+      "transformer.wte.weight", "transformer.wpe.weight",
+      "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias", "transformer.h.0.attn.c_attn.weight",
+      "transformer.h.0.attn.c_attn.bias", "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias",
+      "transformer.h.0.ln_2.weight", "transformer.h.0.ln_2.bias", "transformer.h.0.mlp.c_fc.weight",
+      "transformer.h.0.mlp.c_fc.bias", "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias",
+      "transformer.h.1.ln_1.weight", "transformer.h.1.ln_1.bias", "transformer.h.1.attn.c_attn.weight",
+      "transformer.h.1.attn.c_attn.bias", "transformer.h.1.attn.c_proj.weight", "transformer.h.1.attn.c_proj.bias",
+      "transformer.h.1.ln_2.weight", "transformer.h.1.ln_2.bias", "transformer.h.1.mlp.c_fc.weight",
+      "transformer.h.1.mlp.c_fc.bias", "transformer.h.1.mlp.c_proj.weight", "transformer.h.1.mlp.c_proj.bias",
+      "transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight"};
+  CHECK(names == expected);
+  CHECK(table[0].shape == Shape{11, 8});
+  CHECK(table[4].shape == Shape{24, 8});   // c_attn.weight (3C, C), as nanoGPT's Linear
+  CHECK(table[10].shape == Shape{32, 8});  // mlp.c_fc.weight (4C, C)
+  CHECK(table.back().shape == Shape{11, 8});
+  CHECK_THROWS_WITH(gpt::nanogpt_name(small_gpt, "9.x"), Catch::Contains("not a parameter of a GPT with 2 blocks"));
+
+  // GPT-2's initialisation: N(0, 0.02) matrices, c_proj scaled by 1 / sqrt(2 L), zero biases, unit LayerNorm.
+  std::vector<double> p(std::size_t(Body::param_count));
+  Body::init(std::span<double>(p), 7);
+  auto stddev = [&](const ParamInfo& info) {
+    double s = 0;
+    for (index_t i = 0; i < info.numel; ++i) s += p[std::size_t(info.offset + i)] * p[std::size_t(info.offset + i)];
+    return std::sqrt(s / double(info.numel));
+  };
+  CHECK(stddev(table[0]) == Approx(0.02).epsilon(0.15));
+  CHECK(stddev(table[10]) == Approx(0.02).epsilon(0.15));
+  CHECK(stddev(table[12]) == Approx(0.01).epsilon(0.15));  // mlp.c_proj: 0.02 / sqrt(2 * 2)
+  CHECK(stddev(table[5]) == 0.0);                            // c_attn.bias
+  CHECK(p[std::size_t(table[2].offset)] == 1.0);             // ln_1.weight
+
+  Network<SmallGpt, backend::Host<double>> net(1);
+  const Ids ids(6, 1), labels(6, 2);
+  CHECK_THROWS_WITH(net.forward_backward(ConstView<std::int32_t>{ids.data(), Shape{6, 1}}, ConstView<std::int32_t>{labels.data(), Shape{6}}),
+                    Catch::Contains("6 token ids are not whole sequences of 4 tokens"));
 }

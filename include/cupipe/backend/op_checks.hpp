@@ -196,6 +196,43 @@ void embedding_backward(TensorView<const std::int32_t, S> ids, TensorView<const 
   CUPIPE_THROW(op, ": token id ", id, " at row ", row, " is outside the vocabulary [0, ", vocab, ")");
 }
 
+// ---- causal self-attention ----------------------------------------------------------------------
+// qkv (n, 3C): each row is [q | k | v] of one token, each C = heads * head_dim wide, head h in columns
+// [h * head_dim, (h + 1) * head_dim) of its part (nanoGPT's split and view); the n rows are n / seq_len
+// whole sequences of seq_len tokens. out (n, C); lse (n, heads): each query's log-sum-exp of its
+// scaled scores, which backward reuses instead of a (T, T) matrix.
+
+template <class T, class S>
+void attention_shapes(std::string_view op, TensorView<const T, S> qkv, index_t heads, index_t seq_len) {
+  check_view(qkv, qkv.shape(), op, "qkv");
+  CUPIPE_REQUIRE(heads > 0 && seq_len > 0, op, ": heads (", heads, ") and sequence length (", seq_len,
+                 ") must be positive");
+  if (qkv.cols() % (3 * heads) != 0)
+    CUPIPE_THROW(op, ": qkv is ", qkv.shape(), ": its ", qkv.cols(), " columns are not 3 * C with C a multiple of ",
+                 heads, " heads");
+  if (qkv.rows() % seq_len != 0)
+    CUPIPE_THROW(op, ": qkv has ", qkv.rows(), " rows, not whole sequences of ", seq_len,
+                 " tokens (a microbatch holds whole sequences)");
+}
+
+template <class T, class S>
+void causal_attention_forward(TensorView<const T, S> qkv, const TensorView<T, S>& out, const TensorView<T, S>& lse,
+                              index_t heads, index_t seq_len) {
+  attention_shapes("causal_attention_forward", qkv, heads, seq_len);
+  check_view(out, Shape{qkv.rows(), qkv.cols() / 3}, "causal_attention_forward", "out");
+  check_view(lse, Shape{qkv.rows(), heads}, "causal_attention_forward", "lse");
+}
+
+template <class T, class S>
+void causal_attention_backward(TensorView<const T, S> qkv, TensorView<const T, S> out, TensorView<const T, S> lse,
+                               TensorView<const T, S> dout, const TensorView<T, S>& dqkv, index_t heads, index_t seq_len) {
+  attention_shapes("causal_attention_backward", qkv, heads, seq_len);
+  check_view(out, Shape{qkv.rows(), qkv.cols() / 3}, "causal_attention_backward", "out");
+  check_view(lse, Shape{qkv.rows(), heads}, "causal_attention_backward", "lse");
+  check_view(dout, out.shape(), "causal_attention_backward", "dout");
+  check_view(dqkv, qkv.shape(), "causal_attention_backward", "dqkv");
+}
+
 // ---- optimizer updates and reductions -----------------------------------------------------------
 
 template <class T, class S>

@@ -6,3 +6,4 @@
 #include "cupipe/io/fashion_mnist.hpp"
 #include "cupipe/io/idx.hpp"
 #include "cupipe/io/safetensors.hpp"
+#include "cupipe/io/tokens.hpp"

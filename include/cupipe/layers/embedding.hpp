@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cupipe/core/error.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/layer.hpp"
 
@@ -45,6 +46,57 @@ struct Embedding {
  private:
   template <class B, class T>
   static ConstViewOn<B, T> table(const T* p) { return {p, Shape{Vocab, Dim}}; }
+};
+
+/// TokenPositionEmbedding<Vocab, SeqLen, Dim>: GPT-2's input, y = wte[id] + wpe[position], where the
+/// rows are whole sequences of SeqLen tokens and a row's position is its index in its sequence.
+/// Parameters as nanoGPT names them: wte.weight (Vocab, Dim), wpe.weight (SeqLen, Dim).
+template <index_t Vocab, index_t SeqLen, index_t Dim>
+struct TokenPositionEmbedding {
+  static_assert(Vocab > 0 && SeqLen > 0 && Dim > 0, "TokenPositionEmbedding<Vocab, SeqLen, Dim> needs positive sizes");
+  static constexpr index_t in_features = 1;
+  static constexpr index_t out_features_for(index_t) { return Dim; }
+  static constexpr bool takes_token_ids = true;
+  static constexpr bool is_loss = false;
+  static constexpr index_t rows_per_sample = SeqLen;
+  static constexpr std::array<ParamSpec, 2> params(index_t) {
+    return {{{"wte.weight", Vocab, Dim}, {"wpe.weight", SeqLen, Dim}}};
+  }
+  static constexpr index_t saved_per_row(index_t) { return 0; }
+  static constexpr double forward_flops_per_sample(index_t) { return double(Dim); }
+  static std::string describe() {
+    return "TokenPositionEmbedding<" + std::to_string(Vocab) + ", " + std::to_string(SeqLen) + ", " + std::to_string(Dim) + ">";
+  }
+
+  /// GPT-2's initialisation: both tables from N(0, 0.02).
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng& rng) {
+    for (T& w : p) w = T(0.02 * rng.normal());
+  }
+
+  template <class B, class T>
+  static void forward(B& be, const T* p, ConstViewOn<B, std::int32_t> ids, ViewOn<B, T> y, ViewOn<B, T>) {
+    check_sequences(ids.numel());
+    embedding_forward(be, ids, ConstViewOn<B, T>{p, Shape{Vocab, Dim}}, y);
+    for (index_t s = 0; s < ids.numel(); s += SeqLen)
+      axpy(be, T(1), ConstViewOn<B, T>{p + Vocab * Dim, Shape{SeqLen, Dim}}, ViewOn<B, T>{y.data() + s * Dim, Shape{SeqLen, Dim}});
+  }
+  template <class B, class T>
+  static void backward_input(B&, const T*, ConstViewOn<B, std::int32_t>, ConstViewOn<B, T>, ConstViewOn<B, T>, ViewOn<B, T>) {}
+  /// dwte[id] += dy;  dwpe[position] += dy, over every sequence.
+  template <class B, class T>
+  static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
+    check_sequences(ids.numel());
+    embedding_backward(be, ids, dy, ViewOn<B, T>{g, Shape{Vocab, Dim}});
+    for (index_t s = 0; s < ids.numel(); s += SeqLen)
+      axpy(be, T(1), ConstViewOn<B, T>{dy.data() + s * Dim, Shape{SeqLen, Dim}}, ViewOn<B, T>{g + Vocab * Dim, Shape{SeqLen, Dim}});
+  }
+
+ private:
+  static void check_sequences(index_t rows) {
+    if (rows % SeqLen != 0)
+      CUPIPE_THROW(describe(), ": ", rows, " token ids are not whole sequences of ", SeqLen, " tokens");
+  }
 };
 
 }  // namespace cupipe

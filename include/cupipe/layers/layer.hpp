@@ -13,6 +13,12 @@
 //   describe()                  "Linear<784, 512>"
 //   init(params, in, rng)       PyTorch's default initialisation, on host memory
 //   forward / backward_input / backward_weight, templated on the backend (see Linear for the form).
+// and optionally:
+//   rows_per_sample             rows that form one sample and must stay together (a sequence of
+//                               SeqLen tokens for attention); microbatches split between samples
+//   weight_grads_need_backward_input  backward_input keeps, in `saved`, state backward_weight reads
+//                               (attention's dqkv, a Residual's inner gradients), so it runs even
+//                               where no input gradient is wanted (then with an empty dx)
 // The concept Layer checks all of these (the three passes and init for every layer but a loss), and
 // layer_is_complete<L> says in one sentence which one a layer lacks.
 // Layers call ops unqualified (`gemm(be, ...)`): argument-dependent lookup on the backend picks the
@@ -127,6 +133,20 @@ struct layer_is_complete {
                 "that Sequential can call (Stateless provides an empty one)");
   static constexpr bool value = Layer<L>;
 };
+
+/// Rows of one sample of layer L (1 unless it declares rows_per_sample).
+template <class L>
+constexpr index_t rows_per_sample_of() {
+  if constexpr (requires { L::rows_per_sample; }) return L::rows_per_sample;
+  else return 1;
+}
+
+/// Whether L's backward_weight reads state its backward_input wrote (see the list above).
+template <class L>
+constexpr bool weight_grads_need_backward_input() {
+  if constexpr (requires { L::weight_grads_need_backward_input; }) return L::weight_grads_need_backward_input;
+  else return false;
+}
 
 /// Total parameter elements of layer L at input width `in`.
 template <class L>

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Linear<In, Out>: y = x W^T + b, with W (Out, In) and b (Out), as torch.nn.Linear.
+// Linear<In, Out>: y = x W^T + b, with W (Out, In) and b (Out), as torch.nn.Linear; Linear<In, Out,
+// false> (LinearNoBias) has no b, as torch.nn.Linear(In, Out, bias=False).
 #pragma once
 
 #include <cmath>
@@ -11,20 +12,25 @@
 
 namespace cupipe {
 
-template <index_t In, index_t Out>
+template <index_t In, index_t Out, bool Bias = true>
 struct Linear {
   static_assert(In > 0 && Out > 0, "Linear<In, Out> needs positive sizes");
   static constexpr index_t in_features = In;
   static constexpr index_t out_features_for(index_t) { return Out; }
   static constexpr bool takes_token_ids = false;
   static constexpr bool is_loss = false;
-  static constexpr std::array<ParamSpec, 2> params(index_t) { return {{{"weight", Out, In}, {"bias", Out, 0}}}; }
+  static constexpr std::array<ParamSpec, Bias ? 2 : 1> params(index_t) {
+    if constexpr (Bias) return {{{"weight", Out, In}, {"bias", Out, 0}}};
+    else return {{{"weight", Out, In}}};
+  }
   static constexpr index_t saved_per_row(index_t) { return 0; }
   static constexpr double forward_flops_per_sample(index_t) { return 2.0 * In * Out; }
-  static std::string describe() { return "Linear<" + std::to_string(In) + ", " + std::to_string(Out) + ">"; }
+  static std::string describe() {
+    return (Bias ? "Linear<" : "LinearNoBias<") + std::to_string(In) + ", " + std::to_string(Out) + ">";
+  }
 
   /// PyTorch's reset_parameters: kaiming_uniform_(a = sqrt(5)) gives W ~ U(-1/sqrt(In), 1/sqrt(In));
-  /// the bias is drawn from the same range.
+  /// the bias is drawn from the same range, after the weights.
   template <class T>
   static void init(std::span<T> p, index_t, Rng& rng) {
     const double bound = 1.0 / std::sqrt(double(In));
@@ -35,18 +41,18 @@ struct Linear {
   template <class B, class T>
   static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, weight<B>(p), T(0), y);
-    bias_add(be, y, bias<B>(p));
+    if constexpr (Bias) bias_add(be, y, bias<B>(p));
   }
   // dx (n, In) = dy (n, Out) W (Out, In)
   template <class B, class T>
   static void backward_input(B& be, const T* p, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, weight<B>(p), T(0), dx);
   }
-  // dW (Out, In) += dy^T x;  db (Out) += sum over rows of dy
+  // dW (Out, In) += dy^T x;  db (Out) += sum over rows of dy (with a bias)
   template <class B, class T>
   static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
     gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{Out, In}});
-    bias_backward(be, dy, ViewOn<B, T>{g + Out * In, Shape{Out}});
+    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, T>{g + Out * In, Shape{Out}});
   }
 
  private:
@@ -55,5 +61,9 @@ struct Linear {
   template <class B, class T>
   static ConstViewOn<B, T> bias(const T* p) { return {p + Out * In, Shape{Out}}; }
 };
+
+/// LinearNoBias<In, Out>: y = x W^T, as torch.nn.Linear(In, Out, bias=False) (GPT-2's lm_head).
+template <index_t In, index_t Out>
+using LinearNoBias = Linear<In, Out, false>;
 
 }  // namespace cupipe

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <string>
 #include <tuple>
@@ -149,7 +150,15 @@ struct LayerSeq {
   static constexpr index_t record_elements(index_t rows) { return rows * record_per_row; }
   static constexpr index_t grad_record_elements(index_t rows) { return rows * grad_record_per_row; }
 
-  /// Forward FLOPs per sample, from the layer types (the cost model of partition<>).
+  /// Rows that make one sample (the least common multiple of the layers'): a batch splits into
+  /// microbatches only between samples.
+  static constexpr index_t rows_per_sample = [] {
+    index_t r = 1;
+    ((r = std::lcm(r, rows_per_sample_of<Layers>())), ...);
+    return r;
+  }();
+
+  /// Forward FLOPs per row, from the layer types (the cost model of partition<>).
   static constexpr double forward_flops_per_sample = [] {
     double f = 0;
     std::size_t i = 0;
@@ -301,7 +310,8 @@ struct LayerSeq {
     const ConstViewOn<B, T> g = I + 1 == size ? dy : ConstViewOn<B, T>(output_grad<typename B::space>(grad_record, rows, I));
     try {
       if constexpr (I == 0) {
-        if (!dx.empty()) L::backward_input(be, params, x0, saved<typename B::space>(rec, rows, 0), g, dx);
+        if (!dx.empty() || weight_grads_need_backward_input<L>())
+          L::backward_input(be, params, x0, saved<typename B::space>(rec, rows, 0), g, dx);
       } else {
         L::backward_input(be, params + param_offsets[I], layer_input<I, B>(x0, record, rows), saved<typename B::space>(rec, rows, I), g,
                           output_grad<typename B::space>(grad_record, rows, I - 1));

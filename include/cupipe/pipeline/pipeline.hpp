@@ -100,6 +100,8 @@ class Pipeline {
   static constexpr bool split_backward = Schedule::split_backward;
   static constexpr index_t in_features = Stages::in_features;
   static constexpr index_t out_features = Stages::out_features;
+  /// Rows that form one sample and stay in one microbatch (a sequence, for a transformer).
+  static constexpr index_t rows_per_sample = Model::body::rows_per_sample;
 
   explicit Pipeline(PipelineOptions options = {}) : options_(std::move(options)) {
     CUPIPE_REQUIRE(options_.microbatches >= 1, "Pipeline: microbatches must be at least 1, got ", options_.microbatches);
@@ -307,6 +309,9 @@ class Pipeline {
   static void check_prediction(TensorView<const input_type, Space> x, const TensorView<T, Space>& out) {
     CUPIPE_REQUIRE(x.rows() > 0, "Pipeline::predict: the input has 0 rows; there is nothing to predict");
     check_view(x, Shape{x.rows(), in_features}, "Pipeline::predict", "input");
+    if (x.rows() % rows_per_sample != 0)
+      CUPIPE_THROW("Pipeline::predict: the input's ", x.rows(), " rows are not whole samples of ", rows_per_sample,
+                   " rows (the model's sequences)");
     check_view(out, Shape{x.rows(), out_features}, "Pipeline::predict", "output");
   }
 
@@ -402,7 +407,8 @@ class Pipeline {
   /// The step plan over this process's n rows; across replicas the normalizers count every
   /// replica's rows, which may differ.
   pipeline::StepPlan global_step_plan(index_t n, int base) {
-    pipeline::StepPlan plan = pipeline::make_step_plan(plan_, executor_->version_offsets(), n, base, batches_done_);
+    pipeline::StepPlan plan = pipeline::make_step_plan(plan_, executor_->version_offsets(), n, base, batches_done_,
+                                                             rows_per_sample);
     global_samples_ = n;
     if (comm() && comm()->topology().replicas > 1) {
       std::vector<double> counts(plan.normalizer.begin(), plan.normalizer.end());

@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numbers>
 #include <type_traits>
+#include <vector>
 
 #include "cupipe/backend/host/host.hpp"
 #include "cupipe/backend/op_checks.hpp"
@@ -286,6 +288,86 @@ void embedding_backward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstVie
   detail::check_id_values("embedding_backward", ids, dtable.rows());
   for (index_t r = 0; r < ids.numel(); ++r)
     for (index_t c = 0; c < dtable.cols(); ++c) dtable.at(ids[r], c) += dy.at(r, c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal multi-head self-attention (layout in op_checks.hpp): for query t of a sequence and head h,
+// out_t = sum_{u <= t} softmax_u(q_t . k_u / sqrt(head_dim)) v_u. Written the way the flash kernels
+// compute it (one query row at a time, its log-sum-exp kept), never forming a (T, T) matrix.
+
+template <class T>
+void causal_attention_forward(backend::Host<T>&, ConstView<T> qkv, TensorView<T> out, TensorView<T> lse,
+                              index_t heads, index_t seq_len) {
+  checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
+  const index_t C = qkv.cols() / 3, D = C / heads, W = qkv.cols();
+  const T scale = T(1) / std::sqrt(T(D));
+  std::vector<T> score(static_cast<std::size_t>(seq_len));
+  for (index_t s0 = 0; s0 < qkv.rows(); s0 += seq_len)
+    for (index_t h = 0; h < heads; ++h)
+      for (index_t t = 0; t < seq_len; ++t) {
+        const T* q = qkv.data() + (s0 + t) * W + h * D;
+        T max = -std::numeric_limits<T>::infinity();
+        for (index_t u = 0; u <= t; ++u) {
+          const T* k = qkv.data() + (s0 + u) * W + C + h * D;
+          T dot = 0;
+          for (index_t d = 0; d < D; ++d) dot += q[d] * k[d];
+          score[std::size_t(u)] = dot * scale;
+          max = std::max(max, score[std::size_t(u)]);
+        }
+        T sum = 0;
+        for (index_t u = 0; u <= t; ++u) sum += std::exp(score[std::size_t(u)] - max);
+        const T l = max + std::log(sum);
+        lse.at(s0 + t, h) = l;
+        T* o = out.data() + (s0 + t) * C + h * D;
+        std::fill_n(o, D, T(0));
+        for (index_t u = 0; u <= t; ++u) {
+          const T p = std::exp(score[std::size_t(u)] - l);
+          const T* v = qkv.data() + (s0 + u) * W + 2 * C + h * D;
+          for (index_t d = 0; d < D; ++d) o[d] += p * v[d];
+        }
+      }
+}
+
+/// dqkv (overwritten) from dout, with P recomputed from q, k and the saved log-sum-exp:
+/// dv_u = sum_t P_tu dout_t;  dS_tu = P_tu (dout_t . v_u - dout_t . out_t);
+/// dq_t = scale sum_u dS_tu k_u;  dk_u = scale sum_t dS_tu q_t.
+template <class T>
+void causal_attention_backward(backend::Host<T>&, ConstView<T> qkv, ConstView<T> out, ConstView<T> lse, ConstView<T> dout,
+                               TensorView<T> dqkv, index_t heads, index_t seq_len) {
+  checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
+  const index_t C = qkv.cols() / 3, D = C / heads, W = qkv.cols();
+  const T scale = T(1) / std::sqrt(T(D));
+  std::fill_n(dqkv.data(), dqkv.numel(), T(0));
+  for (index_t s0 = 0; s0 < qkv.rows(); s0 += seq_len)
+    for (index_t h = 0; h < heads; ++h)
+      for (index_t t = 0; t < seq_len; ++t) {
+        const index_t rt = s0 + t;
+        const T* q = qkv.data() + rt * W + h * D;
+        const T* go = dout.data() + rt * C + h * D;
+        const T* o = out.data() + rt * C + h * D;
+        T* dq = dqkv.data() + rt * W + h * D;
+        T delta = 0;
+        for (index_t d = 0; d < D; ++d) delta += go[d] * o[d];
+        for (index_t u = 0; u <= t; ++u) {
+          const index_t ru = s0 + u;
+          const T* k = qkv.data() + ru * W + C + h * D;
+          const T* v = qkv.data() + ru * W + 2 * C + h * D;
+          T dot = 0, dp = 0;
+          for (index_t d = 0; d < D; ++d) {
+            dot += q[d] * k[d];
+            dp += go[d] * v[d];
+          }
+          const T p = std::exp(dot * scale - lse.at(rt, h));
+          const T ds = p * (dp - delta) * scale;
+          T* dk = dqkv.data() + ru * W + C + h * D;
+          T* dv = dqkv.data() + ru * W + 2 * C + h * D;
+          for (index_t d = 0; d < D; ++d) {
+            dv[d] += p * go[d];
+            dq[d] += ds * k[d];
+            dk[d] += ds * q[d];
+          }
+        }
+      }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// CausalSelfAttention<C, Heads, SeqLen>: GPT-2's attention, as nanoGPT's CausalSelfAttention:
+//   qkv = x c_attn^T + b (n, 3C);  att = causal softmax attention per head;  y = att c_proj^T + b.
+// Its rows are whole sequences of SeqLen tokens (rows_per_sample), so a microbatch never cuts one.
+// Parameters, in nanoGPT's names and layouts: c_attn.weight (3C, C), c_attn.bias (3C),
+// c_proj.weight (C, C), c_proj.bias (C).
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/rng.hpp"
+#include "cupipe/layers/layer.hpp"
+
+namespace cupipe {
+
+template <index_t C, index_t Heads, index_t SeqLen>
+struct CausalSelfAttention {
+  static_assert(C > 0 && Heads > 0 && SeqLen > 0, "CausalSelfAttention<C, Heads, SeqLen> needs positive sizes");
+  static_assert(C % Heads == 0, "CausalSelfAttention<C, Heads, SeqLen>: C must be a multiple of Heads");
+  static constexpr index_t in_features = C;
+  static constexpr index_t out_features_for(index_t) { return C; }
+  static constexpr bool takes_token_ids = false;
+  static constexpr bool is_loss = false;
+  static constexpr index_t rows_per_sample = SeqLen;
+  static constexpr bool weight_grads_need_backward_input = true;
+  static constexpr std::array<ParamSpec, 4> params(index_t) {
+    return {{{"c_attn.weight", 3 * C, C}, {"c_attn.bias", 3 * C, 0}, {"c_proj.weight", C, C}, {"c_proj.bias", C, 0}}};
+  }
+  /// Per row: qkv (3C), the attention output (C), its log-sum-exp per head, and dqkv (3C), which
+  /// backward_input writes for backward_weight (the zero-bubble W pass runs after B).
+  static constexpr index_t saved_per_row(index_t) { return 7 * C + Heads; }
+  /// Two GEMMs (2 * 3C * C + 2 * C * C) and, on average over a causal sequence, (T + 1) / 2 keys per
+  /// query for scores and values (2 * 2 * C each).
+  static constexpr double forward_flops_per_sample(index_t) {
+    return 8.0 * double(C) * double(C) + 2.0 * double(C) * double(SeqLen + 1);
+  }
+  static std::string describe() {
+    return "CausalSelfAttention<" + std::to_string(C) + ", " + std::to_string(Heads) + ", " + std::to_string(SeqLen) + ">";
+  }
+
+  /// GPT-2's initialisation (nanoGPT's _init_weights): weights N(0, 0.02), biases 0. The residual
+  /// projection's extra 1/sqrt(2 L) scaling depends on the depth, so the GPT model applies it.
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng& rng) {
+    for (index_t i = 0; i < 3 * C * C; ++i) p[std::size_t(i)] = T(0.02 * rng.normal());
+    for (index_t i = 0; i < 3 * C; ++i) p[std::size_t(3 * C * C + i)] = T(0);
+    for (index_t i = 0; i < C * C; ++i) p[std::size_t(3 * C * C + 3 * C + i)] = T(0.02 * rng.normal());
+    for (index_t i = 0; i < C; ++i) p[std::size_t(4 * C * C + 3 * C + i)] = T(0);
+  }
+
+  template <class B, class T>
+  static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T> saved) {
+    const index_t n = x.rows();
+    const Parts<B, T> s(saved.data(), n);
+    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, w_attn<B>(p), T(0), s.qkv);
+    bias_add(be, s.qkv, b_attn<B>(p));
+    causal_attention_forward(be, ConstViewOn<B, T>(s.qkv), s.att, s.lse, Heads, SeqLen);
+    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(s.att), w_proj<B>(p), T(0), y);
+    bias_add(be, y, b_proj<B>(p));
+  }
+
+  /// datt = dy c_proj;  dqkv = attention backward (kept in `saved`);  dx = dqkv c_attn.
+  template <class B, class T>
+  static void backward_input(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    const index_t n = x.rows();
+    const Parts<B, T> s(saved.data(), n);
+    auto datt = be.template allocate<T>(n * C, MemoryTag::workspace);
+    const ViewOn<B, T> datt_view{datt.data(), Shape{n, C}};
+    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, w_proj<B>(p), T(0), datt_view);
+    causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, T>(s.lse),
+                              ConstViewOn<B, T>(datt_view), s.dqkv, Heads, SeqLen);
+    if (!dx.empty()) gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), w_attn<B>(p), T(0), dx);
+  }
+
+  /// From the dqkv that backward_input kept: dc_proj += dy^T att, dc_attn += dqkv^T x, biases likewise.
+  template <class B, class T>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, T* g) {
+    const index_t n = x.rows();
+    const Parts<B, T> s(saved.data(), n);
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), x, T(1), ViewOn<B, T>{g, Shape{3 * C, C}});
+    bias_backward(be, ConstViewOn<B, T>(s.dqkv), ViewOn<B, T>{g + 3 * C * C, Shape{3 * C}});
+    T* gp = g + 3 * C * C + 3 * C;
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>(s.att), T(1), ViewOn<B, T>{gp, Shape{C, C}});
+    bias_backward(be, dy, ViewOn<B, T>{gp + C * C, Shape{C}});
+  }
+
+ private:
+  /// The saved area of n rows, split: qkv (n, 3C), att (n, C), lse (n, Heads), dqkv (n, 3C).
+  template <class B, class T>
+  struct Parts {
+    ViewOn<B, T> qkv, att, lse, dqkv;
+    Parts(T* base, index_t n)
+        : qkv{base, Shape{n, 3 * C}},
+          att{base + n * 3 * C, Shape{n, C}},
+          lse{base + n * 4 * C, Shape{n, Heads}},
+          dqkv{base + n * (4 * C + Heads), Shape{n, 3 * C}} {}
+  };
+  template <class B, class T>
+  static ConstViewOn<B, T> w_attn(const T* p) { return {p, Shape{3 * C, C}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> b_attn(const T* p) { return {p + 3 * C * C, Shape{3 * C}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> w_proj(const T* p) { return {p + 3 * C * C + 3 * C, Shape{C, C}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> b_proj(const T* p) { return {p + 4 * C * C + 3 * C, Shape{C}}; }
+};
+
+}  // namespace cupipe

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPT-2 as nanoGPT and llm.c define it, as a cupipe model (a Sequential the pipeline splits):
+//   TokenPositionEmbedding (wte, wpe)
+//   L x { Residual<ln_1, attn>, Residual<ln_2, mlp.c_fc, GELU, mlp.c_proj> }   (pre-LayerNorm blocks)
+//   ln_f, lm_head (no bias), mean cross-entropy over every position.
+// Each block is two layers of the model, so a pipeline may cut between its attention and its MLP.
+// Sizes are a gpt::Config template argument: gpt::Model<gpt::tiny>.
+//
+// Parameter names: Sequential's "<layer>.<name>" ("3.attn.c_attn.weight"); nanogpt_name() turns
+// them into nanoGPT's state_dict names ("transformer.h.1.attn.c_attn.weight"), with the same shapes
+// (Linear weights (out, in)), so a nanoGPT GPT module loads a checkpoint with load_state_dict.
+#pragma once
+
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/layers/layers.hpp"
+
+namespace cupipe::gpt {
+
+struct Config {
+  index_t vocab = 256;     ///< V: token ids are in [0, V)
+  index_t context = 64;    ///< T: tokens per sequence (the block size)
+  index_t layers = 4;      ///< L: transformer blocks
+  index_t heads = 4;       ///< H: attention heads, dividing C
+  index_t channels = 128;  ///< C: the residual stream's width
+
+  constexpr index_t head_dim() const { return channels / heads; }
+  /// Parameters of the model (lm_head untied: V * C more than GPT-2's count).
+  constexpr index_t parameters() const {
+    const index_t C = channels;
+    const index_t block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C);
+    return vocab * C + context * C + layers * block + 2 * C + vocab * C;
+  }
+};
+
+/// Byte-level text on a CPU: V 256, T 64, 4 blocks of C 128 with 4 heads (about 0.86 M parameters).
+inline constexpr Config tiny{256, 64, 4, 4, 128};
+/// GPT-2 small's shape (124 M with the head tied), for GPUs: GPT-2's vocabulary padded to 50304 as
+/// llm.c does, T 1024, 12 blocks, 12 heads, C 768.
+inline constexpr Config gpt2_124m{50304, 1024, 12, 12, 768};
+
+/// GPT-2's initialisation of layer L (nanoGPT's _init_weights): matrices from N(0, 0.02), those whose
+/// name ends in "c_proj.weight" (the projections into the residual stream) from N(0, 0.02 / sqrt(2 *
+/// Layers)); vectors 0. Wrap a Named layer, so that the names are the model's.
+template <class L, index_t Layers>
+struct Init : L {
+  template <class T>
+  static void init(std::span<T> p, index_t in, Rng& rng) {
+    std::size_t at = 0;
+    for (const ParamSpec& spec : L::params(in)) {
+      const bool matrix = spec.cols != 0;
+      const bool projection = spec.name.ends_with("c_proj.weight");
+      const double std = projection ? 0.02 / std::sqrt(2.0 * double(Layers)) : 0.02;
+      for (index_t i = 0; i < spec.numel(); ++i) p[at++] = matrix ? T(std * rng.normal()) : T(0);
+    }
+  }
+};
+
+template <Config c>
+using AttentionHalf = Residual<Named<"ln_1", LayerNorm<c.channels>>,
+                               Init<Named<"attn", CausalSelfAttention<c.channels, c.heads, c.context>>, c.layers>>;
+template <Config c>
+using MlpHalf = Residual<Named<"ln_2", LayerNorm<c.channels>>, Init<Named<"mlp.c_fc", Linear<c.channels, 4 * c.channels>>, c.layers>,
+                         GELU, Init<Named<"mlp.c_proj", Linear<4 * c.channels, c.channels>>, c.layers>>;
+
+namespace detail {
+template <Config c, std::size_t I>
+using half_t = std::conditional_t<I % 2 == 0, AttentionHalf<c>, MlpHalf<c>>;
+
+template <Config c, std::size_t... I>
+auto model_of(std::index_sequence<I...>)
+    -> Sequential<TokenPositionEmbedding<c.vocab, c.context, c.channels>, half_t<c, I>..., Named<"ln_f", LayerNorm<c.channels>>,
+                  Init<Named<"lm_head", LinearNoBias<c.channels, c.vocab>>, c.layers>, SoftmaxCrossEntropy<c.vocab>>;
+}  // namespace detail
+
+template <Config c>
+concept ValidConfig = c.vocab > 1 && c.context > 0 && c.layers > 0 && c.heads > 0 && c.channels > 0 &&
+                      c.channels % c.heads == 0;
+
+/// The model: inputs are token ids (B * T rows of whole sequences), labels the next token of each.
+template <Config c>
+  requires ValidConfig<c>
+using Model = decltype(detail::model_of<c>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
+
+/// nanoGPT's state_dict name of Model<c>'s parameter named `name` by Sequential ("<layer>.<rest>").
+inline std::string nanogpt_name(const Config& c, std::string_view name) {
+  const std::size_t dot = name.find('.');
+  int layer = -1;
+  if (dot != std::string_view::npos) std::from_chars(name.data(), name.data() + dot, layer);
+  CUPIPE_REQUIRE(layer >= 0 && layer <= 2 * c.layers + 2, "gpt::nanogpt_name: '", name,
+                 "' is not a parameter of a GPT with ", c.layers, " blocks");
+  const std::string_view rest = name.substr(dot + 1);
+  if (layer == 0) return "transformer." + std::string(rest);                 // wte.weight, wpe.weight
+  if (layer == 2 * c.layers + 1) return "transformer." + std::string(rest);  // ln_f.*
+  if (layer == 2 * c.layers + 2) return std::string(rest);                   // lm_head.weight
+  return "transformer.h." + std::to_string((layer - 1) / 2) + "." + std::string(rest);
+}
+
+}  // namespace cupipe::gpt
