@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Run under mpirun: a pipeline spread over processes (MpiCommunicator, host backend, float64) must
 // compute what the same pipeline computes in one process on the whole batch.
-//   mpi_pipeline_check --schedule 1f1b|interleaved --stages P [--stall]
+//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt --stages P [--stall]
 // World = P stages x D replicas. Each replica trains on its share of one global batch. Rank 0 also
 // runs the single-process reference and compares gradients after one forward/backward and weights
 // after 3 AdamW steps: bitwise for one replica (same arithmetic in the same order), 1e-12 relative
 // with replicas (the replica sum adds the same terms in another order).
+// --schedule gpt runs 1F1B on a small GPT whose lm_head is tied to wte, on different ranks: the tied
+// copies' gradients meet in a sum over the stages, and must stay bitwise equal.
 // --stall makes the rank whose stage holds the Trap layer stop answering in the middle of the second
 // step; the other ranks must then fail with an error naming their stage, action and peer within the
 // transfer timeout.
@@ -19,6 +21,7 @@
 
 #include "cupipe/comm/mpi.hpp"
 #include "cupipe/cupipe.hpp"
+#include "cupipe/models/gpt.hpp"
 #include "hook_layer.hpp"
 
 using namespace cupipe;
@@ -122,6 +125,58 @@ int check(int microbatches, int rank) {
   return total == 0 ? 0 : 1;
 }
 
+/// A tied GPT (V 64, T 8, 2 blocks, 2 heads, C 16) on P stages x D replicas against one process.
+template <int P>
+int check_gpt(int rank) {
+  constexpr gpt::Config config{64, 8, 2, 2, 16};
+  using Gpt = gpt::Model<config>;
+  using Stages = partition<Gpt, P>;
+  auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, P);
+  const comm::Topology& topo = comm->topology();
+  if (rank == 0) std::printf("%s\n", topo.describe().c_str());
+  constexpr index_t sequences = 8;
+  const index_t share = sequences / topo.replicas * config.context;
+  std::vector<std::int32_t> ids(std::size_t(sequences * config.context)), next(ids.size());
+  Rng rng(5);
+  for (auto& v : ids) v = std::int32_t(rng.below(std::uint64_t(config.vocab)));
+  for (auto& v : next) v = std::int32_t(rng.below(std::uint64_t(config.vocab)));
+  const index_t rows = sequences * config.context;
+  const ConstView<std::int32_t> mine{ids.data() + topo.replica() * share, Shape{share, 1}};
+  const ConstView<std::int32_t> mine_y{next.data() + topo.replica() * share, Shape{share}};
+  const ConstView<std::int32_t> all{ids.data(), Shape{rows, 1}};
+  const ConstView<std::int32_t> all_y{next.data(), Shape{rows}};
+  Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> distributed(
+      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm});
+  Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> reference({.microbatches = 2 * topo.replicas, .seed = 4});
+  optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
+  int failures = 0;
+  for (int s = 0; s < 3; ++s) {
+    const StepStats got = distributed.train_step(mine, mine_y, adamw);
+    if (rank == 0) {
+      const StepStats want = reference.train_step(all, all_y, adamw);
+      const bool ok = std::abs(got.grad_norm - want.grad_norm) <= 1e-12 * want.grad_norm;
+      std::printf("step %d: gradient norm %.15g (single process %.15g): %s\n", s, got.grad_norm, want.grad_norm,
+                  ok ? "equal" : "DIFFERENT");
+      failures += !ok;
+    }
+  }
+  const std::vector<double> weights = distributed.parameters();
+  if (rank == 0) {
+    const std::vector<double> want = reference.parameters();
+    const double r = relative(weights, want);
+    const bool ok = topo.replicas == 1 ? weights == want : r <= 1e-12;
+    std::printf("weights after 3 AdamW steps: %s (max relative difference %.3g)\n", ok ? "equal" : "DIFFERENT", r);
+    constexpr TiedCopies tied = Gpt::body::tied;
+    const bool same = std::memcmp(weights.data() + tied.first, weights.data() + tied.second,
+                                  std::size_t(tied.count) * sizeof(double)) == 0;
+    std::printf("tied copies (stage 0 and stage %d): %s\n", P - 1, same ? "equal" : "DIFFERENT");
+    failures += !ok + !same;
+  }
+  int total = failures;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return total == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,7 +197,9 @@ int main(int argc, char** argv) {
     else if (schedule == "1f1b" && stages == 2) rc = check<partition<Model, 2>, schedule::OneFOneB>(4, rank);
     else if (schedule == "interleaved" && stages == 4) rc = check<partition<Model, 8>, schedule::Interleaved<2>>(4, rank);
     else if (schedule == "gpipe" && stages == 4) rc = check<partition<Model, 4>, schedule::GPipe>(4, rank);
-    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe --stages 2|4\n");
+    else if (schedule == "gpt" && stages == 4) rc = check_gpt<4>(rank);
+    else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);
+    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt --stages 2|4\n");
     if (rank == 0) std::printf("%s\n", rc == 0 ? "PASS" : "FAIL");
     return rc;
   } catch (const std::exception& e) {

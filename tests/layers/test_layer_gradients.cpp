@@ -363,3 +363,34 @@ TEST_CASE("GPT model: nanoGPT's names and shapes, the parameter count, whole seq
   CHECK_THROWS_WITH(net.forward_backward(ConstView<std::int32_t>{ids.data(), Shape{6, 1}}, ConstView<std::int32_t>{labels.data(), Shape{6}}),
                     Catch::Contains("6 token ids are not whole sequences of 4 tokens"));
 }
+
+TEST_CASE("tied GPT: the summed gradient is the derivative with respect to the one shared table",
+          "[cpu][layers][gradcheck][gpt]") {
+  constexpr TiedCopies tied = SmallGpt::body::tied;
+  STATIC_REQUIRE(tied.count == 11 * 8);
+  const auto seed = std::uint64_t(GENERATE(take(2, random(1, 1000000))));
+  Network<SmallGpt, backend::Host<double>> net(seed);
+  Vec params = net.parameters();
+  // Initialised from one stream: the copies start bitwise equal.
+  REQUIRE(std::memcmp(params.data() + tied.first, params.data() + tied.second, std::size_t(tied.count) * sizeof(double)) == 0);
+  Rng rng(seed + 3);
+  const Ids ids = uniform_ints(8, rng, 11), labels = uniform_ints(8, rng, 11);
+  const ConstView<std::int32_t> x{ids.data(), Shape{8, 1}}, y{labels.data(), Shape{8}};
+  net.forward_backward(x, y);
+  net.sum_tied_gradients();
+  const Vec g = net.gradients();
+  const Vec analytic(g.begin() + tied.first, g.begin() + tied.first + tied.count);
+  CHECK(std::memcmp(g.data() + tied.first, g.data() + tied.second, std::size_t(tied.count) * sizeof(double)) == 0);
+  // Move both copies together: the loss as a function of the one shared table.
+  Vec numeric(std::size_t(tied.count));
+  const double h = 1e-6;
+  auto loss_at = [&](index_t i, double delta) {
+    Vec p = params;
+    p[std::size_t(tied.first + i)] += delta;
+    p[std::size_t(tied.second + i)] += delta;
+    net.set_parameters(p);
+    return double(net.forward_backward(x, y));
+  };
+  for (index_t i = 0; i < tied.count; ++i) numeric[std::size_t(i)] = (loss_at(i, h) - loss_at(i, -h)) / (2 * h);
+  CHECK(relative_error(analytic, numeric) <= grad_tolerance);
+}

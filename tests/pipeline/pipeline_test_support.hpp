@@ -75,7 +75,13 @@ double reference_update(Net& net, const Optimizer& optimizer, std::vector<std::v
   std::vector<TensorView<double>> views;
   for (auto& s : slots) views.push_back({s.data(), Shape{count}});
   const ConstView<double> grads{net.gradient_data(), Shape{count}};
-  const double norm = std::sqrt(sum_of_squares(net.backend(), grads));
+  // A tied tensor (GPT-2's wte and lm_head) is one parameter: its copies take the summed gradient,
+  // and it counts once in the norm.
+  net.sum_tied_gradients();
+  double squares = sum_of_squares(net.backend(), grads);
+  if constexpr (Net::tied.count > 0)
+    squares -= sum_of_squares(net.backend(), ConstView<double>{net.gradient_data() + Net::tied.second, Shape{Net::tied.count}});
+  const double norm = std::sqrt(squares);
   optimizer.update(net.backend(), TensorView<double>{net.parameter_data(), Shape{count}}, grads,
                    std::span<const TensorView<double>>(views), step, optim::clip_factor(norm, optimizer.clip_norm()));
   return norm;

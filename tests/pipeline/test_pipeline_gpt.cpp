@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// A small GPT (4 blocks, C 64, 4 heads, T 32, V 256) in float64 through every flush schedule at
-// p = 1, 2, 4: the unpipelined Network's loss and gradients after one forward_backward, its weights
-// after 3 AdamW steps, to 1e-12 relative. Microbatches are whole sequences, ragged ones included.
+// A small GPT (4 blocks, C 64, 4 heads, T 32, V 256, lm_head tied to wte) in float64 through every
+// flush schedule at p = 1, 2, 4: the unpipelined Network's loss and gradients after one
+// forward_backward, its weights after 3 AdamW steps, to 1e-12 relative; the tied copies stay bitwise
+// equal. Microbatches are whole sequences, ragged ones included. Untied, PipeDream and 2BW keep their
+// documented semantics.
 #include "pipeline_test_support.hpp"
 
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -16,7 +19,8 @@ using test::Host;
 
 constexpr gpt::Config config{256, 32, 4, 4, 64};
 using Gpt = gpt::Model<config>;
-using Reference = Network<Gpt, Host>;
+constexpr gpt::Config untied_config{256, 32, 4, 4, 64, false};
+using UntiedGpt = gpt::Model<untied_config>;
 constexpr std::uint64_t seed = 20261124;
 constexpr double tolerance = 1e-12;
 constexpr index_t T = config.context;
@@ -38,10 +42,19 @@ struct TokenBatch {
   ConstView<std::int32_t> y() const { return {labels.data(), Shape{rows}}; }
 };
 
-template <class Policy, int P>
+/// The two copies of the tied table in a flat parameter array are bitwise equal.
+template <class Model>
+bool tied_copies_equal(const std::vector<double>& params) {
+  constexpr TiedCopies tied = Model::body::tied;
+  if constexpr (tied.count == 0) return true;
+  else return std::memcmp(params.data() + tied.first, params.data() + tied.second, std::size_t(tied.count) * sizeof(double)) == 0;
+}
+
+template <class Policy, int P, class Model = Gpt>
 void check_against_network() {
-  using Stages = partition<Gpt, P * Policy::chunks>;
+  using Stages = partition<Model, P * Policy::chunks>;
   using Pipe = Pipeline<Stages, Policy, Host>;
+  using Reference = Network<Model, Host>;
   static_assert(Pipe::rows_per_sample == T);
   constexpr int m = 4;
   INFO(Policy::name << " p = " << P << " m = " << m);
@@ -53,6 +66,7 @@ void check_against_network() {
   pipe.emplace(options);
   Reference net(seed);
   REQUIRE(test::bitwise_equal(pipe->parameters(), net.parameters()));
+  CHECK(tied_copies_equal<Model>(net.parameters()));
 
   // 6 sequences in 4 microbatches: 2, 2, 1, 1 sequences, never a cut inside one.
   const TokenBatch batch(6, 11);
@@ -76,6 +90,7 @@ void check_against_network() {
   }
   CHECK(test::relative_difference(pipe->parameters(), trained.parameters()) <= tolerance);
   CHECK(test::relative_difference(pipe->optimizer_state(1), slots[1]) <= tolerance);
+  CHECK(tied_copies_equal<Model>(pipe->parameters()));
 }
 
 template <class Policy>
@@ -100,6 +115,63 @@ TEST_CASE("GPT: ZB-H1 and ZB-H2 (B and W split in every layer) equal the Network
           "[pipeline][equivalence][gpt]") {
   check_every_p<schedule::ZeroBubbleH1>();
   check_every_p<schedule::ZeroBubbleH2>();
+}
+
+TEST_CASE("GPT: the tied copies are two tensors to the model; untied, each trains on its own", "[pipeline][gpt]") {
+  STATIC_REQUIRE(Gpt::body::tied.count == config.vocab * config.channels);
+  STATIC_REQUIRE(Gpt::body::tied.second == Gpt::body::param_offsets[Gpt::body::size - 1]);
+  STATIC_REQUIRE(UntiedGpt::body::tied.count == 0);
+  STATIC_REQUIRE(config.unique_parameters() == config.parameters() - config.vocab * config.channels);
+  check_against_network<schedule::OneFOneB, 2, UntiedGpt>();
+  // Without summing, the copies part after one update: the tie is what keeps them equal.
+  Network<Gpt, Host> net(seed);
+  const TokenBatch b(2, 5);
+  net.forward_backward(b.x(), b.y());
+  std::vector<std::vector<double>> slots;
+  const optim::AdamW adamw({.lr = 1e-2});
+  std::vector<double> untied_update = net.parameters();
+  {
+    Network<Gpt, Host> other(seed);
+    other.forward_backward(b.x(), b.y());
+    const double norm = std::sqrt(sum_of_squares(other.backend(), ConstView<double>{other.gradient_data(), Shape{Gpt::body::param_count}}));
+    std::vector<double> s0(std::size_t(Gpt::body::param_count)), s1(s0.size());
+    const std::array<TensorView<double>, 2> views{TensorView<double>{s0.data(), Shape{Gpt::body::param_count}},
+                                                  TensorView<double>{s1.data(), Shape{Gpt::body::param_count}}};
+    adamw.update(other.backend(), TensorView<double>{other.parameter_data(), Shape{Gpt::body::param_count}},
+                 ConstView<double>{other.gradient_data(), Shape{Gpt::body::param_count}}, std::span<const TensorView<double>>(views), 0,
+                 optim::clip_factor(norm, adamw.clip_norm()));
+    untied_update = other.parameters();
+  }
+  CHECK_FALSE(tied_copies_equal<Gpt>(untied_update));
+  test::reference_update(net, adamw, slots, 0);
+  CHECK(tied_copies_equal<Gpt>(net.parameters()));
+}
+
+TEST_CASE("GPT: PipeDream refuses tied weights; untied, 2BW follows its delayed-gradient recurrence", "[pipeline][gpt]") {
+  PipelineOptions options;
+  options.microbatches = 2;
+  CHECK_THAT(test::error_message([&] { Pipeline<partition<Gpt, 2>, schedule::PipeDream, Host> pipe(options); }),
+             Catch::Contains("ties a layer to its input embedding (as GPT-2 ties lm_head to wte)"));
+
+  // 2BW: W(t+1) = W(t) - lr * grad f_t(W(t-1)), W(-1) = W(0), with a Network computing the gradients.
+  options.seed = seed;
+  Pipeline<partition<UntiedGpt, 2>, schedule::PipeDream2BW, Host> pipe(options);
+  Network<UntiedGpt, Host> net(seed);
+  constexpr double lr = 0.05;
+  std::vector<std::vector<double>> history{net.parameters(), net.parameters()};
+  for (int step = 0; step < 3; ++step) {
+    const TokenBatch b(4, 300 + std::uint64_t(step));
+    test::bounded(120, [&] { return pipe.train_step(b.x(), b.y(), optim::SGD({.lr = lr})); });
+    net.set_parameters(history[history.size() - 2]);
+    net.zero_grad();
+    net.forward_backward(b.x(), b.y());
+    const std::vector<double> g = net.gradients();
+    std::vector<double> next = history.back();
+    for (std::size_t k = 0; k < next.size(); ++k) next[k] -= lr * g[k];
+    history.push_back(std::move(next));
+    INFO("after step " << step);
+    CHECK(test::relative_difference(pipe.parameters(), history.back()) <= tolerance);
+  }
 }
 
 TEST_CASE("GPT: a batch that is not whole sequences, or too few of them, is refused with the reason",

@@ -19,6 +19,9 @@
 //   weight_grads_need_backward_input  backward_input keeps, in `saved`, state backward_weight reads
 //                               (attention's dqkv, a Residual's inner gradients), so it runs even
 //                               where no input gradient is wanted (then with an empty dx)
+//   tied_to_input_embedding     its one parameter tensor is a copy of the model's first layer's first
+//                               tensor (GPT-2's lm_head and wte): it initialises from that layer's
+//                               random stream, and the flush update sums the two copies' gradients
 // The concept Layer checks all of these (the three passes and init for every layer but a loss), and
 // layer_is_complete<L> says in one sentence which one a layer lacks.
 // Layers call ops unqualified (`gemm(be, ...)`): argument-dependent lookup on the backend picks the
@@ -145,6 +148,13 @@ constexpr index_t rows_per_sample_of() {
 template <class L>
 constexpr bool weight_grads_need_backward_input() {
   if constexpr (requires { L::weight_grads_need_backward_input; }) return L::weight_grads_need_backward_input;
+  else return false;
+}
+
+/// Whether L's parameter is a copy of the input embedding's table (see the list above).
+template <class L>
+constexpr bool tied_to_input_embedding() {
+  if constexpr (requires { L::tied_to_input_embedding; }) return L::tied_to_input_embedding;
   else return false;
 }
 

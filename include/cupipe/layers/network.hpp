@@ -59,6 +59,20 @@ class Network {
   }
   void zero_grad() { fill(backend_, ViewOn<Backend, T>{grads_.data(), Shape{Body::param_count}}, T(0)); }
 
+  /// The model's tied copies (GPT-2's wte and lm_head), count 0 when it ties nothing.
+  static constexpr TiedCopies tied = Body::tied;
+  /// Before an update of a model with tied copies: both copies' gradients become their sum (the
+  /// gradient of the one shared tensor). Call once per update, after the last forward_backward; the
+  /// pipeline's flush update does the same. Nothing to do for a model without tied copies.
+  void sum_tied_gradients() {
+    if constexpr (tied.count > 0) {
+      const ViewOn<Backend, T> first{grads_.data() + tied.first, Shape{tied.count}};
+      const ViewOn<Backend, T> second{grads_.data() + tied.second, Shape{tied.count}};
+      axpy(backend_, T(1), ConstViewOn<Backend, T>(second), first);
+      copy(backend_, ConstViewOn<Backend, T>(first), second);
+    }
+  }
+
   /// Inference: x (n, in_features) -> out (n, out_features), in the backend's memory.
   void forward(ConstViewOn<Backend, input_type> x, ViewOn<Backend, T> out) {
     check_view(out, Shape{x.rows(), out_features}, "Network::forward", "output");

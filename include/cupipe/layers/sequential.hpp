@@ -39,6 +39,15 @@ struct neighbouring_layers_fit {
   static constexpr bool value = PreviousOutFeatures == NextInFeatures;
 };
 
+/// Two copies of one tensor in a model's flat parameter array (GPT-2's wte and its tied lm_head):
+/// they start equal, and a flush update replaces both gradients by their sum and counts the tensor once
+/// in the gradient norm, so they stay equal. count == 0: the model ties nothing.
+struct TiedCopies {
+  index_t first = 0;
+  index_t second = 0;
+  index_t count = 0;
+};
+
 /// One parameter tensor of a model: its PyTorch state_dict name, shape and offset in the flat array.
 struct ParamInfo {
   std::string name;
@@ -147,6 +156,25 @@ struct LayerSeq {
   /// Output gradients g_0..g_{L-2}, per row.
   static constexpr index_t grad_record_per_row = act_offsets[size - 1];
 
+  /// Index of the layer tied to the input embedding, or -1.
+  static constexpr int tied_layer = [] {
+    int found = -1, i = 0;
+    ((found = tied_to_input_embedding<Layers>() ? i : found, ++i), ...);
+    return found;
+  }();
+  /// The tied copies in this sequence's flat array (count 0 unless it holds the whole model's first
+  /// layer and a layer tied to it).
+  static constexpr TiedCopies tied = [] {
+    if constexpr (tied_layer >= 0 && FirstIndex == 0) {
+      constexpr index_t count = param_elements<layer<std::size_t(tied_layer)>>(widths[std::size_t(tied_layer)]);
+      static_assert(count == first_layer::params(widths[0])[0].numel(),
+                    "Sequential: a layer tied to the input embedding must have exactly the embedding table's size");
+      return TiedCopies{0, param_offsets[std::size_t(tied_layer)], count};
+    } else {
+      return TiedCopies{};
+    }
+  }();
+
   static constexpr index_t record_elements(index_t rows) { return rows * record_per_row; }
   static constexpr index_t grad_record_elements(index_t rows) { return rows * grad_record_per_row; }
 
@@ -187,7 +215,8 @@ struct LayerSeq {
   }
 
   /// Initialises host parameters as PyTorch would. Layer i draws from its own stream derived from
-  /// (seed, its index in the model), so a model initialises identically however it is split.
+  /// (seed, its index in the model), so a model initialises identically however it is split (a
+  /// layer tied to the input embedding draws from layer 0's, so the copies start equal).
   template <class T>
   static void init(std::span<T> params, std::uint64_t seed) {
     CUPIPE_REQUIRE(index_t(params.size()) == param_count, "init: ", params.size(), " parameters given, ",
@@ -195,7 +224,8 @@ struct LayerSeq {
     if constexpr (all_layers)
       [&]<std::size_t... I>(std::index_sequence<I...>) {
         ((void)[&] {
-          Rng rng = Rng::derive(seed, FirstIndex + I);
+          // A copy of the input embedding draws what the embedding drew: from layer 0's stream.
+          Rng rng = Rng::derive(seed, tied_to_input_embedding<layer<I>>() ? 0 : FirstIndex + I);
           layer<I>::init(params.subspan(param_offsets[I], param_elements<layer<I>>(widths[I])), widths[I], rng);
         }(), ...);
       }(std::make_index_sequence<size>());

@@ -2,7 +2,8 @@
 // GPT-2 as nanoGPT and llm.c define it, as a cupipe model (a Sequential the pipeline splits):
 //   TokenPositionEmbedding (wte, wpe)
 //   L x { Residual<ln_1, attn>, Residual<ln_2, mlp.c_fc, GELU, mlp.c_proj> }   (pre-LayerNorm blocks)
-//   ln_f, lm_head (no bias), mean cross-entropy over every position.
+//   ln_f, lm_head (no bias; tied to wte unless Config::tied is false), mean cross-entropy over every
+//   position.
 // Each block is two layers of the model, so a pipeline may cut between its attention and its MLP.
 // Sizes are a gpt::Config template argument: gpt::Model<gpt::tiny>.
 //
@@ -30,20 +31,23 @@ struct Config {
   index_t layers = 4;      ///< L: transformer blocks
   index_t heads = 4;       ///< H: attention heads, dividing C
   index_t channels = 128;  ///< C: the residual stream's width
+  bool tied = true;        ///< lm_head shares wte's weights (GPT-2); false: its own
 
   constexpr index_t head_dim() const { return channels / heads; }
-  /// Parameters of the model (lm_head untied: V * C more than GPT-2's count).
+  /// Elements of the flat parameter array: a tied lm_head is a second copy of wte there.
   constexpr index_t parameters() const {
     const index_t C = channels;
     const index_t block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C);
     return vocab * C + context * C + layers * block + 2 * C + vocab * C;
   }
+  /// Distinct parameters, as PyTorch counts them (a tied tensor once).
+  constexpr index_t unique_parameters() const { return parameters() - (tied ? vocab * channels : 0); }
 };
 
-/// Byte-level text on a CPU: V 256, T 64, 4 blocks of C 128 with 4 heads (about 0.86 M parameters).
+/// Byte-level text on a CPU: V 256, T 64, 4 blocks of C 128 with 4 heads (0.83 M parameters).
 inline constexpr Config tiny{256, 64, 4, 4, 128};
-/// GPT-2 small's shape (124 M with the head tied), for GPUs: GPT-2's vocabulary padded to 50304 as
-/// llm.c does, T 1024, 12 blocks, 12 heads, C 768.
+/// GPT-2 small's shape, for GPUs: GPT-2's vocabulary padded to 50304 as llm.c does, T 1024, 12
+/// blocks, 12 heads, C 768 (124 M parameters).
 inline constexpr Config gpt2_124m{50304, 1024, 12, 12, 768};
 
 /// GPT-2's initialisation of layer L (nanoGPT's _init_weights): matrices from N(0, 0.02), those whose
@@ -63,6 +67,24 @@ struct Init : L {
   }
 };
 
+/// lm_head tied to wte: a second copy of the table in the flat array, drawn from the embedding's random
+/// stream with the embedding's formula (N(0, 0.02), wte's draws come first), so the copies start
+/// bitwise equal; the flush update sums their gradients, so they stay equal (Megatron's scheme for
+/// an embedding and a head on different stages).
+template <index_t V, index_t C>
+struct TiedLMHead : Named<"lm_head", LinearNoBias<C, V>> {
+  static constexpr bool tied_to_input_embedding = true;
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng& rng) {
+    for (T& w : p) w = T(0.02 * rng.normal());
+  }
+  static std::string describe() { return "lm_head (tied to wte): " + LinearNoBias<C, V>::describe(); }
+};
+
+template <Config c>
+using Head = std::conditional_t<c.tied, TiedLMHead<c.vocab, c.channels>,
+                                Init<Named<"lm_head", LinearNoBias<c.channels, c.vocab>>, c.layers>>;
+
 template <Config c>
 using AttentionHalf = Residual<Named<"ln_1", LayerNorm<c.channels>>,
                                Init<Named<"attn", CausalSelfAttention<c.channels, c.heads, c.context>>, c.layers>>;
@@ -77,7 +99,7 @@ using half_t = std::conditional_t<I % 2 == 0, AttentionHalf<c>, MlpHalf<c>>;
 template <Config c, std::size_t... I>
 auto model_of(std::index_sequence<I...>)
     -> Sequential<TokenPositionEmbedding<c.vocab, c.context, c.channels>, half_t<c, I>..., Named<"ln_f", LayerNorm<c.channels>>,
-                  Init<Named<"lm_head", LinearNoBias<c.channels, c.vocab>>, c.layers>, SoftmaxCrossEntropy<c.vocab>>;
+                  Head<c>, SoftmaxCrossEntropy<c.vocab>>;
 }  // namespace detail
 
 template <Config c>

@@ -13,6 +13,7 @@
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/layers/sequential.hpp"
 #include "cupipe/optim/optimizers.hpp"
 
 namespace cupipe::pipeline {
@@ -69,11 +70,42 @@ void sum_over_replicas(comm::Communicator* comm, St& st) {
   st.be->upload(std::span<const T>(host), st.grads.data());
 }
 
-/// The flush update: the global gradient norm over every stage (and process), one clip factor, then
-/// every local stage steps. Returns the norm before clipping.
+/// Replaces the gradients of both tied copies (in the whole model's flat layout) by their sum, on
+/// whichever local stages hold them; across processes every rank of the pipeline adds its part (zeros
+/// where it holds neither) in one sum over the stages. Returns this process's share of the sum of
+/// squares to leave out of the gradient norm (the second copy's, where it is held here), so the
+/// shared tensor counts once, as PyTorch counts a tied parameter.
+template <class States>
+double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCopies& tied) {
+  using T = typename States::T;
+  std::vector<T> sum(static_cast<std::size_t>(tied.count), T(0)), part(sum.size());
+  auto each_copy = [&](auto&& f) {
+    states.for_each([&](auto k, auto& st) {
+      constexpr index_t offset = States::template model_offset<decltype(k)::value>();
+      for (const index_t at : {tied.first, tied.second})
+        if (at >= offset && at + tied.count <= offset + st.param_count) f(st, st.grads.data() + (at - offset), at == tied.second);
+    });
+  };
+  each_copy([&](auto& st, T* grads, bool) {
+    st.be->download(grads, std::span<T>(part));
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  });
+  if (comm && comm->topology().stages > 1) comm->sum_over_stages(sum.data(), sum.size());
+  double excluded = 0;
+  each_copy([&](auto& st, T* grads, bool second) {
+    st.be->upload(std::span<const T>(sum), grads);
+    if (second)
+      for (T g : sum) excluded += double(g) * double(g);
+  });
+  return excluded;
+}
+
+/// The flush update: the tied copies' gradients summed, the global gradient norm over every stage
+/// (and process), one clip factor, then every local stage steps. Returns the norm before clipping.
 template <class Optimizer, class States>
-double flush_update(States& states, comm::Communicator* comm, const Optimizer& optimizer) {
+double flush_update(States& states, comm::Communicator* comm, const Optimizer& optimizer, const TiedCopies& tied = {}) {
   double sum = 0;
+  if (tied.count > 0) sum -= sum_tied_gradients(states, comm, tied);
   states.for_each([&](auto, auto& st) { sum += gradient_sum_of_squares(st); });
   if (comm) sum = comm->sum_over_stages(sum);  // replicas hold the same summed gradients
   const double norm = std::sqrt(sum);

@@ -102,10 +102,16 @@ class Pipeline {
   static constexpr index_t out_features = Stages::out_features;
   /// Rows that form one sample and stay in one microbatch (a sequence, for a transformer).
   static constexpr index_t rows_per_sample = Model::body::rows_per_sample;
+  /// The model's tied copies (GPT-2's wte and lm_head), summed by every flush update.
+  static constexpr TiedCopies tied = Model::body::tied;
 
   explicit Pipeline(PipelineOptions options = {}) : options_(std::move(options)) {
     CUPIPE_REQUIRE(options_.microbatches >= 1, "Pipeline: microbatches must be at least 1, got ", options_.microbatches);
     CUPIPE_REQUIRE(options_.batches >= 0, "Pipeline: batches must not be negative, got ", options_.batches);
+    if constexpr (tied.count > 0 && update_rule != schedule::UpdateRule::flush)
+      CUPIPE_THROW("Pipeline: ", Schedule::name, " updates each stage on its own, but this model ties a layer to its "
+                   "input embedding (as GPT-2 ties lm_head to wte); tied copies are summed by a flush update, so use a "
+                   "flush schedule or untie them (gpt::Config::tied = false)");
     if (update_rule == schedule::UpdateRule::flush && options_.batches > 1)
       CUPIPE_THROW("Pipeline: ", Schedule::name, " flushes after every batch, so batches must be 1, got ", options_.batches);
     CUPIPE_REQUIRE(options_.devices.empty() || int(options_.devices.size()) == stages, "Pipeline: ",
@@ -216,7 +222,7 @@ class Pipeline {
   double step(const Optimizer& optimizer) {
     static_assert(update_rule == schedule::UpdateRule::flush, "step: only flush schedules update after the step");
     prepare_slots<Optimizer>();
-    return pipeline::flush_update(states_, comm(), optimizer);
+    return pipeline::flush_update(states_, comm(), optimizer, tied);
   }
 
   /// Inference through all stages on the caller's thread: x (n, in_features) -> out (n, out_features),
@@ -334,7 +340,7 @@ class Pipeline {
                            const Optimizer& optimizer) {
     prepare_slots<Optimizer>();
     StepStats stats = run(x, labels, &optimizer);
-    if constexpr (update_rule == schedule::UpdateRule::flush) stats.grad_norm = pipeline::flush_update(states_, comm(), optimizer);
+    if constexpr (update_rule == schedule::UpdateRule::flush) stats.grad_norm = pipeline::flush_update(states_, comm(), optimizer, tied);
     return stats;
   }
 
