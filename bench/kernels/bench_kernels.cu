@@ -274,6 +274,35 @@ void softmax_xent(Bench& b, State& state) {
   be.context().pool().trim();
 }
 
+/// Causal attention at GPT-2 small's shape: 8 sequences of T tokens, 12 heads of 64 columns. FLOPs
+/// counted as the algorithm's: forward 2 products (QK^T, PV), backward 5 (S again, dP, dV, dQ, dK), each
+/// 2 * T (T + 1) / 2 * D per sequence and head. cuDNN's fused SDPA is not wired in (issue #11), so there
+/// is no second row to compare with yet.
+void attention(Bench& b, State& state) {
+  Gpu& be = b.be;
+  const index_t T = state.integer("context"), heads = 12, C = 768, n = 8 * T;
+  const std::string pass = state.text("pass");
+  const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};
+  auto qkv = be.allocate(n * 3 * C, MemoryTag::activations), out = be.allocate(n * C, MemoryTag::activations);
+  auto lse = be.allocate(n * heads, MemoryTag::activations), dout = be.allocate(n * C, MemoryTag::activations);
+  auto dqkv = be.allocate(n * 3 * C, MemoryTag::activations);
+  fill_random(be, qkv.data(), n * 3 * C, 21);
+  fill_random(be, dout.data(), n * C, 22);
+  ops::causal_attention_forward(be, qkv.view(sq), out.view(so), lse.view(sl), heads, T);
+  const double pairs = 8.0 * double(heads) * double(T) * double(T + 1) / 2.0, D = double(C / heads);
+  state.summary("shape", "shape", "8 x " + std::to_string(T) + " tokens, 12 heads x 64");
+  if (pass == "forward") {
+    state.add_flops(2 * 2 * pairs * D);
+    state.exec(b.timer, [&] { ops::causal_attention_forward(be, qkv.view(sq), out.view(so), lse.view(sl), heads, T); });
+  } else {
+    state.add_flops(5 * 2 * pairs * D);
+    state.exec(b.timer, [&] {
+      ops::causal_attention_backward(be, qkv.view(sq), out.view(so), lse.view(sl), dout.view(so), dqkv.view(sq), heads, T);
+    });
+  }
+  be.context().pool().trim();
+}
+
 void adamw(Bench& b, State& state) {
   Gpu& be = b.be;
   const index_t n = state.integer("parameters");
@@ -393,6 +422,10 @@ int run(int argc, char** argv) {
   add("embedding_backward", embedding_backward).int_axis("width", widths);
   add("softmax_xent", softmax_xent).int_axis("vocab", {quick ? 8192 : 50257}).axis("pass", {"forward", "backward"});
   add("adamw", adamw).int_axis("parameters", {124'000'000});
+  add("attention", attention)
+      .int_axis("context", {quick ? 256 : 1024})
+      .axis("pass", {"forward", "backward"})
+      .note("Hand-written causal attention (flash-style, fp32); cuDNN's fused SDPA is not wired in yet.");
   std::vector<std::string> problems;
   for (const Problem& p : gpt2_problems) problems.emplace_back(p.name);
   add("gemm", gemm)

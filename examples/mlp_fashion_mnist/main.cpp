@@ -9,33 +9,16 @@
 #include <cstdlib>
 #include <memory>
 
+#include "cli_checks.hpp"
 #include "trainer.hpp"
 #if CUPIPE_HAS_MPI
 #include "cupipe/comm/mpi.hpp"
 #endif
 
 using namespace fmnist;
+using cupipe::examples::non_negative;
+using cupipe::examples::positive;
 
-namespace {
-/// "must be positive" (or "must be 0 or positive"), instead of CLI::PositiveNumber's "Value 0 not in
-/// range 0.000000 to 1797693..." (a 309-digit number).
-CLI::Validator number_check(bool zero_allowed) {
-  return CLI::Validator(
-      [zero_allowed](std::string& text) -> std::string {
-        try {
-          std::size_t used = 0;
-          const double value = std::stod(text, &used);
-          if (used == text.size() && (value > 0 || (zero_allowed && value == 0))) return {};
-        } catch (const std::exception&) {
-        }
-        return std::string(zero_allowed ? "must be 0 or a positive number" : "must be a positive number") + ", got '" +
-               text + "'";
-      },
-      zero_allowed ? "NONNEGATIVE" : "POSITIVE");
-}
-const CLI::Validator positive = number_check(false);
-const CLI::Validator non_negative = number_check(true);
-}  // namespace
 
 int main(int argc, char** argv) {
   Flags f;

@@ -144,6 +144,38 @@ TEST_CASE("layernorm forward and backward match the host", "[gpu][cuda][ops]") {
   CHECK(again.download() == first);
 }
 
+TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][ops][attention]") {
+  // (heads, head dim, T, sequences): T = 1, odd T, head dims below, at and between the kernels' 32-column steps.
+  const auto [heads, D, T, S] = GENERATE(table<index_t, index_t, index_t, index_t>(
+      {{1, 4, 1, 3}, {2, 32, 7, 2}, {4, 16, 64, 2}, {12, 64, 128, 1}, {2, 96, 33, 1}, {1, 256, 40, 1}}));
+  Rng rng(std::uint64_t(heads * 1000 + D * 10 + T));
+  Gpu gpu;
+  Ref ref;
+  const index_t C = heads * D, n = T * S;
+  const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};
+  const auto qkv = random_floats(rng, n * 3 * C, -1.5, 1.5), dout = random_floats(rng, n * C);
+  const auto qkvd = cast<double>(qkv), doutd = cast<double>(dout);
+  DeviceArray<float, Gpu> dqkv_in(gpu, qkv), ddout(gpu, dout);
+  auto out = poisoned<float>(gpu, n * C), lse = poisoned<float>(gpu, n * heads), dqkv = poisoned<float>(gpu, n * 3 * C);
+  ops::causal_attention_forward(gpu, dqkv_in.cview(sq), out.view(so), lse.view(sl), heads, T);
+  std::vector<double> rout(std::size_t(n * C)), rlse(std::size_t(n * heads)), rdqkv(std::size_t(n * 3 * C));
+  ops::causal_attention_forward(ref, ConstView<double>{qkvd.data(), sq}, TensorView<double>{rout.data(), so},
+                                TensorView<double>{rlse.data(), sl}, heads, T);
+  CAPTURE(heads, D, T, S);
+  CHECK(relative_error(out.download(), rout) <= fp32_tolerance);
+  CHECK(relative_error(lse.download(), rlse) <= fp32_tolerance);
+  // Backward from the GPU's own forward, against the host's from its own.
+  ops::causal_attention_backward(gpu, dqkv_in.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), dqkv.view(sq), heads, T);
+  ops::causal_attention_backward(ref, ConstView<double>{qkvd.data(), sq}, ConstView<double>{rout.data(), so},
+                                 ConstView<double>{rlse.data(), sl}, ConstView<double>{doutd.data(), so},
+                                 TensorView<double>{rdqkv.data(), sq}, heads, T);
+  const auto first = dqkv.download();
+  CHECK(relative_error(first, rdqkv) <= fp32_tolerance);
+  // Deterministic: no atomics, so a second run gives the same bits.
+  ops::causal_attention_backward(gpu, dqkv_in.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), dqkv.view(sq), heads, T);
+  CHECK(dqkv.download() == first);
+}
+
 TEST_CASE("softmax cross-entropy matches the host", "[gpu][cuda][ops]") {
   const std::uint64_t seed = GENERATE(1, 2);
   const auto [rows, cols] = GENERATE(table<index_t, index_t>({{1, 2}, {4, 10}, {33, 1000}, {7, 1001}, {8, 50257}}));

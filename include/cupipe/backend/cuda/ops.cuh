@@ -26,6 +26,7 @@
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/cuda.cuh"
 #include "cupipe/backend/cuda/gemm.cuh"
+#include "cupipe/backend/cuda/kernels/attention.cuh"
 #include "cupipe/backend/cuda/kernels/elementwise.cuh"
 #include "cupipe/backend/cuda/kernels/embedding.cuh"
 #include "cupipe/backend/cuda/kernels/layernorm.cuh"
@@ -210,6 +211,30 @@ void layernorm_backward_weight(backend::Cuda<T>& be, DeviceConstView<T> x, Devic
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_weight");
   gpu::kernels::layernorm_backward_weight(be.context(), x.data(), mean.data(), rstd.data(), dy.data(), dgamma.data(),
                                            dbeta.data(), rows, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal self-attention (layout in op_checks.hpp), flash-style kernels (kernels/attention.cuh).
+
+template <class T>
+void causal_attention_forward(backend::Cuda<T>& be, DeviceConstView<T> qkv, DeviceView<T> out, DeviceView<T> lse,
+                              index_t heads, index_t seq_len) {
+  checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
+  const cuda_detail::OpScope scope(be, "cupipe::causal_attention_forward");
+  gpu::kernels::causal_attention_forward(be.context(), qkv.data(), out.data(), lse.data(), qkv.rows(), qkv.cols() / 3,
+                                         int(heads), seq_len);
+}
+
+/// dqkv (overwritten) from dout, with the probabilities recomputed from the saved log-sum-exp.
+template <class T>
+void causal_attention_backward(backend::Cuda<T>& be, DeviceConstView<T> qkv, DeviceConstView<T> out, DeviceConstView<T> lse,
+                               DeviceConstView<T> dout, DeviceView<T> dqkv, index_t heads, index_t seq_len) {
+  static_assert(std::is_same_v<gpu::kernels::acc_t<T>, T>, "causal_attention_backward: float or double");
+  checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
+  const cuda_detail::OpScope scope(be, "cupipe::causal_attention_backward");
+  auto delta = be.template allocate<T>(qkv.rows() * heads, MemoryTag::workspace);
+  gpu::kernels::causal_attention_backward(be.context(), qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(),
+                                          delta.data(), qkv.rows(), qkv.cols() / 3, int(heads), seq_len);
 }
 
 // ---------------------------------------------------------------------------------------------

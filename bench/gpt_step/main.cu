@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// One GPT-2-124M-shaped training step on one GPU (CUDA backend, fp32 or tf32 GEMMs): tokens/s and
+// MFU, where the peak is not a constant from a data sheet but this device's GEMM rate measured in
+// the same run (a large square ops::gemm in the same math mode). Model FLOPs per token follow the
+// PaLM/llm.c count: 6 N for the parameters (N counted once for the tied wte/lm_head) plus 6 L C T
+// for causal attention.
+//   bench_gpt_step [--batch B] [--steps N] [--math fp32|tf32] [--microbatches M]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cupipe/cupipe.cuh"
+#include "cupipe/models/gpt.hpp"
+
+using namespace cupipe;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// This device's GEMM rate (TFLOP/s) in `math`: the median of 10 timed 8192^3 products after 3 warm-ups.
+double measured_gemm_tflops(gpu::MathMode math) {
+  backend::Cuda<float> be;
+  be.math = math;
+  constexpr index_t n = 8192;
+  auto a = be.allocate<float>(n * n, MemoryTag::workspace), b = be.allocate<float>(n * n, MemoryTag::workspace),
+       c = be.allocate<float>(n * n, MemoryTag::workspace);
+  const Shape s{n, n};
+  fill(be, DeviceView<float>{a.data(), s}, 0.5f);
+  fill(be, DeviceView<float>{b.data(), s}, 0.25f);
+  std::vector<double> times;
+  for (int i = 0; i < 13; ++i) {
+    be.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm(be, ops::Transpose::no, ops::Transpose::no, 1.0f, DeviceConstView<float>{a.data(), s}, DeviceConstView<float>{b.data(), s},
+         0.0f, DeviceView<float>{c.data(), s});
+    be.synchronize();
+    if (i >= 3) times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  return 2.0 * double(n) * double(n) * double(n) / times[times.size() / 2] / 1e12;
+}
+
+// The model's types live in a function template: nvcc 13's host-code generator (cudafe++) loses a
+// class-type template argument (gpt::Config) in namespace-scope aliases.
+template <gpt::Config config>
+int run(int argc, char** argv) {
+  using Model = gpt::Model<config>;
+  using Pipe = Pipeline<partition<Model, 1>, schedule::GPipe, backend::Cuda<float>>;
+  int batch = 8, steps = 10, microbatches = 1;
+  std::string math = "fp32";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--batch" && has_value) batch = std::stoi(argv[++i]);
+    else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
+    else if (arg == "--microbatches" && has_value) microbatches = std::stoi(argv[++i]);
+    else if (arg == "--math" && has_value) math = argv[++i];
+    else CUPIPE_THROW("bench_gpt_step: unknown argument '", arg, "' (--batch B, --steps N, --microbatches M, --math fp32|tf32)");
+  }
+  CUPIPE_REQUIRE(math == "fp32" || math == "tf32", "bench_gpt_step: --math must be fp32 or tf32, got '", math, "'");
+  CUPIPE_REQUIRE(batch > 0 && steps > 0 && microbatches > 0, "bench_gpt_step: --batch, --steps and --microbatches must be positive");
+  const gpu::MathMode mode = math == "tf32" ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
+
+  const double peak = measured_gemm_tflops(mode);
+  Pipe pipe({.microbatches = microbatches, .seed = 1});
+  pipe.backend(0).math = mode;
+  const index_t rows = index_t(batch) * config.context;
+  Rng rng(2);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows)), next(ids.size());
+  for (auto& t : ids) t = std::int32_t(rng.below(50257));
+  for (auto& t : next) t = std::int32_t(rng.below(50257));
+  const ConstView<std::int32_t> x{ids.data(), Shape{rows, 1}}, y{next.data(), Shape{rows}};
+  const optim::AdamW adamw({.lr = 6e-4, .weight_decay = 0.1, .clip_norm = 1.0});
+  for (int i = 0; i < 2; ++i) pipe.train_step(x, y, adamw);  // warm-up: plans, pools
+  pipe.backend(0).synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  double loss = 0;
+  for (int i = 0; i < steps; ++i) loss = pipe.train_step(x, y, adamw).loss;
+  pipe.backend(0).synchronize();
+  const double per_step = seconds_since(t0) / steps;
+  const double tokens_per_second = double(rows) / per_step;
+  const double flops_per_token = 6.0 * double(config.unique_parameters()) +
+                                 6.0 * double(config.layers) * double(config.channels) * double(config.context);
+  const double achieved = tokens_per_second * flops_per_token / 1e12;
+  std::printf("GPT-2 124M shape (V %lld, T %lld, %lld x C %lld, %lld heads), batch %d x %lld tokens, %s GEMMs\n",
+              (long long)config.vocab, (long long)config.context, (long long)config.layers, (long long)config.channels,
+              (long long)config.heads, batch, (long long)config.context, math.c_str());
+  std::printf("step %.1f ms, %.0f tokens/s, %.1f TFLOP/s achieved; measured %s GEMM peak %.1f TFLOP/s: MFU %.1f%% "
+              "(loss %.4f)\n", per_step * 1e3, tokens_per_second, achieved, math.c_str(), peak, 100 * achieved / peak, loss);
+  std::printf("{\"tokens_per_second\":%.1f,\"step_ms\":%.3f,\"achieved_tflops\":%.3f,\"peak_tflops\":%.3f,\"mfu\":%.4f}\n",
+              tokens_per_second, per_step * 1e3, achieved, peak, achieved / peak);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run<gpt::Config{50304, 1024, 12, 12, 768}>(argc, argv);  // gpt::gpt2_124m
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpt_step: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+// Command-line checks the example trainers share: "--epochs: must be a positive number, got '0'"
+// instead of CLI::PositiveNumber's "Value 0 not in range 0.000000 to 1797693..." (a 309-digit number).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <string>
+
+namespace cupipe::examples {
+
+inline CLI::Validator number_check(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& text) -> std::string {
+        try {
+          std::size_t used = 0;
+          const double value = std::stod(text, &used);
+          if (used == text.size() && (value > 0 || (zero_allowed && value == 0))) return {};
+        } catch (const std::exception&) {
+        }
+        return std::string(zero_allowed ? "must be 0 or a positive number" : "must be a positive number") + ", got '" +
+               text + "'";
+      },
+      zero_allowed ? "NONNEGATIVE" : "POSITIVE");
+}
+inline const CLI::Validator positive = number_check(false);
+inline const CLI::Validator non_negative = number_check(true);
+
+}  // namespace cupipe::examples

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+# Shared by the trainer tests (run_trainer.cmake, run_gpt_trainer.cmake): run TRAINER with `common`
+# and more flags and read its JSON summary line; compare checkpoints' tensor bytes.
+
+# Runs the trainer with `common` and ARGN; sets `summary` to its last output line, which must be JSON.
+function(run_trainer)
+  string(REPLACE ";" " " shown "${ARGN}")
+  execute_process(COMMAND "${TRAINER}" ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  get_filename_component(name "${TRAINER}" NAME)
+  message("$ ${name} ... ${shown}\n${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${name} ${shown} exited ${rc}")
+  endif()
+  string(STRIP "${out}" out)
+  string(REGEX MATCH "[^\n]*$" last "${out}")
+  string(JSON type ERROR_VARIABLE json_error TYPE "${last}")
+  if(json_error OR NOT type STREQUAL "OBJECT")
+    message(FATAL_ERROR "the last line of the output is not a JSON object: '${last}' (${json_error})")
+  endif()
+  set(summary "${last}" PARENT_SCOPE)
+endfunction()
+
+# The tensor bytes of a safetensors file as hex: everything after the 8-byte length and the header.
+function(tensor_bytes path out_var)
+  file(READ "${path}" length_hex LIMIT 8 HEX)
+  set(header_size 0)
+  foreach(i RANGE 7 0 -1)  # little-endian u64
+    math(EXPR at "${i} * 2")
+    string(SUBSTRING "${length_hex}" ${at} 2 byte)
+    math(EXPR header_size "${header_size} * 256 + 0x${byte}")
+  endforeach()
+  math(EXPR offset "8 + ${header_size}")
+  file(READ "${path}" data OFFSET ${offset} HEX)
+  set(${out_var} "${data}" PARENT_SCOPE)
+endfunction()
+
+# Fails unless checkpoints `a` and `b` (path prefixes) hold the same model and optimizer tensors,
+# byte for byte: what a bit-exact resume must give.
+function(expect_same_tensors a b)
+  foreach(file safetensors state.safetensors)
+    tensor_bytes("${a}.${file}" a_bytes)
+    tensor_bytes("${b}.${file}" b_bytes)
+    if(NOT a_bytes STREQUAL b_bytes)
+      message(FATAL_ERROR "${a}.${file} and ${b}.${file} hold different tensors: the resume is not bit-exact")
+    endif()
+  endforeach()
+endfunction()
