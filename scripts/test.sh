@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Runs the whole test suite on a fresh Debian machine: installs the Debian packages, then builds and
-# tests (1) the host subset with CUDA off, (2) everything with CUDA on when nvcc exists (GPU tests
-# report "Skipped" without a GPU), (3) the threaded runtime under ThreadSanitizer, (4) every MPI
+# tests (1) the host subset with CUDA off, (2) everything with CUDA on when nvcc exists, running what
+# CUDA changes (GPU tests report "Skipped" without a GPU; nvcc's header checks; the package), (3) the threaded runtime under ThreadSanitizer, (4) every MPI
 # path under AddressSanitizer and UndefinedBehaviorSanitizer, and the parsers' fuzz targets for 30 s
 # each (clang, libFuzzer).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -18,7 +18,10 @@ build "$root/build/host" -DCUPIPE_ENABLE_CUDA=OFF "${all[@]}"
 if have_cuda; then
   echo "== CUDA on (nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
   build "$root/build/cuda" -DCUPIPE_ENABLE_CUDA=ON "${all[@]}"
-  (cd "$root/build/cuda" && ctest --output-on-failure -j "$jobs")
+  # What CUDA changes: the GPU tests (each skips without a GPU), nvcc's self-contained headers and the
+  # installed package with cupipe::cuda. The host tests are the same sources as in the host subset,
+  # which ran them above; on a machine with a GPU run `ctest` here without -L for everything.
+  (cd "$root/build/cuda" && ctest --output-on-failure -j "$jobs" -L "gpu|cuda|package")
 else
   echo "== CUDA on: skipped, no nvcc on this machine"
 fi
@@ -28,7 +31,7 @@ build "$root/build/tsan" -DCUPIPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCU
 (cd "$root/build/tsan" && ctest --output-on-failure -j "$jobs")
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer (clang): MPI ranks, fuzz smoke"
-asan_targets=(mpi_pipeline_check mpi_fault_check mlp_fashion_mnist fuzz_seed_corpus fuzz_safetensors fuzz_idx fuzz_checkpoint)
+asan_targets=(mpi_pipeline_check mpi_fault_check mlp_fashion_mnist gpt_train fuzz_seed_corpus fuzz_safetensors fuzz_idx fuzz_checkpoint)
 CC=clang CXX=clang++ build "$root/build/asan" -DCUPIPE_ASAN=ON -DCUPIPE_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -- "${asan_targets[@]}"
 (cd "$root/build/asan" && ctest --output-on-failure -L "mpi|fuzz" -LE multi_gpu)

@@ -5,13 +5,13 @@
 // PaLM/llm.c count: 6 N for the parameters (N counted once for the tied wte/lm_head) plus 6 L C T
 // for causal attention.
 //   bench_gpt_step [--batch B] [--steps N] [--math fp32|tf32] [--microbatches M]
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cupipe/backend/cuda/peak.cuh"
 #include "cupipe/cupipe.cuh"
 #include "cupipe/models/gpt.hpp"
 
@@ -21,29 +21,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-/// This device's GEMM rate (TFLOP/s) in `math`: the median of 10 timed 8192^3 products after 3 warm-ups.
-double measured_gemm_tflops(gpu::MathMode math) {
-  backend::Cuda<float> be;
-  be.math = math;
-  constexpr index_t n = 8192;
-  auto a = be.allocate<float>(n * n, MemoryTag::workspace), b = be.allocate<float>(n * n, MemoryTag::workspace),
-       c = be.allocate<float>(n * n, MemoryTag::workspace);
-  const Shape s{n, n};
-  fill(be, DeviceView<float>{a.data(), s}, 0.5f);
-  fill(be, DeviceView<float>{b.data(), s}, 0.25f);
-  std::vector<double> times;
-  for (int i = 0; i < 13; ++i) {
-    be.synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    gemm(be, ops::Transpose::no, ops::Transpose::no, 1.0f, DeviceConstView<float>{a.data(), s}, DeviceConstView<float>{b.data(), s},
-         0.0f, DeviceView<float>{c.data(), s});
-    be.synchronize();
-    if (i >= 3) times.push_back(seconds_since(t0));
-  }
-  std::sort(times.begin(), times.end());
-  return 2.0 * double(n) * double(n) * double(n) / times[times.size() / 2] / 1e12;
 }
 
 // The model's types live in a function template: nvcc 13's host-code generator (cudafe++) loses a
@@ -67,7 +44,7 @@ int run(int argc, char** argv) {
   CUPIPE_REQUIRE(batch > 0 && steps > 0 && microbatches > 0, "bench_gpt_step: --batch, --steps and --microbatches must be positive");
   const gpu::MathMode mode = math == "tf32" ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
 
-  const double peak = measured_gemm_tflops(mode);
+  const double peak = gpu::measured_gemm_tflops(0, mode);
   Pipe pipe({.microbatches = microbatches, .seed = 1});
   pipe.backend(0).math = mode;
   const index_t rows = index_t(batch) * config.context;
@@ -85,8 +62,7 @@ int run(int argc, char** argv) {
   pipe.backend(0).synchronize();
   const double per_step = seconds_since(t0) / steps;
   const double tokens_per_second = double(rows) / per_step;
-  const double flops_per_token = 6.0 * double(config.unique_parameters()) +
-                                 6.0 * double(config.layers) * double(config.channels) * double(config.context);
+  const double flops_per_token = config.flops_per_token();
   const double achieved = tokens_per_second * flops_per_token / 1e12;
   std::printf("GPT-2 124M shape (V %lld, T %lld, %lld x C %lld, %lld heads), batch %d x %lld tokens, %s GEMMs\n",
               (long long)config.vocab, (long long)config.context, (long long)config.layers, (long long)config.channels,

@@ -6,16 +6,13 @@
 //
 //   mlp_fashion_mnist --schedule 1f1b --stages 4 --microbatches 8 --epochs 10
 #include <CLI/CLI.hpp>
-#include <cstdlib>
-#include <memory>
 
 #include "cli_checks.hpp"
+#include "launch.hpp"
 #include "trainer.hpp"
-#if CUPIPE_HAS_MPI
-#include "cupipe/comm/mpi.hpp"
-#endif
 
 using namespace fmnist;
+using cupipe::examples::Launcher;
 using cupipe::examples::non_negative;
 using cupipe::examples::positive;
 
@@ -54,42 +51,16 @@ int main(int argc, char** argv) {
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   CLI11_PARSE(app, argc, argv);
 
-#if CUPIPE_HAS_MPI
-  std::unique_ptr<comm::MpiSession> mpi;
-  // One rank's failure ends the whole job instead of leaving the others waiting.
-  auto abort_job = [&] {
-    int size = 1;
-    if (mpi && MPI_Comm_size(MPI_COMM_WORLD, &size) == MPI_SUCCESS && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-  };
-#else
-  auto abort_job = [] {};
-#endif
+  Launcher launcher;  // outside the try: the catch ends every rank through it
   try {
     if (!f.devices.empty() && f.backend != "cuda") CUPIPE_THROW("--devices places stages on GPUs and needs --backend cuda");
 #if !CUPIPE_TRAINER_HAS_CUDA
     if (f.backend == "cuda")
       CUPIPE_THROW("--backend cuda: this trainer was built without CUDA (configure where nvcc is found to build it)");
 #endif
-    Launch launch;
-#if CUPIPE_HAS_MPI
-    const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
-    if (f.dp > 1 || under_launcher) {
-      mpi = std::make_unique<comm::MpiSession>(&argc, &argv);
-      launch.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, f.stages, f.timeout);
-      const comm::Topology& topology = launch.communicator->topology();
-      if (topology.replicas != f.dp)
-        CUPIPE_THROW("--stages ", f.stages, " x --dp ", f.dp, " needs ", f.stages * f.dp, " processes but ", topology.world,
-                     topology.world == 1 ? " was" : " were", " launched: run it as `mpirun -np ", f.stages * f.dp,
-                     " mlp_fashion_mnist ...` (or srun -n ", f.stages * f.dp, ")");
-      launch.rank = topology.rank;
-      launch.replica = topology.replica();
-      launch.replicas = topology.replicas;
-      // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
-      comm::require_same_settings(*launch.communicator, shared_settings(f));
-    }
-#else
-    if (f.dp > 1) CUPIPE_THROW("--dp needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
-#endif
+    const Launch& launch = launcher.start(argc, argv, "mlp_fashion_mnist", f.stages, f.dp, f.timeout);
+    // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
+    if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     (void)schedule::find_policy(f.schedule);  // an unknown name fails before the data loads
     // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
     if (!f.save.empty()) {
@@ -131,11 +102,11 @@ int main(int argc, char** argv) {
     return rc;
   } catch (const cupipe::error& e) {
     std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.what());  // with the failing call and where
-    abort_job();
+    launcher.abort_job();
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.what());
-    abort_job();
+    launcher.abort_job();
     return 1;
   }
 }

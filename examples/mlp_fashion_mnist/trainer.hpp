@@ -20,6 +20,7 @@
 #include "cupipe/comm/agreement.hpp"
 #include "cupipe/cupipe.hpp"
 #include "cupipe/pipeline/rebalance.hpp"
+#include "launch.hpp"
 
 namespace fmnist {
 
@@ -58,11 +59,7 @@ struct Flags {
 /// The flags every rank of a multi-process run must share (display flags and the data folder, which
 /// may be mounted elsewhere on another node, are left out; the data itself is compared after loading).
 inline comm::Settings shared_settings(const Flags& f) {
-  const auto real = [](double v) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.17g", v);
-    return std::string(text);
-  };
+  const auto real = examples::exact_text;
   return {{"--schedule", f.schedule},          {"--stages", std::to_string(f.stages)},
           {"--dp", std::to_string(f.dp)},      {"--microbatches", std::to_string(f.microbatches)},
           {"--batch", std::to_string(f.batch)}, {"--epochs", std::to_string(f.epochs)},
@@ -85,14 +82,8 @@ inline std::string data_fingerprint(const io::Dataset& d) {
   return text;
 }
 
-/// The process's place in a multi-process run (mpirun/srun): none when run alone.
-struct Launch {
-  std::shared_ptr<comm::Communicator> communicator;
-  int rank = 0;
-  int replica = 0;
-  int replicas = 1;
-  bool leader() const { return rank == 0; }
-};
+using examples::Launch;
+using examples::parse_devices;
 
 /// Standardises images with the training set's mean and standard deviation.
 inline void standardise(io::Dataset& train, io::Dataset& test) {
@@ -155,26 +146,6 @@ double accuracy(Pipe& pipe, const io::Dataset& data) {
     }
   }
   return double(correct) / double(data.count);
-}
-
-/// "0,0,1,1" -> {0, 0, 1, 1}; empty -> {}.
-inline std::vector<int> parse_devices(const std::string& text) {
-  std::vector<int> out;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    const std::size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    try {
-      std::size_t used = 0;
-      out.push_back(std::stoi(item, &used));
-      if (used != item.size()) throw std::invalid_argument(item);
-    } catch (const std::exception&) {
-      CUPIPE_THROW("--devices '", text, "': '", item, "' is not a device number");
-    }
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
 }
 
 template <class Schedule, int P, class Backend, class Optimizer>

@@ -125,11 +125,15 @@ int check(int microbatches, int rank) {
   return total == 0 ? 0 : 1;
 }
 
-/// A tied GPT (V 64, T 8, 2 blocks, 2 heads, C 16) on P stages x D replicas against one process.
+/// V 64, T 8, 2 blocks, 2 heads, C 16: at namespace scope, since clang refuses a local constexpr
+/// object as a template argument inside a function template.
+constexpr gpt::Config small_gpt{64, 8, 2, 2, 16};
+
+/// A tied GPT (small_gpt) on P stages x D replicas against one process.
 template <int P>
 int check_gpt(int rank) {
-  constexpr gpt::Config config{64, 8, 2, 2, 16};
-  using Gpt = gpt::Model<config>;
+  constexpr gpt::Config config = small_gpt;
+  using Gpt = gpt::Model<small_gpt>;
   using Stages = partition<Gpt, P>;
   auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, P);
   const comm::Topology& topo = comm->topology();

@@ -1,10 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume -P run_gpt_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|data_parallel|cuda
+#         [-DMPIRUN=<mpirun command line, ;-separated>] -P run_gpt_trainer.cmake
 # learns: 200 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed.
 # resume: 6 steps, save, resume to 12, save; against 12 straight steps: the same tensor bytes in both
 #         files (weights with nanoGPT's names, AdamW state) and the same data position.
+# data_parallel: 2 stages x 2 replicas under MPIRUN (4 processes, --batch 8: 4 sequences each) for 6
+#         steps, then the same flags in one process with 2 stages: the replicas together take the one
+#         process's step, so the held-out and training losses agree to 2 parts per million (float
+#         sums in another order), and the 4-process run writes a checkpoint.
+# cuda:   20 steps of the tiny preset with --backend cuda, then on the host: losses within 0.5%
+#         (float32 either way, other summation orders), and the summary's MFU in (0, 1). Prints
+#         "SKIPPED: ..." when the CUDA runtime finds no usable GPU.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
 cmake_minimum_required(VERSION 3.19)
 if(NOT IS_DIRECTORY "${DATA_DIR}")
@@ -47,6 +55,44 @@ elseif(MODE STREQUAL "resume")
     message(FATAL_ERROR "held-out loss after resuming ${resumed_loss}, straight ${straight_loss}")
   endif()
   message("resumed bit-exactly: held-out loss ${resumed_loss}")
+elseif(MODE STREQUAL "data_parallel")
+  set(flags --batch 8 --steps 6 --warmup 2 --eval-every 3 --eval-batches 1 --sample 0 --timeout 120)
+  set(launcher ${MPIRUN})
+  run_trainer(${flags} --dp 2 --save "${WORK_DIR}/dp")
+  string(JSON replicas GET "${summary}" data_parallel)
+  if(NOT replicas EQUAL 2)
+    message(FATAL_ERROR "the 4-process run reports ${replicas} data-parallel replicas, expected 2")
+  endif()
+  string(JSON dp_held_out GET "${summary}" held_out_loss)
+  string(JSON dp_train GET "${summary}" train_loss)
+  if(NOT EXISTS "${WORK_DIR}/dp.safetensors" OR NOT EXISTS "${WORK_DIR}/dp.state.safetensors")
+    message(FATAL_ERROR "the 4-process run did not write ${WORK_DIR}/dp.safetensors and dp.state.safetensors")
+  endif()
+  set(launcher "")
+  run_trainer(${flags})
+  string(JSON one_held_out GET "${summary}" held_out_loss)
+  string(JSON one_train GET "${summary}" train_loss)
+  expect_close("held-out loss, 2 replicas against one process" "${dp_held_out}" "${one_held_out}" 2)
+  expect_close("training loss, 2 replicas against one process" "${dp_train}" "${one_train}" 2)
+  message("2 replicas = one process: held-out loss ${dp_held_out} and ${one_held_out}")
+elseif(MODE STREQUAL "cuda")
+  set(flags --batch 8 --steps 20 --warmup 5 --eval-every 0 --eval-batches 2 --sample 0)
+  execute_process(COMMAND "${TRAINER}" ${common} ${flags} --backend cuda RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 AND err MATCHES "cudaErrorNoDevice|cudaErrorInsufficientDriver|no CUDA-capable device")
+    message("SKIPPED: no usable GPU: ${err}")
+    return()
+  endif()
+  run_trainer(${flags} --backend cuda)
+  string(JSON cuda_held_out GET "${summary}" held_out_loss)
+  string(JSON mfu GET "${summary}" mfu)
+  if(NOT mfu GREATER 0 OR NOT mfu LESS 1)
+    message(FATAL_ERROR "MFU ${mfu} is not in (0, 1)")
+  endif()
+  run_trainer(${flags})
+  string(JSON host_held_out GET "${summary}" held_out_loss)
+  expect_close("held-out loss, CUDA against host" "${cuda_held_out}" "${host_held_out}" 5000)
+  message("CUDA = host: held-out loss ${cuda_held_out} and ${host_held_out}; MFU ${mfu}")
 else()
-  message(FATAL_ERROR "MODE must be learns or resume, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, data_parallel or cuda, got '${MODE}'")
 endif()

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # Shared by the trainer tests (run_trainer.cmake, run_gpt_trainer.cmake): run TRAINER with `common`
-# and more flags and read its JSON summary line; compare checkpoints' tensor bytes.
+# and more flags and read its JSON summary line; compare checkpoints' tensor bytes and losses.
 
-# Runs the trainer with `common` and ARGN; sets `summary` to its last output line, which must be JSON.
+# Runs the trainer with `common` and ARGN, under `launcher` (e.g. an mpirun command line) when that
+# is set; sets `summary` to its last output line, which must be JSON.
 function(run_trainer)
   string(REPLACE ";" " " shown "${ARGN}")
-  execute_process(COMMAND "${TRAINER}" ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  execute_process(COMMAND ${launcher} "${TRAINER}" ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   get_filename_component(name "${TRAINER}" NAME)
   message("$ ${name} ... ${shown}\n${out}${err}")
   if(NOT rc EQUAL 0)
@@ -44,4 +45,34 @@ function(expect_same_tensors a b)
       message(FATAL_ERROR "${a}.${file} and ${b}.${file} hold different tensors: the resume is not bit-exact")
     endif()
   endforeach()
+endfunction()
+
+# A non-negative decimal such as 5.0393136 as an integer count of millionths (5039313): CMake's
+# arithmetic is integral.
+function(millionths value out_var)
+  if(NOT value MATCHES "^([0-9]+)(\\.([0-9]*))?$")
+    message(FATAL_ERROR "'${value}' is not a plain non-negative decimal")
+  endif()
+  set(whole "${CMAKE_MATCH_1}")
+  string(SUBSTRING "${CMAKE_MATCH_3}000000" 0 6 fraction)
+  string(REGEX MATCH "[1-9][0-9]*$" fraction "${fraction}")  # no leading zeros; empty for 0
+  if(fraction STREQUAL "")
+    set(fraction 0)
+  endif()
+  math(EXPR result "${whole} * 1000000 + ${fraction}")
+  set(${out_var} ${result} PARENT_SCOPE)
+endfunction()
+
+# Fails unless |a - b| <= b * ppm / 1e6 (to a millionth of a unit): `what` names the quantity.
+function(expect_close what a b ppm)
+  millionths("${a}" a_u)
+  millionths("${b}" b_u)
+  math(EXPR diff "${a_u} - ${b_u}")
+  if(diff LESS 0)
+    math(EXPR diff "-(${diff})")
+  endif()
+  math(EXPR bound "${b_u} * ${ppm} / 1000000 + 1")
+  if(diff GREATER bound)
+    message(FATAL_ERROR "${what}: ${a} against ${b}, more than ${ppm} parts per million apart")
+  endif()
 endfunction()

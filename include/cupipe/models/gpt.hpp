@@ -42,6 +42,11 @@ struct Config {
   }
   /// Distinct parameters, as PyTorch counts them (a tied tensor once).
   constexpr index_t unique_parameters() const { return parameters() - (tied ? vocab * channels : 0); }
+  /// Model FLOPs of one training token (forward and backward), as PaLM and llm.c count them for MFU:
+  /// 6 per distinct parameter (a tied table once) plus 6 L C T for causal attention's two products.
+  constexpr double flops_per_token() const {
+    return 6.0 * double(unique_parameters()) + 6.0 * double(layers) * double(channels) * double(context);
+  }
 };
 
 /// Byte-level text on a CPU: V 256, T 64, 4 blocks of C 128 with 4 heads (0.83 M parameters).

@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// How the example trainers start under mpirun or srun: MPI comes up when --dp > 1 or a launcher
+// started the process, the process count must be stages x replicas, and one rank's failure ends the
+// whole job instead of leaving the others waiting for it. Also what the trainers' placement and
+// agreement flags share: --devices lists, and exact text for numbers the ranks must agree on.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cupipe/comm/communicator.hpp"
+#include "cupipe/core/error.hpp"
+#if CUPIPE_HAS_MPI
+#include "cupipe/comm/mpi.hpp"
+#endif
+
+namespace cupipe::examples {
+
+/// A number as the ranks compare it in require_same_settings: all 17 significant digits.
+inline std::string exact_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", v);
+  return text;
+}
+
+/// "0,0,1,1" -> {0, 0, 1, 1}; empty -> {}. Throws naming the item that is not a device number.
+inline std::vector<int> parse_devices(const std::string& text) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const std::size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    try {
+      std::size_t used = 0;
+      out.push_back(std::stoi(item, &used));
+      if (used != item.size() || out.back() < 0) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      CUPIPE_THROW("--devices '", text, "': '", item, "' is not a device number");
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+/// The process's place in a multi-process run: none when run alone.
+struct Launch {
+  std::shared_ptr<comm::Communicator> communicator;
+  int rank = 0;
+  int replica = 0;
+  int replicas = 1;
+  bool leader() const { return rank == 0; }
+};
+
+/// Holds MPI (when it is used) for the trainer's lifetime. Declare it before the trainer's try block
+/// and start() it inside, so that abort_job() can still reach MPI from the catch.
+class Launcher {
+ public:
+  /// Starts MPI when `dp` > 1 or a launcher's environment is present, and checks the process count.
+  /// `program` names the binary in the mpirun command a wrong count suggests.
+  const Launch& start(int& argc, char**& argv, const char* program, int stages, int dp, double timeout) {
+#if CUPIPE_HAS_MPI
+    const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
+    if (dp > 1 || under_launcher) {
+      mpi_ = std::make_unique<comm::MpiSession>(&argc, &argv);
+      launch_.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout);
+      const comm::Topology& topology = launch_.communicator->topology();
+      if (topology.replicas != dp)
+        CUPIPE_THROW("--stages ", stages, " x --dp ", dp, " needs ", stages * dp, " processes but ", topology.world,
+                     topology.world == 1 ? " was" : " were", " launched: run it as `mpirun -np ", stages * dp, " ", program,
+                     " ...` (or srun -n ", stages * dp, ")");
+      launch_.rank = topology.rank;
+      launch_.replica = topology.replica();
+      launch_.replicas = topology.replicas;
+    }
+#else
+    (void)argc, (void)argv, (void)program, (void)stages, (void)timeout;
+    if (dp > 1) CUPIPE_THROW("--dp needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
+#endif
+    return launch_;
+  }
+
+  const Launch& launch() const { return launch_; }
+
+  /// Ends every rank of a multi-process job (MPI_Abort); nothing when run alone.
+  void abort_job() {
+#if CUPIPE_HAS_MPI
+    int size = 1;
+    if (mpi_ && MPI_Comm_size(MPI_COMM_WORLD, &size) == MPI_SUCCESS && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+  }
+
+ private:
+  Launch launch_;
+#if CUPIPE_HAS_MPI
+  std::unique_ptr<comm::MpiSession> mpi_;
+#endif
+};
+
+}  // namespace cupipe::examples

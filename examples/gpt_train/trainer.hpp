@@ -1,0 +1,368 @@
+// SPDX-License-Identifier: Apache-2.0
+// gpt_train's training loop, shared by the host build (main.cpp) and, when CUDA is available, the
+// device build (trainer_cuda.cu): one template over the model's size, the schedule, the stage count
+// and the backend.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cupipe/comm/agreement.hpp"
+#include "cupipe/cupipe.hpp"
+#include "cupipe/models/gpt.hpp"
+#include "cupipe/pipeline/rebalance.hpp"  // stage_description
+#include "launch.hpp"
+
+namespace gpt_trainer {
+
+using namespace cupipe;
+using examples::Launch;
+using examples::parse_devices;
+
+using T = float;
+
+struct Flags {
+  std::string data = io::fortunes_default_dir;
+  std::string shards, val_shards;
+  std::string preset = "tiny";
+  std::string schedule = "1f1b";
+  int stages = 2;
+  int microbatches = 4;
+  int batch = 16;
+  std::int64_t steps = 2000;
+  double lr = 2e-3;
+  std::int64_t warmup = 100;
+  double min_lr = 0.1;
+  double weight_decay = 0.1;
+  double clip = 1.0;
+  std::uint64_t seed = 0;
+  std::int64_t eval_every = 100;
+  int eval_batches = 8;
+  double held_out = 0.05;
+  int sample = 200;
+  std::string prompt = "The ";
+  double temperature = 0.8;
+  int top_k = 40;
+  std::string save, resume, trace;
+  std::int64_t save_every = 0;
+  double max_seconds = 0;
+  std::int64_t max_steps = 0;
+  std::string progress = "auto";
+  std::string backend = "host";
+  std::string devices;
+  std::string math = "fp32";
+  int dp = 1;
+  double timeout = comm::Communicator::default_collective_timeout_seconds;
+};
+
+/// The flags every rank of a multi-process run must share (display flags and the data paths, which
+/// may be mounted elsewhere on another node, are left out; the tokens are compared after loading).
+inline comm::Settings shared_settings(const Flags& f) {
+  const auto real = examples::exact_text;
+  return {{"--preset", f.preset},       {"--schedule", f.schedule},
+          {"--stages", std::to_string(f.stages)}, {"--dp", std::to_string(f.dp)},
+          {"--microbatches", std::to_string(f.microbatches)}, {"--batch", std::to_string(f.batch)},
+          {"--steps", std::to_string(f.steps)}, {"--lr", real(f.lr)},
+          {"--warmup", std::to_string(f.warmup)}, {"--min-lr", real(f.min_lr)},
+          {"--weight-decay", real(f.weight_decay)}, {"--clip", real(f.clip)},
+          {"--seed", std::to_string(f.seed)},   {"--held-out", real(f.held_out)},
+          {"--eval-every", std::to_string(f.eval_every)}, {"--eval-batches", std::to_string(f.eval_batches)},
+          {"--save", f.save},                   {"--save-every", std::to_string(f.save_every)},
+          {"--resume", f.resume},               {"--max-steps", std::to_string(f.max_steps)},
+          {"--max-seconds", real(f.max_seconds)}, {"--backend", f.backend},
+          {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt}};
+}
+
+/// FNV-1a over a token stream: equal on every rank that loaded the same corpus.
+inline std::string tokens_fingerprint(const std::vector<std::int32_t>& tokens) {
+  Fnv1a hash;
+  hash.add(tokens.data(), tokens.size() * sizeof(std::int32_t));
+  char text[48];
+  std::snprintf(text, sizeof text, "%zu tokens, hash %016llx", tokens.size(), (unsigned long long)hash.value());
+  return text;
+}
+
+/// A pipeline seen through nanoGPT's parameter names: what save_checkpoint and load_checkpoint read
+/// and write, so a nanoGPT GPT module loads the model file with load_state_dict.
+template <gpt::Config config, class Pipe>
+struct NanoGptNames {
+  Pipe& pipe;
+  std::vector<ParamInfo> parameter_table() const {
+    std::vector<ParamInfo> table = Pipe::parameter_table();
+    for (ParamInfo& p : table) p.name = gpt::nanogpt_name(config, p.name);
+    return table;
+  }
+  std::vector<T> parameters() { return pipe.parameters(); }
+  std::vector<T> optimizer_state(std::size_t slot) { return pipe.optimizer_state(slot); }
+  bool writes_checkpoints() const { return pipe.writes_checkpoints(); }
+  void set_parameters(std::span<const T> values) { pipe.set_parameters(values); }
+  template <class Optimizer>
+  void set_optimizer_state(const Optimizer& o, std::size_t slot, std::span<const T> values, std::int64_t updates) {
+    pipe.set_optimizer_state(o, slot, values, updates);
+  }
+};
+
+/// Mean cross-entropy (nats per token) of the model on `batches` fixed batches of held-out windows.
+/// Logits are computed a few sequences at a time, at most ~64 M values (256 MiB) in host memory: a
+/// GPT-2 vocabulary makes a whole batch's logits gigabytes.
+template <gpt::Config config, class Pipe>
+double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int batch, int batches) {
+  const index_t V = config.vocab, Tn = config.context;
+  const index_t chunk = std::clamp<index_t>((index_t(1) << 26) / (Tn * V), 1, batch);
+  io::WindowLoader loader(tokens, Tn, batch);
+  std::vector<std::int32_t> x, y;
+  std::vector<T> logits;
+  double total = 0;
+  std::int64_t count = 0;
+  for (int b = 0; b < batches; ++b) {
+    loader.next(x, y);
+    for (index_t first = 0; first < batch; first += chunk) {
+      const index_t rows = std::min<index_t>(chunk, batch - first) * Tn;
+      logits.resize(std::size_t(rows * V));
+      pipe.predict(ConstView<std::int32_t>{x.data() + first * Tn, Shape{rows, 1}}, TensorView<T>{logits.data(), Shape{rows, V}});
+      for (index_t r = 0; r < rows; ++r) {
+        const T* z = logits.data() + r * V;
+        const double max = *std::max_element(z, z + V);
+        double sum = 0;
+        for (index_t v = 0; v < V; ++v) sum += std::exp(double(z[v]) - max);
+        total += max + std::log(sum) - double(z[y[std::size_t(first * Tn + r)]]);
+        ++count;
+      }
+    }
+  }
+  return total / double(count);
+}
+
+/// Entropy (nats) of the tokens' frequencies: the loss of the best model that ignores context.
+inline double unigram_entropy(const std::vector<std::int32_t>& tokens, index_t vocab) {
+  std::vector<double> counts(std::size_t(vocab), 0.0);
+  for (std::int32_t t : tokens) counts[std::size_t(t)] += 1;
+  double h = 0;
+  for (double c : counts)
+    if (c > 0) h -= c / double(tokens.size()) * std::log(c / double(tokens.size()));
+  return h;
+}
+
+/// Draws `count` tokens after `prompt`: each step runs the last T tokens (right-padded: causal
+/// attention never looks ahead) and samples the next from the logits at the last real position, with
+/// temperature and top-k.
+template <gpt::Config config, class Pipe>
+std::vector<std::int32_t> generate(Pipe& pipe, std::vector<std::int32_t> text, int count, double temperature, int top_k,
+                                   Rng& rng) {
+  const index_t Tn = config.context, V = config.vocab;
+  std::vector<std::int32_t> window(static_cast<std::size_t>(Tn));
+  std::vector<T> logits(std::size_t(Tn * V));
+  std::vector<std::pair<double, std::int32_t>> ranked(static_cast<std::size_t>(V));
+  for (int i = 0; i < count; ++i) {
+    const std::size_t used = std::min<std::size_t>(text.size(), std::size_t(Tn));
+    std::fill(window.begin(), window.end(), 0);
+    std::copy(text.end() - std::ptrdiff_t(used), text.end(), window.begin());
+    pipe.predict(ConstView<std::int32_t>{window.data(), Shape{Tn, 1}}, TensorView<T>{logits.data(), Shape{Tn, V}});
+    const T* z = logits.data() + (used - 1) * std::size_t(V);
+    for (index_t v = 0; v < V; ++v) ranked[std::size_t(v)] = {double(z[v]) / temperature, std::int32_t(v)};
+    const int k = top_k > 0 ? std::min<int>(top_k, int(V)) : int(V);
+    std::partial_sort(ranked.begin(), ranked.begin() + k, ranked.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += std::exp(ranked[std::size_t(j)].first - ranked[0].first);
+    double u = rng.uniform() * sum;
+    std::int32_t next = ranked[std::size_t(k - 1)].second;
+    for (int j = 0; j < k; ++j) {
+      u -= std::exp(ranked[std::size_t(j)].first - ranked[0].first);
+      if (u <= 0) {
+        next = ranked[std::size_t(j)].second;
+        break;
+      }
+    }
+    text.push_back(next);
+  }
+  return text;
+}
+
+/// Bytes as text for a terminal: control bytes other than newline and tab shown as '?'. Token ids
+/// above 255 (llm.c shards) are shown as <id>.
+inline std::string printable(const std::vector<std::int32_t>& tokens) {
+  std::string out;
+  for (std::int32_t t : tokens) {
+    if (t > 255) out += "<" + std::to_string(t) + ">";
+    else out += (t == '\n' || t == '\t' || t >= 32) && t != 127 ? char(t) : '?';
+  }
+  return out;
+}
+
+/// What the device build adds to a step's line: the achieved model TFLOP/s against the GPUs' GEMM
+/// rate measured at start (0: the host backend, where MFU is not reported).
+struct DeviceRate {
+  double peak_tflops = 0;  ///< the sum over the GPUs the stages use
+  std::string math;        ///< "fp32" or "tf32": the GEMMs' mode, in which the peak was measured
+};
+
+/// Leaves a new pipeline as it is (the host build); the device build sets the GEMMs' math mode.
+struct AsBuilt {
+  template <class Pipe>
+  void operator()(Pipe&) const {}
+};
+
+template <gpt::Config config, class Schedule, int P, class Backend, class Configure = AsBuilt>
+int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
+          const DeviceRate& rate = {}, Configure configure = {}) {
+  using Model = gpt::Model<config>;
+  using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
+  using Pipe = Pipeline<Stages, Schedule, Backend>;
+  Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
+             .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator});
+  configure(pipe);
+  NanoGptNames<config, Pipe> named{pipe};
+  optim::AdamW adamw({.lr = f.lr, .weight_decay = f.weight_decay, .clip_norm = f.clip,
+                      .schedule = {f.warmup, f.steps, f.min_lr}});
+  // Only the first rank talks; every rank computes.
+  auto say = [&](const char* format, auto... args) {
+    if (launch.leader()) std::printf(format, args...);
+  };
+
+  const bool bytes = f.shards.empty();
+  say("cupipe %s: GPT %s (V %lld, T %lld, %lld blocks, %lld heads, C %lld; %.2f M parameters, lm_head %s), backend %s\n",
+      version_string, f.preset.c_str(), (long long)config.vocab, (long long)config.context, (long long)config.layers,
+      (long long)config.heads, (long long)config.channels, double(config.unique_parameters()) / 1e6,
+      config.tied ? "tied to wte" : "untied", f.backend.c_str());
+  say("%s: %lld files, %zu tokens; %zu train, %zu held out\n", corpus.source.c_str(), (long long)corpus.files,
+      corpus.tokens.size(), split.train.size(), split.held_out.size());
+  say("%s, %d stages x %d chunk(s)%s; %d sequences (%d tokens) a step in %d microbatches; AdamW lr %g\n",
+      std::string(Schedule::name).c_str(), P, Schedule::chunks,
+      launch.replicas > 1 ? (" x " + std::to_string(launch.replicas) + " replicas").c_str() : "", f.batch,
+      f.batch * int(config.context), f.microbatches, f.lr);
+  if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
+  for (int k = 0; k < int(Stages::size); ++k) say("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
+  if (rate.peak_tflops > 0)
+    say("measured %s GEMM rate of the GPUs in use: %.1f TFLOP/s (the MFU denominator); %.3g model FLOPs per token\n",
+        rate.math.c_str(), rate.peak_tflops, config.flops_per_token());
+  const double unigram = unigram_entropy(split.train, config.vocab);
+  const double per_bit = bytes ? std::log(2.0) : 1.0;  // bits per byte for text; nats per token for shards
+  const char* unit = bytes ? "bits per byte" : "nats per token";
+  say("unigram baseline (no context): %.4f nats = %.4f %s\n", unigram, unigram / per_bit, unit);
+
+  io::TrainingState state;
+  if (!f.resume.empty()) {
+    state = io::load_checkpoint(f.resume, named, adamw);
+    say("resumed from %s: %lld updates, data position %lld\n", f.resume.c_str(), (long long)state.updates,
+        (long long)state.batch);
+  }
+  // --batch sequences a step in all: each replica reads its own batch / dp of them.
+  io::WindowLoader loader(split.train, config.context, f.batch / launch.replicas, launch.replica, launch.replicas,
+                          std::uint64_t(state.batch));
+  auto save = [&] {
+    state.updates = pipe.updates();
+    state.batch = std::int64_t(loader.position());
+    state.extra = {{"preset", f.preset}, {"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
+    io::save_checkpoint(f.save, named, adamw, state);
+    say("saved %s (nanoGPT names) and %s\n", io::model_file(f.save).c_str(), io::state_file(f.save).c_str());
+  };
+
+  const bool bar = launch.leader() && (f.progress == "bar" || (f.progress == "auto" && isatty(STDOUT_FILENO)));
+  const bool quiet = f.progress == "none" || !launch.leader();
+  std::vector<std::int32_t> x, y;
+  nlohmann::json curve = nlohmann::json::array();
+  double seconds = 0, last_loss = 0, eval_loss = 0, bubble_sum = 0, achieved_sum = 0;
+  std::int64_t steps = 0;
+  StepStats last_stats;
+  const auto start = std::chrono::steady_clock::now();
+  auto evaluate = [&](std::int64_t step) {
+    eval_loss = held_out_loss<config>(pipe, split.held_out, f.batch, f.eval_batches);
+    if (bar) std::printf("\n");
+    say("step %lld: held-out loss %.4f (%.4f %s), train loss %.4f, %.1f s\n", (long long)step, eval_loss,
+        eval_loss / per_bit, unit, last_loss, seconds);
+    curve.push_back({{"step", step}, {"seconds", seconds}, {"train_loss", last_loss}, {"held_out_loss", eval_loss}});
+    std::fflush(stdout);
+  };
+  for (std::int64_t step = pipe.updates(); step < f.steps; ++step) {
+    loader.next(x, y);
+    const index_t rows = index_t(x.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    last_stats = pipe.train_step(ConstView<std::int32_t>{x.data(), Shape{rows, 1}},
+                                 ConstView<std::int32_t>{y.data(), Shape{rows}}, adamw);
+    const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    last_loss = last_stats.loss;
+    bubble_sum += last_stats.bubble_fraction;
+    ++steps;
+    // Tokens of the whole step (every replica's); the model FLOPs they took, per second.
+    const double tokens_per_second = double(f.batch) * double(config.context) / step_seconds;
+    const double achieved = tokens_per_second * config.flops_per_token() / 1e12;
+    achieved_sum += achieved;
+    if (!quiet) {
+      char device_rate[96] = "";
+      if (rate.peak_tflops > 0)
+        std::snprintf(device_rate, sizeof device_rate, ", %.2f TFLOP/s, MFU %.1f%%", achieved,
+                      100 * achieved / rate.peak_tflops);
+      if (bar)
+        std::printf("\rstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tokens/s%s ", (long long)step + 1, (long long)f.steps,
+                    last_stats.loss, adamw.lr(step), last_stats.grad_norm, tokens_per_second, device_rate);
+      else if ((step + 1) % 10 == 0 || step == 0)
+        std::printf("step %lld/%lld: loss %.4f, lr %.2e, grad norm %.3f, %.0f tokens/s%s\n", (long long)step + 1,
+                    (long long)f.steps, last_stats.loss, adamw.lr(step), last_stats.grad_norm, tokens_per_second, device_rate);
+      std::fflush(stdout);
+    }
+    const bool last = step + 1 == f.steps || (f.max_steps > 0 && step + 1 >= f.max_steps) ||
+                      (f.max_seconds > 0 && seconds >= f.max_seconds);
+    if (f.eval_every > 0 && ((step + 1) % f.eval_every == 0 || last)) evaluate(step + 1);
+    if (!f.save.empty() && (last || (f.save_every > 0 && (step + 1) % f.save_every == 0))) save();
+    if (last) break;
+  }
+  if (bar) std::printf("\n");
+  if (steps == 0 || f.eval_every == 0) evaluate(pipe.updates());
+  if (!f.trace.empty() && steps && launch.leader()) {
+    io::write_file_atomically(f.trace, measured_trace_json(pipe.plan(), last_stats));
+    std::printf("wrote %s (open it in https://ui.perfetto.dev or chrome://tracing): the last step, measured and "
+                "simulated side by side\n", f.trace.c_str());
+  }
+
+  std::string sample;
+  if (f.sample > 0) {
+    Rng rng(f.seed + 1);
+    const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
+    sample = printable(generate<config>(pipe, prompt, f.sample, f.temperature, f.top_k, rng));
+    say("--- sample (temperature %g, top-k %d) ---\n%s\n---\n", f.temperature, f.top_k, sample.c_str());
+  }
+  nlohmann::json summary = {{"held_out_loss", eval_loss},
+                            {"held_out_bits_per_byte", bytes ? eval_loss / per_bit : 0.0},
+                            {"unigram_loss", unigram},
+                            {"train_loss", last_loss},
+                            {"steps", pipe.updates()},
+                            {"seconds", seconds},
+                            {"tokens_per_second", seconds > 0 ? double(steps * f.batch * config.context) / seconds : 0.0},
+                            {"bubble_fraction_measured", steps ? bubble_sum / double(steps) : 0.0},
+                            {"backend", f.backend},
+                            {"schedule", f.schedule},
+                            {"stages", f.stages},
+                            {"data_parallel", launch.replicas},
+                            {"microbatches", f.microbatches},
+                            {"curve", curve}};
+  if (rate.peak_tflops > 0 && steps) {
+    summary["achieved_tflops"] = achieved_sum / double(steps);
+    summary["peak_tflops_measured"] = rate.peak_tflops;
+    summary["mfu"] = achieved_sum / double(steps) / rate.peak_tflops;
+  }
+  say("%s\n", summary.dump().c_str());
+  return 0;
+}
+
+/// The GPUs the stages use (--devices, or device 0 for all), each once.
+inline std::vector<int> devices_in_use(const Flags& f) {
+  const std::vector<int> listed = parse_devices(f.devices);
+  const std::set<int> distinct(listed.begin(), listed.end());
+  return distinct.empty() ? std::vector<int>{0} : std::vector<int>(distinct.begin(), distinct.end());
+}
+
+/// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
+int train_cuda(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch);
+
+}  // namespace gpt_trainer
