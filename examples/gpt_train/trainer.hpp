@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -212,6 +213,12 @@ struct AsBuilt {
   void operator()(Pipe&) const {}
 };
 
+inline std::string mebibytes(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return text;
+}
+
 template <gpt::Config config, class Schedule, int P, class Backend, class Configure = AsBuilt>
 int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
           const DeviceRate& rate = {}, Configure configure = {}) {
@@ -241,7 +248,17 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
       launch.replicas > 1 ? (" x " + std::to_string(launch.replicas) + " replicas").c_str() : "", f.batch,
       f.batch * int(config.context), f.microbatches, f.lr);
   if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
-  for (int k = 0; k < int(Stages::size); ++k) say("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
+  // What each worker will hold, before anything is allocated (one-chunk schedules): the first stage
+  // of 1F1B holds the most microbatches, the last the head's V-wide output.
+  std::array<double, Stages::size> estimate{};
+  if constexpr (Schedule::chunks == 1) {
+    const int sequences = (f.batch / launch.replicas + f.microbatches - 1) / f.microbatches;
+    estimate = estimated_stage_bytes<Stages, Schedule>(
+        f.microbatches, MemoryModel{.rows_per_microbatch = index_t(sequences) * config.context, .value_bytes = int(sizeof(T))});
+  }
+  for (int k = 0; k < int(Stages::size); ++k)
+    say("  stage %d: %s%s\n", k, stage_description<Stages>(k).c_str(),
+        estimate[std::size_t(k)] > 0 ? (", estimated " + mebibytes(estimate[std::size_t(k)])).c_str() : "");
   if (rate.peak_tflops > 0)
     say("measured %s GEMM rate of the GPUs in use: %.1f TFLOP/s (the MFU denominator); %.3g model FLOPs per token\n",
         rate.math.c_str(), rate.peak_tflops, config.flops_per_token());
@@ -318,6 +335,16 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
     if (last) break;
   }
   if (bar) std::printf("\n");
+  // Measured: each local worker's peak bytes (weights, gradients, AdamW, activations), by its allocator.
+  nlohmann::json peak_bytes = nlohmann::json::array();
+  for (int w = 0; w < int(Stages::size); ++w)
+    if (pipe.local(w)) {
+      const double peak = double(pipe.backend(w).memory.peak());
+      peak_bytes.push_back(peak);
+      if (steps && !quiet)
+        std::printf("stage %d: peak %s%s\n", w, mebibytes(peak).c_str(),
+                    estimate[std::size_t(w)] > 0 ? (" (estimated " + mebibytes(estimate[std::size_t(w)]) + ")").c_str() : "");
+    }
   if (steps == 0 || f.eval_every == 0) evaluate(pipe.updates());
   if (!f.trace.empty() && steps && launch.leader()) {
     io::write_file_atomically(f.trace, measured_trace_json(pipe.plan(), last_stats));
@@ -345,6 +372,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"stages", f.stages},
                             {"data_parallel", launch.replicas},
                             {"microbatches", f.microbatches},
+                            {"peak_bytes_measured", peak_bytes},
                             {"curve", curve}};
   if (rate.peak_tflops > 0 && steps) {
     summary["achieved_tflops"] = achieved_sum / double(steps);

@@ -11,6 +11,7 @@
 #include "cupipe/optim/lr_schedule.hpp"
 #include "cupipe/optim/optimizers.hpp"
 #include "cupipe/pipeline/dispatch.hpp"
+#include "cupipe/pipeline/memory_plan.hpp"
 #include "cupipe/pipeline/pipeline.hpp"
 #include "cupipe/pipeline/stage_list.hpp"
 #include "cupipe/pipeline/trace.hpp"

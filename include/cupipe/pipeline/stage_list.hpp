@@ -205,6 +205,25 @@ constexpr std::array<std::size_t, P + 1> balanced_cuts(const std::array<double, 
   return cuts;
 }
 
+/// The cost model's view of a model's body: forward FLOPs per sample of each layer, and where cuts may
+/// fall. A unit is a layer with parameters (or the first layer) and the parameter-free layers after
+/// it, so that activations stay with their producer; splits fall between units when there are enough.
+template <class Body>
+struct layer_cost_model {
+  static constexpr std::size_t L = Body::size;
+  static constexpr std::array<double, L> costs = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<double, L>{Body::template layer<I>::forward_flops_per_sample(Body::widths[I])...};
+  }(std::make_index_sequence<L>());
+  static constexpr std::array<bool, L> starts_unit = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<bool, L>{(I == 0 || param_elements<typename Body::template layer<I>>(Body::widths[I]) > 0)...};
+  }(std::make_index_sequence<L>());
+  static constexpr std::size_t units = [] {
+    std::size_t n = 0;
+    for (bool s : starts_unit) n += s;
+    return n;
+  }();
+};
+
 template <class Model, std::size_t Requested>
 struct partition_impl {
   using body = typename Model::body;
@@ -214,19 +233,9 @@ struct partition_impl {
   // After a failed check, go on with a count that works, so the sentence above is the only error.
   static constexpr std::size_t P = Requested < 1 ? 1 : (Requested > L ? L : Requested);
 
-  static constexpr std::array<double, L> layer_costs = []<std::size_t... I>(std::index_sequence<I...>) {
-    return std::array<double, L>{body::template layer<I>::forward_flops_per_sample(body::widths[I])...};
-  }(std::make_index_sequence<L>());
-  // A unit is a layer with parameters (or the first layer) and the parameter-free layers after it,
-  // so that activations stay with their producer. Splits fall between units when there are enough.
-  static constexpr std::array<bool, L> starts_unit = []<std::size_t... I>(std::index_sequence<I...>) {
-    return std::array<bool, L>{(I == 0 || param_elements<typename body::template layer<I>>(body::widths[I]) > 0)...};
-  }(std::make_index_sequence<L>());
-  static constexpr std::size_t units = [] {
-    std::size_t n = 0;
-    for (bool s : starts_unit) n += s;
-    return n;
-  }();
+  static constexpr const auto& layer_costs = layer_cost_model<body>::costs;
+  static constexpr const auto& starts_unit = layer_cost_model<body>::starts_unit;
+  static constexpr std::size_t units = layer_cost_model<body>::units;
   static constexpr std::array<std::size_t, P + 1> cuts = [] {
     if constexpr (units < P) {
       return balanced_cuts<L, P>(layer_costs);

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+// The memory estimate against the host allocator's measured peaks, and partition_within<>: a GPT
+// whose embedding and head are large next to its blocks, split so that every worker fits a budget
+// the FLOP-balanced split exceeds, still trains exactly as the unpipelined Network.
+#include "pipeline_test_support.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "cupipe/models/gpt.hpp"
+#include "cupipe/pipeline/memory_plan.hpp"
+
+namespace {
+
+using namespace cupipe;
+using test::Host;
+
+// V 2048 next to C 32: wte and lm_head hold 2 x 65536 of the model's 183 k parameters, and the
+// head's output (V per row) is the widest activation.
+constexpr gpt::Config config{2048, 16, 4, 2, 32};
+using Gpt = gpt::Model<config>;
+constexpr index_t T = config.context;
+constexpr int sequences_per_microbatch = 2;
+constexpr MemoryModel model_of_run{.rows_per_microbatch = sequences_per_microbatch * T, .value_bytes = 8, .optimizer_slots = 2};
+
+struct TokenBatch {
+  std::vector<std::int32_t> ids, labels;
+  index_t rows = 0;
+  TokenBatch(index_t sequences, std::uint64_t salt) : rows(sequences * T) {
+    Rng rng(salt);
+    for (index_t i = 0; i < rows; ++i) {
+      ids.push_back(std::int32_t(rng.below(std::uint64_t(config.vocab))));
+      labels.push_back(std::int32_t(rng.below(std::uint64_t(config.vocab))));
+    }
+  }
+  ConstView<std::int32_t> x() const { return {ids.data(), Shape{rows, 1}}; }
+  ConstView<std::int32_t> y() const { return {labels.data(), Shape{rows}}; }
+};
+
+/// Runs two AdamW steps of `Stages` under `Policy` with M microbatches of two sequences and returns
+/// each worker's measured peak bytes in the second step (optimizer slots exist by then).
+template <class Stages, class Policy, int M>
+std::vector<double> measured_peaks() {
+  PipelineOptions options;
+  options.microbatches = M;
+  options.seed = 7;
+  Pipeline<Stages, Policy, Host> pipe(options);
+  const optim::AdamW adamw({.lr = 1e-3});
+  for (int step = 0; step < 2; ++step) {
+    const TokenBatch batch(M * sequences_per_microbatch, 40 + std::uint64_t(step));
+    test::bounded(120, [&] { return pipe.train_step(batch.x(), batch.y(), adamw); });
+  }
+  std::vector<double> peaks;
+  for (std::size_t w = 0; w < Stages::size; ++w) peaks.push_back(double(pipe.backend(int(w)).memory.peak()));
+  return peaks;
+}
+
+template <class Stages, class Policy, int M>
+void check_estimate(double tolerance) {
+  constexpr auto estimate = estimated_stage_bytes<Stages, Policy>(M, model_of_run);
+  const std::vector<double> peaks = measured_peaks<Stages, Policy, M>();
+  for (std::size_t w = 0; w < Stages::size; ++w) {
+    INFO(Policy::name << " p = " << Stages::size << " worker " << w << ": estimated " << estimate[w] << " bytes, measured "
+                      << peaks[w]);
+    CHECK(std::abs(estimate[w] - peaks[w]) <= tolerance * peaks[w]);
+  }
+}
+
+template <std::size_t N>
+constexpr double largest(const std::array<double, N>& a) {
+  return *std::max_element(a.begin(), a.end());
+}
+
+}  // namespace
+
+TEST_CASE("the memory estimate follows each worker's measured peak bytes", "[pipeline][memory]") {
+  constexpr double tolerance = 0.05;
+  check_estimate<partition<Gpt, 1>, schedule::OneFOneB, 4>(tolerance);
+  check_estimate<partition<Gpt, 2>, schedule::GPipe, 4>(tolerance);
+  check_estimate<partition<Gpt, 2>, schedule::OneFOneB, 4>(tolerance);
+  check_estimate<partition<Gpt, 4>, schedule::OneFOneB, 8>(tolerance);
+  check_estimate<partition<Gpt, 4>, schedule::ZeroBubbleH1, 8>(tolerance);
+  check_estimate<partition<Gpt, 4>, schedule::ZeroBubbleH2, 8>(tolerance);
+}
+
+TEST_CASE("partition_within keeps every worker under a budget the FLOP-balanced split exceeds", "[pipeline][memory]") {
+  constexpr int M = 8;
+  using Balanced = partition<Gpt, 4>;
+  constexpr auto balanced = estimated_stage_bytes<Balanced, schedule::OneFOneB>(M, model_of_run);
+  // 85 % of the balanced split's largest worker: the balanced split does not fit.
+  constexpr std::uint64_t budget = std::uint64_t(0.85 * largest(balanced));
+  using Within = partition_within<Gpt, schedule::OneFOneB, 4, M, model_of_run, budget>;
+  constexpr auto within = estimated_stage_bytes<Within, schedule::OneFOneB>(M, model_of_run);
+  static_assert(largest(within) <= double(budget));
+  // The first stage (embedding, most microbatches in flight) gives up layers; the slowest stage can
+  // only get slower under a constraint.
+  static_assert(Within::stage<0>::size < Balanced::stage<0>::size);
+  static_assert(largest(Within::stage_flops) >= largest(Balanced::stage_flops));
+  INFO("budget " << budget << " bytes; balanced split's largest worker " << largest(balanced));
+
+  // Measured: every worker's peak stays within the budget (the estimate's tolerance above).
+  const std::vector<double> peaks = measured_peaks<Within, schedule::OneFOneB, M>();
+  for (double peak : peaks) CHECK(peak <= 1.05 * double(budget));
+
+  // And it is an ordinary StageList: 1F1B on it equals the Network.
+  PipelineOptions options;
+  options.microbatches = M;
+  options.seed = 3;
+  Pipeline<Within, schedule::OneFOneB, Host> pipe(options);
+  Network<Gpt, Host> net(3);
+  const TokenBatch batch(M * sequences_per_microbatch, 9);
+  const StepStats stats = test::bounded(120, [&] { return pipe.forward_backward(batch.x(), batch.y()); });
+  const double loss = net.forward_backward(batch.x(), batch.y());
+  CHECK(std::abs(stats.loss - loss) <= 1e-12 * std::abs(loss));
+  CHECK(test::relative_difference(pipe.gradients(), net.gradients()) <= 1e-12);
+}
+
+TEST_CASE("partition_within with room to spare is the FLOP-balanced partition", "[pipeline][memory]") {
+  using Balanced = partition<Gpt, 4>;
+  using Roomy = partition_within<Gpt, schedule::GPipe, 4, 4, model_of_run, std::uint64_t(1) << 40>;
+  static_assert(Roomy::size == Balanced::size);
+  constexpr double a = largest(Roomy::stage_flops), b = largest(Balanced::stage_flops);
+  static_assert(a <= b * (1 + 1e-12) && b <= a * (1 + 1e-12));
+}
