@@ -117,6 +117,11 @@ TEST_CASE("GPT: ZB-H1 and ZB-H2 (B and W split in every layer) equal the Network
   check_every_p<schedule::ZeroBubbleH2>();
 }
 
+TEST_CASE("GPT: ZBV (V-shaped: wte and lm_head on worker 0, B and W split) equals the Network at p = 1, 2, 4",
+          "[pipeline][equivalence][gpt]") {
+  check_every_p<schedule::ZeroBubbleV>();
+}
+
 TEST_CASE("GPT: the tied copies are two tensors to the model; untied, each trains on its own", "[pipeline][gpt]") {
   STATIC_REQUIRE(Gpt::body::tied.count == config.vocab * config.channels);
   STATIC_REQUIRE(Gpt::body::tied.second == Gpt::body::param_offsets[Gpt::body::size - 1]);

@@ -91,7 +91,7 @@ TEST_CASE("a policy defined outside the library runs through verify, simulate, t
   CHECK(sim.peak_activations == std::vector<int>(3, 8));  // 4 microbatches x 2 chunks held on every worker
 
   // The registry and the explorer take the extended list.
-  CHECK(schedule::policy_names<Mine>().ends_with(", zb-h2, v-gpipe"));
+  CHECK(schedule::policy_names<Mine>().ends_with(", zb-h2, zbv, v-gpipe"));
   CHECK(schedule::find_policy<Mine>("v-gpipe").default_chunks == 2);
   CHECK_THROWS_WITH(schedule::find_policy("v-gpipe"), Catch::Contains("unknown schedule 'v-gpipe'"));
   explorer::Options o;

@@ -99,9 +99,11 @@ constexpr int slot_of(const Plan& plan, int stage, const Action& a) {
 }
 
 /// Runs every worker's list as a program. With `rendezvous`, a send completes only once its
-/// receiver has posted the matching receive; a worker keeps one receive posted for its next
-/// cross-stage forward input and one for its next backward input (Megatron-LM's combined
-/// send/recv calls). Without it, sends are buffered and only true dependency cycles block.
+/// receiver has posted the matching receive; a worker keeps one receive posted per incoming channel
+/// (sender worker, forward or backward), for the next message it will consume from that channel, as
+/// Megatron-LM's combined send/recv calls do with one neighbour per direction and as cupipe's NCCL
+/// transport does with one communicator per directed channel. Without it, sends are buffered and
+/// only true dependency cycles block.
 constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
   const Config& c = plan.config;
   const int p = c.stages;
@@ -109,21 +111,24 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
   std::vector<char> delivered(static_cast<std::size_t>(action_slots(c)), 0);  // indexed by producer slot
   std::vector<int> pc(static_cast<std::size_t>(p), 0);
   std::vector<char> sending(static_cast<std::size_t>(p), 0);
-  // Per worker, the producer slots of its cross-stage inputs, F and B kind separately, in order.
-  std::vector<std::vector<int>> f_inputs(static_cast<std::size_t>(p)), b_inputs(static_cast<std::size_t>(p));
-  std::vector<int> f_next(static_cast<std::size_t>(p), 0), b_next(static_cast<std::size_t>(p), 0);
+  // Per incoming channel (receiver, kind, sender), the producer slots of its messages in the order
+  // the receiver consumes them, and how many it has consumed.
+  const auto channel = [p](int receiver, ActionKind kind, int sender) {
+    return static_cast<std::size_t>((receiver * 2 + (kind == ActionKind::F ? 0 : 1)) * p + sender);
+  };
+  std::vector<std::vector<int>> inputs(static_cast<std::size_t>(2 * p * p));
+  std::vector<int> consumed(static_cast<std::size_t>(2 * p * p), 0);
   for (int s = 0; s < p; ++s) {
     for (const Action& a : plan.actions[static_cast<std::size_t>(s)]) {
       const Dependency in = input_of(plan, s, a);
       if (!in.exists || in.stage == s) continue;
-      (a.kind == ActionKind::F ? f_inputs : b_inputs)[static_cast<std::size_t>(s)].push_back(slot_of(plan, in.stage, in.peer));
+      inputs[channel(s, a.kind, in.stage)].push_back(slot_of(plan, in.stage, in.peer));
     }
   }
-  auto posted = [&](int receiver, ActionKind kind, int message) {
-    const auto r = static_cast<std::size_t>(receiver);
-    const auto& inputs = kind == ActionKind::F ? f_inputs[r] : b_inputs[r];
-    const int next = kind == ActionKind::F ? f_next[r] : b_next[r];
-    return next < static_cast<int>(inputs.size()) && inputs[static_cast<std::size_t>(next)] == message;
+  auto posted = [&](int receiver, ActionKind kind, int sender, int message) {
+    const std::size_t ch = channel(receiver, kind, sender);
+    const int next = consumed[ch];
+    return next < static_cast<int>(inputs[ch].size()) && inputs[ch][static_cast<std::size_t>(next)] == message;
   };
   for (bool progress = true; progress;) {
     progress = false;
@@ -137,7 +142,7 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
           if (in.exists) {
             const int producer = slot_of(plan, in.stage, in.peer);
             if (in.stage == s ? !done[static_cast<std::size_t>(producer)] : !delivered[static_cast<std::size_t>(producer)]) break;
-            if (in.stage != s) ++(a.kind == ActionKind::F ? f_next : b_next)[us];
+            if (in.stage != s) ++consumed[channel(s, a.kind, in.stage)];
           }
           done[static_cast<std::size_t>(slot_of(plan, s, a))] = 1;
           const Dependency out = output_of(plan, s, a);
@@ -148,7 +153,7 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
         }
         const Dependency out = output_of(plan, s, a);
         const int message = slot_of(plan, s, a);
-        if (rendezvous && !posted(out.stage, a.kind, message)) break;
+        if (rendezvous && !posted(out.stage, a.kind, s, message)) break;
         delivered[static_cast<std::size_t>(message)] = 1;
         sending[us] = 0;
         ++pc[us];

@@ -14,12 +14,14 @@ namespace cupipe::schedule {
 /// on GPU Clusters Using Megatron-LM", SC'21). Stage s holds chunks s, s+p, ..., s+(V-1)p and walks
 /// microbatches depth-first in groups of p: all V chunks of microbatches 0..p-1, then the next group.
 ///
-/// Supported microbatch counts: m a multiple of p (groups of p, as in Megatron-LM), or any m < 2p,
-/// which runs as one depth-first group of all m microbatches (m < p included, with more bubble).
-/// Other m are rejected: a leftover group of another size than the rest deadlocks once sends block
-/// (verify finds it). Warm-up on stage s is min(2(p-s-1) + (V-1)g, V*m) forwards for group size g,
-/// as in Megatron-LM. V is the pipeline's chunk count; plans for other counts (the explorer's
-/// --chunks) come from the same generator.
+/// Any microbatch count: m < 2p runs as one depth-first group of all m microbatches (m < p
+/// included, with more bubble); from 2p on, microbatches go in groups of p, and when p does not
+/// divide m the plan is the one for m rounded up to a multiple of p with the missing microbatches
+/// left out. Built any other way, a short last group deadlocks once sends block (verify finds it:
+/// the warm-up counts no longer pair each backward with the forward it waits for); the padded plan
+/// keeps the order of a full group, so it verifies for every m. Warm-up on stage s is
+/// min(2(p-s-1) + (V-1)g, V*m) forwards for group size g, as in Megatron-LM. V is the pipeline's
+/// chunk count; plans for other counts (the explorer's --chunks) come from the same generator.
 template <int V>
 struct Interleaved {
   static_assert(V >= 2, "Interleaved<V> needs at least 2 chunks per stage; with 1 chunk use OneFOneB");
@@ -32,15 +34,15 @@ struct Interleaved {
 
   static constexpr std::string_view check(const Config& c) {
     if (c.chunks < 2) return "Interleaved<V> needs at least 2 chunks per stage; with 1 chunk use OneFOneB";
-    if (c.microbatches % c.stages != 0 && c.microbatches >= 2 * c.stages)
-      return "Interleaved<V> needs microbatches to be a multiple of stages, or fewer than 2 x stages (one depth-first "
-             "group): a leftover group of another size deadlocks once sends block";
     return "";
   }
 
   static constexpr Placement placement(const Config& c) { return looped_placement(c.stages, c.chunks); }
 
-  static constexpr std::vector<std::vector<Action>> actions(const Config& c) {
+  static constexpr std::vector<std::vector<Action>> actions(const Config& real) {
+    // From 2p on, the plan of the next multiple of p, without the microbatches that do not exist.
+    Config c = real;
+    if (c.microbatches >= 2 * c.stages) c.microbatches = (c.microbatches + c.stages - 1) / c.stages * c.stages;
     const std::vector<Action> forwards = order(c, ActionKind::F);
     const std::vector<Action> backwards = order(c, ActionKind::B);
     const int total = c.microbatches * c.chunks;
@@ -55,12 +57,14 @@ struct Interleaved {
         list.push_back(backwards[static_cast<std::size_t>(k)]);
       }
       for (int k = total - warmup; k < total; ++k) list.push_back(backwards[static_cast<std::size_t>(k)]);
+      std::erase_if(list, [&](const Action& a) { return a.microbatch >= real.microbatches; });
     }
     return out;
   }
 
  private:
-  /// Sizes of the depth-first microbatch groups: groups of p, or one group of all m when m < 2p.
+  /// Sizes of the depth-first microbatch groups: groups of p (m a multiple of p), or one group of
+  /// all m when m < 2p.
   static constexpr std::vector<int> groups(const Config& c) {
     if (c.microbatches < 2 * c.stages) return {c.microbatches};
     return std::vector<int>(static_cast<std::size_t>(c.microbatches / c.stages), c.stages);
