@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +16,8 @@
 #include <cstring>
 #include <future>
 #include <span>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -99,6 +103,62 @@ auto bounded(double seconds, Call&& call) {
   }
   return done.get();
 }
+
+// Layers for runtime tests whose work is a sleep: identities of known duration.
+
+/// Behaviour of the Knob<Id> layers, set by each test before it runs a step.
+struct Knobs {
+  std::atomic<int> forward_us{0};
+  std::atomic<int> backward_us{0};
+  std::atomic<bool> fail_on_marker{false};
+};
+inline std::array<Knobs, 12> knobs;
+inline constexpr double marker = 999.0;
+
+inline void reset_knobs() {
+  for (Knobs& k : knobs) {
+    k.forward_us = 0;
+    k.backward_us = 0;
+    k.fail_on_marker = false;
+  }
+}
+
+/// An identity that sleeps a set time in forward and in backward_input, and can throw in forward on
+/// the microbatch whose first value is `marker` (identities upstream pass it through unchanged).
+template <int Id>
+struct Knob : Stateless {
+  static constexpr index_t in_features = any_features;
+  static constexpr index_t out_features_for(index_t in) { return in; }
+  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
+  static std::string describe() { return "Knob<" + std::to_string(Id) + ">"; }
+
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) {
+    if (knobs[Id].fail_on_marker && x.numel() > 0 && x[0] == T(marker)) CUPIPE_THROW("injected failure");
+    copy(be, x, y);
+    std::this_thread::sleep_for(std::chrono::microseconds(knobs[Id].forward_us.load()));
+  }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
+    copy(be, dy, dx);
+    std::this_thread::sleep_for(std::chrono::microseconds(knobs[Id].backward_us.load()));
+  }
+};
+
+/// A fixed-width identity: a model must start with a known input width.
+template <index_t W>
+struct Entry : Stateless {
+  static constexpr index_t in_features = W;
+  static constexpr index_t out_features_for(index_t) { return W; }
+  static constexpr double forward_flops_per_sample(index_t) { return W; }
+  static std::string describe() { return "Entry<" + std::to_string(W) + ">"; }
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) { copy(be, x, y); }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
+    copy(be, dy, dx);
+  }
+};
 
 /// The message of the cupipe::error `call` throws; fails when it throws nothing.
 template <class Call>

@@ -16,59 +16,11 @@ using namespace cupipe;
 using test::Batch;
 using test::Host;
 
-/// Behaviour of the Knob<Id> layers, set by each test before it runs a step.
-struct Knobs {
-  std::atomic<int> forward_us{0};
-  std::atomic<int> backward_us{0};
-  std::atomic<bool> fail_on_marker{false};
-};
-std::array<Knobs, 8> knobs;
-constexpr double marker = 999.0;
-
-void reset_knobs() {
-  for (Knobs& k : knobs) {
-    k.forward_us = 0;
-    k.backward_us = 0;
-    k.fail_on_marker = false;
-  }
-}
-
-/// An identity that sleeps a set time in forward and in backward_input, and can throw in forward on
-/// the microbatch whose first value is `marker` (identities upstream pass it through unchanged).
-template <int Id>
-struct Knob : Stateless {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
-  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
-  static std::string describe() { return "Knob<" + std::to_string(Id) + ">"; }
-
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) {
-    if (knobs[Id].fail_on_marker && x.numel() > 0 && x[0] == T(marker)) CUPIPE_THROW("injected failure");
-    copy(be, x, y);
-    std::this_thread::sleep_for(std::chrono::microseconds(knobs[Id].forward_us.load()));
-  }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
-    copy(be, dy, dx);
-    std::this_thread::sleep_for(std::chrono::microseconds(knobs[Id].backward_us.load()));
-  }
-};
-
-/// A fixed-width identity: a model must start with a known input width.
-template <index_t W>
-struct Entry : Stateless {
-  static constexpr index_t in_features = W;
-  static constexpr index_t out_features_for(index_t) { return W; }
-  static constexpr double forward_flops_per_sample(index_t) { return W; }
-  static std::string describe() { return "Entry<" + std::to_string(W) + ">"; }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) { copy(be, x, y); }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
-    copy(be, dy, dx);
-  }
-};
+using test::Entry;
+using test::Knob;
+using test::knobs;
+using test::marker;
+using test::reset_knobs;
 
 // Knob<0> sits second in stage 0, so that its backward_input runs (stage 0's first layer has none).
 using Knobs4 = StageList<Stage<Entry<4>, Knob<0>>, Stage<Knob<1>>, Stage<Knob<2>>, Stage<Knob<3>>>;
