@@ -172,6 +172,14 @@ TEST_CASE("ZB-H2 equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4,
   check_against_network<schedule::ZeroBubbleH2, partition<Deep, 4>>();
 }
 
+TEST_CASE("BFS (looped breadth-first) equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}",
+          "[pipeline][equivalence]") {
+  check_against_network<schedule::BreadthFirst<2>, partition<Deep, 2>>();
+  check_against_network<schedule::BreadthFirst<2>, partition<Deep, 4>>();
+  check_against_network<schedule::BreadthFirst<2>, partition<Deep, 6>>();
+  check_against_network<schedule::BreadthFirst<2>, partition<Deep, 8>>();
+}
+
 TEST_CASE("ZBV (V-shaped, B/W split) equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}",
           "[pipeline][equivalence]") {
   check_against_network<schedule::ZeroBubbleV, partition<Deep, 2>>();

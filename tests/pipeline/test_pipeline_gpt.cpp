@@ -117,6 +117,10 @@ TEST_CASE("GPT: ZB-H1 and ZB-H2 (B and W split in every layer) equal the Network
   check_every_p<schedule::ZeroBubbleH2>();
 }
 
+TEST_CASE("GPT: BFS (looped breadth-first) equals the unpipelined Network at p = 1, 2, 4", "[pipeline][equivalence][gpt]") {
+  check_every_p<schedule::BreadthFirst<2>>();
+}
+
 TEST_CASE("GPT: ZBV (V-shaped: wte and lm_head on worker 0, B and W split) equals the Network at p = 1, 2, 4",
           "[pipeline][equivalence][gpt]") {
   check_every_p<schedule::ZeroBubbleV>();

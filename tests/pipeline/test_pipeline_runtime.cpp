@@ -131,6 +131,19 @@ TEST_CASE("a non-finite loss names the last stage, the loss layer and the shapes
   CHECK(std::isnan(test::bounded(30, [&] { return unchecked.train_step(b.inputs(), b.targets(), sgd); }).loss));
 }
 
+TEST_CASE("a channel capacity below the plan's channel depth is refused naming both", "[pipeline][faults]") {
+  PipelineOptions options;
+  options.microbatches = 6;
+  options.channel_capacity = 3;
+  using Bfs = Pipeline<Knobs8, schedule::BreadthFirst<2>, Host>;
+  CHECK_THAT(test::error_message([&] { Bfs pipe(options); }),
+             Catch::Contains("channel_capacity 3 is below the 6 messages the bfs plan queues on one channel"));
+  options.channel_capacity = 6;
+  Bfs pipe(options);
+  const Batch b = test::make_batch(12, 4, 4, 6);
+  CHECK(std::isfinite(test::bounded(30, [&] { return pipe.train_step(b.inputs(), b.targets(), sgd); }).loss));
+}
+
 TEST_CASE("a batch of the wrong shape is rejected naming both shapes", "[pipeline][faults]") {
   Pipeline<Knobs4, schedule::OneFOneB, Host> pipe(PipelineOptions{.microbatches = 2});
   const Batch wide = test::make_batch(4, 5, 4, 4);

@@ -191,6 +191,26 @@ TEST_CASE("ZBV holds 1F1B's memory, reaches 3m + (p-1)/2 with F=B=W=1 and never 
   CHECK_THROWS_WITH(sch::generate<sch::ZeroBubbleV>({4, 8, 3}), Catch::Contains("exactly 2 chunks"));
 }
 
+TEST_CASE("BFS: Interleaved's bubble (p-1)/(Vm+p-1) from m = p on, GPipe's memory, a channel m deep",
+          "[schedule][bfs]") {
+  for (const Config& c : grid(policy("bfs"))) {
+    const int p = c.stages, m = c.microbatches, v = c.chunks;
+    INFO("p=" << p << " m=" << m << " V=" << v);
+    const sch::Plan plan = sch::generate<sch::BreadthFirst<2>>(c);
+    REQUIRE(plan.channel_depth == m);
+    const auto sim = sch::simulate(plan, sch::Costs{1, 2});
+    REQUIRE(sim.max_peak_activations() == v * m);
+    if (m >= p) REQUIRE(std::abs(sim.bubble_fraction - double(p - 1) / (v * m + p - 1)) <= tolerance);
+  }
+  // With one message per channel the last worker blocks handing chunk 0's outputs back to worker 0,
+  // which is still running chunk 0's forwards: verify finds the deadlock the declared depth avoids.
+  sch::Plan shallow = sch::generate<sch::BreadthFirst<2>>({2, 8, 2});
+  shallow.channel_depth = 1;
+  const sch::VerifyResult result = sch::verify(shallow);
+  REQUIRE_FALSE(result);
+  CHECK(result.message().find("deadlock") != std::string_view::npos);
+}
+
 TEST_CASE("weight versions are 1 for flush and 2 for 2BW and PipeDream matches a brute force", "[schedule][weights]") {
   for (const PolicyInfo& id : sch::policy_table())
     if (id.update == sch::UpdateRule::flush)

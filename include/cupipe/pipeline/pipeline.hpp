@@ -129,6 +129,10 @@ class Pipeline {
     plan_ = schedule::generate<Schedule>({stages, options_.microbatches, chunks, std::max(options_.batches, 1)});
     if (const auto verdict = schedule::verify(plan_); !verdict)
       CUPIPE_THROW("Pipeline: the ", Schedule::name, " plan failed verification: ", verdict.message());
+    if (options_.channel_capacity > 0 && options_.channel_capacity < std::size_t(plan_.channel_depth))
+      CUPIPE_THROW("Pipeline: channel_capacity ", options_.channel_capacity, " is below the ", plan_.channel_depth,
+                   " messages the ", Schedule::name, " plan queues on one channel (", options_.microbatches,
+                   " microbatches); raise it or leave it 0");
     std::vector<int> versions_allowed = schedule::weight_versions(plan_);
     // The plan covers one step; 2BW also keeps W(t-1) across steps for the next step's first batch,
     // so it holds 2 versions even where one step's plan needs only 1.

@@ -51,6 +51,12 @@ struct Plan {
   bool split_backward;
   UpdateRule update;
   Placement placement;
+  /// Messages one channel (a sender, a receiver, a direction) must hold before the receiver takes
+  /// them: 1 for every plan whose receiver takes each message before the next one arrives; more for
+  /// plans, like breadth-first, whose first worker runs every forward of a chunk before it takes
+  /// the next chunk's inputs. verify checks the plan under this depth; the runtime's channels must
+  /// hold at least this many.
+  int channel_depth = 1;
 
   /// The virtual stage an action of worker `w` runs.
   constexpr int virtual_stage(int w, const Action& a) const { return placement.virtual_stage(w, a.chunk); }

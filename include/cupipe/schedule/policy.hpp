@@ -10,6 +10,7 @@
 //     static constexpr std::string_view check(const Config&);    // "" or the sentence a user sees
 //     static constexpr Placement placement(const Config&);
 //     static constexpr std::vector<std::vector<Action>> actions(const Config&);  // per worker
+//     static constexpr int channel_depth(const Config&);  // optional: messages a channel holds (1)
 //   };
 //
 // generate<Policy>(config) runs the shared checks, the policy's check and its generator; verify and
@@ -74,7 +75,9 @@ namespace detail {
 template <SchedulePolicy Policy>
 constexpr Plan generate(const Config& c) {
   if (const std::string_view why = check<Policy>(c); !why.empty()) detail::throw_rejection(Policy::name, c, why);
-  return Plan{c, Policy::actions(c), Policy::split_backward, Policy::update, Policy::placement(c)};
+  Plan plan{c, Policy::actions(c), Policy::split_backward, Policy::update, Policy::placement(c)};
+  if constexpr (requires { Policy::channel_depth(c); }) plan.channel_depth = Policy::channel_depth(c);
+  return plan;
 }
 
 /// A policy's reason as a structural value, so that a compile-time rejection can show it.

@@ -26,9 +26,9 @@ struct PolicyList {
   static constexpr std::size_t size = sizeof...(Ps);
 };
 
-/// Every policy cupipe ships, in the order tools list them. Interleaved and ZBV run 2 chunks per worker.
-using Policies =
-    PolicyList<GPipe, OneFOneB, Interleaved<2>, PipeDream, PipeDream2BW, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV>;
+/// Every policy cupipe ships, in the order tools list them. Interleaved, BFS and ZBV run 2 chunks per worker.
+using Policies = PolicyList<GPipe, OneFOneB, Interleaved<2>, BreadthFirst<2>, PipeDream, PipeDream2BW, ZeroBubbleH1,
+                            ZeroBubbleH2, ZeroBubbleV>;
 
 /// A list with more policies appended.
 template <class List, SchedulePolicy... More>

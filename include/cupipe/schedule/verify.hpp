@@ -3,6 +3,7 @@
 // in an order that respects the data dependencies, without deadlock when sends block.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <string_view>
 #include <vector>
@@ -100,7 +101,8 @@ constexpr int slot_of(const Plan& plan, int stage, const Action& a) {
 
 /// Runs every worker's list as a program. With `rendezvous`, a send completes only once its
 /// receiver has posted the matching receive; a worker keeps one receive posted per incoming channel
-/// (sender worker, forward or backward), for the next message it will consume from that channel, as
+/// (sender worker, forward or backward), for the next message it will consume from that channel
+/// (the next plan.channel_depth messages for a plan that declares a deeper channel), as
 /// Megatron-LM's combined send/recv calls do with one neighbour per direction and as cupipe's NCCL
 /// transport does with one communicator per directed channel. Without it, sends are buffered and
 /// only true dependency cycles block.
@@ -125,10 +127,14 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
       inputs[channel(s, a.kind, in.stage)].push_back(slot_of(plan, in.stage, in.peer));
     }
   }
+  // The receiver has receives posted for the next channel_depth messages of the channel.
   auto posted = [&](int receiver, ActionKind kind, int sender, int message) {
     const std::size_t ch = channel(receiver, kind, sender);
-    const int next = consumed[ch];
-    return next < static_cast<int>(inputs[ch].size()) && inputs[ch][static_cast<std::size_t>(next)] == message;
+    const auto& queue = inputs[ch];
+    const int end = std::min(consumed[ch] + std::max(plan.channel_depth, 1), static_cast<int>(queue.size()));
+    for (int i = consumed[ch]; i < end; ++i)
+      if (queue[static_cast<std::size_t>(i)] == message) return true;
+    return false;
   };
   for (bool progress = true; progress;) {
     progress = false;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Megatron-LM's interleaved 1F1B: several chunks per worker on the looped placement.
+// Several chunks per worker on the looped placement: Megatron-LM's interleaved 1F1B (depth-first)
+// and looped breadth-first.
 #pragma once
 
 #include <algorithm>
@@ -83,6 +84,40 @@ struct Interleaved {
       first += size;
     }
     return out;
+  }
+};
+
+/// Looped breadth-first (Lamy-Poirier, "Breadth-First Pipeline Parallelism", MLSys 2023): the
+/// interleaved placement, but every microbatch goes through a chunk before any goes through the next,
+/// forwards in chunk order and backwards in reverse, as GPipe does per chunk. The bubble is
+/// Interleaved<V>'s at the same m; the activation memory is GPipe's (V*m chunk-microbatches), and each
+/// chunk's gradients are complete early, which is what overlaps a data-parallel reduction with the
+/// rest of the backward. Worker 0 runs every forward of chunk c before it takes chunk c+1's inputs,
+/// so the channel from the last worker back to worker 0 must hold up to m messages: the plan declares
+/// channel_depth m.
+template <int V>
+struct BreadthFirst {
+  static_assert(V >= 2, "BreadthFirst<V> needs at least 2 chunks per stage; with 1 chunk it is GPipe");
+  static constexpr std::string_view name = "bfs";
+  static constexpr std::string_view summary = "looped breadth-first: each chunk runs all microbatches before the next";
+  static constexpr bool split_backward = false;
+  static constexpr UpdateRule update = UpdateRule::flush;
+  static constexpr int chunks = V;
+  static constexpr int default_batches = 1;
+
+  static constexpr std::string_view check(const Config& c) {
+    return c.chunks < 2 ? "BreadthFirst<V> needs at least 2 chunks per stage; with 1 chunk it is GPipe" : "";
+  }
+  static constexpr Placement placement(const Config& c) { return looped_placement(c.stages, c.chunks); }
+  static constexpr int channel_depth(const Config& c) { return c.microbatches; }
+
+  static constexpr std::vector<std::vector<Action>> actions(const Config& c) {
+    std::vector<Action> list;
+    for (int chunk = 0; chunk < c.chunks; ++chunk)
+      for (int j = 0; j < c.microbatches; ++j) list.push_back({ActionKind::F, j, chunk});
+    for (int chunk = c.chunks - 1; chunk >= 0; --chunk)
+      for (int j = 0; j < c.microbatches; ++j) list.push_back({ActionKind::B, j, chunk});
+    return std::vector<std::vector<Action>>(static_cast<std::size_t>(c.stages), list);
   }
 };
 

@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+// Measured against predicted: every schedule policy of the library on the host runtime, with layers
+// whose F, B and W are sleeps of known length, so the measured bubble can be set beside the
+// simulator's and the published formula's in one run. Prints one markdown table.
+//   schedule_timing [--stages 4] [--microbatches 8] [--unit-ms 4] [--runs 3]
+// Per stage F = B = W = unit (a chunk of a 2-chunk schedule takes half); schedules that do not split
+// the backward run B and W together. Asynchronous schedules (pipedream, 2bw) run 2 batches a step.
+// The reported run of each schedule is the one with the median makespan.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "cupipe/cupipe.hpp"
+
+using namespace cupipe;
+
+namespace {
+
+using Host = backend::Host<double>;
+
+/// Sleep lengths in microseconds, per virtual stage, set before each schedule runs.
+struct Durations {
+  std::atomic<int> forward{0}, input_grad{0}, weight_grad{0};
+};
+std::array<Durations, 16> durations;
+
+void nap(int us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); }
+
+/// An identity of known duration with one parameter, so its weight gradient (W) is a real action.
+template <int Id>
+struct Nap {
+  static constexpr index_t in_features = any_features;
+  static constexpr index_t out_features_for(index_t in) { return in; }
+  static constexpr bool takes_token_ids = false;
+  static constexpr bool is_loss = false;
+  static constexpr std::array<ParamSpec, 1> params(index_t) { return {{{"scale", 1, 0}}}; }
+  static constexpr index_t saved_per_row(index_t) { return 0; }
+  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
+  static std::string describe() { return "Nap<" + std::to_string(Id) + ">"; }
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng&) {
+    for (T& v : p) v = T(1);
+  }
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
+    copy(be, x, y);
+    nap(durations[Id].forward);
+  }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    copy(be, dy, dx);
+    nap(durations[Id].input_grad);
+  }
+  template <class B, class T>
+  static void backward_weight(B&, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T>, T*) {
+    nap(durations[Id].weight_grad);
+  }
+};
+
+/// The model's fixed input width, ahead of Nap<0> (the first layer of a model has no input gradient
+/// to compute, and Nap<0>'s must run).
+struct Entry : Stateless {
+  static constexpr index_t in_features = 4;
+  static constexpr index_t out_features_for(index_t) { return 4; }
+  static constexpr double forward_flops_per_sample(index_t) { return 4; }
+  static std::string describe() { return "Entry<4>"; }
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) { copy(be, x, y); }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    copy(be, dy, dx);
+  }
+};
+
+template <class Seq>
+struct nap_stages_impl;
+template <std::size_t... I>
+struct nap_stages_impl<std::index_sequence<I...>> {
+  using type = StageList<Stage<Entry, Nap<0>>, Stage<Nap<int(I) + 1>>...>;
+};
+template <int N>
+using NapStages = typename nap_stages_impl<std::make_index_sequence<std::size_t(N - 1)>>::type;
+
+struct Options {
+  int stages = 4;
+  int microbatches = 8;
+  double unit_ms = 4;
+  int runs = 3;
+};
+
+/// The published bubble fraction with F = B = W per stage, and where it comes from.
+struct Published {
+  double bubble;
+  const char* formula;
+};
+
+Published published(std::string_view name, int p, int m, int chunks, int batches) {
+  const double pm1 = p - 1;
+  if (name == "gpipe" || name == "1f1b") return {pm1 / (m + pm1), "(p-1)/(m+p-1)"};
+  if (name == "interleaved" || name == "bfs") return {pm1 / (chunks * m + pm1), "(p-1)/(Vm+p-1)"};
+  if (name == "pipedream" || name == "2bw") return {pm1 / (batches * m + pm1), "(p-1)/(bm+p-1), b batches a step"};
+  // Zero bubble (Qi et al.): idle (p-1)(F+B-W) for H1, (p-1)(F+B-2W) for H2; ZB-V about 0. The last two
+  // assume the optimizer's post-validation, which cupipe does not implement yet (a flush stays).
+  if (name == "zb-h1") return {pm1 / (3.0 * m + pm1), "(p-1)(F+B-W) idle"};
+  if (name == "zb-h2") return {0, "(p-1)(F+B-2W) idle = 0, with post-validation"};
+  if (name == "zbv") return {0, "about 0, with post-validation"};
+  return {std::nan(""), "unknown"};
+}
+
+template <class Schedule, int P>
+void measure(const Options& o) {
+  constexpr int chunks = Schedule::chunks;
+  using Pipe = Pipeline<NapStages<P * chunks>, Schedule, Host>;
+  const bool async = Schedule::update != schedule::UpdateRule::flush;
+  PipelineOptions options;
+  options.microbatches = o.microbatches;
+  options.batches = async ? 2 : 1;
+  Pipe pipe(options);
+  // Per virtual stage: a chunk of a V-chunk schedule is 1/V of a stage.
+  const int unit_us = int(std::lround(o.unit_ms * 1000.0 / chunks));
+  for (int k = 0; k < P * chunks; ++k) {
+    durations[std::size_t(k)].forward = unit_us;
+    durations[std::size_t(k)].input_grad = unit_us;
+    durations[std::size_t(k)].weight_grad = unit_us;
+  }
+  const double unit = o.unit_ms * 1e-3;
+  const schedule::SimResult simulated = schedule::simulate(pipe.plan(), schedule::Costs{unit, unit, unit});
+  const index_t rows = 2 * index_t(o.microbatches) * options.batches;
+  Rng rng(1);
+  std::vector<double> x(static_cast<std::size_t>(rows * 4));
+  for (double& v : x) v = rng.uniform(-1.0, 1.0);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int32_t(i % 4);
+  const optim::SGD sgd({.lr = 1e-3});
+  std::vector<StepStats> runs;
+  for (int r = 0; r < o.runs; ++r)
+    runs.push_back(pipe.train_step(ConstView<double>{x.data(), Shape{rows, 4}},
+                                   ConstView<std::int32_t>{labels.data(), Shape{rows}}, sgd));
+  std::sort(runs.begin(), runs.end(), [](const StepStats& a, const StepStats& b) { return a.makespan_seconds < b.makespan_seconds; });
+  const StepStats& median = runs[runs.size() / 2];
+  const Published pub = published(Schedule::name, P, o.microbatches, chunks, options.batches);
+  std::printf("| %s | %d | %.1f | %.1f | %.4f | %.4f | %+.1f | %s = %.4f | %+.1f |\n", std::string(Schedule::name).c_str(),
+              chunks, simulated.makespan * 1e3, median.makespan_seconds * 1e3, simulated.bubble_fraction,
+              median.bubble_fraction, 100 * (median.bubble_fraction - simulated.bubble_fraction), pub.formula,
+              pub.bubble, 100 * (median.bubble_fraction - pub.bubble));
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      CUPIPE_REQUIRE(i + 1 < argc, "schedule_timing: ", arg, " needs a value");
+      const std::string value = argv[++i];
+      if (arg == "--stages") o.stages = std::stoi(value);
+      else if (arg == "--microbatches") o.microbatches = std::stoi(value);
+      else if (arg == "--unit-ms") o.unit_ms = std::stod(value);
+      else if (arg == "--runs") o.runs = std::stoi(value);
+      else CUPIPE_THROW("schedule_timing: unknown option ", arg, " (expected --stages, --microbatches, --unit-ms, --runs)");
+    }
+    CUPIPE_REQUIRE(o.stages == 2 || o.stages == 4, "schedule_timing: --stages must be 2 or 4, got ", o.stages);
+    CUPIPE_REQUIRE(o.microbatches >= 1 && o.runs >= 1 && o.unit_ms > 0,
+                   "schedule_timing: --microbatches, --runs and --unit-ms must be positive");
+    std::printf("stages %d, microbatches %d, F = B = W = %.1f ms per stage, median of %d runs (host backend, "
+                "sleeping layers)\n\n",
+                o.stages, o.microbatches, o.unit_ms, o.runs);
+    std::printf("| schedule | chunks | simulated ms | measured ms | simulated bubble | measured bubble | "
+                "measured - simulated (points) | published | measured - published (points) |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    schedule::for_each_policy([&]<class Schedule>() {
+      if (o.stages == 2) measure<Schedule, 2>(o);
+      else measure<Schedule, 4>(o);
+    });
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "schedule_timing: %s\n", e.what());
+    return 1;
+  }
+}
