@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cupipe/io/plan_file.hpp"
 #include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/schedule.hpp"
 
@@ -32,6 +33,8 @@ struct Options {
   bool json = false;
   bool compare = false;
   std::string trace;
+  std::string plan_file;   // read, verify and simulate this plan instead of generating one
+  std::string write_plan;  // write the plan shown to this CSV file
 };
 
 /// The options' configuration for a policy: its own chunk and batch counts unless given.
@@ -92,11 +95,23 @@ int explore(const Options& o) {
     print_compare<List>(o);
     return 0;
   }
-  const sch::PolicyInfo policy = sch::find_policy<List>(o.schedule);
-  const sch::Config config = config_for(o, policy);
-  const auto [plan, sim] = run(policy, config, o.costs);
+  std::string name;
+  sch::Plan plan;
+  if (!o.plan_file.empty()) {
+    name = "plan " + o.plan_file;
+    plan = cupipe::io::load_plan(o.plan_file);
+    if (const sch::VerifyResult ok = sch::verify(plan); !ok)
+      CUPIPE_THROW(o.plan_file, ": the plan failed verification: ", ok.message());
+  } else {
+    const sch::PolicyInfo policy = sch::find_policy<List>(o.schedule);
+    name = policy.name;
+    plan = run(policy, config_for(o, policy), o.costs).first;
+  }
+  const sch::Config config = plan.config;
+  const sch::SimResult sim = sch::simulate(plan, o.costs);
+  if (!o.write_plan.empty()) cupipe::io::save_plan(plan, o.write_plan);
   if (o.json) {
-    const nlohmann::json out{{"schedule", policy.name},
+    const nlohmann::json out{{"schedule", name},
                              {"stages", config.stages},
                              {"microbatches", config.microbatches},
                              {"chunks", config.chunks},
@@ -108,7 +123,7 @@ int explore(const Options& o) {
     std::cout << out.dump() << "\n";
   } else {
     std::printf("%s: stages %d, microbatches %d, chunks %d, batches %d (simulated, predicted)\n",
-                std::string(policy.name).c_str(), config.stages, config.microbatches, config.chunks, config.batches);
+                name.c_str(), config.stages, config.microbatches, config.chunks, config.batches);
     std::printf("  makespan          %s\n  bubble fraction   %s\n  idle per stage    %s\n",
                 fixed(sim.makespan, 3).c_str(), fixed(sim.bubble_fraction, 4).c_str(),
                 [&] {
@@ -128,7 +143,7 @@ int explore(const Options& o) {
     std::ofstream file(o.trace);
     if (!file) CUPIPE_THROW("cannot write the trace to '", o.trace, "'");
     // One unit of simulated time is shown as one millisecond.
-    file << sch::chrome_trace_json(events, "simulated (predicted): " + std::string(policy.name), 1e3);
+    file << sch::chrome_trace_json(events, "simulated (predicted): " + name, 1e3);
   }
   return 0;
 }

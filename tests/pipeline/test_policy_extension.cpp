@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // The seams of the runtime: a step plan computed without threads, and a schedule policy written
 // outside the library (a V-shaped placement) that verify, simulate, the explorer's registry and the
-// runtime all accept, with the unpipelined Network's gradients.
+// runtime all accept, with the unpipelined Network's gradients; plans written to and read from CSV
+// files, run with schedule::UserPlan.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
+#include <unistd.h>
 
 #include "explorer.hpp"
 #include "pipeline_test_support.hpp"
@@ -126,4 +131,119 @@ TEST_CASE("a policy defined outside the library runs through verify, simulate, t
     whole.forward(b.inputs(), TensorView<double>{expected.data(), Shape{10, 4}});
     CHECK(test::relative_difference(out, expected) <= 1e-12);
   }
+}
+
+namespace {
+
+/// A scratch folder removed when the test ends.
+struct ScratchDir {
+  std::filesystem::path path = std::filesystem::temp_directory_path() / ("cupipe_plan_" + std::to_string(::getpid()));
+  ScratchDir() { std::filesystem::create_directories(path); }
+  ~ScratchDir() { std::filesystem::remove_all(path); }
+};
+
+/// The plan text with the row `from` replaced by `to` (both "worker,kind,microbatch,chunk").
+std::string replace_row(std::string text, const std::string& from, const std::string& to) {
+  const std::size_t at = text.find("\n" + from + "\n");
+  REQUIRE(at != std::string::npos);
+  return text.replace(at + 1, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("every policy's plan survives a CSV round trip", "[pipeline][plan_file]") {
+  for (const schedule::PolicyInfo& policy : schedule::policy_table()) {
+    for (const schedule::Config& c : {schedule::Config{1, 3, policy.default_chunks, policy.default_batches},
+                                      schedule::Config{4, 8, policy.default_chunks, policy.default_batches}}) {
+      INFO(policy.name << " p = " << c.stages);
+      const schedule::Plan plan = policy.generate(c);
+      const schedule::Plan back = io::plan_from_csv(io::plan_to_csv(plan));
+      CHECK(back.config == plan.config);
+      CHECK(back.actions == plan.actions);
+      CHECK(back.placement == plan.placement);
+      CHECK(back.split_backward == plan.split_backward);
+      CHECK(back.update == plan.update);
+      CHECK(back.channel_depth == plan.channel_depth);
+    }
+  }
+}
+
+TEST_CASE("a malformed plan file names the file, the line and the fault", "[pipeline][plan_file]") {
+  const std::string good = io::plan_to_csv(schedule::generate<schedule::OneFOneB>({2, 2}));
+  auto message = [](const std::string& text) { return test::error_message([&] { io::plan_from_csv(text, "mine.csv"); }); };
+  CHECK_THAT(message(""), Catch::Contains("mine.csv line 1: expected '# cupipe plan 1'"));
+  CHECK_THAT(message(replace_row(good, "0,F,0,0", "0,X,0,0")), Catch::Contains("line 5: kind 'X' is not F, B or W"));
+  CHECK_THAT(message(replace_row(good, "0,F,0,0", "0,F,zero,0")), Catch::Contains("line 5: microbatch 'zero' is not an integer"));
+  CHECK_THAT(message(replace_row(good, "0,F,0,0", "7,F,0,0")), Catch::Contains("line 5: worker 7 is outside 0..1"));
+  CHECK_THAT(message(replace_row(good, "0,F,0,0", "0,F,0")), Catch::Contains("line 5: expected 4 fields"));
+  std::string no_columns = good.substr(0, good.find("worker,kind"));
+  CHECK_THAT(message(no_columns), Catch::Contains("ends before the column line"));
+  std::string bad_placement = good;
+  bad_placement.replace(bad_placement.find("placement=0.0,1.0"), 17, "placement=0.0,0.0");
+  CHECK_THAT(message(bad_placement), Catch::Contains("line 3: placement gives worker 0 chunk 0 twice"));
+  CHECK_THAT(test::error_message([] { io::load_plan("/nonexistent/plan.csv"); }),
+             Catch::Contains("/nonexistent/plan.csv: cannot open for reading"));
+}
+
+TEST_CASE("a hand-edited plan runs with UserPlan and equals the Network; a broken one names both actions",
+          "[pipeline][plan_file]") {
+  ScratchDir scratch;
+  const std::filesystem::path file = scratch.path / "plan.csv";
+  // Start from 1F1B on 4 stages and 4 microbatches, then edit: stage 1 runs all its forwards before
+  // any backward (GPipe's order there, 1F1B's elsewhere), a plan no policy makes.
+  const schedule::Plan base = schedule::generate<schedule::OneFOneB>({4, 4});
+  io::save_plan(base, file);
+  schedule::Plan edited = io::load_plan(file);
+  auto& stage1 = edited.actions[1];
+  std::stable_partition(stage1.begin(), stage1.end(), [](const schedule::Action& a) { return a.kind == schedule::ActionKind::F; });
+  REQUIRE(schedule::verify(edited));
+  io::save_plan(edited, file);
+
+  using Stages = partition<Deep, 4>;
+  using Pipe = Pipeline<Stages, schedule::UserPlan<>, Host>;
+  PipelineOptions options{.microbatches = 4, .seed = 5};
+  options.plan = std::make_shared<const schedule::Plan>(io::load_plan(file));
+  Pipe pipe(options);
+  CHECK(pipe.plan().actions == edited.actions);
+  Network<Deep, Host> whole(5);
+  const Batch b = test::make_batch(9, 6, 4, 77);
+  const StepStats s = test::bounded(60, [&] { return pipe.forward_backward(b.inputs(), b.targets()); });
+  const double loss = whole.forward_backward(b.inputs(), b.targets());
+  CHECK(test::relative_difference(pipe.gradients(), whole.gradients()) <= 1e-12);
+  CHECK(std::abs(s.loss - loss) <= 1e-12 * std::abs(loss));
+
+  // Mismatches are refused before anything runs.
+  options.microbatches = 8;
+  CHECK_THAT(test::error_message([&] { Pipe wrong(options); }),
+             Catch::Contains("the plan is for stages 4, chunks 1, microbatches 4") && Catch::Contains("microbatches 8"));
+  options.microbatches = 4;
+  CHECK_THAT(test::error_message([&] { Pipeline<Stages, schedule::UserPlan<1, true>, Host> split(options); }),
+             Catch::Contains("does not split the backward"));
+  CHECK_THAT(test::error_message([&] { Pipeline<Stages, schedule::OneFOneB, Host> own(options); }),
+             Catch::Contains("PipelineOptions::plan is set, but 1f1b makes its own plan"));
+  options.plan = nullptr;
+  CHECK_THAT(test::error_message([&] { Pipe unset(options); }), Catch::Contains("PipelineOptions::plan, which is not set"));
+
+  // A backward moved ahead of its forward: verify names both actions, the pipeline refuses to start.
+  std::ifstream in(file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string broken = replace_row(replace_row(text, "2,F,1,0", "2,TMP"), "2,B,1,0", "2,F,1,0");
+  broken = replace_row(broken, "2,TMP", "2,B,1,0");
+  options.plan = std::make_shared<const schedule::Plan>(io::plan_from_csv(broken, "broken.csv"));
+  const std::string why = test::error_message([&] { Pipe refused(options); });
+  CHECK_THAT(why, Catch::Contains("plan failed verification") && Catch::Contains("stage 2") &&
+                      Catch::Contains("B1") && Catch::Contains("F1"));
+
+  // The explorer reads the file, verifies and simulates it, and writes plans of its own.
+  explorer::Options o;
+  o.plan_file = file.string();
+  o.json = true;
+  o.write_plan = (scratch.path / "copy.csv").string();
+  std::ostringstream captured;
+  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
+  const int rc = explorer::explore(o);
+  std::cout.rdbuf(old);
+  CHECK(rc == 0);
+  CHECK_THAT(captured.str(), Catch::Contains("\"schedule\":\"plan " + file.string() + "\""));
+  CHECK(io::load_plan(o.write_plan).actions == edited.actions);
 }

@@ -64,6 +64,10 @@ struct PipelineOptions {
   /// and receives from the other stages through it, and sums gradients over its replicas. Null: all
   /// stages run in this process.
   std::shared_ptr<comm::Communicator> communicator{};
+  /// The plan a schedule::UserPlan pipeline runs (io::load_plan reads one from a CSV file); its
+  /// stages, chunks, microbatches, backward split and placement must match the pipeline's. Only
+  /// UserPlan reads it.
+  std::shared_ptr<const schedule::Plan> plan{};
 };
 
 namespace detail {
@@ -126,7 +130,12 @@ class Pipeline {
     for (int k : options_.recompute)
       CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: recompute names stage ", k, " but there are ",
                      virtual_stages, " (virtual) stages");
-    plan_ = schedule::generate<Schedule>({stages, options_.microbatches, chunks, std::max(options_.batches, 1)});
+    if constexpr (requires { Schedule::from_options; }) plan_ = user_plan();
+    else {
+      CUPIPE_REQUIRE(!options_.plan, "Pipeline: PipelineOptions::plan is set, but ", Schedule::name,
+                     " makes its own plan; run a plan from a file with schedule::UserPlan");
+      plan_ = schedule::generate<Schedule>({stages, options_.microbatches, chunks, std::max(options_.batches, 1)});
+    }
     if (const auto verdict = schedule::verify(plan_); !verdict)
       CUPIPE_THROW("Pipeline: the ", Schedule::name, " plan failed verification: ", verdict.message());
     if (options_.channel_capacity > 0 && options_.channel_capacity < std::size_t(plan_.channel_depth))
@@ -297,6 +306,27 @@ class Pipeline {
   template <class Optimizer>
   void prepare_slots() {
     states_.for_each([](auto, auto& st) { pipeline::prepare_slots<Optimizer>(st); });
+  }
+
+  /// The plan of PipelineOptions::plan, checked against what this pipeline was compiled for.
+  schedule::Plan user_plan() const {
+    CUPIPE_REQUIRE(options_.plan, "Pipeline: a UserPlan pipeline runs PipelineOptions::plan, which is not set (read a "
+                                  "plan with io::load_plan)");
+    const schedule::Plan& p = *options_.plan;
+    const schedule::Config& c = p.config;
+    if (c.stages != stages || c.chunks != chunks || c.microbatches != options_.microbatches || c.batches != 1)
+      CUPIPE_THROW("Pipeline: the plan is for stages ", c.stages, ", chunks ", c.chunks, ", microbatches ", c.microbatches,
+                   ", batches ", c.batches, " but this pipeline has stages ", stages, ", chunks ", chunks,
+                   ", microbatches ", options_.microbatches, ", batches 1");
+    if (p.split_backward != split_backward)
+      CUPIPE_THROW("Pipeline: the plan ", p.split_backward ? "splits" : "does not split",
+                   " the backward into B and W, but the pipeline's UserPlan type says the opposite");
+    if (p.update != schedule::UpdateRule::flush)
+      CUPIPE_THROW("Pipeline: a UserPlan runs flush updates only, but the plan's update rule is not flush");
+    if (!(p.placement == Schedule::placement(c)))
+      CUPIPE_THROW("Pipeline: the plan places its virtual stages differently from the pipeline's UserPlan type "
+                   "(looped or V-shaped)");
+    return p;
   }
 
   std::size_t capacity() const {

@@ -5,6 +5,7 @@
 
 #include "cupipe/schedule/action.hpp"
 #include "cupipe/schedule/placement.hpp"
+#include "cupipe/schedule/policies/user_plan.hpp"
 #include "cupipe/schedule/policy.hpp"
 #include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/simulate.hpp"
