@@ -2,9 +2,9 @@
 // Measured against predicted: every schedule policy of the library on the host runtime, with layers
 // whose F, B and W are sleeps of known length, so the measured bubble can be set beside the
 // simulator's and the published formula's in one run. Prints one markdown table.
-//   schedule_timing [--stages 4] [--microbatches 8] [--unit-ms 4] [--runs 3]
-// Per stage F = B = W = unit (a chunk of a 2-chunk schedule takes half); schedules that do not split
-// the backward run B and W together. Asynchronous schedules (pipedream, 2bw) run 2 batches a step.
+//   schedule_timing [--stages 4] [--microbatches 8] [--unit-ms 4] [--fbw 1:1:1] [--runs 3]
+// Per stage F, B and W take unit times the --fbw ratios (a chunk of a 2-chunk schedule takes half);
+// schedules that do not split the backward run B and W together. Asynchronous schedules (pipedream, 2bw) run 2 batches a step.
 // The reported run of each schedule is the one with the median makespan.
 #include <algorithm>
 #include <array>
@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -92,25 +93,36 @@ struct Options {
   int stages = 4;
   int microbatches = 8;
   double unit_ms = 4;
+  std::array<double, 3> fbw{1, 1, 1};  // F, B, W of a stage, in units
   int runs = 3;
 };
 
-/// The published bubble fraction with F = B = W per stage, and where it comes from.
+/// The published bubble fraction for per-stage costs F, B, W, and where it comes from.
 struct Published {
   double bubble;
   const char* formula;
 };
 
-Published published(std::string_view name, int p, int m, int chunks, int batches) {
-  const double pm1 = p - 1;
+Published published(std::string_view name, int p, int m, int chunks, int batches, std::array<double, 3> fbw) {
+  const double pm1 = p - 1, f = fbw[0], b = fbw[1], w = fbw[2];
+  const double work = m * (f + b + w);  // per worker and batch
+  const auto idle = [&](double per_worker) { return per_worker / (work + per_worker); };
   if (name == "gpipe" || name == "1f1b") return {pm1 / (m + pm1), "(p-1)/(m+p-1)"};
   if (name == "interleaved" || name == "bfs") return {pm1 / (chunks * m + pm1), "(p-1)/(Vm+p-1)"};
   if (name == "pipedream" || name == "2bw") return {pm1 / (batches * m + pm1), "(p-1)/(bm+p-1), b batches a step"};
   // Zero bubble (Qi et al.): idle (p-1)(F+B-W) for H1, (p-1)(F+B-2W) for H2; ZB-V about 0. The last two
   // assume the optimizer's post-validation, which cupipe does not implement yet (a flush stays).
-  if (name == "zb-h1") return {pm1 / (3.0 * m + pm1), "(p-1)(F+B-W) idle"};
-  if (name == "zb-h2") return {0, "(p-1)(F+B-2W) idle = 0, with post-validation"};
+  if (name == "zb-h1") return {idle(pm1 * (f + b - w)), "(p-1)(F+B-W) idle"};
+  if (name == "zb-h2") return {idle(std::max(0.0, pm1 * (f + b - 2 * w))), "(p-1)(F+B-2W) idle, with post-validation"};
   if (name == "zbv") return {0, "about 0, with post-validation"};
+  // Qi et al. 2024 publish V-Half's and V-Min's building blocks (lifespans, memory), not a bubble formula.
+  if (name == "v-half" || name == "v-min") return {std::nan(""), "no closed form published"};
+  // deepseek-ai/DualPipe: (PP/2-1)(F&B + B - 3W) idle in chunk costs (half a stage's), B the whole
+  // backward, F&B = F + B on the host (a pair runs back to back). A bound, met when F = B + W.
+  if (name == "dualpipev") {
+    const double fc = f / 2, bc = (b + w) / 2, wc = w / 2;
+    return {idle(pm1 * ((fc + bc) + bc - 3 * wc)), "(PP/2-1)(F&B+B-3W) idle"};
+  }
   return {std::nan(""), "unknown"};
 }
 
@@ -126,12 +138,13 @@ void measure(const Options& o) {
   // Per virtual stage: a chunk of a V-chunk schedule is 1/V of a stage.
   const int unit_us = int(std::lround(o.unit_ms * 1000.0 / chunks));
   for (int k = 0; k < P * chunks; ++k) {
-    durations[std::size_t(k)].forward = unit_us;
-    durations[std::size_t(k)].input_grad = unit_us;
-    durations[std::size_t(k)].weight_grad = unit_us;
+    durations[std::size_t(k)].forward = int(std::lround(unit_us * o.fbw[0]));
+    durations[std::size_t(k)].input_grad = int(std::lround(unit_us * o.fbw[1]));
+    durations[std::size_t(k)].weight_grad = int(std::lround(unit_us * o.fbw[2]));
   }
   const double unit = o.unit_ms * 1e-3;
-  const schedule::SimResult simulated = schedule::simulate(pipe.plan(), schedule::Costs{unit, unit, unit});
+  const schedule::SimResult simulated =
+      schedule::simulate(pipe.plan(), schedule::Costs{unit * o.fbw[0], unit * o.fbw[1], unit * o.fbw[2]});
   const index_t rows = 2 * index_t(o.microbatches) * options.batches;
   Rng rng(1);
   std::vector<double> x(static_cast<std::size_t>(rows * 4));
@@ -145,11 +158,18 @@ void measure(const Options& o) {
                                    ConstView<std::int32_t>{labels.data(), Shape{rows}}, sgd));
   std::sort(runs.begin(), runs.end(), [](const StepStats& a, const StepStats& b) { return a.makespan_seconds < b.makespan_seconds; });
   const StepStats& median = runs[runs.size() / 2];
-  const Published pub = published(Schedule::name, P, o.microbatches, chunks, options.batches);
-  std::printf("| %s | %d | %.1f | %.1f | %.4f | %.4f | %+.1f | %s = %.4f | %+.1f |\n", std::string(Schedule::name).c_str(),
-              chunks, simulated.makespan * 1e3, median.makespan_seconds * 1e3, simulated.bubble_fraction,
-              median.bubble_fraction, 100 * (median.bubble_fraction - simulated.bubble_fraction), pub.formula,
-              pub.bubble, 100 * (median.bubble_fraction - pub.bubble));
+  const Published pub = published(Schedule::name, P, o.microbatches, chunks, options.batches, o.fbw);
+  char published_cell[160], published_gap[32];
+  if (std::isnan(pub.bubble)) {
+    std::snprintf(published_cell, sizeof published_cell, "%s", pub.formula);
+    std::snprintf(published_gap, sizeof published_gap, "n/a");
+  } else {
+    std::snprintf(published_cell, sizeof published_cell, "%s = %.4f", pub.formula, pub.bubble);
+    std::snprintf(published_gap, sizeof published_gap, "%+.1f", 100 * (median.bubble_fraction - pub.bubble));
+  }
+  std::printf("| %s | %d | %.1f | %.1f | %.4f | %.4f | %+.1f | %s | %s |\n", std::string(Schedule::name).c_str(), chunks,
+              simulated.makespan * 1e3, median.makespan_seconds * 1e3, simulated.bubble_fraction, median.bubble_fraction,
+              100 * (median.bubble_fraction - simulated.bubble_fraction), published_cell, published_gap);
   std::fflush(stdout);
 }
 
@@ -160,20 +180,33 @@ int main(int argc, char** argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
+      if (arg == "--help" || arg == "-h") {
+        std::printf("usage: schedule_timing [--stages 2|4] [--microbatches M] [--unit-ms MS] [--fbw F:B:W] [--runs N]\n"
+                    "Times every registered schedule with sleeping layers (F, B, W of unit-ms x the ratio per stage)\n"
+                    "and prints measured bubble beside the simulator's and the published formula's.\n");
+        return 0;
+      }
       CUPIPE_REQUIRE(i + 1 < argc, "schedule_timing: ", arg, " needs a value");
       const std::string value = argv[++i];
       if (arg == "--stages") o.stages = std::stoi(value);
       else if (arg == "--microbatches") o.microbatches = std::stoi(value);
       else if (arg == "--unit-ms") o.unit_ms = std::stod(value);
       else if (arg == "--runs") o.runs = std::stoi(value);
-      else CUPIPE_THROW("schedule_timing: unknown option ", arg, " (expected --stages, --microbatches, --unit-ms, --runs)");
+      else if (arg == "--fbw") {
+        char colon1 = 0, colon2 = 0;
+        std::istringstream in(value);
+        in >> o.fbw[0] >> colon1 >> o.fbw[1] >> colon2 >> o.fbw[2];
+        CUPIPE_REQUIRE(in && in.peek() == EOF && colon1 == ':' && colon2 == ':' && o.fbw[0] > 0 && o.fbw[1] > 0 &&
+                           o.fbw[2] > 0,
+                       "schedule_timing: --fbw takes three positive ratios F:B:W, such as 2:1:1; got '", value, "'");
+      } else CUPIPE_THROW("schedule_timing: unknown option ", arg, " (expected --stages, --microbatches, --unit-ms, --fbw, --runs)");
     }
     CUPIPE_REQUIRE(o.stages == 2 || o.stages == 4, "schedule_timing: --stages must be 2 or 4, got ", o.stages);
     CUPIPE_REQUIRE(o.microbatches >= 1 && o.runs >= 1 && o.unit_ms > 0,
                    "schedule_timing: --microbatches, --runs and --unit-ms must be positive");
-    std::printf("stages %d, microbatches %d, F = B = W = %.1f ms per stage, median of %d runs (host backend, "
-                "sleeping layers)\n\n",
-                o.stages, o.microbatches, o.unit_ms, o.runs);
+    std::printf("stages %d, microbatches %d, F = %.1f ms, B = %.1f ms, W = %.1f ms per stage, median of %d runs (host "
+                "backend, sleeping layers)\n\n",
+                o.stages, o.microbatches, o.unit_ms * o.fbw[0], o.unit_ms * o.fbw[1], o.unit_ms * o.fbw[2], o.runs);
     std::printf("| schedule | chunks | simulated ms | measured ms | simulated bubble | measured bubble | "
                 "measured - simulated (points) | published | measured - published (points) |\n");
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");

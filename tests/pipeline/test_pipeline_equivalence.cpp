@@ -84,6 +84,10 @@ void check_against_network() {
     options.microbatches = m;
     options.seed = seed;
     std::optional<Pipe> pipe;
+    if (const std::string_view why = schedule::check<Policy>({p, m, Pipe::chunks, 1}); !why.empty()) {
+      CHECK_THROWS_WITH(pipe.emplace(options), Catch::Contains(std::string(why)));  // DualPipeV below 2p
+      continue;
+    }
     REQUIRE_NOTHROW(pipe.emplace(options));
 
     // Same seed, same initialisation, to the bit, however the model is split.
@@ -186,6 +190,24 @@ TEST_CASE("ZBV (V-shaped, B/W split) equals the unpipelined Network for p <= 4 a
   check_against_network<schedule::ZeroBubbleV, partition<Deep, 4>>();
   check_against_network<schedule::ZeroBubbleV, partition<Deep, 6>>();
   check_against_network<schedule::ZeroBubbleV, partition<Deep, 8>>();
+}
+
+TEST_CASE("V-Min and V-Half (controllable memory) equal the unpipelined Network for p in {1, 2, 4}",
+          "[pipeline][equivalence]") {
+  check_against_network<schedule::VMin, partition<Deep, 2>>();
+  check_against_network<schedule::VMin, partition<Deep, 4>>();
+  check_against_network<schedule::VMin, partition<Deep, 8>>();
+  check_against_network<schedule::VHalf, partition<Deep, 2>>();
+  check_against_network<schedule::VHalf, partition<Deep, 4>>();
+  check_against_network<schedule::VHalf, partition<Deep, 8>>();
+}
+
+TEST_CASE("DualPipeV (overlapped F&B pairs, run back to back) equals the unpipelined Network for p <= 4, m >= 2p",
+          "[pipeline][equivalence]") {
+  check_against_network<schedule::DualPipeV, partition<Deep, 2>>();
+  check_against_network<schedule::DualPipeV, partition<Deep, 4>>();
+  check_against_network<schedule::DualPipeV, partition<Deep, 6>>();
+  check_against_network<schedule::DualPipeV, partition<Deep, 8>>();
 }
 
 TEMPLATE_TEST_CASE("recomputing stages 0 and 1 gives the same gradients bitwise with fewer activation bytes",

@@ -56,7 +56,12 @@ void check_against_network() {
   using Pipe = Pipeline<Stages, Policy, Host>;
   using Reference = Network<Model, Host>;
   static_assert(Pipe::rows_per_sample == T);
-  constexpr int m = 4;
+  // 4 microbatches, or the fewest above that the policy takes (DualPipeV: 2p).
+  constexpr int m = [] {
+    int k = 4;
+    while (!schedule::check<Policy>({P, k, Policy::chunks, 1}).empty()) ++k;
+    return k;
+  }();
   INFO(Policy::name << " p = " << P << " m = " << m);
   const optim::AdamW adamw({.lr = 3e-3, .weight_decay = 0.1, .clip_norm = 1.0});
   PipelineOptions options;
@@ -68,8 +73,8 @@ void check_against_network() {
   REQUIRE(test::bitwise_equal(pipe->parameters(), net.parameters()));
   CHECK(tied_copies_equal<Model>(net.parameters()));
 
-  // 6 sequences in 4 microbatches: 2, 2, 1, 1 sequences, never a cut inside one.
-  const TokenBatch batch(6, 11);
+  // 6 sequences in 4 microbatches: 2, 2, 1, 1 sequences, never a cut inside one (m sequences above 6).
+  const TokenBatch batch(std::max(6, m), 11);
   const StepStats stats = test::bounded(120, [&] { return pipe->forward_backward(batch.x(), batch.y()); });
   const double loss = net.forward_backward(batch.x(), batch.y());
   CHECK(std::abs(stats.loss - loss) <= tolerance * std::abs(loss));
@@ -80,7 +85,7 @@ void check_against_network() {
   Reference trained(seed);
   std::vector<std::vector<double>> slots;
   for (int step = 0; step < 3; ++step) {
-    const TokenBatch b(4, 100 + std::uint64_t(step));
+    const TokenBatch b(m, 100 + std::uint64_t(step));
     const StepStats s = test::bounded(120, [&] { return pipe->train_step(b.x(), b.y(), adamw); });
     trained.zero_grad();
     const double l = trained.forward_backward(b.x(), b.y());
@@ -124,6 +129,16 @@ TEST_CASE("GPT: BFS (looped breadth-first) equals the unpipelined Network at p =
 TEST_CASE("GPT: ZBV (V-shaped: wte and lm_head on worker 0, B and W split) equals the Network at p = 1, 2, 4",
           "[pipeline][equivalence][gpt]") {
   check_every_p<schedule::ZeroBubbleV>();
+}
+
+TEST_CASE("GPT: V-Min and V-Half equal the Network at p = 1, 2, 4", "[pipeline][equivalence][gpt]") {
+  check_every_p<schedule::VMin>();
+  check_every_p<schedule::VHalf>();
+}
+
+TEST_CASE("GPT: DualPipeV (wte and lm_head on worker 0, overlapped F&B pairs) equals the Network at p = 1, 2, 4",
+          "[pipeline][equivalence][gpt]") {
+  check_every_p<schedule::DualPipeV>();
 }
 
 TEST_CASE("GPT: the tied copies are two tensors to the model; untied, each trains on its own", "[pipeline][gpt]") {

@@ -96,7 +96,7 @@ TEST_CASE("a policy defined outside the library runs through verify, simulate, t
   CHECK(sim.peak_activations == std::vector<int>(3, 8));  // 4 microbatches x 2 chunks held on every worker
 
   // The registry and the explorer take the extended list.
-  CHECK(schedule::policy_names<Mine>().ends_with(", zb-h2, zbv, v-gpipe"));
+  CHECK(schedule::policy_names<Mine>().ends_with(", zbv, v-half, v-min, dualpipev, v-gpipe"));
   CHECK(schedule::find_policy<Mine>("v-gpipe").default_chunks == 2);
   CHECK_THROWS_WITH(schedule::find_policy("v-gpipe"), Catch::Contains("unknown schedule 'v-gpipe'"));
   explorer::Options o;
@@ -164,6 +164,8 @@ TEST_CASE("every policy's plan survives a CSV round trip", "[pipeline][plan_file
       CHECK(back.split_backward == plan.split_backward);
       CHECK(back.update == plan.update);
       CHECK(back.channel_depth == plan.channel_depth);
+      // DualPipeV's overlapped pairs travel as kind F& and come back as Action::overlap.
+      if (policy.name == "dualpipev") CHECK(io::plan_to_csv(plan).find(",F&,") != std::string::npos);
     }
   }
 }
@@ -172,7 +174,7 @@ TEST_CASE("a malformed plan file names the file, the line and the fault", "[pipe
   const std::string good = io::plan_to_csv(schedule::generate<schedule::OneFOneB>({2, 2}));
   auto message = [](const std::string& text) { return test::error_message([&] { io::plan_from_csv(text, "mine.csv"); }); };
   CHECK_THAT(message(""), Catch::Contains("mine.csv line 1: expected '# cupipe plan 1'"));
-  CHECK_THAT(message(replace_row(good, "0,F,0,0", "0,X,0,0")), Catch::Contains("line 5: kind 'X' is not F, B or W"));
+  CHECK_THAT(message(replace_row(good, "0,F,0,0", "0,X,0,0")), Catch::Contains("line 5: kind 'X' is not F, F& (overlapped with the next B), B or W"));
   CHECK_THAT(message(replace_row(good, "0,F,0,0", "0,F,zero,0")), Catch::Contains("line 5: microbatch 'zero' is not an integer"));
   CHECK_THAT(message(replace_row(good, "0,F,0,0", "7,F,0,0")), Catch::Contains("line 5: worker 7 is outside 0..1"));
   CHECK_THAT(message(replace_row(good, "0,F,0,0", "0,F,0")), Catch::Contains("line 5: expected 4 fields"));

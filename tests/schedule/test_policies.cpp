@@ -191,6 +191,103 @@ TEST_CASE("ZBV holds 1F1B's memory, reaches 3m + (p-1)/2 with F=B=W=1 and never 
   CHECK_THROWS_WITH(sch::generate<sch::ZeroBubbleV>({4, 8, 3}), Catch::Contains("exactly 2 chunks"));
 }
 
+TEST_CASE("V-Min and V-Half: about 1/3 and 1/2 of 1F1B's activations, ordered against ZBV in memory and bubble",
+          "[schedule][controllable-memory]") {
+  // Chunk-microbatches per worker; 1F1B holds 2p (p whole-stage microbatches on stage 0).
+  const auto v_min_peak = [](int p) { return p == 1 ? 2 : 2 * ((p - 2) / 3 + 2); };
+  const auto v_half_peak = [](int p) { return 2 * (p / 2) + 2; };
+  for (int p = 1; p <= 16; ++p) {
+    int most_min = 0, most_half = 0;
+    for (int m = 1; m <= (p <= 8 ? 48 : 24); ++m) {
+      INFO("p=" << p << " m=" << m);
+      const Config c{p, m, 2};
+      const sch::Plan v_min = sch::generate<sch::VMin>(c), v_half = sch::generate<sch::VHalf>(c);
+      REQUIRE(v_min.placement == sch::v_shape_placement(p));
+      REQUIRE(sch::verify(v_min));
+      REQUIRE(sch::verify(v_half));
+      const auto a = sch::simulate(v_min, sch::Costs{1, 1, 1});
+      const auto b = sch::simulate(v_half, sch::Costs{1, 1, 1});
+      const auto z = sch::simulate(sch::generate<sch::ZeroBubbleV>(c), sch::Costs{1, 1, 1});
+      most_min = std::max(most_min, a.max_peak_activations());
+      most_half = std::max(most_half, b.max_peak_activations());
+      REQUIRE(a.max_peak_activations() <= b.max_peak_activations());
+      REQUIRE(b.max_peak_activations() <= z.max_peak_activations());
+      if (m >= 2 * p) {
+        // Less memory costs bubble, and even V-Min's stays below 1F1B's with F = B = W.
+        const auto one_f_one_b = sch::simulate(sch::generate<sch::OneFOneB>({p, m}), sch::Costs{1, 1, 1});
+        REQUIRE(z.makespan <= b.makespan);
+        REQUIRE(b.makespan <= a.makespan);
+        if (p > 1) REQUIRE(a.bubble_fraction < one_f_one_b.bubble_fraction);
+      }
+    }
+    INFO("p=" << p);
+    CHECK(most_min == v_min_peak(p));
+    CHECK(most_half == v_half_peak(p));
+  }
+  // At p = 16: 12 and 18 of 1F1B's 32, 0.375 and 0.56.
+  CHECK(v_min_peak(16) == 12);
+  CHECK(v_half_peak(16) == 18);
+  CHECK_THROWS_WITH(sch::generate<sch::VMin>({4, 8, 3}), Catch::Contains("V-Min runs exactly 2 chunks"));
+  CHECK(sch::VShape<sch::VMemory::full>::actions({4, 8, 2}) == sch::generate<sch::ZeroBubbleV>({4, 8, 2}).actions);
+}
+
+TEST_CASE("DualPipeV: PP+1 activations, the published bubble (PP/2-1)(F&B+B-3W) as a bound met at F = B+W",
+          "[schedule][dualpipe]") {
+  for (const Config& c : grid(policy("dualpipev"))) {
+    const int p = c.stages, m = c.microbatches;
+    INFO("p=" << p << " m=" << m);
+    const sch::Plan plan = sch::generate<sch::DualPipeV>(c);
+    REQUIRE(plan.placement == sch::v_shape_placement(p));
+    REQUIRE(plan.channel_depth == 1);
+    // PP + 1 chunk-microbatches per worker (deepseek-ai/DualPipe's table), PP = 2p virtual stages.
+    REQUIRE(sch::simulate(plan, sch::Costs{1, 1, 1}).max_peak_activations() == 2 * p + 1);
+    // Overlapped pairs: two per steady-state round (m-2p+r+1 rounds; the last worker runs its first F0
+    // and B1 apart) and one per round of step 5 (p-r-1 rounds).
+    for (int r = 0; r < p; ++r) {
+      const auto& list = plan.actions[static_cast<std::size_t>(r)];
+      const auto pairs = std::count_if(list.begin(), list.end(), [](const sch::Action& a) { return a.overlap; });
+      REQUIRE(pairs == 2 * (m - 2 * p + r + 1) + (p - r - 1) - (r == p - 1 ? 1 : 0));
+    }
+    // Bubble per worker = makespan - 2m chunk (F+B+W); the published bound uses chunk costs (half a
+    // stage's), B the whole backward and F&B = F + B (the host runs a pair back to back).
+    for (const sch::Costs& costs : {sch::Costs{1, 1, 1}, sch::Costs{2, 1, 1}, sch::Costs{1, 2, 1}, sch::Costs{1, 1, 2},
+                                    sch::Costs{2, 2, 1}, sch::Costs{1, 1.5, 0.5}, sch::Costs{3, 2, 1}}) {
+      INFO("F=" << costs.forward << " B=" << costs.backward << " W=" << costs.weight);
+      const double f = costs.forward / 2, b = costs.backward / 2 + costs.weight / 2, w = costs.weight / 2;
+      const double bubble = sch::simulate(plan, costs).makespan - 2.0 * m * (f + b);
+      const double published = (p - 1) * ((f + b) + b - 3 * w);
+      REQUIRE(bubble <= published + tolerance);
+      if (costs.forward == costs.backward + costs.weight && costs.backward == costs.weight)
+        REQUIRE(bubble == Approx(published).margin(tolerance));
+    }
+  }
+  CHECK(sch::check<sch::DualPipeV>({4, 7, 2}) == "DualPipeV needs at least 2 microbatches per stage (microbatches >= 2 x stages), as its reference does");
+  CHECK_THROWS_WITH(sch::generate<sch::DualPipeV>({4, 8, 3}), Catch::Contains("exactly 2 chunks"));
+}
+
+TEST_CASE("an overlapped F starts with its B: simulate waits for both inputs, verify refuses a lone overlap",
+          "[schedule][dualpipe]") {
+  const sch::Plan plan = sch::generate<sch::DualPipeV>({4, 8, 2});
+  sch::Plan apart = plan;
+  for (auto& list : apart.actions)
+    for (sch::Action& a : list) a.overlap = false;
+  // With F = B + W the F of a pair would run ahead while its B's gradient is still on the way; together
+  // it cannot, and the published bound is met exactly (see above).
+  const sch::Costs costs{2, 1, 1};
+  CHECK(sch::simulate(apart, costs).makespan < sch::simulate(plan, costs).makespan);
+  const auto sim = sch::simulate(plan, costs);
+  for (std::size_t w = 0; w < plan.actions.size(); ++w)
+    for (std::size_t i = 0; i + 1 < plan.actions[w].size(); ++i)
+      if (plan.actions[w][i].overlap) REQUIRE(sim.times[w][i + 1].start == sim.times[w][i].end);
+
+  sch::Plan lone = plan;
+  lone.actions[0].back().overlap = true;  // a W, and the last action
+  CHECK_THAT(std::string(sch::verify(lone).message()), Catch::Contains("only an F followed by a B can overlap"));
+  sch::Plan before_w = plan;
+  before_w.actions[1].front().overlap = true;  // F0 followed by another F
+  CHECK_THAT(std::string(sch::verify(before_w).message()), Catch::Contains("stage 1: F0 (chunk 0) is marked to overlap"));
+}
+
 TEST_CASE("BFS: Interleaved's bubble (p-1)/(Vm+p-1) from m = p on, GPipe's memory, a channel m deep",
           "[schedule][bfs]") {
   for (const Config& c : grid(policy("bfs"))) {

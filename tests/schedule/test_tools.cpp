@@ -20,6 +20,9 @@ static_assert(sch::verify<sch::ZeroBubbleH2>(3, 6));
 static_assert(sch::verify<sch::Interleaved<2>>(3, 7));  // a short last group: the plan of m = 9 without 7 and 8
 static_assert(sch::verify<sch::ZeroBubbleV>(4, 8));
 static_assert(sch::verify<sch::BreadthFirst<2>>(4, 8));
+static_assert(sch::verify<sch::DualPipeV>(4, 8));
+// 2m chunk (F+B+W) = 32, plus the published (PP/2-1)(F&B+B-3W) = 3 x (2 + 1 - 1.5), met at F = B + W.
+static_assert(sch::simulate<sch::DualPipeV>(4, 8, sch::Costs{2, 1, 1}).makespan == 36.5);
 static_assert(sch::simulate<sch::ZeroBubbleV>(4, 8, sch::Costs{1, 1, 1}).makespan == 25.5);  // 24 + (p-1) F/2
 static_assert(sch::simulate<sch::OneFOneB>(4, 8, sch::Costs{1, 2}).makespan == 33);
 static_assert(sch::simulate<sch::ZeroBubbleH1>(4, 8, sch::Costs{1, 1, 1}).makespan == 27);
@@ -107,7 +110,7 @@ TEST_CASE("policies dispatch by name and reject bad configurations with a senten
   CHECK(sch::find_policy("2bw").update == sch::UpdateRule::double_buffered);
   CHECK(sch::find_policy("zb-h2").split_backward);
   CHECK_THROWS_WITH(sch::find_policy("3f3b"), Catch::Contains("expected one of: gpipe, 1f1b, interleaved"));
-  CHECK(sch::policy_names() == "gpipe, 1f1b, interleaved, bfs, pipedream, 2bw, zb-h1, zb-h2, zbv");
+  CHECK(sch::policy_names() == "gpipe, 1f1b, interleaved, bfs, pipedream, 2bw, zb-h1, zb-h2, zbv, v-half, v-min, dualpipev");
   for (const auto& policy : sch::policy_table()) {
     CHECK(sch::find_policy(policy.name).name == policy.name);
     CHECK(sch::with_policy(policy.name, []<class P>() { return std::string(P::name); }) == policy.name);

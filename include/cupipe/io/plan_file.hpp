@@ -11,6 +11,7 @@
 //   ...
 //
 // `placement` lists, for each virtual stage in order, the worker and its local chunk (worker.chunk).
+// Kind `F&` is an F that runs together with the worker's next row, a B (schedule::Action::overlap).
 // Lines starting with '#' after the first two are comments; blank lines are skipped. Rows may come in
 // any worker order; each worker's rows run in file order. Every malformed line is an error naming the
 // file, the line and what is wrong; a plan that parses but cannot run fails schedule::verify, whose
@@ -190,15 +191,16 @@ class PlanParser {
     if (worker < 0 || worker >= plan_.config.stages)
       fail(line, "worker " + std::to_string(worker) + " is outside 0.." + std::to_string(plan_.config.stages - 1));
     schedule::ActionKind kind{};
-    if (f[1] == "F") kind = schedule::ActionKind::F;
+    const bool overlap = f[1] == "F&";
+    if (f[1] == "F" || overlap) kind = schedule::ActionKind::F;
     else if (f[1] == "B") kind = schedule::ActionKind::B;
     else if (f[1] == "W") kind = schedule::ActionKind::W;
-    else fail(line, "kind '" + std::string(f[1]) + "' is not F, B or W");
+    else fail(line, "kind '" + std::string(f[1]) + "' is not F, F& (overlapped with the next B), B or W");
     const int microbatch = integer(line, f[2], "microbatch");
     const int chunk = integer(line, f[3], "chunk");
     // Ranges, duplicates and order are verify's to judge, with the actions named; only what would
     // make the plan unreadable is refused here.
-    plan_.actions[std::size_t(worker)].push_back({kind, microbatch, chunk});
+    plan_.actions[std::size_t(worker)].push_back({kind, microbatch, chunk, overlap});
   }
 
   schedule::Plan finish() { return std::move(plan_); }
@@ -228,7 +230,8 @@ inline std::string plan_to_csv(const schedule::Plan& plan) {
   out << '\n' << detail::plan_columns << '\n';
   for (std::size_t w = 0; w < plan.actions.size(); ++w)
     for (const schedule::Action& a : plan.actions[w])
-      out << w << ',' << schedule::kind_letter(a.kind) << ',' << a.microbatch << ',' << a.chunk << '\n';
+      out << w << ',' << schedule::kind_letter(a.kind) << (a.overlap ? "&" : "") << ',' << a.microbatch << ','
+          << a.chunk << '\n';
   return out.str();
 }
 

@@ -76,6 +76,7 @@ class StageExecutor {
   /// Runs action `a` of worker `w`.
   template <class Optimizer>
   void execute(int w, const schedule::Action& a, Step& step) {
+    if (a.overlap) take_partner_input(w, a);
     states_.visit(plan_.virtual_stage(w, a), [&](auto k, auto& st) {
       constexpr int K = decltype(k)::value;
       switch (a.kind) {
@@ -128,6 +129,25 @@ class StageExecutor {
     return {step.labels.data() + step.plan->first[std::size_t(j)], Shape{step.plan->rows[std::size_t(j)]}};
   }
 
+  /// An overlapped F starts together with the B after it (schedule::Action::overlap): the B's
+  /// gradient is taken first, so the pair starts once both inputs are there, as verify and simulate
+  /// assume. The host then runs the two back to back.
+  void take_partner_input(int w, const schedule::Action& a) {
+    const auto& list = plan_.actions[std::size_t(w)];
+    const auto at = std::find(list.begin(), list.end(), a);
+    if (at == list.end() || at + 1 == list.end() || (at + 1)->kind != schedule::ActionKind::B) return;
+    const schedule::Action& partner = *(at + 1);
+    states_.visit(plan_.virtual_stage(w, partner), [&](auto k, auto& st) {
+      constexpr int K = decltype(k)::value;
+      if constexpr (K + 1 < virtual_stages) {
+        const auto found = st.in_flight.find(partner.microbatch);
+        if (found == st.in_flight.end()) CUPIPE_THROW("backward before forward for microbatch ", partner.microbatch);
+        auto& f = found->second;
+        f.dy = receive(worker_of(K), K + 1, {Flow::gradient, K, partner.microbatch}, f.rows * stage_seq<K>::out_features);
+      }
+    });
+  }
+
   /// Waits for a message from virtual stage `from`; the action's measured time starts when it arrives.
   buffer receive(int at, int from, const MessageKey& key, index_t elements) {
     buffer message = transport_.receive(at, worker_of(from), key, elements);
@@ -174,7 +194,7 @@ class StageExecutor {
       f.dy = be.template allocate<T>(f.rows * Seq::out_features, MemoryTag::activations);
       Loss::backward(be, ConstViewOn<Backend, T>(Seq::template output<space>(f.record.data(), f.rows)), microbatch_labels(step, j),
                      ViewOn<Backend, T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.plan->normalizer[std::size_t(j)]);
-    } else {
+    } else if (f.dy.data() == nullptr) {  // not taken already by an overlapped F before it
       f.dy = receive(worker_of(K), K + 1, {Flow::gradient, K, j}, f.rows * Seq::out_features);
     }
     f.grad_record = be.template allocate<T>(Seq::grad_record_elements(f.rows), MemoryTag::activations);

@@ -15,10 +15,7 @@
 namespace cupipe {
 
 inline std::vector<schedule::TimelineEvent> timeline_events(const StepStats& stats) {
-  std::vector<schedule::TimelineEvent> events;
-  events.reserve(stats.actions.size());
-  for (const ActionRecord& r : stats.actions) events.push_back({r.stage, r.kind, r.microbatch, r.chunk, r.start, r.end});
-  return events;
+  return {stats.actions.begin(), stats.actions.end()};
 }
 
 /// Each stage's measured mean F, B and W durations, scaled to whole-stage costs (an interleaved

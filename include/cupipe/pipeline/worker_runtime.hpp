@@ -93,7 +93,7 @@ class WorkerRuntime {
         fail(plan, w, a, e.what(), "", __FILE__, __LINE__, abort);
         return;
       }
-      worker.records.push_back({w, a.kind, a.microbatch, a.chunk, worker.action_start, now()});
+      worker.records.push_back({w, a.kind, a.microbatch, a.chunk, worker.action_start, now(), a.overlap});
     }
   }
 

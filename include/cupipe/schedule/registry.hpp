@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "cupipe/core/error.hpp"
+#include "cupipe/schedule/policies/controllable_v.hpp"
+#include "cupipe/schedule/policies/dualpipe.hpp"
 #include "cupipe/schedule/policies/interleaved.hpp"
 #include "cupipe/schedule/policies/one_f_one_b.hpp"
 #include "cupipe/schedule/policies/pipedream.hpp"
@@ -26,9 +28,10 @@ struct PolicyList {
   static constexpr std::size_t size = sizeof...(Ps);
 };
 
-/// Every policy cupipe ships, in the order tools list them. Interleaved, BFS and ZBV run 2 chunks per worker.
+/// Every policy cupipe ships, in the order tools list them. Interleaved, BFS and the V schedules (ZBV,
+/// V-Half, V-Min, DualPipeV) run 2 chunks per worker.
 using Policies = PolicyList<GPipe, OneFOneB, Interleaved<2>, BreadthFirst<2>, PipeDream, PipeDream2BW, ZeroBubbleH1,
-                            ZeroBubbleH2, ZeroBubbleV>;
+                            ZeroBubbleH2, ZeroBubbleV, VHalf, VMin, DualPipeV>;
 
 /// A list with more policies appended.
 template <class List, SchedulePolicy... More>

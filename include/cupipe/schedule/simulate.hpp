@@ -120,10 +120,20 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
       for (; next[s] < list.size(); ++next[s]) {
         const Action& a = list[next[s]];
         double ready = free_at[s];
-        if (const detail::Dependency in = detail::input_of(plan, stage, a); in.exists) {
-          const double arrival = end[static_cast<std::size_t>(detail::slot_of(plan, in.stage, in.peer))];
-          if (arrival == unknown) break;
-          ready = std::max(ready, arrival + (in.stage == stage ? 0 : costs.transfer));
+        const auto arrival = [&](const Action& x) {
+          const detail::Dependency in = detail::input_of(plan, stage, x);
+          if (!in.exists) return 0.0;
+          const double at = end[static_cast<std::size_t>(detail::slot_of(plan, in.stage, in.peer))];
+          return at == unknown ? unknown : at + (in.stage == stage ? 0 : costs.transfer);
+        };
+        const double input = arrival(a);
+        if (input == unknown) break;
+        ready = std::max(ready, input);
+        // An overlapped F starts together with its B (verify has checked that one follows).
+        if (a.overlap && next[s] + 1 < list.size()) {
+          const double partner = arrival(list[next[s] + 1]);
+          if (partner == unknown) break;
+          ready = std::max(ready, partner);
         }
         // B of the last virtual stage and W consume this stage's own F or B, done earlier in order.
         const double length = duration(plan, costs, stage, a);

@@ -24,6 +24,7 @@ struct TimelineEvent {
   int chunk;
   double start;
   double end;
+  bool overlap = false;  // an F that runs together with the stage's next action (Action::overlap)
 };
 
 /// The simulated events of a plan, in stage order.
@@ -32,7 +33,8 @@ inline std::vector<TimelineEvent> timeline_events(const Plan& plan, const SimRes
   for (std::size_t s = 0; s < plan.actions.size(); ++s)
     for (std::size_t i = 0; i < plan.actions[s].size(); ++i) {
       const Action& a = plan.actions[s][i];
-      events.push_back({static_cast<int>(s), a.kind, a.microbatch, a.chunk, sim.times[s][i].start, sim.times[s][i].end});
+      events.push_back(
+          {static_cast<int>(s), a.kind, a.microbatch, a.chunk, sim.times[s][i].start, sim.times[s][i].end, a.overlap});
     }
   return events;
 }
@@ -40,10 +42,11 @@ inline std::vector<TimelineEvent> timeline_events(const Plan& plan, const SimRes
 namespace detail {
 
 
-/// "F3", or "F3b" for chunk 1 when stages hold several chunks.
+/// "F3", or "F3b" for chunk 1 when stages hold several chunks; "F3b&" when it overlaps the next action.
 inline std::string event_label(const TimelineEvent& e, bool with_chunk) {
   std::string label = kind_letter(e.kind) + std::to_string(e.microbatch);
   if (with_chunk) label += static_cast<char>('a' + e.chunk % 26);
+  if (e.overlap) label += '&';
   return label;
 }
 
@@ -170,7 +173,7 @@ inline std::string chrome_trace_json(std::span<const TraceGroup> groups) {
       emit("{\"name\":\"" + kind + std::to_string(e.microbatch) + "\",\"cat\":\"" + kind +
            "\",\"ph\":\"X\",\"pid\":" + pid + ",\"tid\":" + std::to_string(e.stage) + ",\"ts\":" + fmt(e.start * scale) +
            ",\"dur\":" + fmt((e.end - e.start) * scale) + ",\"args\":{\"microbatch\":" + std::to_string(e.microbatch) +
-           ",\"chunk\":" + std::to_string(e.chunk) + "}}");
+           ",\"chunk\":" + std::to_string(e.chunk) + (e.overlap ? ",\"overlaps_next\":true" : "") + "}}");
     }
   }
   out += "\n]}\n";

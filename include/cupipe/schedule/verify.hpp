@@ -144,12 +144,16 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
       while (pc[us] < static_cast<int>(list.size())) {
         const Action& a = list[static_cast<std::size_t>(pc[us])];
         if (!sending[us]) {
-          const Dependency in = input_of(plan, s, a);
-          if (in.exists) {
-            const int producer = slot_of(plan, in.stage, in.peer);
-            if (in.stage == s ? !done[static_cast<std::size_t>(producer)] : !delivered[static_cast<std::size_t>(producer)]) break;
-            if (in.stage != s) ++consumed[channel(s, a.kind, in.stage)];
-          }
+          const auto arrived = [&](const Action& x) {
+            const Dependency in = input_of(plan, s, x);
+            if (!in.exists) return true;
+            const auto producer = static_cast<std::size_t>(slot_of(plan, in.stage, in.peer));
+            return in.stage == s ? done[producer] != 0 : delivered[producer] != 0;
+          };
+          if (!arrived(a)) break;
+          // An overlapped F starts with its B, once the B's input is there too.
+          if (a.overlap && !arrived(list[static_cast<std::size_t>(pc[us]) + 1])) break;
+          if (const Dependency in = input_of(plan, s, a); in.exists && in.stage != s) ++consumed[channel(s, a.kind, in.stage)];
           done[static_cast<std::size_t>(slot_of(plan, s, a))] = 1;
           const Dependency out = output_of(plan, s, a);
           sending[us] = out.exists && out.stage != s;
@@ -228,6 +232,10 @@ constexpr VerifyResult verify(const Plan& plan) {
                          << a.chunk << ", outside " << n << " microbatches and " << c.chunks << " chunks";
       if (a.kind == ActionKind::W && !plan.split_backward)
         return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " in a plan whose backward is not split";
+      if (a.overlap && (a.kind != ActionKind::F || i + 1 == static_cast<int>(list.size()) ||
+                        list[static_cast<std::size_t>(i) + 1].kind != ActionKind::B))
+        return Failure{} << "stage " << s << ": " << Named{a, c.chunks}
+                         << " is marked to overlap with the next action, but only an F followed by a B can overlap";
       int& at = position[static_cast<std::size_t>(detail::slot_of(plan, s, a))];
       if (at >= 0)
         return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " appears twice (positions " << at << " and "
