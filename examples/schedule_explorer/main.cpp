@@ -3,7 +3,7 @@
 // bubble, memory and weight versions, an ASCII timeline, a Chrome trace or one JSON object.
 //   schedule_explorer --schedule 1f1b --stages 4 --microbatches 8 --timeline
 //   schedule_explorer --compare --stages 4 --microbatches 8
-//   schedule_explorer --schedule zb-h1 --stages 4 --microbatches 8 --write-plan mine.csv   (edit it, then)
+//   schedule_explorer --schedule zb-h1 --stages 4 --microbatches 8 --write-plan mine.csv   (or mine.json; edit it, then)
 //   schedule_explorer --plan mine.csv --cost-b 1 --cost-w 1 --timeline
 #include <CLI/CLI.hpp>
 
@@ -27,8 +27,8 @@ int main(int argc, char** argv) {
   app.add_option("--trace", o.trace, "write a Chrome trace (Perfetto, chrome://tracing) to this file");
   app.add_flag("--json", o.json, "print one JSON object");
   app.add_flag("--compare", o.compare, "compare every schedule for these stages and microbatches");
-  app.add_option("--plan", o.plan_file, "read a plan from this CSV file (io/plan_file.hpp), verify and simulate it");
-  app.add_option("--write-plan", o.write_plan, "write the plan to this CSV file (a starting point to edit)");
+  app.add_option("--plan", o.plan_file, "read a plan from this CSV or JSON (.json) file (io/plan_file.hpp), verify and simulate it");
+  app.add_option("--write-plan", o.write_plan, "write the plan to this CSV or JSON (.json) file (a starting point to edit)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

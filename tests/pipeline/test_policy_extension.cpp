@@ -2,7 +2,7 @@
 // The seams of the runtime: a step plan computed without threads, and a schedule policy written
 // outside the library (a V-shaped placement) that verify, simulate, the explorer's registry and the
 // runtime all accept, with the unpipelined Network's gradients; plans written to and read from CSV
-// files, run with schedule::UserPlan.
+// and JSON files, run with schedule::UserPlan; plan fingerprints, which ranks compare.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -151,23 +151,56 @@ std::string replace_row(std::string text, const std::string& from, const std::st
 
 }  // namespace
 
-TEST_CASE("every policy's plan survives a CSV round trip", "[pipeline][plan_file]") {
+TEST_CASE("every policy's plan survives a CSV and a JSON round trip, fingerprint included", "[pipeline][plan_file]") {
   for (const schedule::PolicyInfo& policy : schedule::policy_table()) {
     for (const schedule::Config& c : {schedule::Config{1, 3, policy.default_chunks, policy.default_batches},
                                       schedule::Config{4, 8, policy.default_chunks, policy.default_batches}}) {
       INFO(policy.name << " p = " << c.stages);
       const schedule::Plan plan = policy.generate(c);
-      const schedule::Plan back = io::plan_from_csv(io::plan_to_csv(plan));
-      CHECK(back.config == plan.config);
-      CHECK(back.actions == plan.actions);
-      CHECK(back.placement == plan.placement);
-      CHECK(back.split_backward == plan.split_backward);
-      CHECK(back.update == plan.update);
-      CHECK(back.channel_depth == plan.channel_depth);
+      for (const bool json : {false, true}) {
+        INFO((json ? "JSON" : "CSV"));
+        const schedule::Plan back = json ? io::plan_from_json(io::plan_to_json(plan)) : io::plan_from_csv(io::plan_to_csv(plan));
+        CHECK(back.config == plan.config);
+        CHECK(back.actions == plan.actions);
+        CHECK(back.placement == plan.placement);
+        CHECK(back.split_backward == plan.split_backward);
+        CHECK(back.update == plan.update);
+        CHECK(back.channel_depth == plan.channel_depth);
+        CHECK(schedule::fingerprint(back) == schedule::fingerprint(plan));
+      }
       // DualPipeV's overlapped pairs travel as kind F& and come back as Action::overlap.
-      if (policy.name == "dualpipev") CHECK(io::plan_to_csv(plan).find(",F&,") != std::string::npos);
+      if (policy.name == "dualpipev") {
+        CHECK(io::plan_to_csv(plan).find(",F&,") != std::string::npos);
+        CHECK(io::plan_to_json(plan).find("\"kind\": \"F&\"") != std::string::npos);
+      }
     }
   }
+}
+
+TEST_CASE("a plan's fingerprint changes with anything the plan says", "[pipeline][plan_file]") {
+  const schedule::Plan plan = schedule::generate<schedule::DualPipeV>({4, 8, 2});
+  const std::string base = schedule::fingerprint(plan);
+  CHECK(base.size() == 16);
+  CHECK(schedule::fingerprint(schedule::generate<schedule::DualPipeV>({4, 8, 2})) == base);
+  auto changed = [&](auto edit) {
+    schedule::Plan copy = plan;
+    edit(copy);
+    return schedule::fingerprint(copy) != base;
+  };
+  CHECK(changed([](schedule::Plan& p) { std::swap(p.actions[1][3], p.actions[1][4]); }));
+  CHECK(changed([](schedule::Plan& p) { p.actions[2].back().microbatch += 1; }));
+  CHECK(changed([](schedule::Plan& p) { p.actions[3][0].chunk = 1; }));
+  CHECK(changed([](schedule::Plan& p) {
+    for (auto& a : p.actions[0])
+      if (a.overlap) return void(a.overlap = false);
+  }));
+  CHECK(changed([](schedule::Plan& p) { p.actions[0].pop_back(); }));
+  CHECK(changed([](schedule::Plan& p) { p.actions[0].push_back(p.actions[1].back()), p.actions[1].pop_back(); }));
+  CHECK(changed([](schedule::Plan& p) { p.split_backward = false; }));
+  CHECK(changed([](schedule::Plan& p) { p.channel_depth = 2; }));
+  CHECK(changed([](schedule::Plan& p) { p.update = schedule::UpdateRule::per_microbatch; }));
+  CHECK(changed([](schedule::Plan& p) { p.placement = schedule::looped_placement(4, 2); }));
+  CHECK(schedule::fingerprint(schedule::generate<schedule::ZeroBubbleV>({4, 8, 2})) != base);
 }
 
 TEST_CASE("a malformed plan file names the file, the line and the fault", "[pipeline][plan_file]") {
@@ -185,6 +218,34 @@ TEST_CASE("a malformed plan file names the file, the line and the fault", "[pipe
   CHECK_THAT(message(bad_placement), Catch::Contains("line 3: placement gives worker 0 chunk 0 twice"));
   CHECK_THAT(test::error_message([] { io::load_plan("/nonexistent/plan.csv"); }),
              Catch::Contains("/nonexistent/plan.csv: cannot open for reading"));
+}
+
+TEST_CASE("a malformed JSON plan names the file and the field", "[pipeline][plan_file]") {
+  const std::string good = io::plan_to_json(schedule::generate<schedule::OneFOneB>({2, 2}));
+  REQUIRE(io::plan_from_json(good).actions == schedule::generate<schedule::OneFOneB>({2, 2}).actions);
+  auto message = [](const std::string& text) { return test::error_message([&] { io::plan_from_json(text, "mine.json"); }); };
+  auto edit = [&](std::string_view from, std::string_view to) {
+    std::string text = good;
+    const std::size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return text.replace(at, from.size(), to);
+  };
+  CHECK_THAT(message("{\"format\": \"cupipe plan\",\n \"version\": 1,"), Catch::Contains("mine.json: not a JSON plan") && Catch::Contains("line 2"));
+  CHECK_THAT(message("[]"), Catch::Contains("mine.json: expected a JSON object"));
+  CHECK_THAT(message(edit("\"cupipe plan\"", "\"plan\"")), Catch::Contains("mine.json: format: expected \"cupipe plan\", found \"plan\""));
+  CHECK_THAT(message(edit("\"version\": 1", "\"version\": 2")), Catch::Contains("version: expected 1, found 2"));
+  CHECK_THAT(message(edit("\"microbatches\": 2,", "")), Catch::Contains("mine.json: field 'microbatches' is missing"));
+  CHECK_THAT(message(edit("\"chunks\"", "\"chunk\"")), Catch::Contains("mine.json: unknown field 'chunk'"));
+  CHECK_THAT(message(edit("\"stages\": 2", "\"stages\": \"two\"")), Catch::Contains("stages: expected an integer, found \"two\""));
+  CHECK_THAT(message(edit("\"stages\": 2", "\"stages\": 0")), Catch::Contains("must be at least 1"));
+  CHECK_THAT(message(edit("\"update\": \"flush\"", "\"update\": \"often\"")), Catch::Contains("update: update 'often' is not flush"));
+  CHECK_THAT(message(edit("[[0, 0], [1, 0]]", "[[0, 0], [0, 0]]")), Catch::Contains("mine.json: placement gives worker 0 chunk 0 twice"));
+  CHECK_THAT(message(edit("[[0, 0], [1, 0]]", "[[0, 0], [1]]")), Catch::Contains("placement[1]: expected [worker, chunk], found [1]"));
+  CHECK_THAT(message(edit("\"kind\": \"F\"", "\"kind\": \"X\"")),
+             Catch::Contains("mine.json: actions[0]: kind 'X' is not F, F& (overlapped with the next B), B or W"));
+  CHECK_THAT(message(edit("\"worker\": 0,", "\"worker\": 7,")), Catch::Contains("actions[0]: worker 7 is outside 0..1"));
+  CHECK_THAT(message(edit("\"microbatch\": 0,", "\"microbatch\": 0.5,")), Catch::Contains("actions[0].microbatch: expected an integer, found 0.5"));
+  CHECK_THAT(message(edit("\"chunk\": 0}", "\"chunk\": 0, \"stage\": 1}")), Catch::Contains("actions[0]: unknown field 'stage'"));
 }
 
 TEST_CASE("a hand-edited plan runs with UserPlan and equals the Network; a broken one names both actions",
@@ -240,12 +301,17 @@ TEST_CASE("a hand-edited plan runs with UserPlan and equals the Network; a broke
   explorer::Options o;
   o.plan_file = file.string();
   o.json = true;
-  o.write_plan = (scratch.path / "copy.csv").string();
-  std::ostringstream captured;
-  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
-  const int rc = explorer::explore(o);
-  std::cout.rdbuf(old);
-  CHECK(rc == 0);
-  CHECK_THAT(captured.str(), Catch::Contains("\"schedule\":\"plan " + file.string() + "\""));
-  CHECK(io::load_plan(o.write_plan).actions == edited.actions);
+  for (const char* copy : {"copy.csv", "copy.json"}) {
+    o.write_plan = (scratch.path / copy).string();
+    std::ostringstream captured;
+    std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
+    const int rc = explorer::explore(o);
+    std::cout.rdbuf(old);
+    CHECK(rc == 0);
+    CHECK_THAT(captured.str(), Catch::Contains("\"schedule\":\"plan " + o.plan_file + "\""));
+    CHECK(io::load_plan(o.write_plan).actions == edited.actions);
+    o.plan_file = o.write_plan;  // the JSON copy is written from the CSV copy just read
+  }
+  std::ifstream json_copy(o.plan_file);
+  CHECK(json_copy.get() == '{');
 }

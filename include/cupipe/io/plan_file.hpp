@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Schedule plans as CSV files: one row per action, so a plan can be written by hand or by another
-// tool, checked by schedule::verify and simulate, and run with schedule::UserPlan. The explorer
-// writes any policy's plan in this format (--write-plan) and reads one back (--plan).
+// Schedule plans as CSV or JSON files: one row (or object) per action, so a plan can be written by
+// hand or by another tool, checked by schedule::verify and simulate, and run with schedule::UserPlan.
+// The explorer writes any policy's plan in either format (--write-plan) and reads one back (--plan);
+// load_plan and save_plan pick the format by the file's extension (.json: JSON, anything else: CSV).
 //
+// CSV:
 //   # cupipe plan 1
 //   # stages=2 microbatches=2 chunks=1 batches=1 split_backward=0 update=flush channel_depth=1
 //   # placement=0.0,1.0
@@ -10,21 +12,32 @@
 //   0,F,0,0
 //   ...
 //
-// `placement` lists, for each virtual stage in order, the worker and its local chunk (worker.chunk).
-// Kind `F&` is an F that runs together with the worker's next row, a B (schedule::Action::overlap).
-// Lines starting with '#' after the first two are comments; blank lines are skipped. Rows may come in
-// any worker order; each worker's rows run in file order. Every malformed line is an error naming the
-// file, the line and what is wrong; a plan that parses but cannot run fails schedule::verify, whose
+// JSON (the same fields; chunks, batches, split_backward, update and channel_depth may be left out):
+//   {"format": "cupipe plan", "version": 1, "stages": 2, "microbatches": 2, "chunks": 1, "batches": 1,
+//    "split_backward": false, "update": "flush", "channel_depth": 1, "placement": [[0, 0], [1, 0]],
+//    "actions": [{"worker": 0, "kind": "F", "microbatch": 0, "chunk": 0}, ...]}
+//
+// `placement` lists, for each virtual stage in order, the worker and its local chunk (CSV:
+// worker.chunk). Kind `F&` is an F that runs together with the worker's next action, a B
+// (schedule::Action::overlap). In CSV, lines starting with '#' after the first two are comments and
+// blank lines are skipped. Actions may come in any worker order; each worker's actions run in file
+// order. Every malformed line or field is an error naming the file and the line (CSV) or the field
+// (JSON, e.g. "actions[12].kind"); a plan that parses but cannot run fails schedule::verify, whose
 // message names the two actions that conflict.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
+#include <initializer_list>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/io/atomic_file.hpp"
@@ -62,6 +75,61 @@ inline std::vector<std::string_view> split(std::string_view s, char separator) {
     if (end == std::string_view::npos) return parts;
     start = end + 1;
   }
+}
+
+// What both formats check the same way. `fail(what)` throws, prefixed with where the value came from.
+
+/// Throws `what` after a prefix naming the file and the line or field.
+struct FailAt {
+  std::string prefix;
+  [[noreturn]] void operator()(const std::string& what) const { CUPIPE_THROW(prefix, what); }
+};
+
+void check_counts(const schedule::Config& c, const FailAt& fail) {
+  if (c.stages < 1 || c.microbatches < 1 || c.chunks < 1 || c.batches < 1)
+    fail("stages, microbatches, chunks and batches must be at least 1 (got stages=" + std::to_string(c.stages) +
+         " microbatches=" + std::to_string(c.microbatches) + " chunks=" + std::to_string(c.chunks) +
+         " batches=" + std::to_string(c.batches) + ")");
+}
+
+schedule::UpdateRule parse_update(std::string_view u, const FailAt& fail) {
+  if (u == "per_microbatch") return schedule::UpdateRule::per_microbatch;
+  if (u == "double_buffered") return schedule::UpdateRule::double_buffered;
+  if (u != "flush") fail("update '" + std::string(u) + "' is not flush, per_microbatch or double_buffered");
+  return schedule::UpdateRule::flush;
+}
+
+/// The placement from (worker, chunk) per virtual stage: one per virtual stage, in range, no repeats.
+schedule::Placement checked_placement(const schedule::Config& c, const std::vector<schedule::detail::WorkerChunk>& located,
+                                      const FailAt& fail) {
+  if (int(located.size()) != c.virtual_stages())
+    fail("placement lists " + std::to_string(located.size()) + " virtual stages, expected stages x chunks = " +
+         std::to_string(c.virtual_stages()));
+  std::vector<char> taken(std::size_t(c.virtual_stages()), 0);
+  for (std::size_t k = 0; k < located.size(); ++k) {
+    const auto [w, ch] = located[k];
+    if (w < 0 || w >= c.stages || ch < 0 || ch >= c.chunks)
+      fail("placement entry " + std::to_string(k) + " '" + std::to_string(w) + "." + std::to_string(ch) + "' is outside " +
+           std::to_string(c.stages) + " workers x " + std::to_string(c.chunks) + " chunks");
+    char& seen = taken[std::size_t(w * c.chunks + ch)];
+    if (seen) fail("placement gives worker " + std::to_string(w) + " chunk " + std::to_string(ch) + " twice");
+    seen = 1;
+  }
+  return schedule::detail::placement_from(c.stages, c.chunks, [&](int k) { return located[std::size_t(k)]; });
+}
+
+/// One action of worker `worker` (checked against the plan's workers) with kind F, F&, B or W.
+/// Microbatch and chunk ranges, duplicates and order are verify's to judge, with the actions named;
+/// only what would make the plan unreadable is refused here.
+schedule::Action parse_action(int workers, int worker, std::string_view kind, int microbatch, int chunk, const FailAt& fail) {
+  if (worker < 0 || worker >= workers)
+    fail("worker " + std::to_string(worker) + " is outside 0.." + std::to_string(workers - 1));
+  const bool overlap = kind == "F&";
+  schedule::ActionKind k = schedule::ActionKind::F;
+  if (kind == "B") k = schedule::ActionKind::B;
+  else if (kind == "W") k = schedule::ActionKind::W;
+  else if (kind != "F" && !overlap) fail("kind '" + std::string(kind) + "' is not F, F& (overlapped with the next B), B or W");
+  return {k, microbatch, chunk, overlap};
 }
 
 /// Reads one plan file's text; `where(line)` prefixes every error.
@@ -144,63 +212,37 @@ class PlanParser {
     c.microbatches = setting_int("microbatches", 0);
     c.chunks = setting_int("chunks", 1);
     c.batches = setting_int("batches", 1);
-    if (c.stages < 1 || c.microbatches < 1 || c.chunks < 1 || c.batches < 1)
-      fail(line, "stages, microbatches, chunks and batches must be at least 1 (got stages=" + std::to_string(c.stages) +
-                     " microbatches=" + std::to_string(c.microbatches) + " chunks=" + std::to_string(c.chunks) +
-                     " batches=" + std::to_string(c.batches) + ")");
+    check_counts(c, at(line));
     plan_.split_backward = setting_int("split_backward", 0) != 0;
     plan_.channel_depth = setting_int("channel_depth", 1);
-    if (const auto it = settings_.find("update"); it != settings_.end()) {
-      const std::string& u = it->second.value;
-      if (u == "flush") plan_.update = schedule::UpdateRule::flush;
-      else if (u == "per_microbatch") plan_.update = schedule::UpdateRule::per_microbatch;
-      else if (u == "double_buffered") plan_.update = schedule::UpdateRule::double_buffered;
-      else fail(it->second.line, "update '" + u + "' is not flush, per_microbatch or double_buffered");
-    } else {
+    if (const auto it = settings_.find("update"); it != settings_.end())
+      plan_.update = parse_update(it->second.value, at(it->second.line));
+    else
       plan_.update = schedule::UpdateRule::flush;
-    }
     const Entry& where = settings_.at("placement");
-    const std::vector<std::string_view> cells = split(where.value, ',');
-    if (int(cells.size()) != c.virtual_stages())
-      fail(where.line, "placement lists " + std::to_string(cells.size()) + " virtual stages, expected stages x chunks = " +
-                           std::to_string(c.virtual_stages()));
     std::vector<schedule::detail::WorkerChunk> located;
-    std::vector<char> taken(std::size_t(c.virtual_stages()), 0);
-    for (std::size_t k = 0; k < cells.size(); ++k) {
-      const std::size_t dot = cells[k].find('.');
+    for (const std::string_view cell : split(where.value, ',')) {
+      const std::size_t dot = cell.find('.');
       if (dot == std::string_view::npos)
-        fail(where.line, "placement entry " + std::to_string(k) + " '" + std::string(cells[k]) + "' is not worker.chunk");
-      const int w = integer(where.line, cells[k].substr(0, dot), "a placement worker");
-      const int ch = integer(where.line, cells[k].substr(dot + 1), "a placement chunk");
-      if (w < 0 || w >= c.stages || ch < 0 || ch >= c.chunks)
-        fail(where.line, "placement entry " + std::to_string(k) + " '" + std::string(cells[k]) + "' is outside " +
-                             std::to_string(c.stages) + " workers x " + std::to_string(c.chunks) + " chunks");
-      char& seen = taken[std::size_t(w * c.chunks + ch)];
-      if (seen) fail(where.line, "placement gives worker " + std::to_string(w) + " chunk " + std::to_string(ch) + " twice");
-      seen = 1;
-      located.push_back({w, ch});
+        fail(where.line, "placement entry " + std::to_string(located.size()) + " '" + std::string(cell) + "' is not worker.chunk");
+      located.push_back({integer(where.line, cell.substr(0, dot), "a placement worker"),
+                         integer(where.line, cell.substr(dot + 1), "a placement chunk")});
     }
-    plan_.placement = schedule::detail::placement_from(c.stages, c.chunks, [&](int k) { return located[std::size_t(k)]; });
+    plan_.placement = checked_placement(c, located, at(where.line));
     plan_.actions.assign(std::size_t(c.stages), {});
   }
+
+  /// A fail(what) for the shared checks, at `line`.
+  FailAt at(int line) const { return {source_ + " line " + std::to_string(line) + ": "}; }
 
   void row(int line, std::string_view s) {
     const std::vector<std::string_view> f = split(s, ',');
     if (f.size() != 4) fail(line, "expected 4 fields (" + std::string(plan_columns) + "), found " + std::to_string(f.size()));
     const int worker = integer(line, f[0], "worker");
-    if (worker < 0 || worker >= plan_.config.stages)
-      fail(line, "worker " + std::to_string(worker) + " is outside 0.." + std::to_string(plan_.config.stages - 1));
-    schedule::ActionKind kind{};
-    const bool overlap = f[1] == "F&";
-    if (f[1] == "F" || overlap) kind = schedule::ActionKind::F;
-    else if (f[1] == "B") kind = schedule::ActionKind::B;
-    else if (f[1] == "W") kind = schedule::ActionKind::W;
-    else fail(line, "kind '" + std::string(f[1]) + "' is not F, F& (overlapped with the next B), B or W");
     const int microbatch = integer(line, f[2], "microbatch");
     const int chunk = integer(line, f[3], "chunk");
-    // Ranges, duplicates and order are verify's to judge, with the actions named; only what would
-    // make the plan unreadable is refused here.
-    plan_.actions[std::size_t(worker)].push_back({kind, microbatch, chunk, overlap});
+    const schedule::Action a = parse_action(plan_.config.stages, worker, f[1], microbatch, chunk, at(line));
+    plan_.actions[std::size_t(worker)].push_back(a);
   }
 
   schedule::Plan finish() { return std::move(plan_); }
@@ -240,15 +282,159 @@ inline schedule::Plan plan_from_csv(std::string_view text, std::string source = 
   return detail::PlanParser(text, std::move(source)).parse();
 }
 
-/// Reads a plan file. Errors name the file and the line.
-inline schedule::Plan load_plan(const std::filesystem::path& file) {
-  const std::vector<char> bytes = detail::read_all(file);
-  return plan_from_csv(std::string_view(bytes.data(), bytes.size()), file.string());
+namespace detail {
+
+/// Reads a plan's JSON document; every error names `source` and the field.
+class JsonPlanReader {
+ public:
+  explicit JsonPlanReader(std::string source) : source_(std::move(source)) {}
+
+  schedule::Plan read(std::string_view text) const {
+    nlohmann::json doc;
+    try {
+      doc = nlohmann::json::parse(text.begin(), text.end());
+    } catch (const nlohmann::json::parse_error& e) {
+      CUPIPE_THROW(source_, ": not a JSON plan: ", e.what());
+    }
+    if (!doc.is_object()) fail("", "expected a JSON object with \"format\": \"cupipe plan\", found " + kind_of(doc));
+    if (!doc.contains("format") || doc["format"] != "cupipe plan")
+      fail("format", "expected \"cupipe plan\"" + found(doc, "format"));
+    if (integer(doc, "version", std::nullopt) != 1) fail("version", "expected 1" + found(doc, "version"));
+    only_known(doc, "", {"format", "version", "stages", "microbatches", "chunks", "batches", "split_backward", "update",
+                         "channel_depth", "placement", "actions"});
+
+    schedule::Plan plan{{}, {}, false, schedule::UpdateRule::flush, {}};
+    schedule::Config& c = plan.config;
+    c.stages = integer(doc, "stages", std::nullopt);
+    c.microbatches = integer(doc, "microbatches", std::nullopt);
+    c.chunks = integer(doc, "chunks", 1);
+    c.batches = integer(doc, "batches", 1);
+    check_counts(c, at(""));
+    plan.channel_depth = integer(doc, "channel_depth", 1);
+    if (doc.contains("split_backward")) {
+      if (!doc["split_backward"].is_boolean()) fail("split_backward", "expected true or false" + found(doc, "split_backward"));
+      plan.split_backward = doc["split_backward"].get<bool>();
+    }
+    if (doc.contains("update")) {
+      if (!doc["update"].is_string()) fail("update", "expected a string" + found(doc, "update"));
+      plan.update = parse_update(doc["update"].get<std::string>(), at("update"));
+    }
+
+    const nlohmann::json& placement = array(doc, "placement");
+    std::vector<schedule::detail::WorkerChunk> located;
+    for (std::size_t k = 0; k < placement.size(); ++k) {
+      const std::string where = "placement[" + std::to_string(k) + "]";
+      const nlohmann::json& entry = placement[k];
+      if (!entry.is_array() || entry.size() != 2 || !entry[0].is_number_integer() || !entry[1].is_number_integer())
+        fail(where, "expected [worker, chunk], found " + entry.dump());
+      located.push_back({entry[0].get<int>(), entry[1].get<int>()});
+    }
+    plan.placement = checked_placement(c, located, at(""));
+
+    plan.actions.assign(std::size_t(c.stages), {});
+    const nlohmann::json& actions = array(doc, "actions");
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const std::string where = "actions[" + std::to_string(i) + "]";
+      const nlohmann::json& a = actions[i];
+      if (!a.is_object()) fail(where, "expected {\"worker\", \"kind\", \"microbatch\", \"chunk\"}, found " + a.dump());
+      only_known(a, where, {"worker", "kind", "microbatch", "chunk"});
+      if (!a.contains("kind") || !a["kind"].is_string()) fail(where + ".kind", "expected \"F\", \"F&\", \"B\" or \"W\"" + found(a, "kind"));
+      const int worker = integer(a, "worker", std::nullopt, where + ".");
+      const schedule::Action action = parse_action(c.stages, worker, a["kind"].get<std::string>(), integer(a, "microbatch", std::nullopt, where + "."),
+                                                   integer(a, "chunk", std::nullopt, where + "."), at(where));
+      plan.actions[std::size_t(worker)].push_back(action);
+    }
+    return plan;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    if (field.empty()) CUPIPE_THROW(source_, ": ", what);
+    CUPIPE_THROW(source_, ": ", field, ": ", what);
+  }
+
+  FailAt at(const std::string& field) const { return {source_ + ": " + (field.empty() ? "" : field + ": ")}; }
+
+  /// A misspelt field would otherwise be skipped and its default used.
+  void only_known(const nlohmann::json& object, const std::string& where, std::initializer_list<std::string_view> known) const {
+    for (const auto& item : object.items())
+      if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
+        std::string list;
+        for (const std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+        fail(where, "unknown field '" + item.key() + "' (expected " + list + ")");
+      }
+  }
+
+  static std::string kind_of(const nlohmann::json& value) { return std::string(value.type_name()); }
+
+  static std::string found(const nlohmann::json& object, const char* key) {
+    if (!object.contains(key)) return ", but it is missing";
+    return ", found " + object[key].dump();
+  }
+
+  int integer(const nlohmann::json& object, const char* key, std::optional<int> fallback, const std::string& prefix = "") const {
+    if (!object.contains(key)) {
+      if (fallback) return *fallback;
+      fail("", "field '" + prefix + key + "' is missing");
+    }
+    const nlohmann::json& value = object[key];
+    if (!value.is_number_integer() || value.get<long long>() < -(1LL << 30) || value.get<long long>() > (1LL << 30))
+      fail(prefix + key, "expected an integer, found " + value.dump());
+    return value.get<int>();
+  }
+
+  const nlohmann::json& array(const nlohmann::json& object, const char* key) const {
+    if (!object.contains(key)) fail("", std::string("field '") + key + "' is missing");
+    if (!object[key].is_array()) fail(key, "expected an array, found " + kind_of(object[key]));
+    return object[key];
+  }
+
+  std::string source_;
+};
+
+inline bool is_json_path(const std::filesystem::path& file) { return file.extension() == ".json"; }
+
+}  // namespace detail
+
+/// The plan as JSON text (the format above): one action per line, so a diff of two plans reads well.
+inline std::string plan_to_json(const schedule::Plan& plan) {
+  const schedule::Config& c = plan.config;
+  std::ostringstream out;
+  out << "{\n  \"format\": \"cupipe plan\",\n  \"version\": 1,\n  \"stages\": " << c.stages
+      << ",\n  \"microbatches\": " << c.microbatches << ",\n  \"chunks\": " << c.chunks << ",\n  \"batches\": " << c.batches
+      << ",\n  \"split_backward\": " << (plan.split_backward ? "true" : "false") << ",\n  \"update\": \""
+      << detail::update_name(plan.update) << "\",\n  \"channel_depth\": " << plan.channel_depth << ",\n  \"placement\": [";
+  for (int k = 0; k < c.virtual_stages(); ++k)
+    out << (k ? ", " : "") << '[' << plan.placement.worker_of(k) << ", " << plan.placement.chunk_of(k) << ']';
+  out << "],\n  \"actions\": [";
+  bool first = true;
+  for (std::size_t w = 0; w < plan.actions.size(); ++w)
+    for (const schedule::Action& a : plan.actions[w]) {
+      out << (first ? "\n" : ",\n") << "    {\"worker\": " << w << ", \"kind\": \"" << schedule::kind_letter(a.kind)
+          << (a.overlap ? "&" : "") << "\", \"microbatch\": " << a.microbatch << ", \"chunk\": " << a.chunk << '}';
+      first = false;
+    }
+  out << "\n  ]\n}\n";
+  return out.str();
 }
 
-/// Writes a plan file atomically: after a crash the file holds the old plan or all of the new one.
+/// Parses JSON text; `source` names it in errors (a path, or "<text>").
+inline schedule::Plan plan_from_json(std::string_view text, std::string source = "<plan text>") {
+  return detail::JsonPlanReader(std::move(source)).read(text);
+}
+
+/// Reads a plan file: JSON when its name ends in .json, CSV otherwise. Errors name the file and the
+/// line (CSV) or field (JSON).
+inline schedule::Plan load_plan(const std::filesystem::path& file) {
+  const std::vector<char> bytes = detail::read_all(file);
+  const std::string_view text(bytes.data(), bytes.size());
+  return detail::is_json_path(file) ? plan_from_json(text, file.string()) : plan_from_csv(text, file.string());
+}
+
+/// Writes a plan file atomically, as JSON when its name ends in .json and CSV otherwise: after a
+/// crash the file holds the old plan or all of the new one.
 inline void save_plan(const schedule::Plan& plan, const std::filesystem::path& file) {
-  const std::string text = plan_to_csv(plan);
+  const std::string text = detail::is_json_path(file) ? plan_to_json(plan) : plan_to_csv(plan);
   write_file_atomically(file, [&](FileSink& sink) { sink.write(text.data(), text.size()); });
 }
 

@@ -23,6 +23,7 @@
 
 #include "cupipe/backend/capabilities.hpp"
 #include "cupipe/backend/staging.hpp"
+#include "cupipe/comm/agreement.hpp"
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
@@ -37,6 +38,7 @@
 #include "cupipe/pipeline/stats.hpp"
 #include "cupipe/pipeline/step_plan.hpp"
 #include "cupipe/pipeline/worker_runtime.hpp"
+#include "cupipe/schedule/fingerprint.hpp"
 #include "cupipe/schedule/policy.hpp"
 #include "cupipe/schedule/verify.hpp"
 #include "cupipe/schedule/weights.hpp"
@@ -64,7 +66,7 @@ struct PipelineOptions {
   /// and receives from the other stages through it, and sums gradients over its replicas. Null: all
   /// stages run in this process.
   std::shared_ptr<comm::Communicator> communicator{};
-  /// The plan a schedule::UserPlan pipeline runs (io::load_plan reads one from a CSV file); its
+  /// The plan a schedule::UserPlan pipeline runs (io::load_plan reads one from a CSV or JSON file); its
   /// stages, chunks, microbatches, backward split and placement must match the pipeline's. Only
   /// UserPlan reads it.
   std::shared_ptr<const schedule::Plan> plan{};
@@ -138,6 +140,14 @@ class Pipeline {
     }
     if (const auto verdict = schedule::verify(plan_); !verdict)
       CUPIPE_THROW("Pipeline: the ", Schedule::name, " plan failed verification: ", verdict.message());
+    // Across processes every rank must run the same plan: ranks started with another schedule,
+    // microbatch count, seed or plan file fail here, every one of them, naming the setting (rather
+    // than waiting on a message that never comes). A collective, before any other.
+    if (comm() && comm()->topology().world > 1)
+      comm::require_same_settings(*comm(), {{"schedule", std::string(Schedule::name)},
+                                            {"microbatches", std::to_string(options_.microbatches)},
+                                            {"seed", std::to_string(options_.seed)},
+                                            {"plan fingerprint", schedule::fingerprint(plan_)}});
     if (options_.channel_capacity > 0 && options_.channel_capacity < std::size_t(plan_.channel_depth))
       CUPIPE_THROW("Pipeline: channel_capacity ", options_.channel_capacity, " is below the ", plan_.channel_depth,
                    " messages the ", Schedule::name, " plan queues on one channel (", options_.microbatches,

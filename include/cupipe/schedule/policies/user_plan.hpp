@@ -23,7 +23,7 @@ struct UserPlan {
   static_assert(V >= 1, "UserPlan<V>: V is the chunks per worker, at least 1");
   static_assert(Shape != PlacementShape::v_shape || V == 2, "UserPlan: the V-shaped placement has exactly 2 chunks");
   static constexpr std::string_view name = "user";
-  static constexpr std::string_view summary = "a plan read from a CSV file (io::load_plan), verified before it runs";
+  static constexpr std::string_view summary = "a plan read from a CSV or JSON file (io::load_plan), verified before it runs";
   static constexpr bool split_backward = SplitBackward;
   static constexpr UpdateRule update = UpdateRule::flush;
   static constexpr int chunks = V;
