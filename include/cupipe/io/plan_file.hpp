@@ -85,14 +85,14 @@ struct FailAt {
   [[noreturn]] void operator()(const std::string& what) const { CUPIPE_THROW(prefix, what); }
 };
 
-void check_counts(const schedule::Config& c, const FailAt& fail) {
+inline void check_counts(const schedule::Config& c, const FailAt& fail) {
   if (c.stages < 1 || c.microbatches < 1 || c.chunks < 1 || c.batches < 1)
     fail("stages, microbatches, chunks and batches must be at least 1 (got stages=" + std::to_string(c.stages) +
          " microbatches=" + std::to_string(c.microbatches) + " chunks=" + std::to_string(c.chunks) +
          " batches=" + std::to_string(c.batches) + ")");
 }
 
-schedule::UpdateRule parse_update(std::string_view u, const FailAt& fail) {
+inline schedule::UpdateRule parse_update(std::string_view u, const FailAt& fail) {
   if (u == "per_microbatch") return schedule::UpdateRule::per_microbatch;
   if (u == "double_buffered") return schedule::UpdateRule::double_buffered;
   if (u != "flush") fail("update '" + std::string(u) + "' is not flush, per_microbatch or double_buffered");
@@ -100,7 +100,7 @@ schedule::UpdateRule parse_update(std::string_view u, const FailAt& fail) {
 }
 
 /// The placement from (worker, chunk) per virtual stage: one per virtual stage, in range, no repeats.
-schedule::Placement checked_placement(const schedule::Config& c, const std::vector<schedule::detail::WorkerChunk>& located,
+inline schedule::Placement checked_placement(const schedule::Config& c, const std::vector<schedule::detail::WorkerChunk>& located,
                                       const FailAt& fail) {
   if (int(located.size()) != c.virtual_stages())
     fail("placement lists " + std::to_string(located.size()) + " virtual stages, expected stages x chunks = " +
@@ -121,7 +121,7 @@ schedule::Placement checked_placement(const schedule::Config& c, const std::vect
 /// One action of worker `worker` (checked against the plan's workers) with kind F, F&, B or W.
 /// Microbatch and chunk ranges, duplicates and order are verify's to judge, with the actions named;
 /// only what would make the plan unreadable is refused here.
-schedule::Action parse_action(int workers, int worker, std::string_view kind, int microbatch, int chunk, const FailAt& fail) {
+inline schedule::Action parse_action(int workers, int worker, std::string_view kind, int microbatch, int chunk, const FailAt& fail) {
   if (worker < 0 || worker >= workers)
     fail("worker " + std::to_string(worker) + " is outside 0.." + std::to_string(workers - 1));
   const bool overlap = kind == "F&";
