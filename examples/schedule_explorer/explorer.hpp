@@ -35,7 +35,15 @@ struct Options {
   std::string trace;
   std::string plan_file;   // read, verify and simulate this plan instead of generating one
   std::string write_plan;  // write the plan shown to this CSV file
+  int steps = 1;           // flush plans: this many steps back to back, as post-validation runs them
 };
+
+/// The steady-state bubble of `steps` post-validated steps of a flush plan (steps >= 3).
+inline double steady_bubble(const sch::Plan& one, int steps, const sch::Costs& costs) {
+  const sch::Plan plan = sch::repeat_steps(one, steps);
+  return sch::steady_state_bubble(sch::timeline_events(plan, sch::simulate(plan, costs)), one.config.stages,
+                                  one.config.microbatches, steps);
+}
 
 /// The options' configuration for a policy: its own chunk and batch counts unless given.
 inline sch::Config config_for(const Options& o, const sch::PolicyInfo& policy) {
@@ -72,8 +80,9 @@ template <class List = sch::Policies>
 void print_compare(const Options& o) {
   std::printf("simulated (predicted), stages %d, microbatches %d, costs F=%g B=%g W=%g transfer=%g per stage\n",
               o.stages, o.microbatches, o.costs.forward, o.costs.backward, o.costs.weight, o.costs.transfer);
-  std::printf("%-12s %6s %7s %10s %9s %16s %15s\n", "schedule", "chunks", "batches", "makespan", "bubble",
-              "peak activations", "weight versions");
+  const bool steady = o.steps >= 3;
+  std::printf("%-12s %6s %7s %10s %9s %16s %15s%s\n", "schedule", "chunks", "batches", "makespan", "bubble",
+              "peak activations", "weight versions", steady ? "   steady bubble" : "");
   for (const sch::PolicyInfo& policy : sch::policy_table<List>()) {
     const sch::Config config = config_for(o, policy);
     if (const std::string_view why = policy.check(config); !why.empty()) {
@@ -81,12 +90,19 @@ void print_compare(const Options& o) {
       continue;
     }
     const auto [plan, sim] = run(policy, config, o.costs);
-    std::printf("%-12s %6d %7d %10s %9s %16d %15d\n", std::string(policy.name).c_str(), config.chunks, config.batches,
+    std::string steady_cell;
+    if (steady)
+      steady_cell = "   " + (plan.update == sch::UpdateRule::flush ? fixed(steady_bubble(plan, o.steps, o.costs), 4) : std::string("-"));
+    std::printf("%-12s %6d %7d %10s %9s %16d %15d%s\n", std::string(policy.name).c_str(), config.chunks, config.batches,
                 fixed(sim.makespan, 2).c_str(), fixed(sim.bubble_fraction, 4).c_str(), sim.max_peak_activations(),
-                sim.max_weight_versions());
+                sim.max_weight_versions(), steady_cell.c_str());
   }
   std::printf("bubble = idle / (stages x makespan); peak activations = most microbatch-chunks held between F and B\n"
               "(or W) on any stage; async policies (pipedream, 2bw) run `batches` batches without a flush.\n");
+  if (steady)
+    std::printf("steady bubble = idle share of steps 1..%d of %d steps run back to back with optimizer post-validation\n"
+                "(no flush between steps; flush schedules only).\n",
+                o.steps - 2, o.steps);
 }
 
 template <class List = sch::Policies>
@@ -107,9 +123,20 @@ int explore(const Options& o) {
     name = policy.name;
     plan = run(policy, config_for(o, policy), o.costs).first;
   }
+  CUPIPE_REQUIRE(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
+  if (!o.write_plan.empty()) cupipe::io::save_plan(plan, o.write_plan);  // one step: what UserPlan runs
+  if (o.steps > 1) {
+    // Post-validated steps back to back: one plan, verified like any other.
+    plan = sch::repeat_steps(plan, o.steps);
+    if (const sch::VerifyResult ok = sch::verify(plan); !ok)
+      CUPIPE_THROW(o.steps, " steps back to back failed verification: ", ok.message());
+    name += " x " + std::to_string(o.steps) + " steps";
+  }
   const sch::Config config = plan.config;
   const sch::SimResult sim = sch::simulate(plan, o.costs);
-  if (!o.write_plan.empty()) cupipe::io::save_plan(plan, o.write_plan);
+  const bool steady = o.steps >= 3;
+  const double steady_bubble =
+      steady ? sch::steady_state_bubble(sch::timeline_events(plan, sim), config.stages, config.microbatches, o.steps) : 0;
   if (o.json) {
     const nlohmann::json out{{"schedule", name},
                              {"stages", config.stages},
@@ -119,8 +146,11 @@ int explore(const Options& o) {
                              {"bubble_fraction", sim.bubble_fraction},
                              {"idle_per_stage", sim.idle},
                              {"peak_activations", sim.peak_activations},
-                             {"weight_versions", sim.weight_versions}};
-    std::cout << out.dump() << "\n";
+                             {"weight_versions", sim.weight_versions},
+                             {"steps", o.steps}};
+    nlohmann::json with = out;
+    if (steady) with["steady_state_bubble"] = steady_bubble;
+    std::cout << with.dump() << "\n";
   } else {
     std::printf("%s: stages %d, microbatches %d, chunks %d, batches %d (simulated, predicted)\n",
                 name.c_str(), config.stages, config.microbatches, config.chunks, config.batches);
@@ -136,6 +166,9 @@ int explore(const Options& o) {
                 }().c_str());
     std::printf("  peak activations  %s\n  weight versions   %s\n", join(sim.peak_activations).c_str(),
                 join(sim.weight_versions).c_str());
+    if (steady)
+      std::printf("  steady bubble     %s (steps 1..%d, post-validated, no flush between steps)\n",
+                  fixed(steady_bubble, 4).c_str(), o.steps - 2);
   }
   const auto events = sch::timeline_events(plan, sim);
   if (o.timeline) std::cout << "\n" << sch::ascii_timeline(events, config.stages);

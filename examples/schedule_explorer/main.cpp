@@ -28,6 +28,9 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "print one JSON object");
   app.add_flag("--compare", o.compare, "compare every schedule for these stages and microbatches");
   app.add_option("--plan", o.plan_file, "read a plan from this CSV or JSON (.json) file (io/plan_file.hpp), verify and simulate it");
+  app.add_option("--steps", o.steps,
+                 "flush schedules: this many steps back to back, as optimizer post-validation runs them (3 or more: "
+                 "also the steady-state bubble)");
   app.add_option("--write-plan", o.write_plan, "write the plan to this CSV or JSON (.json) file (a starting point to edit)");
   try {
     app.parse(argc, argv);

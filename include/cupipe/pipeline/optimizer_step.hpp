@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Applying an optimizer to stage states: its state slots, one stage's update from its gradients, the
-// sum of a stage's gradients over its data-parallel replicas, and the flush update with the global
-// gradient norm summed over every stage.
+// sum of a stage's gradients over its data-parallel replicas, the flush update with the global
+// gradient norm summed over every stage, and what post-validation saves to undo an update.
 #pragma once
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cupipe/comm/communicator.hpp"
+#include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/sequential.hpp"
@@ -100,18 +101,76 @@ double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCo
   return excluded;
 }
 
-/// The flush update: the tied copies' gradients summed, the global gradient norm over every stage
-/// (and process), one clip factor, then every local stage steps. Returns the norm before clipping.
-template <class Optimizer, class States>
-double flush_update(States& states, comm::Communicator* comm, const Optimizer& optimizer, const TiedCopies& tied = {}) {
+/// The global gradient norm of a flush update: the tied copies' gradients summed, then the sum of
+/// squares over every stage (and process), the second tied copy left out.
+template <class States>
+double flush_norm(States& states, comm::Communicator* comm, const TiedCopies& tied = {}) {
   double sum = 0;
   if (tied.count > 0) sum -= sum_tied_gradients(states, comm, tied);
   states.for_each([&](auto, auto& st) { sum += gradient_sum_of_squares(st); });
   if (comm) sum = comm->sum_over_stages(sum);  // replicas hold the same summed gradients
-  const double norm = std::sqrt(sum);
+  return std::sqrt(sum);
+}
+
+/// Every local stage steps with one clip factor from the global norm `norm`.
+template <class Optimizer, class States>
+void apply_flush(States& states, const Optimizer& optimizer, double norm) {
   const double scale = optim::clip_factor(norm, optimizer.clip_norm());
   states.for_each([&](auto, auto& st) { update_stage(st, st.weights.latest_data(), optimizer, scale); });
+}
+
+/// The flush update: flush_norm, then apply_flush. Returns the norm before clipping.
+template <class Optimizer, class States>
+double flush_update(States& states, comm::Communicator* comm, const Optimizer& optimizer, const TiedCopies& tied = {}) {
+  const double norm = flush_norm(states, comm, tied);
+  apply_flush(states, optimizer, norm);
   return norm;
+}
+
+// Optimizer post-validation (PipelineOptions::post_validation): a worker updates its stages without
+// waiting for the global gradient norm, keeping what it needs to undo the update.
+
+/// Whether an update made without the global norm (clip factor 1) is the one the flush update would
+/// have made: the norm is finite and does not clip.
+template <class Optimizer>
+bool update_stands(const Optimizer& optimizer, double norm) {
+  return std::isfinite(norm) && optim::clip_factor(norm, optimizer.clip_norm()) == 1.0;
+}
+
+/// Copies a stage's weights, gradients and optimizer slots (and its update count) aside, so that
+/// restore() can undo the update that follows.
+template <class St>
+void save_for_rollback(St& st) {
+  using B = std::remove_reference_t<decltype(*st.be)>;
+  using T = typename B::value_type;
+  const std::size_t arrays = 2 + st.slots.size();
+  if (st.saved.size() != arrays) {
+    st.saved.clear();
+    st.saved.push_back(st.be->template allocate<T>(st.param_count, MemoryTag::weights));
+    st.saved.push_back(st.be->template allocate<T>(st.param_count, MemoryTag::gradients));
+    for (std::size_t i = 0; i < st.slots.size(); ++i)
+      st.saved.push_back(st.be->template allocate<T>(st.param_count, MemoryTag::optimizer));
+  }
+  const Shape shape{st.param_count};
+  auto save = [&](const T* from, std::size_t i) { copy(*st.be, ConstViewOn<B, T>{from, shape}, ViewOn<B, T>{st.saved[i].data(), shape}); };
+  save(st.weights.latest_data(), 0);
+  save(st.grads.data(), 1);
+  for (std::size_t i = 0; i < st.slots.size(); ++i) save(st.slots[i].data(), 2 + i);
+  st.saved_updates = st.updates;
+}
+
+/// Undoes what followed the last save_for_rollback: weights, gradients, slots and update count.
+template <class St>
+void restore(St& st) {
+  using B = std::remove_reference_t<decltype(*st.be)>;
+  using T = typename B::value_type;
+  CUPIPE_REQUIRE(st.saved.size() == 2 + st.slots.size(), "post-validation: a stage has nothing saved to roll back to");
+  const Shape shape{st.param_count};
+  auto load = [&](T* to, std::size_t i) { copy(*st.be, ConstViewOn<B, T>{st.saved[i].data(), shape}, ViewOn<B, T>{to, shape}); };
+  load(st.weights.latest_data(), 0);
+  load(st.grads.data(), 1);
+  for (std::size_t i = 0; i < st.slots.size(); ++i) load(st.slots[i].data(), 2 + i);
+  st.updates = st.saved_updates;
 }
 
 }  // namespace cupipe::pipeline

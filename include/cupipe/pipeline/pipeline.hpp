@@ -12,8 +12,11 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,6 +35,7 @@
 #include "cupipe/pipeline/local_transport.hpp"
 #include "cupipe/pipeline/measure.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
+#include "cupipe/pipeline/post_validation.hpp"
 #include "cupipe/pipeline/stage_executor.hpp"
 #include "cupipe/pipeline/stage_list.hpp"
 #include "cupipe/pipeline/stage_states.hpp"
@@ -40,6 +44,7 @@
 #include "cupipe/pipeline/worker_runtime.hpp"
 #include "cupipe/schedule/fingerprint.hpp"
 #include "cupipe/schedule/policy.hpp"
+#include "cupipe/schedule/steps.hpp"
 #include "cupipe/schedule/verify.hpp"
 #include "cupipe/schedule/weights.hpp"
 
@@ -52,7 +57,8 @@ struct PipelineOptions {
   int batches = 0;
   /// Seeds the parameter initialisation (identical to Network<Model>(seed)).
   std::uint64_t seed = 0;
-  /// Throw when a microbatch's loss is not finite.
+  /// Throw when a microbatch's loss, or a flush update's global gradient norm, is not finite (the
+  /// update is then not applied).
   bool check_finite = true;
   /// Virtual stages that keep only their input after forward and recompute it in backward.
   std::vector<int> recompute{};
@@ -70,6 +76,15 @@ struct PipelineOptions {
   /// stages, chunks, microbatches, backward split and placement must match the pipeline's. Only
   /// UserPlan reads it.
   std::shared_ptr<const schedule::Plan> plan{};
+  /// Flush schedules: optimizer post-validation in train_steps (Qi et al., zero bubble, section 4).
+  /// Each worker applies its update as soon as its own part of a step is done, as if the global
+  /// gradient norm did not clip, and goes on to the next step: no flush separates the steps. The norm
+  /// is checked one step later; an update that should have clipped, or saw a non-finite gradient, is
+  /// rolled back, redone as the flush does it, and the next step is run again. The weights and
+  /// optimizer state are bitwise those of train_step after every step. Costs one copy of each
+  /// stage's weights, gradients and optimizer state. All stages in this process; tied copies (GPT-2's
+  /// wte and lm_head) on one worker, as V-shaped schedules place them.
+  bool post_validation = false;
 };
 
 namespace detail {
@@ -132,6 +147,7 @@ class Pipeline {
     for (int k : options_.recompute)
       CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: recompute names stage ", k, " but there are ",
                      virtual_stages, " (virtual) stages");
+    if (options_.post_validation) check_post_validation();
     if constexpr (requires { Schedule::from_options; }) plan_ = user_plan();
     else {
       CUPIPE_REQUIRE(!options_.plan, "Pipeline: PipelineOptions::plan is set, but ", Schedule::name,
@@ -245,7 +261,67 @@ class Pipeline {
   double step(const Optimizer& optimizer) {
     static_assert(update_rule == schedule::UpdateRule::flush, "step: only flush schedules update after the step");
     prepare_slots<Optimizer>();
-    return pipeline::flush_update(states_, comm(), optimizer, tied);
+    return flush_step(optimizer);
+  }
+
+  /// A batch in host memory, for train_steps.
+  struct Batch {
+    ConstView<input_type> x;
+    ConstView<std::int32_t> labels;
+  };
+
+  /// One training step per batch, in order; returns each step's StepStats. Without
+  /// PipelineOptions::post_validation this is train_step on each batch. With it the steps overlap:
+  /// each worker updates its stages when its part of a step is done and starts the next step's
+  /// forwards without waiting for the other workers or the global gradient norm (see post_validation
+  /// for what is checked and redone). The results are bitwise those of train_step on each batch in
+  /// turn; a step whose update was redone has StepStats::rolled_back set. Action times in the stats
+  /// count from the start of the call, and an action's microbatch is step * microbatches + its
+  /// microbatch in the step, so schedule::steady_state_bubble reads them; memory peaks cover the whole
+  /// call (steps share the allocators while they overlap). If a step fails, it throws
+  /// and the pipeline holds the weights and optimizer state after the last step every stage
+  /// finished (updates() says how many).
+  template <optim::Optimizer Optimizer>
+  std::vector<StepStats> train_steps(std::span<const Batch> batches, const Optimizer& optimizer) {
+    const std::vector<Optimizer> each(batches.size(), optimizer);
+    return train_steps(batches, std::span<const Optimizer>(each));
+  }
+  /// The same with one optimizer per step (a learning-rate schedule): step t uses optimizers[t].
+  template <optim::Optimizer Optimizer>
+  std::vector<StepStats> train_steps(std::span<const Batch> batches, std::span<const Optimizer> optimizers) {
+    CUPIPE_REQUIRE(optimizers.size() == batches.size(), "Pipeline::train_steps: ", optimizers.size(),
+                   " optimizers for ", batches.size(), " batches; give one per step");
+    for (const Batch& b : batches) check_batch(b.x, b.labels, "Pipeline::train_steps");
+    std::vector<StepStats> out;
+    if (!options_.post_validation || batches.size() < 2) {
+      for (std::size_t t = 0; t < batches.size(); ++t) out.push_back(train_step(batches[t].x, batches[t].labels, optimizers[t]));
+      return out;
+    }
+    if constexpr (update_rule == schedule::UpdateRule::flush) {
+      prepare_slots<Optimizer>();
+      const std::size_t count = batches.size();
+      std::vector<backend::Staging<Backend, input_type>> x_staging(count);
+      std::vector<backend::Staging<Backend, std::int32_t>> label_staging(count);
+      std::vector<pipeline::StepPlan> plans(count);
+      std::vector<typename Executor::Step> steps(count);
+      int base = 0;
+      states_.for_each([&](auto, auto& st) { base = st.weights.latest(); });
+      Backend& first = *backends_[std::size_t(plan_.placement.worker_of(0))];
+      Backend& last = *backends_[std::size_t(plan_.placement.worker_of(virtual_stages - 1))];
+      for (std::size_t t = 0; t < count; ++t) {
+        plans[t] = pipeline::make_step_plan(plan_, executor_->version_offsets(), batches[t].x.rows(), base, 0,
+                                            rows_per_sample);
+        steps[t].plan = &plans[t];
+        steps[t].x = x_staging[t](first, batches[t].x);
+        steps[t].labels = label_staging[t](last, batches[t].labels);
+        steps[t].optimizer = &optimizers[t];
+        steps[t].losses.assign(std::size_t(plans[t].microbatches()), 0.0);
+      }
+      out.resize(count);
+      const auto origin = std::chrono::steady_clock::now();
+      for (int next = 0; next < int(count);) next = run_post_validated(steps, next, optimizers, out, origin);
+    }
+    return out;
   }
 
   /// Inference through all stages on the caller's thread: x (n, in_features) -> out (n, out_features),
@@ -339,6 +415,184 @@ class Pipeline {
     return p;
   }
 
+  /// PipelineOptions::post_validation needs a flush schedule, every stage here, and tied copies on one
+  /// worker (their gradients are summed before the norm, by the worker that holds both).
+  void check_post_validation() {
+    if (update_rule != schedule::UpdateRule::flush)
+      CUPIPE_THROW("Pipeline: post_validation checks a flush update's global gradient norm, but ", Schedule::name,
+                   " updates each stage on its own; it has no flush to take off the critical path");
+    if (comm())
+      CUPIPE_THROW("Pipeline: post_validation runs every stage in one process; across processes the norm would need a "
+                   "non-blocking sum, which the communicators do not offer yet (leave post_validation off)");
+    if constexpr (tied.count > 0) {
+      int holder[2] = {-1, -1};
+      states_.for_each_slot([&](auto k, auto&) {
+        constexpr int K = decltype(k)::value;
+        constexpr index_t offset = States::template model_offset<K>(), count = Stages::template stage<K>::param_count;
+        for (int c = 0; c < 2; ++c) {
+          const index_t at = c == 0 ? tied.first : tied.second;
+          if (at >= offset && at + tied.count <= offset + count) holder[c] = worker_of(K);
+        }
+      });
+      if (holder[0] != holder[1])
+        CUPIPE_THROW("Pipeline: post_validation: this model ties two copies of a parameter (GPT-2's wte and lm_head), "
+                     "held by workers ", holder[0], " and ", holder[1], " under ", Schedule::name,
+                     "; their gradients are summed before the norm, which needs both on one worker. Use a V-shaped "
+                     "schedule (zbv, v-half, v-min, dualpipev: both ends on worker 0) or untie them");
+      tied_worker_ = holder[0];
+    }
+  }
+
+  /// The flush update from the accumulated gradients; refuses a non-finite norm (check_finite).
+  template <class Optimizer>
+  double flush_step(const Optimizer& optimizer) {
+    const double norm = pipeline::flush_norm(states_, comm(), tied);
+    refuse_non_finite(norm);
+    pipeline::apply_flush(states_, optimizer, norm);
+    return norm;
+  }
+
+  void refuse_non_finite(double norm) {
+    if (!options_.check_finite || std::isfinite(norm)) return;
+    states_.for_each([](auto, auto& st) { st.zero_grads(); });
+    CUPIPE_THROW("Pipeline: the global gradient norm is ", norm, " (a gradient is not finite); the update was not "
+                 "applied, and the weights are those before this step (PipelineOptions::check_finite)");
+  }
+
+  /// `steps` steps of the plan as one plan, verified once and kept.
+  const schedule::Plan& repeated_plan(int steps) {
+    if (auto found = repeated_.find(steps); found != repeated_.end()) return found->second;
+    schedule::Plan plan = schedule::repeat_steps(plan_, steps);
+    if (const auto verdict = schedule::verify(plan); !verdict)
+      CUPIPE_THROW("Pipeline: ", steps, " steps of the ", Schedule::name, " plan back to back failed verification: ",
+                   verdict.message());
+    return repeated_.emplace(steps, std::move(plan)).first->second;
+  }
+
+  /// Runs steps[first..] back to back with post-validation (see NormLedger). Returns the first step
+  /// not yet final: the end, or the step after one whose update was redone (it reruns).
+  template <class Optimizer>
+  int run_post_validated(std::vector<typename Executor::Step>& steps, int first, std::span<const Optimizer> optimizers,
+                         std::vector<StepStats>& out, std::chrono::steady_clock::time_point origin) {
+    const int count = int(steps.size()) - first, m = plan_.config.microbatches;
+    // Step t of this run (step first + t of the call) updates with its own optimizer.
+    const auto optimizer = [&](int t) -> const Optimizer& { return optimizers[std::size_t(first + t)]; };
+    const schedule::Plan& plan = repeated_plan(count);
+    pipeline::NormLedger ledger(count, virtual_stages, stages, tied.count > 0);
+    for (Backend* be : backends_)
+      if (be) be->memory.reset_peaks();
+    states_.for_each([&](auto, auto& st) {
+      st.done.assign(std::size_t(m), 0);
+      st.weights.reset_peak();
+    });
+    // The boundary of worker w after step t: check step t-1's norm, report step t's, save, update.
+    auto boundary = [&](int w, int t) {
+      if (t > 0 && !pipeline::update_stands(optimizer(t - 1), ledger.norm(t - 1))) {
+        ledger.roll_back(t - 1);
+        throw pipeline::Aborted{};  // every worker stops at this boundary; the caller redoes step t-1's update
+      }
+      double excluded = 0;
+      if (tied.count > 0 && w == tied_worker_) excluded = pipeline::sum_tied_gradients(states_, nullptr, tied);
+      std::vector<std::pair<int, double>> sums;
+      states_.for_each([&](auto k, auto& st) {
+        if (worker_of(decltype(k)::value) != w) return;
+        sums.emplace_back(decltype(k)::value, pipeline::gradient_sum_of_squares(st));
+        pipeline::save_for_rollback(st);
+        pipeline::update_stage(st, st.weights.latest_data(), optimizer(t), 1.0);
+        st.done.assign(std::size_t(m), 0);
+      });
+      ledger.report(w, t, sums, excluded);
+    };
+    std::vector<int> current(std::size_t(stages), 0);  // each written by its own worker only
+    transport_->begin_step(2 * capacity());  // two adjacent steps' messages can be in flight
+    std::exception_ptr failure = runtime_->run(
+        plan,
+        [&](int w, const schedule::Action& a) {
+          const int t = schedule::step_of(a, m);
+          if (t != current[std::size_t(w)]) {
+            boundary(w, current[std::size_t(w)]);
+            current[std::size_t(w)] = t;
+          }
+          schedule::Action local = a;
+          local.microbatch -= t * m;
+          executor_->template execute<Optimizer>(w, local, steps[std::size_t(first + t)]);
+        },
+        [&] { transport_->abort(); }, origin, first);
+    finish_transport(failure);
+    if (failure) {
+      recover_post_validated(ledger, optimizers.subspan(std::size_t(first)));
+      std::rethrow_exception(failure);
+    }
+    // A worker checks the step before the one it just finished; the second-to-last step's check is
+    // here (every worker reported it), and the last step's update is the flush below.
+    int rollback = ledger.rollback();
+    if (rollback < 0 && count >= 2 && !pipeline::update_stands(optimizer(count - 2), ledger.norm(count - 2)))
+      rollback = count - 2;
+    const int done = rollback >= 0 ? rollback + 1 : count;  // steps of this run whose update is final
+    double last_norm = 0;
+    if (rollback >= 0) {
+      // Every worker stopped after step rollback + 1 (or the run ended there) without updating: undo
+      // rollback's update (and drop rollback + 1's gradients), then update as the flush does.
+      states_.for_each([](auto, auto& st) { pipeline::restore(st); });
+      last_norm = ledger.norm(rollback);
+      refuse_non_finite(last_norm);
+      pipeline::apply_flush(states_, optimizer(rollback), last_norm);
+    } else {
+      last_norm = flush_step(optimizer(count - 1));  // the last step has no boundary after it
+    }
+    for (int t = 0; t < done; ++t) {
+      StepStats& stats = out[std::size_t(first + t)];
+      stats = measure_of_step(steps[std::size_t(first + t)], t, first);
+      stats.grad_norm = t + 1 == done ? last_norm : ledger.norm(t);
+      stats.rolled_back = t == rollback;
+    }
+    return first + done;
+  }
+
+  /// After a failed post-validated run: every stage back to the weights after the last step every
+  /// worker finished, gradients zeroed. Workers are at most one boundary apart (see NormLedger).
+  template <class Optimizer>
+  void recover_post_validated(const pipeline::NormLedger& ledger, std::span<const Optimizer> optimizers) {
+    const int low = ledger.passed_by_all();
+    const bool stands = low < 0 || pipeline::update_stands(optimizers[std::size_t(low)], ledger.norm(low));
+    states_.for_each([&](auto k, auto& st) {
+      st.in_flight.clear();
+      const int passed = ledger.passed(worker_of(decltype(k)::value));
+      if (passed >= 0 && (!stands || passed == low + 1)) pipeline::restore(st);
+    });
+    if (!stands) pipeline::apply_flush(states_, optimizers[std::size_t(low)], ledger.norm(low));
+    states_.for_each([](auto, auto& st) { st.zero_grads(); });
+  }
+
+  /// StepStats of step t of a post-validated run that started at step `first`: its own actions only.
+  StepStats measure_of_step(const typename Executor::Step& step, int t, int first) {
+    const int m = plan_.config.microbatches;
+    std::vector<std::vector<ActionRecord>> mine(static_cast<std::size_t>(stages));
+    std::vector<const std::vector<ActionRecord>*> records(std::size_t(stages), nullptr);
+    for (int w = 0; w < stages; ++w) {
+      if (!local(w)) continue;
+      for (ActionRecord r : runtime_->records(w))
+        if (r.microbatch / m == t) {
+          r.microbatch += first * m;
+          mine[std::size_t(w)].push_back(r);
+        }
+      records[std::size_t(w)] = &mine[std::size_t(w)];
+    }
+    index_t samples = 0;
+    for (index_t rows : step.plan->rows) samples += rows;
+    return measure(step, *step.plan, records, samples);
+  }
+
+  /// After the workers joined without a failure: waits for the step's sends, which may fail too.
+  void finish_transport(std::exception_ptr& failure) {
+    if (failure) return;
+    try {
+      transport_->finish_step();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+
   std::size_t capacity() const {
     if (options_.channel_capacity > 0) return options_.channel_capacity;
     return std::size_t(2 * chunks * plan_.config.total_microbatches());
@@ -384,7 +638,7 @@ class Pipeline {
                            const Optimizer& optimizer) {
     prepare_slots<Optimizer>();
     StepStats stats = run(x, labels, &optimizer);
-    if constexpr (update_rule == schedule::UpdateRule::flush) stats.grad_norm = pipeline::flush_update(states_, comm(), optimizer, tied);
+    if constexpr (update_rule == schedule::UpdateRule::flush) stats.grad_norm = flush_step(optimizer);
     return stats;
   }
 
@@ -427,13 +681,7 @@ class Pipeline {
     std::exception_ptr failure = runtime_->run(
         plan_, [&](int w, const schedule::Action& a) { executor_->template execute<Optimizer>(w, a, step); },
         [&] { transport_->abort(); });
-    if (!failure) {
-      try {
-        transport_->finish_step();
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
+    finish_transport(failure);
     if (failure) {
       states_.for_each([](auto, auto& st) {
         st.in_flight.clear();
@@ -472,16 +720,20 @@ class Pipeline {
 
   StepStats measure(const typename Executor::Step& step, const pipeline::StepPlan& plan) {
     std::vector<const std::vector<ActionRecord>*> records;
-    std::vector<int> peak_versions(std::size_t(stages), 0);
     for (int w = 0; w < stages; ++w) records.push_back(local(w) ? &runtime_->records(w) : nullptr);
+    return measure(step, plan, records, global_samples_);
+  }
+  StepStats measure(const typename Executor::Step& step, const pipeline::StepPlan& plan,
+                    const std::vector<const std::vector<ActionRecord>*>& records, index_t samples) {
+    std::vector<int> peak_versions(std::size_t(stages), 0);
     states_.for_each([&](auto k, auto& st) {
       int& peak = peak_versions[std::size_t(plan_.placement.worker_of(decltype(k)::value))];
       peak = std::max(peak, st.weights.peak_live());
     });
     StepStats stats = pipeline::measure_step(records, backends_, peak_versions);
-    stats.samples = global_samples_;
+    stats.samples = samples;
     for (std::size_t j = 0; j < step.losses.size(); ++j)
-      stats.loss += step.losses[j] * double(plan.normalizer[j]) / double(global_samples_);
+      stats.loss += step.losses[j] * double(plan.normalizer[j]) / double(samples);
     if (comm()) stats.loss = comm()->sum_over_world(stats.loss);  // only the last stage's ranks hold losses
     return stats;
   }
@@ -499,6 +751,8 @@ class Pipeline {
   std::int64_t batches_done_ = 0;
   index_t global_samples_ = 0;
   int local_worker_ = -1;  ///< the stage this process runs; -1: all of them
+  int tied_worker_ = -1;   ///< post-validation: the worker that holds both tied copies
+  std::map<int, schedule::Plan> repeated_;  ///< post-validation: plans of several steps, by step count
 };
 
 }  // namespace cupipe

@@ -47,6 +47,10 @@ struct StageState {
   std::vector<buffer> slots;  ///< optimizer state, one array per slot
   std::string slots_for;      ///< the optimizer the slots belong to
   std::int64_t updates = 0;
+  /// Post-validation: weights, gradients and slots before the last update made without the global
+  /// norm, and the update count then (pipeline::save_for_rollback); empty otherwise.
+  std::vector<buffer> saved;
+  std::int64_t saved_updates = 0;
   bool recompute = false;     ///< keep only the input after F; B recomputes the record
   std::map<int, InFlight> in_flight;
   std::vector<char> done;          ///< per microbatch of the running step

@@ -33,6 +33,10 @@ struct StepStats {
   std::vector<int> peak_weight_versions;            ///< per stage
   std::vector<ActionRecord> actions;                ///< every action, in start order per stage
   std::int64_t samples = 0;
+  /// Pipeline::train_steps with post-validation: this step's update, made before its global gradient
+  /// norm was known, would have clipped (or the norm was not finite), so it was undone and redone as
+  /// the flush does it, and the next step ran again.
+  bool rolled_back = false;
 
   /// busy / makespan for stage s.
   double utilisation(int s) const { return makespan_seconds > 0 ? busy_seconds[std::size_t(s)] / makespan_seconds : 0; }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -31,16 +32,21 @@ class WorkerRuntime {
   explicit WorkerRuntime(std::vector<Backend*> backends) : backends_(std::move(backends)), workers_(backends_.size()) {}
 
   /// Runs every local worker's list of `plan` on its own thread; execute(w, action) does the work
-  /// and abort() wakes every waiter after a failure. Returns the first failure, or null.
+  /// and abort() wakes every waiter after a failure. An execute that throws Aborted stops its worker
+  /// quietly. Host-clock times count from `origin` (default: now). A flush plan of several batches
+  /// is several steps back to back (schedule::repeat_steps), the first of them `first_step`: a
+  /// failure names the step and the action's microbatch in it.
   template <class Execute, class Abort>
-  std::exception_ptr run(const schedule::Plan& plan, Execute&& execute, Abort&& abort) {
+  std::exception_ptr run(const schedule::Plan& plan, Execute&& execute, Abort&& abort,
+                         std::optional<std::chrono::steady_clock::time_point> origin = std::nullopt, int first_step = 0) {
+    first_step_ = first_step;
     failure_ = nullptr;
     failed_.store(false, std::memory_order_relaxed);
     for (std::size_t w = 0; w < workers_.size(); ++w) {
       workers_[w] = Worker{};
       if (backends_[w]) caps::timeline_start(*backends_[w]);
     }
-    start_ = std::chrono::steady_clock::now();
+    start_ = origin.value_or(std::chrono::steady_clock::now());
     {
       std::vector<std::jthread> threads;
       for (int w = 0; w < int(workers_.size()); ++w)
@@ -106,7 +112,12 @@ class WorkerRuntime {
             const std::string& call, const std::string& file, int line, Abort& abort) {
     std::string where = "stage " + std::to_string(w);
     if (plan.config.chunks > 1) where += " (virtual stage " + std::to_string(plan.virtual_stage(w, a)) + ")";
-    where += std::string(", action ") + schedule::kind_letter(a.kind) + std::to_string(a.microbatch);
+    int microbatch = a.microbatch;
+    if (plan.update == schedule::UpdateRule::flush && plan.config.batches > 1) {
+      where += ", step " + std::to_string(first_step_ + microbatch / plan.config.microbatches);
+      microbatch %= plan.config.microbatches;
+    }
+    where += std::string(", action ") + schedule::kind_letter(a.kind) + std::to_string(microbatch);
     {
       std::lock_guard lock(failure_mutex_);
       if (!failure_) failure_ = std::make_exception_ptr(error(where + ": " + message, call, file, line));
@@ -134,6 +145,7 @@ class WorkerRuntime {
   std::mutex failure_mutex_;
   std::exception_ptr failure_;
   std::atomic<bool> failed_{false};
+  int first_step_ = 0;
 };
 
 }  // namespace cupipe::pipeline

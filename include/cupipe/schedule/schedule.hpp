@@ -9,6 +9,7 @@
 #include "cupipe/schedule/policy.hpp"
 #include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/simulate.hpp"
+#include "cupipe/schedule/steps.hpp"
 #include "cupipe/schedule/timeline.hpp"
 #include "cupipe/schedule/verify.hpp"
 #include "cupipe/schedule/weights.hpp"

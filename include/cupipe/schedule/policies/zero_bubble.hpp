@@ -139,9 +139,9 @@ struct ZeroBubbleH1 : detail::OneChunkPolicy {
 };
 
 /// ZB-H2: as ZB-H1 but stage s may hold min(2(p-s)-1, m) microbatches (up to 2p-1 on stage 0), so
-/// warm-up forwards fill the wait for the first B and deferred W's fill the drain. Without the
-/// paper's optimizer post-validation, the stage-to-stage ramp ((p-1)*F on the last stage) remains,
-/// so the bubble is near zero, not zero.
+/// warm-up forwards fill the wait for the first B and deferred W's fill the drain. One step alone
+/// keeps the stage-to-stage ramp ((p-1)*F on the last stage); with optimizer post-validation
+/// (PipelineOptions::post_validation) the next step fills it and the steady state has none at F = B = W.
 struct ZeroBubbleH2 : ZeroBubbleH1 {
   static constexpr std::string_view name = "zb-h2";
   static constexpr std::string_view summary = "as zb-h1 with up to 2p-1 microbatches held: a near-zero bubble";
@@ -154,7 +154,7 @@ struct ZeroBubbleH2 : ZeroBubbleH1 {
 /// stage, the embedding and the loss, share worker 0), B and W split. Each worker holds at most
 /// min(2p, 2m) chunk-microbatches between F and W: p whole-stage microbatches, 1F1B's peak. With
 /// F = B = W the makespan is m(F+B+W) + (p-1)F/2 once m >= 2p-1: half of ZB-H1's ramp, the rest of
-/// the bubble gone (without optimizer post-validation the ramp itself stays).
+/// the bubble gone; with optimizer post-validation the next step fills the ramp too.
 struct ZeroBubbleV {
   static constexpr std::string_view name = "zbv";
   static constexpr std::string_view summary = "zero bubble on the V-shaped placement: 2 chunks, B/W split, 1F1B's memory";
