@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+// cupipe_plan: picks a parallel layout (stages, chunks, microbatches, schedule, replicas, layer split)
+// from a cost model and prints it with its predicted step time, bubble and per-worker peak memory,
+// the runners-up and why they lost, and what was refused.
+//   cupipe_plan --model mlp --devices 4 --batch 256                 profile the Fashion-MNIST MLP here
+//   cupipe_plan --model gpt-tiny --devices 8 --batch 64 --memory-gb 0.05 --json
+//   cupipe_plan --costs mine.json --devices 64 --batch 1024         a cost model of your own model
+//   cupipe_plan --synthetic 48 --devices 64 --batch 1024            48 equal layers (timing the search)
+// --write-costs FILE saves the cost model used (a starting point for --costs). Every figure the
+// planner prints is a prediction from the cost model; the search time is measured.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cupipe/cupipe.hpp"
+#include "cupipe/models/gpt.hpp"
+#include "cupipe/planner/calibrate.hpp"
+#include "cupipe/planner/planner.hpp"
+
+using namespace cupipe;
+
+namespace {
+
+using Mlp = Sequential<Linear<784, 1024>, ReLU, Linear<1024, 512>, ReLU, Linear<512, 256>, ReLU, Linear<256, 10>>;
+constexpr gpt::Config tiny{256, 64, 4, 4, 128};
+
+planner::CostModel profiled(const std::string& name, index_t samples, int repeats) {
+  using Host = backend::Host<float>;
+  Rng rng(1);
+  if (name == "mlp") {
+    std::vector<float> x(static_cast<std::size_t>(samples * 784));
+    for (float& v : x) v = float(rng.uniform());
+    const LayerProfile profile = profile_layers<Mlp::body, Host>(ConstView<float>{x.data(), Shape{samples, 784}}, repeats);
+    return planner::cost_model<Mlp::body>(profile, 4, 2);
+  }
+  using Gpt = gpt::Model<tiny>;
+  const index_t rows = samples * tiny.context;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
+  for (auto& t : ids) t = std::int32_t(rng.below(std::uint64_t(tiny.vocab)));
+  const LayerProfile profile = profile_layers<Gpt::body, Host>(ConstView<std::int32_t>{ids.data(), Shape{rows, 1}}, repeats);
+  return planner::cost_model<Gpt::body>(profile, 4, 2, tiny.context);
+}
+
+planner::CostModel synthetic(int layers) {
+  planner::CostModel model;
+  model.profiled_rows = 1024;
+  for (int l = 0; l < layers; ++l)
+    model.layers.push_back({"block" + std::to_string(l), 1e-3, 1e-3, 1e-3, 7e6, 768, 768, 8 * 768});
+  model.link_latency = 1e-5;
+  model.link_bytes_per_second = 25e9;
+  model.allreduce_bytes_per_second = 50e9;
+  return model;
+}
+
+nlohmann::json to_json(const planner::CostModel& m) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const planner::LayerCost& l : m.layers)
+    layers.push_back({{"name", l.name}, {"forward", l.forward}, {"backward_input", l.backward_input},
+                      {"backward_weight", l.backward_weight}, {"params", l.params}, {"in", l.in}, {"out", l.out},
+                      {"saved", l.saved}});
+  return {{"profiled_rows", m.profiled_rows}, {"rows_per_sample", m.rows_per_sample}, {"value_bytes", m.value_bytes},
+          {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
+          {"link_bytes_per_second", m.link_bytes_per_second}, {"allreduce_bytes_per_second", m.allreduce_bytes_per_second},
+          {"layers", layers}};
+}
+
+/// Reads a cost model; a missing or mistyped field is an error naming it.
+planner::CostModel from_json(const std::string& path) {
+  std::ifstream file(path);
+  CUPIPE_REQUIRE(file, "cupipe_plan: cannot read the cost model '", path, "'");
+  nlohmann::json j;
+  try {
+    file >> j;
+  } catch (const std::exception& e) {
+    CUPIPE_THROW(path, ": not JSON: ", e.what());
+  }
+  const auto field = [&](const nlohmann::json& o, const char* name, const std::string& where) -> const nlohmann::json& {
+    if (!o.is_object() || !o.contains(name)) CUPIPE_THROW(path, ": ", where, name, " is missing");
+    if (!o[name].is_number() && !o[name].is_string()) CUPIPE_THROW(path, ": ", where, name, " must be a number");
+    return o[name];
+  };
+  planner::CostModel m;
+  try {
+    m.profiled_rows = field(j, "profiled_rows", "").get<index_t>();
+    m.rows_per_sample = j.value("rows_per_sample", index_t(1));
+    m.value_bytes = j.value("value_bytes", 4);
+    m.optimizer_slots = j.value("optimizer_slots", 2);
+    m.link_latency = j.value("link_latency", 0.0);
+    m.link_bytes_per_second = j.value("link_bytes_per_second", 0.0);
+    m.allreduce_bytes_per_second = j.value("allreduce_bytes_per_second", 0.0);
+    if (!j.contains("layers") || !j["layers"].is_array()) CUPIPE_THROW(path, ": layers must be an array");
+    for (std::size_t i = 0; i < j["layers"].size(); ++i) {
+      const nlohmann::json& l = j["layers"][i];
+      const std::string where = "layers[" + std::to_string(i) + "].";
+      m.layers.push_back({l.value("name", "layer" + std::to_string(i)), field(l, "forward", where).get<double>(),
+                          field(l, "backward_input", where).get<double>(), field(l, "backward_weight", where).get<double>(),
+                          field(l, "params", where).get<double>(), field(l, "in", where).get<double>(),
+                          field(l, "out", where).get<double>(), l.value("saved", 0.0)});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    CUPIPE_THROW(path, ": ", e.what());
+  }
+  return m;
+}
+
+nlohmann::json layout_json(const planner::Layout& l) {
+  return {{"schedule", l.schedule},      {"stages", l.stages},         {"chunks", l.chunks},
+          {"microbatches", l.microbatches}, {"replicas", l.replicas},  {"batches", l.batches},
+          {"cuts", l.cuts},              {"step_seconds", l.step_seconds}, {"bubble", l.bubble},
+          {"allreduce_seconds", l.allreduce_seconds}, {"peak_bytes", l.peak_bytes}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_name, costs_path, write_costs, schedules;
+  int synthetic_layers = 0, repeats = 3;
+  index_t profile_samples = 64;
+  double memory_gb = 0;
+  bool json = false;
+  planner::Request request;
+  CLI::App app{"Pick a parallel layout from measured costs (every figure printed is predicted from the cost model)."};
+  auto* model_option = app.add_option("--model", model_name, "profile a built-in model on this CPU: mlp or gpt-tiny")
+                           ->check(CLI::IsMember({"mlp", "gpt-tiny"}));
+  auto* costs_option = app.add_option("--costs", costs_path, "read the cost model from this JSON file");
+  auto* synthetic_option = app.add_option("--synthetic", synthetic_layers, "N equal layers (F = B = W = 1 ms)");
+  model_option->excludes(costs_option)->excludes(synthetic_option);
+  costs_option->excludes(synthetic_option);
+  app.add_option("--write-costs", write_costs, "write the cost model used to this JSON file");
+  app.add_option("--profile-samples", profile_samples, "samples in the profiled microbatch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "profile runs per layer (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--devices", request.devices, "devices (workers x replicas)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--memory-gb", memory_gb, "memory per device in GB (0: no limit)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", request.batch, "samples per optimizer step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--schedules", schedules, "comma-separated policies to consider (default: all: " + schedule::policy_names() + ")");
+  app.add_option("--max-microbatches", request.max_microbatches, "most microbatches to try")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--runners-up", request.runners_up, "runners-up to print")->capture_default_str();
+  app.add_flag("--json", json, "print one JSON object");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "cupipe_plan: " << e.what() << "\n";
+    return 2;
+  }
+  try {
+    CUPIPE_REQUIRE(!model_name.empty() || !costs_path.empty() || synthetic_layers > 0,
+                   "cupipe_plan: give --model, --costs or --synthetic (see --help)");
+    if (!model_name.empty()) request.model = profiled(model_name, profile_samples, repeats);
+    else if (!costs_path.empty()) request.model = from_json(costs_path);
+    else request.model = synthetic(synthetic_layers);
+    if (!write_costs.empty()) {
+      std::ofstream out(write_costs);
+      CUPIPE_REQUIRE(out, "cupipe_plan: cannot write '", write_costs, "'");
+      out << to_json(request.model).dump(2) << "\n";
+    }
+    request.memory_bytes = memory_gb * 1e9;
+    std::stringstream names(schedules);
+    for (std::string name; std::getline(names, name, ',');)
+      if (!name.empty()) request.schedules.push_back(name);
+    const auto start = std::chrono::steady_clock::now();
+    const planner::Report report = plan(request);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (json) {
+      nlohmann::json ranked = nlohmann::json::array(), rejected = nlohmann::json::array();
+      for (std::size_t i = 0; i < std::min(report.ranked.size(), request.runners_up + 1); ++i)
+        ranked.push_back(layout_json(report.ranked[i]));
+      for (const planner::Rejected& r : report.rejected) rejected.push_back({{"layout", r.layout}, {"reason", r.reason}});
+      std::cout << nlohmann::json{{"predicted", true},          {"considered", report.considered},
+                                  {"fit", report.ranked.size()}, {"search_seconds", seconds},
+                                  {"ranked", ranked},          {"rejected", rejected}}
+                       .dump()
+                << "\n";
+    } else {
+      std::cout << planner::describe(report, request.model, request.runners_up);
+      std::printf("searched in %.3f s (measured)\n", seconds);
+    }
+    return report.ranked.empty() ? 3 : 0;
+  } catch (const cupipe::error& e) {
+    std::cerr << "cupipe_plan: " << e.message() << "\n";
+    return 1;
+  }
+}
