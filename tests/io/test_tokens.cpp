@@ -26,7 +26,7 @@ std::string error_of(auto&& call) {
 Bytes text_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 }  // namespace
 
-TEST_CASE("text: a file's bytes are its tokens; a folder's files are read in order, index files skipped",
+TEST_CASE("text: a file's bytes are its tokens, a folder's files are read in order, index files skipped",
           "[io][tokens]") {
   TempDir dir;
   write_bytes(dir / "b", text_bytes("world\n"));
@@ -53,7 +53,7 @@ TEST_CASE("text: a file's bytes are its tokens; a folder's files are read in ord
   CHECK_THAT(error_of([&] { load_text(empty / "x"); }), Contains("1 bytes of text; training needs at least 2"));
 }
 
-TEST_CASE("llm.c shards: written and read back; a bad magic, version, size or token is named with the file",
+TEST_CASE("llm.c shards: written and read back, a bad magic, version, size or token is named with the file",
           "[io][tokens]") {
   TempDir dir;
   std::vector<std::int32_t> tokens(1000);

@@ -110,7 +110,7 @@ TEST_CASE("Linear init: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias, as PyTor
   }
 }
 
-TEST_CASE("LayerNorm init is ones and zeros; Embedding init is N(0, 1)", "[cpu][layers][init]") {
+TEST_CASE("LayerNorm init is ones and zeros, Embedding init is N(0, 1)", "[cpu][layers][init]") {
   const Vec p = initialised<Mlp::body>(3);
   const auto table = Mlp::parameter_table();
   for (index_t i = 0; i < 7; ++i) {

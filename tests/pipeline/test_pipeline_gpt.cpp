@@ -141,7 +141,7 @@ TEST_CASE("GPT: DualPipeV (wte and lm_head on worker 0, overlapped F&B pairs) eq
   check_every_p<schedule::DualPipeV>();
 }
 
-TEST_CASE("GPT: the tied copies are two tensors to the model; untied, each trains on its own", "[pipeline][gpt]") {
+TEST_CASE("GPT: the tied copies are two tensors to the model, untied, each trains on its own", "[pipeline][gpt]") {
   STATIC_REQUIRE(Gpt::body::tied.count == config.vocab * config.channels);
   STATIC_REQUIRE(Gpt::body::tied.second == Gpt::body::param_offsets[Gpt::body::size - 1]);
   STATIC_REQUIRE(UntiedGpt::body::tied.count == 0);
@@ -171,7 +171,7 @@ TEST_CASE("GPT: the tied copies are two tensors to the model; untied, each train
   CHECK(tied_copies_equal<Gpt>(net.parameters()));
 }
 
-TEST_CASE("GPT: PipeDream refuses tied weights; untied, 2BW follows its delayed-gradient recurrence", "[pipeline][gpt]") {
+TEST_CASE("GPT: PipeDream refuses tied weights, untied, 2BW follows its delayed-gradient recurrence", "[pipeline][gpt]") {
   PipelineOptions options;
   options.microbatches = 2;
   CHECK_THAT(test::error_message([&] { Pipeline<partition<Gpt, 2>, schedule::PipeDream, Host> pipe(options); }),

@@ -248,7 +248,7 @@ TEST_CASE("a malformed JSON plan names the file and the field", "[pipeline][plan
   CHECK_THAT(message(edit("\"chunk\": 0}", "\"chunk\": 0, \"stage\": 1}")), Catch::Contains("actions[0]: unknown field 'stage'"));
 }
 
-TEST_CASE("a hand-edited plan runs with UserPlan and equals the Network; a broken one names both actions",
+TEST_CASE("a hand-edited plan runs with UserPlan and equals the Network, a broken one names both actions",
           "[pipeline][plan_file]") {
   ScratchDir scratch;
   const std::filesystem::path file = scratch.path / "plan.csv";

@@ -300,16 +300,23 @@ TEST_CASE("post-validation: worker 0 starts the next step while the last worker 
   REQUIRE(simulated >= 8e-3);  // at least two actions of overlap
   std::vector<test::Batch> batches;
   for (int t = 0; t < count; ++t) batches.push_back(test::make_batch(m, 4, 4, std::uint64_t(t)));
-  const auto stats = test::bounded(60, [&] { return pipe.train_steps(views<Pipe>(batches), optim::SGD({.lr = 0.1})); });
-  std::vector<ActionRecord> measured;
-  for (const StepStats& s : stats) measured.insert(measured.end(), s.actions.begin(), s.actions.end());
-  // Half the simulated lead: sleeps overshoot and a busy machine delays a wake-up, but a flush
-  // between the steps would make the lead negative.
-  CHECK(lead(measured) >= simulated / 2);
+  // Half the simulated lead: sleeps overshoot and a busy machine (or a sanitizer) delays a wake-up,
+  // but a flush between the steps would make the lead negative every time. A loaded machine can
+  // still deschedule a worker for milliseconds, so up to 3 runs are made and one must show it.
+  double best = -1e300;
+  for (int attempt = 0; attempt < 3 && best < simulated / 2; ++attempt) {
+    const auto stats = test::bounded(60, [&] { return pipe.train_steps(views<Pipe>(batches), optim::SGD({.lr = 0.1})); });
+    std::vector<ActionRecord> measured;
+    for (const StepStats& s : stats) measured.insert(measured.end(), s.actions.begin(), s.actions.end());
+    best = std::max(best, lead(measured));
+    WARN("attempt " << attempt << ": worker 0 starts step 1 " << lead(measured) * 1e3 << " ms before worker 3 ends step 0 "
+                    "(simulated " << simulated * 1e3 << " ms)");
+  }
+  CHECK(best >= simulated / 2);
   nap_us = 0;
 }
 
-TEST_CASE("steady_state_bubble reads repeat_steps plans; ZB-H2's steady state has no bubble at F = B = W",
+TEST_CASE("steady_state_bubble reads repeat_steps plans, and ZB-H2's steady state has no bubble at F = B = W",
           "[schedule][post-validation]") {
   const schedule::Plan one = schedule::generate<schedule::ZeroBubbleH2>({4, 8});
   const schedule::Plan six = schedule::repeat_steps(one, 6);

@@ -61,7 +61,7 @@ TEST_CASE("planner: with free communication and room to spare, replicas beat a p
   CHECK(f1b->bubble == Approx(3.0 / 19).epsilon(1e-9));
 }
 
-TEST_CASE("planner: a memory cap rules out replicas; nothing proposed exceeds it", "[planner]") {
+TEST_CASE("planner: a memory cap rules out replicas, nothing proposed exceeds it", "[planner]") {
   planner::Request request;
   request.model = uniform(16, 1e6);  // 16 M parameters: 4 bytes x 4 arrays (weights, gradients, 2 AdamW slots)
   request.devices = 4;
