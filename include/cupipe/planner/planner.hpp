@@ -155,35 +155,43 @@ inline std::vector<int> microbatch_candidates(int p, index_t samples, int most) 
   return out;
 }
 
-/// Per-worker peak bytes of `cuts` on `plan` (its placement), from the simulated holdings.
+/// Parameter elements each worker holds: its virtual stages' layers under `cuts` on `plan`'s placement.
+inline std::vector<double> worker_params(const CostModel& model, const schedule::Plan& plan, const std::vector<std::size_t>& cuts) {
+  std::vector<double> params(static_cast<std::size_t>(plan.config.stages), 0.0);
+  for (int k = 0; k + 1 < int(cuts.size()); ++k)
+    for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l)
+      params[std::size_t(plan.placement.worker_of(k))] += model.layers[l].params;
+  return params;
+}
+
+/// Per-worker peak bytes of `cuts` on `plan` (its placement), from the simulated holdings; `params`
+/// is worker_params().
 inline std::vector<double> peak_bytes(const CostModel& model, const schedule::Plan& plan, const schedule::SimResult& sim,
-                                      const std::vector<std::size_t>& cuts, double rows) {
+                                      const std::vector<std::size_t>& cuts, const std::vector<double>& params, double rows) {
   const int workers = plan.config.stages;
-  std::vector<double> state(std::size_t(workers), 0), per_microbatch(std::size_t(workers), 0),
-      one_backward(std::size_t(workers), 0);
+  std::vector<double> per_microbatch(std::size_t(workers), 0), one_backward(std::size_t(workers), 0);
   for (int k = 0; k + 1 < int(cuts.size()); ++k) {
     const int w = plan.placement.worker_of(k);
-    double params = 0, record = 0, grad_record = 0;
+    double record = 0, grad_record = 0;
     const std::size_t first = cuts[std::size_t(k)], last = cuts[std::size_t(k) + 1];
     for (std::size_t l = first; l < last; ++l) {
-      const LayerCost& layer = model.layers[l];
-      params += layer.params;
-      record += layer.out + layer.saved;
-      if (l + 1 < last) grad_record += layer.out;
+      record += model.layers[l].out + model.layers[l].saved;
+      if (l + 1 < last) grad_record += model.layers[l].out;
     }
     const double in = k == 0 ? 0.0 : model.layers[first].in, out = model.layers[last - 1].out;
-    const int versions = std::max(1, sim.weight_versions[std::size_t(w)]);
-    state[std::size_t(w)] += params * double(versions + 1 + model.optimizer_slots);
     // In flight: input message and record (and, with B and W split, dy and the grad record until W).
     per_microbatch[std::size_t(w)] = std::max(per_microbatch[std::size_t(w)],
                                               in + record + (plan.split_backward ? out + grad_record : 0.0));
     one_backward[std::size_t(w)] = std::max(one_backward[std::size_t(w)], plan.split_backward ? in : out + grad_record + in);
   }
   std::vector<double> bytes(static_cast<std::size_t>(workers));
-  for (int w = 0; w < workers; ++w)
+  for (int w = 0; w < workers; ++w) {
+    const int versions = std::max(1, sim.weight_versions[std::size_t(w)]);
+    const double state = params[std::size_t(w)] * double(versions + 1 + model.optimizer_slots);
     bytes[std::size_t(w)] = double(model.value_bytes) *
-                            (state[std::size_t(w)] + double(sim.peak_activations[std::size_t(w)]) * rows * per_microbatch[std::size_t(w)] +
+                            (state + double(sim.peak_activations[std::size_t(w)]) * rows * per_microbatch[std::size_t(w)] +
                              rows * one_backward[std::size_t(w)]);
+  }
   return bytes;
 }
 
@@ -278,15 +286,9 @@ Report search(const Request& request) {
         layout.batches = config.batches;
         layout.cuts = cuts;
         layout.bubble = sim.bubble_fraction;
-        layout.peak_bytes = detail::peak_bytes(model, plan, sim, cuts, rows);
-        double most_params = 0;
-        for (int w = 0; w < p; ++w) {
-          double params = 0;
-          for (int k = 0; k < virtual_stages; ++k)
-            if (plan.placement.worker_of(k) == w)
-              for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) params += model.layers[l].params;
-          most_params = std::max(most_params, params);
-        }
+        const std::vector<double> params = detail::worker_params(model, plan, cuts);
+        layout.peak_bytes = detail::peak_bytes(model, plan, sim, cuts, params, rows);
+        const double most_params = *std::max_element(params.begin(), params.end());
         if (d > 1 && model.allreduce_bytes_per_second > 0)
           layout.allreduce_seconds = 2.0 * double(d - 1) / double(d) * most_params * model.value_bytes /
                                      model.allreduce_bytes_per_second;
