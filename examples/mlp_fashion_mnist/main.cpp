@@ -11,11 +11,50 @@
 #include "launch.hpp"
 #include "trainer.hpp"
 
+#include <algorithm>
+#include <thread>
+
+#include "cupipe/planner/calibrate.hpp"
+
 using namespace fmnist;
 using cupipe::examples::Launcher;
 using cupipe::examples::non_negative;
 using cupipe::examples::positive;
 
+
+/// --plan auto: calibrates the planner's cost model on the first batch of `train_set` here (every
+/// layer, the loss and the optimizer step, one core per worker), plans a run in this process on
+/// f.workers workers with the splits this program compiles (partition<>), prints the report and
+/// sets f's schedule, stages and microbatches to the best layout.
+inline void plan_layout(Flags& f, const io::Dataset& train_set) {
+  const index_t rows = index_t(std::min<std::int64_t>(f.batch, train_set.count));
+  CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples, got ", rows);
+  if (f.workers == 0) f.workers = int(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  backend::Host<T>::set_blas_threads(1);
+  planner::Request request;
+  request.model = planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}});
+  request.devices = f.workers;
+  request.batch = rows;
+  request.stage_counts = {1, 2, 3, 4};
+  request.max_replicas = 1;
+  request.all_devices = false;
+  request.one_process = true;
+  request.max_microbatches = std::min(64, int(rows));
+  request.split = [](int virtual_stages) {
+    std::vector<std::size_t> cuts;
+    with_stage_count<1, 2, 3, 4, 5, 6, 7>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
+    return cuts;
+  };
+  // The split has at most 7 virtual stages (the MLP's layers): 8 is refused before split is asked.
+  const planner::Report report = plan(request);
+  const planner::Layout& best = report.best();
+  std::printf("--plan auto on %d workers (one core each), predicted from a profile of this machine:\n%s", f.workers,
+              planner::describe(report, request.model).c_str());
+  f.schedule = best.schedule;
+  f.stages = best.stages;
+  f.microbatches = best.microbatches;
+  f.predicted_step_seconds = best.step_seconds;
+}
 
 int main(int argc, char** argv) {
   Flags f;
@@ -48,6 +87,14 @@ int main(int argc, char** argv) {
                  "seconds a stage waits for another (a transfer, or a sum over ranks) before failing; 0: no limit")
       ->capture_default_str()
       ->check(non_negative);
+  auto* plan = app.add_option("--plan", f.plan,
+                               "auto: profile the model here and let the planner choose --schedule, --stages and "
+                               "--microbatches (host backend, one process)")
+                   ->check(CLI::IsMember({"auto"}));
+  app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
+      ->check(non_negative)
+      ->needs(plan);
+  for (const char* name : {"--schedule", "--stages", "--microbatches"}) plan->excludes(app.get_option(name));
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -75,6 +122,11 @@ int main(int argc, char** argv) {
       comm::require_same_settings(*launch.communicator, {{"training data", data_fingerprint(data.train)},
                                                          {"test data", data_fingerprint(data.test)}});
     standardise(data.train, data.test);
+    if (f.plan == "auto") {
+      if (launch.communicator || f.backend != "host")
+        CUPIPE_THROW("--plan auto plans one process on the host backend; leave out --dp and --backend cuda");
+      plan_layout(f, data.train);
+    }
     if (f.backend == "cuda") {
       if (launch.communicator)
         CUPIPE_THROW("--backend cuda runs in one process, stages placed with --devices; across processes the trainer "
@@ -86,7 +138,7 @@ int main(int argc, char** argv) {
     int rc = 0;
     // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
     // each keeps them from oversubscribing the cores (11x slower on 2 cores otherwise).
-    if (!launch.communicator && f.stages > 1) backend::Host<T>::set_blas_threads(1);
+    if (!launch.communicator && (f.stages > 1 || !f.plan.empty())) backend::Host<T>::set_blas_threads(1);
     with_policy(f.schedule, [&]<class Schedule>() {
       with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
         if constexpr (P * Schedule::chunks > 7) {

@@ -54,6 +54,9 @@ struct Flags {
   std::string devices;
   int dp = 1;
   double timeout = comm::Communicator::default_collective_timeout_seconds;
+  std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches
+  int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
+  double predicted_step_seconds = 0;  ///< the planned layout's, set by plan_layout
 };
 
 /// The flags every rank of a multi-process run must share (display flags and the data folder, which
@@ -188,6 +191,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   std::vector<T> x(std::size_t(f.batch) * 784);
   std::vector<std::int32_t> y(static_cast<std::size_t>(f.batch));
   StepStats last;
+  std::vector<double> step_seconds;  // wall time of every train_step
   double bubble_sum = 0, last_loss = 0, test_accuracy = 0;
   std::int64_t steps = 0, samples = 0, total_steps = state.epoch * batches_per_epoch + state.batch;
   const auto start = std::chrono::steady_clock::now();
@@ -213,8 +217,11 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
         std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
         y[std::size_t(r)] = train_set.labels[std::size_t(i)];
       }
+      const auto step_start = std::chrono::steady_clock::now();
       last = pipe.train_step(ConstView<T>{x.data(), Shape{share_rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{share_rows}},
                              optimizer);
+      if (rows == f.batch)  // the epoch's last, shorter batch would pull the median down
+        step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
       epoch_loss += last.loss * double(rows);
       epoch_samples += rows;
       samples += rows;
@@ -268,6 +275,17 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
     std::printf("%s", describe(rebalance(pipe.plan(), profile, stage_cuts<Stages>())).c_str());
   }
 
+  // The median step (the first, which allocates the optimizer's slots, left out when there are more).
+  double median_step = 0;
+  if (step_seconds.size() > 1) step_seconds.erase(step_seconds.begin());
+  if (!step_seconds.empty()) {
+    std::nth_element(step_seconds.begin(), step_seconds.begin() + std::ptrdiff_t(step_seconds.size() / 2), step_seconds.end());
+    median_step = step_seconds[step_seconds.size() / 2];
+  }
+  if (f.predicted_step_seconds > 0 && median_step > 0)
+    say("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu full batches), %+.1f%%\n",
+        f.predicted_step_seconds * 1e3, median_step * 1e3, step_seconds.size(),
+        100 * (f.predicted_step_seconds / median_step - 1));
   nlohmann::json summary = {{"test_accuracy", test_accuracy},
                             {"train_loss", last_loss},
                             {"epochs", f.epochs},
@@ -277,7 +295,9 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
                             {"schedule", f.schedule},
                             {"stages", f.stages},
                             {"microbatches", f.microbatches},
-                            {"data_parallel", launch.replicas}};
+                            {"data_parallel", launch.replicas},
+                            {"step_seconds_measured", median_step}};
+  if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
   say("%s\n", summary.dump().c_str());
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -31,21 +32,21 @@ namespace {
 using Mlp = Sequential<Linear<784, 1024>, ReLU, Linear<1024, 512>, ReLU, Linear<512, 256>, ReLU, Linear<256, 10>>;
 constexpr gpt::Config tiny{256, 64, 4, 4, 128};
 
+/// Calibrated here (planner::calibrate): every layer and the loss at `samples` samples and a quarter
+/// of them, and the optimizer step.
 planner::CostModel profiled(const std::string& name, index_t samples, int repeats) {
   using Host = backend::Host<float>;
   Rng rng(1);
   if (name == "mlp") {
     std::vector<float> x(static_cast<std::size_t>(samples * 784));
     for (float& v : x) v = float(rng.uniform());
-    const LayerProfile profile = profile_layers<Mlp::body, Host>(ConstView<float>{x.data(), Shape{samples, 784}}, repeats);
-    return planner::cost_model<Mlp::body>(profile, 4, 2);
+    return planner::calibrate<Mlp, Host>(ConstView<float>{x.data(), Shape{samples, 784}}, repeats);
   }
   using Gpt = gpt::Model<tiny>;
   const index_t rows = samples * tiny.context;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
   for (auto& t : ids) t = std::int32_t(rng.below(std::uint64_t(tiny.vocab)));
-  const LayerProfile profile = profile_layers<Gpt::body, Host>(ConstView<std::int32_t>{ids.data(), Shape{rows, 1}}, repeats);
-  return planner::cost_model<Gpt::body>(profile, 4, 2, tiny.context);
+  return planner::calibrate<Gpt, Host>(ConstView<std::int32_t>{ids.data(), Shape{rows, 1}}, repeats, tiny.context);
 }
 
 planner::CostModel synthetic(int layers) {
@@ -64,10 +65,13 @@ nlohmann::json to_json(const planner::CostModel& m) {
   for (const planner::LayerCost& l : m.layers)
     layers.push_back({{"name", l.name}, {"forward", l.forward}, {"backward_input", l.backward_input},
                       {"backward_weight", l.backward_weight}, {"params", l.params}, {"in", l.in}, {"out", l.out},
-                      {"saved", l.saved}});
+                      {"saved", l.saved}, {"forward_fixed", l.forward_fixed}, {"backward_input_fixed", l.backward_input_fixed},
+                      {"backward_weight_fixed", l.backward_weight_fixed}, {"points", l.points}});
   return {{"profiled_rows", m.profiled_rows}, {"rows_per_sample", m.rows_per_sample}, {"value_bytes", m.value_bytes},
           {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
           {"link_bytes_per_second", m.link_bytes_per_second}, {"allreduce_bytes_per_second", m.allreduce_bytes_per_second},
+          {"update_seconds_per_param", m.update_seconds_per_param}, {"step_overhead_seconds", m.step_overhead_seconds},
+          {"tied", m.tied},
           {"layers", layers}};
 }
 
@@ -95,6 +99,9 @@ planner::CostModel from_json(const std::string& path) {
     m.link_latency = j.value("link_latency", 0.0);
     m.link_bytes_per_second = j.value("link_bytes_per_second", 0.0);
     m.allreduce_bytes_per_second = j.value("allreduce_bytes_per_second", 0.0);
+    m.update_seconds_per_param = j.value("update_seconds_per_param", 0.0);
+    m.step_overhead_seconds = j.value("step_overhead_seconds", 0.0);
+    m.tied = j.value("tied", false);
     if (!j.contains("layers") || !j["layers"].is_array()) CUPIPE_THROW(path, ": layers must be an array");
     for (std::size_t i = 0; i < j["layers"].size(); ++i) {
       const nlohmann::json& l = j["layers"][i];
@@ -102,7 +109,9 @@ planner::CostModel from_json(const std::string& path) {
       m.layers.push_back({l.value("name", "layer" + std::to_string(i)), field(l, "forward", where).get<double>(),
                           field(l, "backward_input", where).get<double>(), field(l, "backward_weight", where).get<double>(),
                           field(l, "params", where).get<double>(), field(l, "in", where).get<double>(),
-                          field(l, "out", where).get<double>(), l.value("saved", 0.0)});
+                          field(l, "out", where).get<double>(), l.value("saved", 0.0), l.value("forward_fixed", 0.0),
+                          l.value("backward_input_fixed", 0.0), l.value("backward_weight_fixed", 0.0),
+                          l.value("points", std::vector<std::array<double, 4>>{})});
     }
   } catch (const nlohmann::json::exception& e) {
     CUPIPE_THROW(path, ": ", e.what());
@@ -114,7 +123,8 @@ nlohmann::json layout_json(const planner::Layout& l) {
   return {{"schedule", l.schedule},      {"stages", l.stages},         {"chunks", l.chunks},
           {"microbatches", l.microbatches}, {"replicas", l.replicas},  {"batches", l.batches},
           {"cuts", l.cuts},              {"step_seconds", l.step_seconds}, {"bubble", l.bubble},
-          {"allreduce_seconds", l.allreduce_seconds}, {"peak_bytes", l.peak_bytes}};
+          {"allreduce_seconds", l.allreduce_seconds}, {"update_seconds", l.update_seconds}, {"peak_bytes", l.peak_bytes},
+          {"peak_activation_bytes", l.peak_activation_bytes}};
 }
 
 }  // namespace
@@ -142,6 +152,8 @@ int main(int argc, char** argv) {
   app.add_option("--schedules", schedules, "comma-separated policies to consider (default: all: " + schedule::policy_names() + ")");
   app.add_option("--max-microbatches", request.max_microbatches, "most microbatches to try")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--runners-up", request.runners_up, "runners-up to print")->capture_default_str();
+  app.add_flag("--asynchronous", request.asynchronous,
+               "consider PipeDream and 2BW too (stale weights change what training computes)");
   app.add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs mlp_fashion_mnist and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume -P run_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan -P run_trainer.cmake
 # learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key.
 # resume: 5 steps, save, resume for 5 more, save; against 10 straight steps, save: the two final
 #         model files must hold the same tensor bytes (bit-exact resume through the command line).
+# plan: --plan auto picks a layout for 2 workers and reports its predicted and measured step times.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
 cmake_minimum_required(VERSION 3.19)
 if(NOT IS_DIRECTORY "${DATA_DIR}")
@@ -47,7 +48,23 @@ elseif(MODE STREQUAL "resume")
     message(FATAL_ERROR "test_accuracy ${resumed_accuracy} after resuming but ${straight_accuracy} straight")
   endif()
   message("resume is bit-exact: equal model and optimizer tensors, test_accuracy ${straight_accuracy} both ways")
+elseif(MODE STREQUAL "plan")
+  # --plan auto: the planner chooses the layout from a profile of this machine, and the summary gives
+  # the planned step time next to the measured one.
+  set(common --data "${DATA_DIR}" --train-limit 2048 --test-limit 500 --progress none)
+  run_trainer(--plan auto --workers 2 --epochs 1 --batch 128)
+  foreach(key step_seconds_predicted step_seconds_measured)
+    string(JSON value ERROR_VARIABLE missing GET "${summary}" ${key})
+    if(missing OR NOT value GREATER 0)
+      message(FATAL_ERROR "the summary has no positive '${key}': ${summary}")
+    endif()
+  endforeach()
+  string(JSON stages GET "${summary}" stages)
+  if(stages LESS 1 OR stages GREATER 2)
+    message(FATAL_ERROR "--plan auto --workers 2 chose ${stages} stages: ${summary}")
+  endif()
+  message("planned: ${summary}")
 else()
-  message(FATAL_ERROR "MODE must be learns or resume, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume or plan, got '${MODE}'")
 endif()
 file(REMOVE_RECURSE "${WORK_DIR}")

@@ -171,11 +171,14 @@ TEST_CASE("gelu: tanh-form forward and backward matches finite differences", "[c
   CHECK(relative_error(dx, numeric_gradient(x, [&] { return dot(r, run()); })) <= grad_tolerance);
 }
 
-TEST_CASE("layernorm: forward matches the formula; input and weight gradients match finite differences",
+TEST_CASE("layernorm: forward matches the formula, and input and weight gradients match finite differences",
           "[cpu][host][layernorm]") {
   const auto seed = GENERATE(take(5, random(1, 1000000)));
   Rng rng{std::uint64_t(seed)};
-  const index_t rows = between(rng, 1, 6), n = between(rng, 2, 9);
+  // At least 3 columns: with 2 the output is +-gamma + beta whatever the input (up to eps), so dx is
+  // O(eps / var^1.5) and a relative comparison with finite differences measures only their noise
+  // (the case below checks that it is that small).
+  const index_t rows = between(rng, 1, 6), n = between(rng, 3, 9);
   const double offset = rng.uniform(-3, 3);  // rows whose mean is far from zero
   const double eps = 1e-5;
   const Shape s{rows, n};
@@ -223,6 +226,26 @@ TEST_CASE("layernorm: forward matches the formula; input and weight gradients ma
   CHECK(relative_error(dbeta, numeric_gradient(beta, loss)) <= grad_tolerance);
 }
 
+TEST_CASE("layernorm over 2 columns: the output ignores the input, and so does the input gradient", "[cpu][host][layernorm]") {
+  // y = +-gamma + beta for any two distinct values; dx is O(eps / var^1.5): zero to within that.
+  const double eps = 1e-5;
+  const Vec x{0.3, -0.7, 2.0, 2.5}, gamma{1.5, -0.5}, beta{0.1, 0.2}, r{0.9, -0.4, 0.25, 0.6};
+  const Shape s{2, 2};
+  backend::Host<double> be;
+  Vec y(4), mean(2), rstd(2), dx(4);
+  ops::layernorm_forward(be, cview(x, s), cview(gamma, Shape{2}), cview(beta, Shape{2}), view(y, s), view(mean, Shape{2}),
+                         view(rstd, Shape{2}), eps);
+  CHECK(y[0] == Approx(gamma[0] + beta[0]).margin(1e-3));  // x0 > x1: +gamma0, -gamma1
+  CHECK(y[1] == Approx(-gamma[1] + beta[1]).margin(1e-3));
+  CHECK(y[2] == Approx(-gamma[0] + beta[0]).margin(1e-3));
+  CHECK(y[3] == Approx(gamma[1] + beta[1]).margin(1e-3));
+  ops::layernorm_backward_input(be, cview(x, s), cview(gamma, Shape{2}), cview(mean, Shape{2}), cview(rstd, Shape{2}),
+                                cview(r, s), view(dx, s));
+  for (std::size_t i = 0; i < 4; ++i) CHECK(std::abs(dx[i]) < 1e-3);
+  // ... but not exactly zero: the formula is the derivative, not a special case.
+  CHECK(std::abs(dx[0]) > 0);
+}
+
 TEST_CASE("softmax cross-entropy: forward matches log-sum-exp, gradient matches finite differences",
           "[cpu][host][xent]") {
   const auto seed = GENERATE(take(5, random(1, 1000000)));
@@ -261,7 +284,7 @@ TEST_CASE("softmax cross-entropy: forward matches log-sum-exp, gradient matches 
   CHECK(relative_error(dz, numeric) <= grad_tolerance);
 }
 
-TEST_CASE("embedding: forward gathers rows; backward accumulates repeated ids", "[cpu][host][embedding]") {
+TEST_CASE("embedding: forward gathers rows, and backward accumulates repeated ids", "[cpu][host][embedding]") {
   const auto seed = GENERATE(take(4, random(1, 1000000)));
   Rng rng{std::uint64_t(seed)};
   const index_t vocab = between(rng, 2, 10), dim = between(rng, 1, 6), n = between(rng, 1, 12);

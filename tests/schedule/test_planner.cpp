@@ -128,3 +128,150 @@ TEST_CASE("planner: the report names the best layout, its split, its memory and 
   CHECK_THAT(text, Catch::Contains("% slower"));
   CHECK_THAT(text, Catch::Contains("layouts considered"));
 }
+
+TEST_CASE("planner: a fixed part of each action and the optimizer step enter the step time", "[planner]") {
+  planner::CostModel model;
+  model.profiled_rows = 8;
+  // One layer: F, B and W take 2 ms for 8 rows, 1 ms of which does not scale with the rows.
+  model.layers.push_back({"only", 2e-3, 2e-3, 2e-3, 1000, 16, 16, 0, 1e-3, 1e-3, 1e-3});
+  model.update_seconds_per_param = 1e-6;  // 1 ms for the layer's 1000 parameters
+  planner::Request request;
+  request.model = model;
+  request.devices = 1;
+  request.batch = 8;
+  request.schedules = {"gpipe"};
+  const planner::Report report = plan(request);
+  const auto m4 = std::find_if(report.ranked.begin(), report.ranked.end(), [](const planner::Layout& l) { return l.microbatches == 4; });
+  REQUIRE(m4 != report.ranked.end());
+  // 4 microbatches of 2 rows: each action 1 + 1 x 2/8 = 1.25 ms; 4 x (F + B + W) = 15 ms, then the update.
+  CHECK(m4->update_seconds == Approx(1e-3).epsilon(1e-12));
+  CHECK(m4->step_seconds == Approx(15e-3 + 1e-3).epsilon(1e-9));
+  // A batch that does not split evenly: 3 microbatches of 3, 3 and 2 rows, each action 1 ms + its
+  // share: 9 x 1 ms + 3 x (3 + 3 + 2) / 8 ms, then the update.
+  const auto m3 = std::find_if(report.ranked.begin(), report.ranked.end(), [](const planner::Layout& l) { return l.microbatches == 3; });
+  REQUIRE(m3 != report.ranked.end());
+  CHECK(m3->step_seconds == Approx(12e-3 + 1e-3).epsilon(1e-9));
+  // Measured points replace the fixed-plus-linear model: F = B = W = 1 ms at 2 rows, 2 ms at 8.
+  planner::Request pointed = request;
+  pointed.model.layers[0].points = {{2, 1e-3, 1e-3, 1e-3}, {8, 2e-3, 2e-3, 2e-3}};
+  const planner::Report by_points = plan(pointed);
+  const auto p4 = std::find_if(by_points.ranked.begin(), by_points.ranked.end(), [](const planner::Layout& l) { return l.microbatches == 4; });
+  REQUIRE(p4 != by_points.ranked.end());
+  CHECK(p4->step_seconds == Approx(4 * 3e-3 + 1e-3).epsilon(1e-9));  // 2 rows each: 1 ms an action
+  pointed.model.layers[0].points = {{8, 1e-3, 1e-3, 1e-3}, {2, 1e-3, 1e-3, 1e-3}};
+  CHECK_THROWS_WITH(plan(pointed), Catch::Contains("points that are not ascending"));
+  // With the fixed part, fewer microbatches win on one worker.
+  CHECK(report.best().microbatches == 1);
+  // A fixed part larger than the time is refused, naming the layer.
+  request.model.layers[0].forward_fixed = 3e-3;
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("layer 0 (only) has a fixed part outside [0, its time]"));
+}
+
+TEST_CASE("planner: one process, the stage counts and splits a program has", "[planner]") {
+  planner::Request request;
+  request.model = uniform(8);
+  request.model.update_seconds_per_param = 1e-9;
+  request.devices = 4;
+  request.batch = 16;
+  request.schedules = {"1f1b"};
+  request.stage_counts = {1, 2};
+  request.max_replicas = 1;
+  request.all_devices = false;
+  // The program's split: everything but the last layer on the first stage.
+  request.split = [](int virtual_stages) -> std::vector<std::size_t> {
+    if (virtual_stages == 1) return {0, 8};
+    if (virtual_stages == 2) return {0, 7, 8};
+    return {};
+  };
+  const planner::Report report = plan(request);
+  REQUIRE(!report.ranked.empty());
+  for (const planner::Layout& l : report.ranked) {
+    CHECK(l.replicas == 1);
+    CHECK((l.stages == 1 || l.stages == 2));
+    if (l.stages == 2) CHECK(l.cuts == std::vector<std::size_t>{0, 7, 8});
+  }
+  // With two workers in one process the flush update runs every stage in turn: all 8 layers' parameters.
+  const auto two = std::find_if(report.ranked.begin(), report.ranked.end(), [](const planner::Layout& l) { return l.stages == 2; });
+  REQUIRE(two != report.ranked.end());
+  request.one_process = true;
+  const planner::Report serial = plan(request);
+  const auto two_serial = std::find_if(serial.ranked.begin(), serial.ranked.end(), [&](const planner::Layout& l) {
+    return l.stages == 2 && l.microbatches == two->microbatches;
+  });
+  REQUIRE(two_serial != serial.ranked.end());
+  CHECK(two->update_seconds == Approx(7 * 64 * 64 * 1e-9).epsilon(1e-12));    // the slower worker's 7 layers
+  CHECK(two_serial->update_seconds == Approx(8 * 64 * 64 * 1e-9).epsilon(1e-12));  // every layer, in turn
+  // A split the program does not have is a refusal with its reason; a malformed one is an error.
+  request.schedules = {"interleaved"};
+  const planner::Report interleaved = plan(request);
+  const auto none = std::find_if(interleaved.rejected.begin(), interleaved.rejected.end(),
+                                 [](const planner::Rejected& r) { return r.layout.find("interleaved p=2") == 0; });
+  REQUIRE(none != interleaved.rejected.end());
+  CHECK(none->reason == "the program has no split into 4 virtual stages");
+  request.schedules = {"1f1b"};
+  request.split = [](int) { return std::vector<std::size_t>{0, 9}; };
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("is not 1 non-empty contiguous ranges of the 8 layers"));
+}
+
+TEST_CASE("planner: the activation replay counts records, messages and the backward's buffers", "[planner]") {
+  // Two stages, one layer each, GPipe with 2 microbatches of 4 rows: widths 10 -> 20 -> 30, the first
+  // layer saves 5 values per row.
+  planner::CostModel model;
+  model.profiled_rows = 4;
+  model.layers.push_back({"a", 1e-3, 1e-3, 1e-3, 0, 10, 20, 5});
+  model.layers.push_back({"b", 1e-3, 1e-3, 1e-3, 0, 20, 30, 0});
+  const schedule::Plan plan = schedule::generate<schedule::GPipe>(schedule::Config{2, 2});
+  const schedule::SimResult sim = schedule::simulate(plan, schedule::Costs{1, 2, 0});
+  const std::vector<double> peaks =
+      planner::detail::activation_peaks(plan, sim, planner::detail::chunk_sizes(model, {0, 1, 2}), {4, 4});
+  // Stage 0 holds both microbatches' records (20 + 5 per row) when the first gradient arrives (20 per
+  // row, t = 5); the second lands at t = 7, as its B of the first ends: at equal times the replay
+  // counts the message before the frees (the larger peak a race can give): 2 x 25 x 4 + 2 x 20 x 4.
+  CHECK(peaks[0] == Approx(360));
+  // Stage 1: per microbatch its input message (20), record (30), dy (30) after both forwards: at its
+  // first B's start, 2 x (20 + 30) x 4 + (dy 30 + dx 20) x 4 = 600.
+  CHECK(peaks[1] == Approx(600));
+}
+
+TEST_CASE("planner: asynchronous schedules only when asked for", "[planner]") {
+  planner::Request request;
+  request.model = uniform(8);
+  request.devices = 2;
+  request.batch = 16;
+  const auto has = [](const planner::Report& r, const std::string& name) {
+    return std::any_of(r.ranked.begin(), r.ranked.end(), [&](const planner::Layout& l) { return l.schedule == name; });
+  };
+  const planner::Report by_default = plan(request);
+  CHECK_FALSE(has(by_default, "pipedream"));
+  CHECK_FALSE(has(by_default, "2bw"));
+  CHECK(has(by_default, "1f1b"));
+  const auto why = std::find_if(by_default.rejected.begin(), by_default.rejected.end(),
+                                [](const planner::Rejected& r) { return r.layout.find("2bw p=2") == 0; });
+  REQUIRE(why != by_default.rejected.end());
+  CHECK_THAT(why->reason, Catch::StartsWith("asynchronous: stale weights"));
+  request.schedules = {"2bw"};
+  CHECK(has(plan(request), "2bw"));
+  request.schedules = {};
+  request.asynchronous = true;
+  CHECK(has(plan(request), "pipedream"));
+  // A model with tied weights never gets one.
+  request.model.tied = true;
+  CHECK_FALSE(has(plan(request), "pipedream"));
+}
+
+TEST_CASE("planner: in one process a hand-over lengthens the sender's action", "[planner]") {
+  planner::Request request;
+  request.model = uniform(2);
+  request.devices = 2;
+  request.batch = 8;
+  request.schedules = {"gpipe"};
+  request.stage_counts = {2};
+  request.max_microbatches = 1;
+  request.one_process = true;
+  const double alone = plan(request).best().step_seconds;
+  request.model.link_latency = 1e-3;
+  const planner::Layout& linked = plan(request).best();
+  // One microbatch: F0 sends its output, B1 its input gradient, each 1 ms longer; the chain of four
+  // actions is 2 ms longer, and the first worker's record waits that long too.
+  CHECK(linked.step_seconds == Approx(alone + 2e-3).epsilon(1e-9));
+}

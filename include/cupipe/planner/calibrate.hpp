@@ -1,19 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
-// A planner cost model from a model's compile-time layer list and a measured profile: times from
-// cupipe::profile_layers (rebalance.hpp) on the backend at hand, sizes from the LayerSeq.
+// A planner cost model from a model's compile-time layer list and measured profiles: times from
+// cupipe::profile_layers (rebalance.hpp) on the backend at hand at two microbatch sizes (their
+// difference separates each action's fixed part from the part that scales with the rows), the
+// optimizer step's time per parameter, and sizes from the LayerSeq.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <utility>
+#include <vector>
 
+#include "cupipe/core/rng.hpp"
+#include "cupipe/layers/network.hpp"
 #include "cupipe/layers/sequential.hpp"
+#include "cupipe/optim/optimizers.hpp"
+#include "cupipe/pipeline/local_transport.hpp"
+#include "cupipe/pipeline/pipeline.hpp"
+#include "cupipe/schedule/policies/one_f_one_b.hpp"
 #include "cupipe/pipeline/rebalance.hpp"
 #include "cupipe/planner/planner.hpp"
 
 namespace cupipe::planner {
 
 /// The cost model of `Body` (a model's LayerSeq, Model::body) with `profile`'s times, for values of
-/// `value_bytes` bytes and an optimizer with `optimizer_slots` arrays per parameter.
+/// `value_bytes` bytes and an optimizer with `optimizer_slots` arrays per parameter. Times are taken
+/// as proportional to the rows (no fixed part): see the overload with two profiles.
 template <class Body>
 CostModel cost_model(const LayerProfile& profile, int value_bytes, int optimizer_slots, index_t rows_per_sample = 1) {
   CUPIPE_REQUIRE(profile.forward.size() == Body::size, "planner: the profile has ", profile.forward.size(),
@@ -31,6 +44,234 @@ CostModel cost_model(const LayerProfile& profile, int value_bytes, int optimizer
                                       double(Body::template layer<I>::saved_per_row(Body::widths[I]))}),
      ...);
   }(std::make_index_sequence<Body::size>());
+  return model;
+}
+
+namespace detail {
+/// The fixed part of a time linear in rows, from `large` at `rows_large` and `small` at `rows_small`,
+/// kept within [0, large].
+inline double fixed_part(double large, double small, double rows_large, double rows_small) {
+  const double slope = (large - small) / (rows_large - rows_small);
+  return std::clamp(large - slope * rows_large, 0.0, large);
+}
+}  // namespace detail
+
+/// The same from two profiles of the model at different microbatch sizes: `large` gives the times
+/// at its rows, the pair gives each action's fixed part (a microbatch of r rows then takes
+/// fixed + (time - fixed) x r / large.rows).
+template <class Body>
+CostModel cost_model(const LayerProfile& large, const LayerProfile& small, int value_bytes, int optimizer_slots,
+                     index_t rows_per_sample = 1) {
+  CUPIPE_REQUIRE(small.forward.size() == Body::size && small.rows >= 1 && small.rows < large.rows,
+                 "planner: the second profile must cover the same ", Body::size, " layers with fewer rows (",
+                 small.rows, " vs ", large.rows, ")");
+  CostModel model = cost_model<Body>(large, value_bytes, optimizer_slots, rows_per_sample);
+  const double rl = double(large.rows), rs = double(small.rows);
+  for (std::size_t l = 0; l < Body::size; ++l) {
+    LayerCost& c = model.layers[l];
+    c.forward_fixed = detail::fixed_part(large.forward[l], small.forward[l], rl, rs);
+    c.backward_input_fixed = detail::fixed_part(large.backward_input[l], small.backward_input[l], rl, rs);
+    c.backward_weight_fixed = detail::fixed_part(large.backward_weight[l], small.backward_weight[l], rl, rs);
+  }
+  return model;
+}
+
+/// Measured seconds of a loss's forward and backward for one microbatch of `rows` rows.
+struct LossProfile {
+  double forward = 0, backward = 0;
+  index_t rows = 0;
+};
+
+/// Times `Loss` (forward, then backward) on `rows` rows of random logits on a fresh context of
+/// `Backend`, median of `repeats` runs.
+template <class Loss, class Backend>
+LossProfile profile_loss(index_t rows, int repeats = 5) {
+  using T = typename Backend::value_type;
+  constexpr index_t classes = Loss::in_features;
+  CUPIPE_REQUIRE(rows >= 1, "planner: time the loss on at least one row");
+  Backend be;
+  Rng rng(3);
+  std::vector<T> logits_host(static_cast<std::size_t>(rows * classes));
+  for (T& v : logits_host) v = T(rng.normal());
+  std::vector<std::int32_t> labels_host(static_cast<std::size_t>(rows));
+  for (auto& l : labels_host) l = std::int32_t(rng.below(std::uint64_t(classes)));
+  auto logits = be.template allocate<T>(rows * classes, MemoryTag::activations);
+  auto dlogits = be.template allocate<T>(rows * classes, MemoryTag::activations);
+  auto labels = be.template allocate<std::int32_t>(rows, MemoryTag::activations);
+  auto loss = be.template allocate<T>(1, MemoryTag::workspace);
+  be.upload(std::span<const T>(logits_host), logits.data());
+  be.upload(std::span<const std::int32_t>(labels_host), labels.data());
+  const ConstViewOn<Backend, T> x{logits.data(), Shape{rows, classes}};
+  const ConstViewOn<Backend, std::int32_t> y{labels.data(), Shape{rows}};
+  LossProfile out;
+  out.rows = rows;
+  out.forward = cupipe::detail::median_seconds(repeats, [&] {
+    Loss::forward(be, x, y, ViewOn<Backend, T>{loss.data(), Shape{1}}, rows);
+    be.synchronize();
+  });
+  out.backward = cupipe::detail::median_seconds(repeats, [&] {
+    Loss::backward(be, x, y, ViewOn<Backend, T>{dlogits.data(), Shape{rows, classes}}, rows);
+    be.synchronize();
+  });
+  return out;
+}
+
+/// `profile` with the loss's times added to the last layer's forward and input gradient, the
+/// actions the pipeline runs them in (the last stage's F and B).
+inline LayerProfile with_loss(LayerProfile profile, const LossProfile& loss) {
+  CUPIPE_REQUIRE(loss.rows == profile.rows, "planner: the loss was timed on ", loss.rows, " rows, the layers on ",
+                 profile.rows);
+  CUPIPE_REQUIRE(!profile.forward.empty(), "planner: the profile has no layers");
+  profile.forward.back() += loss.forward;
+  profile.backward_input.back() += loss.backward;
+  return profile;
+}
+
+/// Measured seconds per parameter of a flush update's work on a fresh context of `Backend`: the
+/// gradients' sum of squares, AdamW's step and zeroing the gradients, over `elements` parameters
+/// (median of `repeats`).
+template <class Backend>
+double update_seconds_per_param(index_t elements, int repeats = 5) {
+  using T = typename Backend::value_type;
+  CUPIPE_REQUIRE(elements >= 1, "planner: time the update on at least one parameter");
+  Backend be;
+  auto param = be.template allocate<T>(elements, MemoryTag::weights);
+  auto grad = be.template allocate<T>(elements, MemoryTag::gradients);
+  auto m = be.template allocate<T>(elements, MemoryTag::optimizer);
+  auto v = be.template allocate<T>(elements, MemoryTag::optimizer);
+  const Shape s{elements};
+  for (auto* b : {&param, &grad, &m, &v}) fill(be, ViewOn<Backend, T>{b->data(), s}, T(0.01));
+  const ViewOn<Backend, T> slots[] = {{m.data(), s}, {v.data(), s}};
+  const optim::AdamW adamw({.lr = 1e-6});
+  std::int64_t step = 0;
+  double sink = 0;
+  const double seconds = cupipe::detail::median_seconds(repeats, [&] {
+    sink += sum_of_squares(be, ConstViewOn<Backend, T>{grad.data(), s});
+    adamw.update(be, ViewOn<Backend, T>{param.data(), s}, ConstViewOn<Backend, T>{grad.data(), s},
+                 std::span<const ViewOn<Backend, T>>(slots), step++, 1.0);
+    fill(be, ViewOn<Backend, T>{grad.data(), s}, T(0));
+    be.synchronize();
+  });
+  (void)sink;
+  return seconds / double(elements);
+}
+
+/// A hand-over's cost.
+struct LinkCost {
+  double latency = 0;           ///< seconds
+  double bytes_per_second = 0;  ///< 0: free
+};
+
+/// Measured cost of an in-process hand-over between two workers' contexts of `Backend`, as the
+/// pipeline makes it (LocalTransport: allocate on the receiver, copy, post; then take): latency and
+/// bandwidth fitted to messages of `small` and `large` values (median of `repeats` each).
+template <class Backend>
+LinkCost local_link(index_t small = index_t(1) << 10, index_t large = index_t(1) << 20, int repeats = 9) {
+  using T = typename Backend::value_type;
+  CUPIPE_REQUIRE(small >= 1 && large > small, "planner: time hand-overs of two sizes, got ", small, " and ", large, " values");
+  Backend a, b;
+  pipeline::LocalTransport<Backend> link({&a, &b}, 60);
+  auto data = a.template allocate<T>(large, MemoryTag::activations);
+  fill(a, ViewOn<Backend, T>{data.data(), Shape{large}}, T(1));
+  const auto time = [&](index_t n) {
+    int j = 0;
+    return cupipe::detail::median_seconds(repeats, [&] {
+      link.begin_step(1);
+      const comm::MessageKey key{comm::Flow::activation, 1, j++};
+      link.send(0, 1, key, ConstViewOn<Backend, T>{data.data(), Shape{n}});
+      (void)link.receive(1, 0, key, n);
+      b.synchronize();
+    });
+  };
+  const double t_small = time(small), t_large = time(large);
+  const double bytes_small = double(small) * sizeof(T), bytes_large = double(large) * sizeof(T);
+  LinkCost out;
+  const double per_byte = std::max(0.0, (t_large - t_small) / (bytes_large - bytes_small));
+  out.bytes_per_second = per_byte > 0 ? 1.0 / per_byte : 0.0;
+  out.latency = std::max(0.0, t_small - per_byte * bytes_small);
+  return out;
+}
+
+/// Measured seconds a training step of `Model` on `Backend` takes beyond what `model` predicts for
+/// its actions and update: a one-stage pipeline (1F1B, `microbatches` microbatches) trains on `x`
+/// with random labels, and the median of `steps` steps (after one) less the prediction is the
+/// overhead (staging the batch, fresh allocations, the loss read-back, waking the worker, and what
+/// running layers back to back costs beyond timing each alone). Never negative.
+template <class Model, class Backend>
+double step_overhead_seconds(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x,
+                             const CostModel& model, int microbatches = 2, int steps = 5) {
+  using Loss = loss_of_t<Model>;
+  Rng rng(7);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(x.rows()));
+  for (auto& l : labels) l = std::int32_t(rng.below(std::uint64_t(Loss::in_features)));
+  PipelineOptions options;
+  options.microbatches = microbatches;
+  Pipeline<partition<Model, 1>, schedule::OneFOneB, Backend> pipe(options);
+  const ConstView<std::int32_t> y{labels.data(), Shape{x.rows()}};
+  const optim::AdamW adamw({.lr = 1e-6});
+  (void)pipe.train_step(x, y, adamw);  // allocates the optimizer's slots
+  const double measured = cupipe::detail::median_seconds(steps, [&] { (void)pipe.train_step(x, y, adamw); });
+  // The runtime's split of the rows into microbatches (whole samples; the first take one more).
+  const index_t samples = x.rows() / model.rows_per_sample;
+  double predicted = 0, params = 0;
+  for (int j = 0; j < microbatches; ++j) {
+    const double rows = double((samples / microbatches + (j < samples % microbatches ? 1 : 0)) * model.rows_per_sample);
+    for (const LayerCost& l : model.layers)
+      for (int action = 0; action < 3; ++action) predicted += detail::at_rows(model, l, action, rows);
+  }
+  for (const LayerCost& l : model.layers) params += l.params;
+  return std::max(0.0, measured - predicted - params * model.update_seconds_per_param);
+}
+
+/// The cost model of `Model` on `Backend`, measured here: every layer and the model's loss profiled
+/// on `x` (a batch of real inputs in host memory), on a quarter and on a sixteenth of its samples
+/// (LayerCost::points; the first two also give each action's fixed part), the optimizer step (AdamW:
+/// two slots), the step's overhead (step_overhead_seconds) and an in-process hand-over between two
+/// contexts (local_link). Each size is profiled twice and each action keeps the smaller median.
+/// `rows_per_sample`: a sequence's tokens for a transformer. Takes a few seconds.
+template <class Model, class Backend>
+CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats = 3,
+                    index_t rows_per_sample = 1) {
+  using Body = typename Model::body;
+  using T = typename Backend::value_type;
+  CUPIPE_REQUIRE(rows_per_sample >= 1 && x.rows() % rows_per_sample == 0, "planner: calibrate on whole samples of ",
+                 rows_per_sample, " rows, got ", x.rows(), " rows");
+  const index_t samples = x.rows() / rows_per_sample;
+  CUPIPE_REQUIRE(samples >= 2, "planner: calibrate on at least two samples (the fixed part needs two sizes), got ", samples);
+  const index_t small = std::max<index_t>(1, samples / 4) * rows_per_sample, width = x.numel() / x.rows();
+  const auto once = [&](index_t rows) {
+    const LayerProfile layers = profile_layers<Body, Backend>(ConstView<model_input_t<Body, T>>{x.data(), Shape{rows, width}}, repeats);
+    return with_loss(layers, profile_loss<loss_of_t<Model>, Backend>(rows, repeats));
+  };
+  // Each size twice, the smaller of the two medians per action: a stretch of slow wake-ups or a
+  // busy neighbour (tens of milliseconds) then spoils at most one of them.
+  const auto profile = [&](index_t rows) {
+    LayerProfile a = once(rows);
+    const LayerProfile b = once(rows);
+    for (std::size_t l = 0; l < a.forward.size(); ++l) {
+      a.forward[l] = std::min(a.forward[l], b.forward[l]);
+      a.backward_input[l] = std::min(a.backward_input[l], b.backward_input[l]);
+      a.backward_weight[l] = std::min(a.backward_weight[l], b.backward_weight[l]);
+    }
+    return a;
+  };
+  const LayerProfile large = profile(x.rows()), small_profile = profile(small);
+  CostModel model = cost_model<Body>(large, small_profile, int(sizeof(T)), 2, rows_per_sample);
+  // A third, smaller size where the batch allows: small microbatches are where times stop being
+  // linear (a GEMM of a few rows runs far below its peak), and the points capture it.
+  std::vector<LayerProfile> sizes{small_profile, large};
+  if (const index_t tiny = std::max<index_t>(1, samples / 16) * rows_per_sample; tiny < small) sizes.insert(sizes.begin(), profile(tiny));
+  for (std::size_t l = 0; l < Body::size; ++l)
+    for (const LayerProfile& p : sizes)
+      model.layers[l].points.push_back({double(p.rows), p.forward[l], p.backward_input[l], p.backward_weight[l]});
+  model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), repeats);
+  // Measured with two microbatches: one microbatch of the whole batch is the one layout whose
+  // working set is largest, and on a CPU it runs slower than its layers timed alone.
+  model.step_overhead_seconds = step_overhead_seconds<Model, Backend>(x, model, 2);
+  model.tied = Body::tied.count > 0;
+  const LinkCost link = local_link<Backend>();
+  model.link_latency = link.latency;
+  model.link_bytes_per_second = link.bytes_per_second;
   return model;
 }
 

@@ -11,16 +11,20 @@
 //   every policy of the registry (its own chunk count V), every microbatch count m it accepts,
 //   the contiguous split of the layers into p x V virtual stages that minimises the slowest one,
 //   generate the policy's plan, simulate it with the split's per-worker costs, and estimate each
-//   worker's peak bytes from the simulated in-flight microbatches and weight versions.
+//   worker's peak bytes: parameters, gradients, optimizer slots and the weight versions the plan
+//   holds, plus the activations, by replaying the runtime's allocations (StageExecutor's records,
+//   messages, dy, grad records and dx) in the simulated time (detail::activation_peaks).
 // A layout a policy refuses, that needs more virtual stages than there are layers, or whose
 // estimate exceeds the memory per device, is never proposed; each is listed with its reason.
 // Tensor parallelism is not searched yet: cupipe does not run it (issue #14).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -44,6 +48,13 @@ struct LayerCost {
   double in = 0;               ///< input width (values per row)
   double out = 0;              ///< output width
   double saved = 0;            ///< values per row kept for the backward besides the output
+  /// The part of each time that does not scale with the rows (a launch, a sleep's overshoot, a
+  /// loop's setup): a microbatch of r rows takes fixed + (time - fixed) x r / profiled_rows.
+  double forward_fixed = 0, backward_input_fixed = 0, backward_weight_fixed = 0;
+  /// Measured (rows, F, B, W) at several sizes, ascending rows; when set, a microbatch's times
+  /// follow them piecewise linearly (beyond the ends, the nearest segment's line) instead of the
+  /// fixed-plus-linear model above. planner::calibrate measures three sizes.
+  std::vector<std::array<double, 4>> points{};
 };
 
 struct CostModel {
@@ -55,6 +66,13 @@ struct CostModel {
   double link_latency = 0;      ///< seconds per hand-over between stages
   double link_bytes_per_second = 0;       ///< hand-over bandwidth; 0: free
   double allreduce_bytes_per_second = 0;  ///< data-parallel gradient sum bandwidth; 0: free
+  double update_seconds_per_param = 0;    ///< the optimizer step with its norm, per parameter
+  /// What a training step takes beyond its actions and update (staging the batch, allocations,
+  /// reading the loss, waking the workers), once per step; planner::calibrate measures it.
+  double step_overhead_seconds = 0;
+  /// The model ties a layer to another (GPT-2's lm_head to wte): only a flush update sums the copies,
+  /// so the asynchronous schedules cannot train it.
+  bool tied = false;
 };
 
 struct Request {
@@ -65,6 +83,20 @@ struct Request {
   std::vector<std::string> schedules{};  ///< policies to consider; empty: every one of the registry
   int max_microbatches = 64;
   std::size_t runners_up = 5;
+  /// Stage counts to consider; empty: every count that fits the devices.
+  std::vector<int> stage_counts{};
+  int max_replicas = 0;     ///< most data-parallel replicas; 0: no limit (1 for an in-process host run)
+  bool all_devices = true;  ///< stages x replicas = devices; false: at most devices (the rest idle)
+  /// The split a program can run, for a virtual stage count: first layer of each virtual stage,
+  /// then the layer count (a compiled StageList's, cupipe::stage_cuts). Empty function: the balanced
+  /// split. An empty result: the program has no split into that many stages (the layout is refused).
+  std::function<std::vector<std::size_t>(int virtual_stages)> split{};
+  /// Consider the asynchronous schedules (PipeDream, 2BW) too. They change the arithmetic of
+  /// training (stale weights), so they are never proposed unless asked for, here or by name.
+  bool asynchronous = false;
+  /// The workers are threads of one process (an in-process host or multi-GPU run): a flush update
+  /// runs every stage's optimizer step in turn on the calling thread.
+  bool one_process = false;
 };
 
 /// One layout and what the cost model predicts for it.
@@ -79,7 +111,9 @@ struct Layout {
   double step_seconds = 0;          ///< predicted, per batch (one optimizer step for flush schedules)
   double bubble = 0;                ///< predicted idle share
   double allreduce_seconds = 0;     ///< predicted gradient sum across replicas, in step_seconds
-  std::vector<double> peak_bytes;   ///< predicted per worker
+  double update_seconds = 0;        ///< predicted flush update after the step, in step_seconds
+  std::vector<double> peak_bytes;   ///< predicted per worker: state and activations
+  std::vector<double> peak_activation_bytes;  ///< predicted per worker: the allocator's activations tag
   double samples_per_second() const { return step_seconds > 0 ? 1.0 / step_seconds : 0; }
   std::string describe() const;
 };
@@ -137,9 +171,10 @@ inline std::vector<std::size_t> balanced_cuts(const std::vector<double>& cost, i
   return cuts;
 }
 
-inline bool wanted(const Request& r, std::string_view name) {
-  return r.schedules.empty() || std::find(r.schedules.begin(), r.schedules.end(), name) != r.schedules.end();
+inline bool named(const Request& r, std::string_view name) {
+  return std::find(r.schedules.begin(), r.schedules.end(), name) != r.schedules.end();
 }
+inline bool wanted(const Request& r, std::string_view name) { return r.schedules.empty() || named(r, name); }
 
 /// Microbatch counts worth trying: powers of two, and multiples of the stage count (2p for DualPipeV).
 inline std::vector<int> microbatch_candidates(int p, index_t samples, int most) {
@@ -164,33 +199,118 @@ inline std::vector<double> worker_params(const CostModel& model, const schedule:
   return params;
 }
 
-/// Per-worker peak bytes of `cuts` on `plan` (its placement), from the simulated holdings; `params`
-/// is worker_params().
-inline std::vector<double> peak_bytes(const CostModel& model, const schedule::Plan& plan, const schedule::SimResult& sim,
-                                      const std::vector<std::size_t>& cuts, const std::vector<double>& params, double rows) {
-  const int workers = plan.config.stages;
-  std::vector<double> per_microbatch(std::size_t(workers), 0), one_backward(std::size_t(workers), 0);
-  for (int k = 0; k + 1 < int(cuts.size()); ++k) {
-    const int w = plan.placement.worker_of(k);
-    double record = 0, grad_record = 0;
-    const std::size_t first = cuts[std::size_t(k)], last = cuts[std::size_t(k) + 1];
-    for (std::size_t l = first; l < last; ++l) {
-      record += model.layers[l].out + model.layers[l].saved;
-      if (l + 1 < last) grad_record += model.layers[l].out;
-    }
-    const double in = k == 0 ? 0.0 : model.layers[first].in, out = model.layers[last - 1].out;
-    // In flight: input message and record (and, with B and W split, dy and the grad record until W).
-    per_microbatch[std::size_t(w)] = std::max(per_microbatch[std::size_t(w)],
-                                              in + record + (plan.split_backward ? out + grad_record : 0.0));
-    one_backward[std::size_t(w)] = std::max(one_backward[std::size_t(w)], plan.split_backward ? in : out + grad_record + in);
+/// Seconds of a layer's action (0 forward, 1 input gradient, 2 weight gradient) for `rows` rows:
+/// between the layer's measured points, or fixed + (time - fixed) x rows / profiled_rows.
+inline double at_rows(const CostModel& model, const LayerCost& layer, int action, double rows) {
+  const std::size_t a = std::size_t(action) + 1;
+  if (layer.points.size() >= 2) {
+    const auto& p = layer.points;
+    std::size_t i = 0;
+    while (i + 2 < p.size() && rows > p[i + 1][0]) ++i;  // the segment [i, i+1] holding rows, or an end one
+    const double slope = (p[i + 1][a] - p[i][a]) / (p[i + 1][0] - p[i][0]);
+    return std::max(0.0, p[i][a] + slope * (rows - p[i][0]));
   }
-  std::vector<double> bytes(static_cast<std::size_t>(workers));
-  for (int w = 0; w < workers; ++w) {
-    const int versions = std::max(1, sim.weight_versions[std::size_t(w)]);
-    const double state = params[std::size_t(w)] * double(versions + 1 + model.optimizer_slots);
-    bytes[std::size_t(w)] = double(model.value_bytes) *
-                            (state + double(sim.peak_activations[std::size_t(w)]) * rows * per_microbatch[std::size_t(w)] +
-                             rows * one_backward[std::size_t(w)]);
+  const double time = action == 0 ? layer.forward : action == 1 ? layer.backward_input : layer.backward_weight;
+  const double fixed = action == 0 ? layer.forward_fixed : action == 1 ? layer.backward_input_fixed : layer.backward_weight_fixed;
+  return fixed + (time - fixed) * rows / double(model.profiled_rows);
+}
+
+/// Seconds of a hand-over of `values` values.
+inline double link_seconds(const CostModel& model, double values) {
+  return model.link_latency + (model.link_bytes_per_second > 0 ? values * model.value_bytes / model.link_bytes_per_second : 0.0);
+}
+
+/// Values per row of one virtual stage: what its forward receives (0 for the first: the staged
+/// batch), sends, keeps (every layer's output and saved values) and the backward's per-layer output
+/// gradients.
+struct ChunkSizes {
+  double in = 0, out = 0, record = 0, grad_record = 0;
+};
+
+inline std::vector<ChunkSizes> chunk_sizes(const CostModel& model, const std::vector<std::size_t>& cuts) {
+  std::vector<ChunkSizes> sizes(cuts.size() - 1);
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    const std::size_t first = cuts[k], last = cuts[k + 1];
+    ChunkSizes& c = sizes[k];
+    c.in = k == 0 ? 0.0 : model.layers[first].in;
+    c.out = model.layers[last - 1].out;
+    for (std::size_t l = first; l < last; ++l) {
+      c.record += model.layers[l].out + model.layers[l].saved;
+      if (l + 1 < last) c.grad_record += model.layers[l].out;
+    }
+  }
+  return sizes;
+}
+
+/// Each worker's peak activation values (times rows) when `plan` runs with `sim`'s timing: the
+/// allocations of StageExecutor and the in-process transport replayed in simulated time.
+///   F of virtual stage k: at its start the record (rows x record); at its end the output message
+///     on the worker of k+1 (rows x out), unless k is the last.
+///   B: at its start dy (the last stage's loss gradient, rows x out; others received it as a
+///     message), the grad record and dx (rows x in, k > 0); at its end dx is sent (a message on the
+///     worker of k-1) and freed; without a split backward the microbatch finishes: its input message,
+///     record, dy and grad record are freed.
+///   W: at its end the microbatch finishes as above.
+/// At equal times messages come first (a message that lands as the receiver finishes an action may
+/// land before its frees: the estimate takes the larger peak), then frees, then allocations at an
+/// action's start.
+/// `rows[j]` is microbatch j's rows.
+inline std::vector<double> activation_peaks(const schedule::Plan& plan, const schedule::SimResult& sim,
+                                            const std::vector<ChunkSizes>& sizes, const std::vector<double>& rows) {
+  struct Event {
+    double time;
+    int order;  // 0 message, 1 free, 2 allocation at a start
+    int worker;
+    double values;
+  };
+  std::vector<Event> events;
+  const int last = plan.config.virtual_stages() - 1;
+  for (int w = 0; w < plan.config.stages; ++w) {
+    const auto& actions = plan.actions[std::size_t(w)];
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const schedule::Action& a = actions[i];
+      const int k = plan.virtual_stage(w, a);
+      const ChunkSizes& c = sizes[std::size_t(k)];
+      const double r = rows[std::size_t(a.microbatch)];
+      const schedule::ActionTime t = sim.times[std::size_t(w)][i];
+      // What the microbatch holds on this stage from its F to its finish: input message, record,
+      // dy and grad record.
+      const double held = r * (c.in + c.record + c.out + c.grad_record);
+      const bool finishes = a.kind == schedule::ActionKind::W || (a.kind == schedule::ActionKind::B && !plan.split_backward);
+      switch (a.kind) {
+        case schedule::ActionKind::F:
+          events.push_back({t.start, 2, w, r * c.record});
+          if (k < last) events.push_back({t.end, 0, plan.placement.worker_of(k + 1), r * c.out});
+          break;
+        case schedule::ActionKind::B:
+          events.push_back({t.start, 2, w, r * (c.grad_record + c.in + (k == last ? c.out : 0.0))});
+          if (k > 0) events.push_back({t.end, 0, plan.placement.worker_of(k - 1), r * sizes[std::size_t(k - 1)].out});
+          events.push_back({t.end, 1, w, -r * c.in});  // dx
+          break;
+        case schedule::ActionKind::W: break;
+      }
+      if (finishes) events.push_back({t.end, 1, w, -held});
+    }
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.time != b.time ? a.time < b.time : a.order < b.order;
+  });
+  std::vector<double> now(std::size_t(plan.config.stages), 0), peak(std::size_t(plan.config.stages), 0);
+  for (const Event& e : events) {
+    double& v = now[std::size_t(e.worker)];
+    v += e.values;
+    peak[std::size_t(e.worker)] = std::max(peak[std::size_t(e.worker)], v);
+  }
+  return peak;
+}
+
+/// Per-worker bytes of parameters, their gradients, the optimizer's slots and the weight versions
+/// `sim` says the plan holds; `params` is worker_params().
+inline std::vector<double> state_bytes(const CostModel& model, const schedule::SimResult& sim, const std::vector<double>& params) {
+  std::vector<double> bytes(params.size());
+  for (std::size_t w = 0; w < params.size(); ++w) {
+    const int versions = std::max(1, sim.weight_versions[w]);
+    bytes[w] = double(model.value_bytes) * params[w] * double(versions + 1 + model.optimizer_slots);
   }
   return bytes;
 }
@@ -200,6 +320,158 @@ inline std::string gigabytes(double bytes) {
   out.precision(3);
   out << bytes / 1e9 << " GB";
   return out.str();
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// Every policy and microbatch count for p stages and d replicas, into `report`.
+template <class List, class Split>
+void search_layouts(const Request& request, int p, int d, Split& split_into, Report& report) {
+  const CostModel& model = request.model;
+  const std::size_t layers = model.layers.size();
+  const index_t samples = request.batch / d;  // per replica (the first batch % d replicas take one more)
+  for (const schedule::PolicyInfo& policy : schedule::policy_table<List>()) {
+    if (!wanted(request, policy.name)) continue;
+    const int v = policy.default_chunks, virtual_stages = p * v;
+    const std::string base = std::string(policy.name) + " p=" + std::to_string(p);
+    const std::string where = base + " d=" + std::to_string(d);
+    if (std::size_t(virtual_stages) > layers) {
+      ++report.considered;
+      report.rejected.push_back({where, std::to_string(virtual_stages) + " virtual stages for " + std::to_string(layers) + " layers"});
+      continue;
+    }
+    if (samples < 1) {
+      ++report.considered;
+      report.rejected.push_back({where, "fewer samples than replicas"});
+      continue;
+    }
+    if (policy.update != schedule::UpdateRule::flush && !request.asynchronous && !named(request, policy.name)) {
+      ++report.considered;
+      report.rejected.push_back({where, "asynchronous: stale weights change what training computes; ask for it by name "
+                                        "or with Request::asynchronous"});
+      continue;
+    }
+    if (model.tied && policy.update != schedule::UpdateRule::flush) {
+      ++report.considered;
+      report.rejected.push_back({where, "the model ties weights (as GPT-2's lm_head to wte); only a flush update sums them"});
+      continue;
+    }
+    const std::vector<std::size_t>& cuts = split_into(virtual_stages);
+    if (cuts.empty()) {
+      ++report.considered;
+      report.rejected.push_back({where, "the program has no split into " + std::to_string(virtual_stages) + " virtual stages"});
+      continue;
+    }
+    const std::vector<ChunkSizes> sizes = chunk_sizes(model, cuts);
+    for (int m : microbatch_candidates(p, samples, request.max_microbatches)) {
+      ++report.considered;
+      const schedule::Config config{p, m, v, policy.default_batches};
+      const std::string name = base + " m=" + std::to_string(m) + " d=" + std::to_string(d);
+      if (const std::string_view why = policy.check(config); !why.empty()) {
+        report.rejected.push_back({name, std::string(why)});
+        continue;
+      }
+      const schedule::Plan plan = policy.generate(config);
+      // Microbatch rows as the runtime splits a replica's samples (the first samples % m take one
+      // more); the step time scales with the largest.
+      // The batches' samples split into microbatches as the runtime splits them (split_rows: the
+      // first n % parts take one more); every time scales with the largest.
+      const index_t n = samples * config.batches;
+      const int parts = config.total_microbatches();
+      std::vector<double> rows(static_cast<std::size_t>(parts));
+      for (int j = 0; j < parts; ++j)
+        rows[std::size_t(j)] = double(n / parts + (j < n % parts ? 1 : 0)) * double(model.rows_per_sample);
+      const double largest_rows = *std::max_element(rows.begin(), rows.end());
+      const std::vector<double> params = worker_params(model, plan, cuts);
+      // Each virtual stage's own costs (chunks of one worker may cost differently), for each
+      // microbatch size (at most two: a batch that does not split evenly).
+      double widest = 0;
+      for (int k = 1; k < virtual_stages; ++k) widest = std::max(widest, model.layers[cuts[std::size_t(k)]].in);
+      const auto stage_costs = [&](double r) {
+        std::vector<schedule::StageCosts> out(static_cast<std::size_t>(virtual_stages), schedule::StageCosts{0, 0, 0});
+        for (int k = 0; k < virtual_stages; ++k) {
+          schedule::StageCosts& c = out[std::size_t(k)];
+          double chunk_params = 0;
+          for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) {
+            const LayerCost& layer = model.layers[l];
+            const double f = at_rows(model, layer, 0, r), b = at_rows(model, layer, 1, r), w = at_rows(model, layer, 2, r);
+            c.forward += f;
+            c.backward += policy.split_backward ? b : b + w;
+            c.weight += policy.split_backward ? w : 0.0;
+            chunk_params += layer.params;
+          }
+          // In one process the sender copies a message into the receiver's memory inside its action
+          // (LocalTransport): F sends its output, B its input gradient.
+          if (request.one_process) {
+            if (k + 1 < virtual_stages) c.forward += link_seconds(model, r * sizes[std::size_t(k)].out);
+            if (k > 0) c.backward += link_seconds(model, r * sizes[std::size_t(k)].in);
+          }
+          // Asynchronous schedules update inside the timeline, on the worker, each chunk its own
+          // parameters: PipeDream after every microbatch's backward, 2BW once per batch (spread
+          // over its microbatches here).
+          if (policy.update != schedule::UpdateRule::flush)
+            (policy.split_backward ? c.weight : c.backward) +=
+                chunk_params * model.update_seconds_per_param /
+                (policy.update == schedule::UpdateRule::double_buffered ? double(m) : 1.0);
+        }
+        return out;
+      };
+      schedule::Costs costs;
+      const double smallest_rows = *std::min_element(rows.begin(), rows.end());
+      if (smallest_rows == largest_rows) {
+        costs.per_virtual_stage = stage_costs(largest_rows);
+      } else {
+        const std::vector<schedule::StageCosts> large = stage_costs(largest_rows), small = stage_costs(smallest_rows);
+        for (double r : rows) costs.per_microbatch.push_back(r == largest_rows ? large : small);
+      }
+      // Between processes a hand-over delays its receiver without occupying the sender.
+      costs.transfer = virtual_stages > 1 && !request.one_process ? model.link_latency + (model.link_bytes_per_second > 0
+                                                                      ? largest_rows * widest * model.value_bytes / model.link_bytes_per_second
+                                                                      : 0.0)
+                                          : 0.0;
+      const schedule::SimResult sim = schedule::simulate(plan, costs);
+      Layout layout;
+      layout.schedule = std::string(policy.name);
+      layout.stages = p;
+      layout.chunks = v;
+      layout.microbatches = m;
+      layout.replicas = d;
+      layout.batches = config.batches;
+      layout.cuts = cuts;
+      layout.bubble = sim.bubble_fraction;
+      const std::vector<double> values = activation_peaks(plan, sim, sizes, rows);
+      layout.peak_bytes = state_bytes(model, sim, params);
+      for (std::size_t w = 0; w < values.size(); ++w) {
+        layout.peak_activation_bytes.push_back(values[w] * double(model.value_bytes));
+        layout.peak_bytes[w] += layout.peak_activation_bytes[w];
+      }
+      const double most_params = *std::max_element(params.begin(), params.end());
+      if (d > 1 && model.allreduce_bytes_per_second > 0)
+        layout.allreduce_seconds =
+            2.0 * double(d - 1) / double(d) * most_params * model.value_bytes / model.allreduce_bytes_per_second;
+      // A flush schedule updates after the step: every worker its own stages at once, or, in one
+      // process, the calling thread every stage in turn.
+      if (policy.update == schedule::UpdateRule::flush) {
+        double update = 0;
+        for (double w : params) update = request.one_process ? update + w : std::max(update, w);
+        layout.update_seconds = update * model.update_seconds_per_param;
+      }
+      layout.step_seconds =
+          (sim.makespan + layout.update_seconds + model.step_overhead_seconds) / double(config.batches) + layout.allreduce_seconds;
+      if (request.memory_bytes > 0) {
+        const auto most = std::max_element(layout.peak_bytes.begin(), layout.peak_bytes.end());
+        if (*most > request.memory_bytes) {
+          report.rejected.push_back({name, "worker " + std::to_string(most - layout.peak_bytes.begin()) + " needs " +
+                                               gigabytes(*most) + ", over the " + gigabytes(request.memory_bytes) +
+                                               " a device has"});
+          continue;
+        }
+      }
+      report.ranked.push_back(std::move(layout));
+    }
+  }
 }
 
 }  // namespace detail
@@ -215,95 +487,53 @@ Report search(const Request& request) {
   CUPIPE_REQUIRE(request.batch >= 1, "planner: the batch must hold at least one sample, got ", request.batch);
   CUPIPE_REQUIRE(model.profiled_rows >= 1 && model.rows_per_sample >= 1, "planner: profiled_rows and rows_per_sample must be positive");
   CUPIPE_REQUIRE(request.max_microbatches >= 1, "planner: max_microbatches must be at least 1");
+  CUPIPE_REQUIRE(model.update_seconds_per_param >= 0 && model.step_overhead_seconds >= 0,
+                 "planner: update_seconds_per_param and step_overhead_seconds must not be negative");
   for (const std::string& name : request.schedules) (void)schedule::find_policy<List>(name);  // names every valid one
   std::vector<double> total(layers);
   for (std::size_t l = 0; l < layers; ++l) {
     const LayerCost& c = model.layers[l];
     CUPIPE_REQUIRE(c.forward >= 0 && c.backward_input >= 0 && c.backward_weight >= 0 && c.params >= 0,
                    "planner: layer ", l, " (", c.name, ") has a negative cost or size");
+    CUPIPE_REQUIRE(c.forward_fixed >= 0 && c.forward_fixed <= c.forward && c.backward_input_fixed >= 0 &&
+                       c.backward_input_fixed <= c.backward_input && c.backward_weight_fixed >= 0 &&
+                       c.backward_weight_fixed <= c.backward_weight,
+                   "planner: layer ", l, " (", c.name, ") has a fixed part outside [0, its time]");
+    for (std::size_t i = 0; i < c.points.size(); ++i)
+      CUPIPE_REQUIRE(c.points[i][0] > 0 && (i == 0 || c.points[i][0] > c.points[i - 1][0]) && c.points[i][1] >= 0 &&
+                         c.points[i][2] >= 0 && c.points[i][3] >= 0,
+                     "planner: layer ", l, " (", c.name, ") has points that are not ascending positive rows with times >= 0");
     total[l] = c.forward + c.backward_input + c.backward_weight;
   }
+  CUPIPE_REQUIRE(request.max_replicas >= 0, "planner: max_replicas must not be negative");
+  for (int p : request.stage_counts)
+    CUPIPE_REQUIRE(p >= 1, "planner: stage counts must be positive, got ", p);
   Report report;
-  std::vector<std::vector<std::size_t>> cuts_for(layers + 1);  // by virtual stage count
+  // Splits by virtual stage count; an empty one: the program has none.
+  std::vector<std::vector<std::size_t>> cuts_for(layers + 1);
+  std::vector<char> cuts_known(layers + 1, 0);
+  const auto split_into = [&](int virtual_stages) -> const std::vector<std::size_t>& {
+    const auto n = std::size_t(virtual_stages);
+    if (!cuts_known[n]) {
+      cuts_known[n] = 1;
+      cuts_for[n] = request.split ? request.split(virtual_stages) : detail::balanced_cuts(total, virtual_stages);
+      const std::vector<std::size_t>& c = cuts_for[n];
+      CUPIPE_REQUIRE(c.empty() || (c.size() == n + 1 && c.front() == 0 && c.back() == layers &&
+                                   std::is_sorted(c.begin(), c.end()) &&
+                                   std::adjacent_find(c.begin(), c.end()) == c.end()),
+                     "planner: the split for ", virtual_stages, " virtual stages is not ", virtual_stages,
+                     " non-empty contiguous ranges of the ", layers, " layers");
+    }
+    return cuts_for[n];
+  };
   for (int p = 1; p <= request.devices; ++p) {
-    if (request.devices % p != 0) continue;
-    const int d = request.devices / p;
-    const index_t samples = request.batch / d;  // per replica (the first batch % d replicas take one more)
-    for (const schedule::PolicyInfo& policy : schedule::policy_table<List>()) {
-      if (!detail::wanted(request, policy.name)) continue;
-      const int v = policy.default_chunks, virtual_stages = p * v;
-      const std::string base = std::string(policy.name) + " p=" + std::to_string(p);
-      if (std::size_t(virtual_stages) > layers) {
-        ++report.considered;
-        report.rejected.push_back({base + " d=" + std::to_string(d), std::to_string(virtual_stages) +
-                                                                        " virtual stages for " + std::to_string(layers) + " layers"});
-        continue;
-      }
-      if (samples < 1) {
-        ++report.considered;
-        report.rejected.push_back({base + " d=" + std::to_string(d), "fewer samples than replicas"});
-        continue;
-      }
-      std::vector<std::size_t>& cuts = cuts_for[std::size_t(virtual_stages)];
-      if (cuts.empty()) cuts = detail::balanced_cuts(total, virtual_stages);
-      for (int m : detail::microbatch_candidates(p, samples, request.max_microbatches)) {
-        ++report.considered;
-        const schedule::Config config{p, m, v, policy.default_batches};
-        const std::string name = base + " m=" + std::to_string(m) + " d=" + std::to_string(d);
-        if (const std::string_view why = policy.check(config); !why.empty()) {
-          report.rejected.push_back({name, std::string(why)});
-          continue;
-        }
-        const schedule::Plan plan = policy.generate(config);
-        // Rows of the largest microbatch; every time scales with it.
-        const double rows = double((samples + m - 1) / m) * double(model.rows_per_sample);
-        const double scale = rows / double(model.profiled_rows);
-        schedule::Costs costs;
-        costs.per_stage.assign(std::size_t(p), schedule::StageCosts{0, 0, 0});
-        double widest = 0;
-        for (int k = 0; k < virtual_stages; ++k) {
-          schedule::StageCosts& c = costs.per_stage[std::size_t(plan.placement.worker_of(k))];
-          for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) {
-            const LayerCost& layer = model.layers[l];
-            c.forward += scale * layer.forward;
-            c.backward += scale * (policy.split_backward ? layer.backward_input : layer.backward_input + layer.backward_weight);
-            c.weight += policy.split_backward ? scale * layer.backward_weight : 0.0;
-          }
-          if (k > 0) widest = std::max(widest, model.layers[cuts[std::size_t(k)]].in);
-        }
-        // simulate gives a chunk 1/V of its worker's costs: the worker's costs are its chunks' sum.
-        costs.transfer = virtual_stages > 1 ? model.link_latency + (model.link_bytes_per_second > 0
-                                                                        ? rows * widest * model.value_bytes / model.link_bytes_per_second
-                                                                        : 0.0)
-                                            : 0.0;
-        const schedule::SimResult sim = schedule::simulate(plan, costs);
-        Layout layout;
-        layout.schedule = std::string(policy.name);
-        layout.stages = p;
-        layout.chunks = v;
-        layout.microbatches = m;
-        layout.replicas = d;
-        layout.batches = config.batches;
-        layout.cuts = cuts;
-        layout.bubble = sim.bubble_fraction;
-        const std::vector<double> params = detail::worker_params(model, plan, cuts);
-        layout.peak_bytes = detail::peak_bytes(model, plan, sim, cuts, params, rows);
-        const double most_params = *std::max_element(params.begin(), params.end());
-        if (d > 1 && model.allreduce_bytes_per_second > 0)
-          layout.allreduce_seconds = 2.0 * double(d - 1) / double(d) * most_params * model.value_bytes /
-                                     model.allreduce_bytes_per_second;
-        layout.step_seconds = sim.makespan / double(config.batches) + layout.allreduce_seconds;
-        if (request.memory_bytes > 0) {
-          const auto most = std::max_element(layout.peak_bytes.begin(), layout.peak_bytes.end());
-          if (*most > request.memory_bytes) {
-            report.rejected.push_back({name, "worker " + std::to_string(most - layout.peak_bytes.begin()) + " needs " +
-                                                 detail::gigabytes(*most) + ", over the " +
-                                                 detail::gigabytes(request.memory_bytes) + " a device has"});
-            continue;
-          }
-        }
-        report.ranked.push_back(std::move(layout));
-      }
+    if (!request.stage_counts.empty() &&
+        std::find(request.stage_counts.begin(), request.stage_counts.end(), p) == request.stage_counts.end())
+      continue;
+    for (int d = 1; p * d <= request.devices; ++d) {
+      if (request.all_devices && p * d != request.devices) continue;
+      if (request.max_replicas > 0 && d > request.max_replicas) continue;
+      detail::search_layouts<List>(request, p, d, split_into, report);
     }
   }
   std::stable_sort(report.ranked.begin(), report.ranked.end(), [](const Layout& a, const Layout& b) {
@@ -337,15 +567,16 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
   }
   const Layout& best = report.best();
   out << "best: " << best.describe() << " (predicted, from the cost model)\n"
-      << "  step " << best.step_seconds * 1e3 << " ms, bubble " << best.bubble << ", gradient sum " << best.allreduce_seconds * 1e3
-      << " ms\n";
+      << "  step " << best.step_seconds * 1e3 << " ms, bubble " << best.bubble << ", update " << best.update_seconds * 1e3
+      << " ms, gradient sum " << best.allreduce_seconds * 1e3 << " ms\n";
   for (std::size_t k = 0; k + 1 < best.cuts.size(); ++k) {
     out << "  virtual stage " << k << ": layers " << best.cuts[k] << ".." << best.cuts[k + 1] - 1;
     if (!model.layers.empty()) out << " (" << model.layers[best.cuts[k]].name << " .. " << model.layers[best.cuts[k + 1] - 1].name << ")";
     out << "\n";
   }
   for (std::size_t w = 0; w < best.peak_bytes.size(); ++w)
-    out << "  worker " << w << ": peak " << detail::gigabytes(best.peak_bytes[w]) << " (predicted)\n";
+    out << "  worker " << w << ": peak " << detail::gigabytes(best.peak_bytes[w]) << ", of it activations "
+        << detail::gigabytes(best.peak_activation_bytes[w]) << " (predicted)\n";
   out << "runners-up:\n";
   for (std::size_t i = 1; i < std::min(report.ranked.size(), runners_up + 1); ++i)
     out << "  " << report.ranked[i].describe() << ": step " << report.ranked[i].step_seconds * 1e3 << " ms, "

@@ -31,6 +31,13 @@ struct Costs {
   double weight = 0;
   double transfer = 0;
   std::vector<StageCosts> per_stage{};
+  /// One entry per virtual stage (stages x chunks), when not empty: overrides the rest, and an
+  /// action of chunk c takes its own virtual stage's costs instead of 1/V of its stage's (a model
+  /// split into chunks of different costs).
+  std::vector<StageCosts> per_virtual_stage{};
+  /// [microbatch][virtual stage], when not empty: overrides the rest, for microbatches of different
+  /// sizes (a batch that does not split evenly).
+  std::vector<std::vector<StageCosts>> per_microbatch{};
 
   constexpr StageCosts of_stage(int stage) const {
     if (per_stage.empty()) return {forward, backward, weight};
@@ -87,8 +94,12 @@ constexpr std::vector<int> peak_activations(const Plan& plan) {
 
 /// How long one action takes on its stage.
 constexpr double duration(const Plan& plan, const Costs& costs, int stage, const Action& a) {
-  const StageCosts stage_costs = costs.of_stage(stage);
-  const double per_chunk = 1.0 / plan.config.chunks;
+  const bool by_microbatch = !costs.per_microbatch.empty(), own = by_microbatch || !costs.per_virtual_stage.empty();
+  const auto k = static_cast<std::size_t>(plan.virtual_stage(stage, a));
+  const StageCosts stage_costs = by_microbatch ? costs.per_microbatch[static_cast<std::size_t>(a.microbatch)][k]
+                                 : own         ? costs.per_virtual_stage[k]
+                                               : costs.of_stage(stage);
+  const double per_chunk = own ? 1.0 : 1.0 / plan.config.chunks;
   switch (a.kind) {
     case ActionKind::F: return stage_costs.forward * per_chunk;
     case ActionKind::B:
@@ -105,6 +116,17 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
   const auto p = static_cast<std::size_t>(c.stages);
   if (!costs.per_stage.empty() && costs.per_stage.size() != p)
     CUPIPE_THROW("costs.per_stage holds ", costs.per_stage.size(), " entries, expected one per stage (", p, ")");
+  if (!costs.per_virtual_stage.empty() && costs.per_virtual_stage.size() != static_cast<std::size_t>(c.virtual_stages()))
+    CUPIPE_THROW("costs.per_virtual_stage holds ", costs.per_virtual_stage.size(), " entries, expected one per virtual stage (",
+                 c.virtual_stages(), ")");
+  if (!costs.per_microbatch.empty()) {
+    if (costs.per_microbatch.size() != static_cast<std::size_t>(c.total_microbatches()))
+      CUPIPE_THROW("costs.per_microbatch holds ", costs.per_microbatch.size(), " microbatches, expected ", c.total_microbatches());
+    for (const auto& row : costs.per_microbatch)
+      if (row.size() != static_cast<std::size_t>(c.virtual_stages()))
+        CUPIPE_THROW("costs.per_microbatch holds a row of ", row.size(), " entries, expected one per virtual stage (",
+                     c.virtual_stages(), ")");
+  }
   constexpr double unknown = -1;
   std::vector<double> end(static_cast<std::size_t>(detail::action_slots(c)), unknown);
   SimResult out;

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: Apache-2.0
+// planner_check: the planner's predictions against measured runs on the host backend, in one run.
+//
+//   planner_check --model mlp [--devices 2] [--batch 256]   every layout the planner reports for the
+//                                                           model, predicted and measured, one table
+//   planner_check --sweep                                   20 configurations (model, devices, batch):
+//                                                           every layout measured, the planner's choice
+//                                                           against the best measured one and against
+//                                                           the "microbatch of sqrt(batch) samples" rule
+//
+// Models: nap (fixed-duration sleeping layers), mlp (the Fashion-MNIST MLP), gpt (gpt::tiny). The cost
+// model is calibrated here first (every layer profiled at the batch and at a quarter of it, the loss,
+// the optimizer step), then the planner searches the layouts this program can run: the stage counts
+// compiled in, one process (no replicas), the split partition<> gives. Devices are the workers; on
+// a CPU use at most one per core (sleeping layers excepted). Each layout runs 1 + --steps steps; the
+// measured step is the median wall time of train_step, the activation peak the allocator's most.
+#include <CLI/CLI.hpp>
+#include <sys/prctl.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.hpp"
+
+using namespace planner_check;
+
+namespace {
+
+struct Row {
+  planner::Layout layout;
+  Measured measured;
+  double time_error() const { return layout.step_seconds / measured.step_seconds - 1; }
+  /// The worst worker's predicted / measured activation peak - 1.
+  double memory_error() const {
+    double worst = 0;
+    for (std::size_t w = 0; w < measured.peak_activation_bytes.size(); ++w) {
+      const double e = layout.peak_activation_bytes[w] / measured.peak_activation_bytes[w] - 1;
+      if (std::abs(e) > std::abs(worst)) worst = e;
+    }
+    return worst;
+  }
+};
+
+ModelCheck find_model(const std::string& name) {
+  if (name == "nap") return nap_check();
+  if (name == "mlp") return mlp_check();
+  if (name == "gpt") return gpt_check();
+  CUPIPE_THROW("--model ", name, ": expected nap, mlp or gpt");
+}
+
+bool include_asynchronous = false;
+
+planner::Request request_for(const ModelCheck& model, const planner::CostModel& costs, int devices, index_t batch,
+                             int max_microbatches) {
+  planner::Request r;
+  r.asynchronous = include_asynchronous;
+  r.model = costs;
+  r.devices = devices;
+  r.batch = batch;
+  r.stage_counts = model.stage_counts;
+  r.max_replicas = 1;
+  r.all_devices = false;
+  r.one_process = true;
+  r.split = model.split;
+  r.max_microbatches = max_microbatches;
+  return r;
+}
+
+std::string kib(const std::vector<double>& bytes) {
+  std::string out;
+  char cell[32];
+  for (double b : bytes) {
+    std::snprintf(cell, sizeof cell, "%s%.1f", out.empty() ? "" : " / ", b / 1024);
+    out += cell;
+  }
+  return out;
+}
+
+std::vector<Row> measure_all(const ModelCheck& model, const planner::Report& report, index_t batch, const RunOptions& o) {
+  std::vector<Row> rows;
+  for (const planner::Layout& layout : report.ranked) {
+    rows.push_back({layout, model.run(layout, batch, o)});
+    std::fprintf(stderr, "\r%zu/%zu layouts measured", rows.size(), report.ranked.size());
+  }
+  std::fprintf(stderr, "\n");
+  return rows;
+}
+
+int check_model(const std::string& name, int devices, index_t batch, int max_microbatches, const RunOptions& o) {
+  const ModelCheck model = find_model(name);
+  if (batch == 0) batch = model.default_batch;
+  const planner::CostModel costs = model.calibrate(batch);
+  std::printf("calibrated cost model (per layer, ms for %lld rows, of it fixed):\n", (long long)costs.profiled_rows);
+  for (const planner::LayerCost& l : costs.layers)
+    std::printf("  %-28s F %.4f (%.4f)  B %.4f (%.4f)  W %.4f (%.4f)\n", l.name.c_str(), l.forward * 1e3, l.forward_fixed * 1e3,
+                l.backward_input * 1e3, l.backward_input_fixed * 1e3, l.backward_weight * 1e3, l.backward_weight_fixed * 1e3);
+  std::printf("  optimizer step: %.3g ns per parameter; step overhead %.3f ms; hand-over %.1f us + %.2f GB/s\n\n",
+              costs.update_seconds_per_param * 1e9, costs.step_overhead_seconds * 1e3, costs.link_latency * 1e6,
+              costs.link_bytes_per_second / 1e9);
+  const planner::Report report = plan(request_for(model, costs, devices, batch, max_microbatches));
+  std::printf("### %s: %d devices, batch %lld\n\n%s\n", model.description.c_str(), devices, (long long)batch,
+              ("```\n" + planner::describe(report, costs) + "```").c_str());
+  const std::vector<Row> rows = measure_all(model, report, batch, o);
+  std::printf("\n| layout | predicted step ms | measured step ms | error | predicted activations KiB per worker | measured | worst error |\n"
+              "|---|---|---|---|---|---|---|\n");
+  int time_ok = 0, memory_ok = 0;
+  double worst_time = 0, worst_memory = 0;
+  for (const Row& r : rows) {
+    std::printf("| %s | %.2f | %.2f | %+.1f%% | %s | %s | %+.1f%% |\n", r.layout.describe().c_str(), r.layout.step_seconds * 1e3,
+                r.measured.step_seconds * 1e3, 100 * r.time_error(), kib(r.layout.peak_activation_bytes).c_str(),
+                kib(r.measured.peak_activation_bytes).c_str(), 100 * r.memory_error());
+    time_ok += std::abs(r.time_error()) <= 0.10;
+    memory_ok += std::abs(r.memory_error()) <= 0.05;
+    if (std::abs(r.time_error()) > std::abs(worst_time)) worst_time = r.time_error();
+    if (std::abs(r.memory_error()) > std::abs(worst_memory)) worst_memory = r.memory_error();
+  }
+  std::printf("\nstep time within 10%%: %d of %zu layouts (worst %+.1f%%); activation peak within 5%%: %d of %zu (worst %+.1f%%)\n",
+              time_ok, rows.size(), 100 * worst_time, memory_ok, rows.size(), 100 * worst_memory);
+  return 0;
+}
+
+/// The candidate microbatch count whose microbatch is nearest sqrt(batch) samples.
+int sqrt_rule(index_t batch, const std::vector<Row>& rows) {
+  const double target = double(batch) / std::sqrt(double(batch));
+  int best = 1;
+  for (const Row& r : rows)
+    if (std::abs(double(r.layout.microbatches) - target) < std::abs(double(best) - target)) best = r.layout.microbatches;
+  return best;
+}
+
+int sweep(int max_microbatches, const RunOptions& o) {
+  struct Config {
+    std::string model;
+    int devices;
+    index_t batch;
+  };
+  std::vector<Config> configs;
+  for (int devices : {1, 2, 4})
+    for (index_t batch : {8, 16, 32, 64}) configs.push_back({"nap", devices, batch});
+  for (int devices : {1, 2})
+    for (index_t batch : {64, 256, 1024}) configs.push_back({"mlp", devices, batch});
+  for (index_t batch : {4, 16}) configs.push_back({"gpt", 2, batch});
+  std::printf("| model | devices | batch | layouts | planner's choice | its measured ms | best measured | ms | choice / best | sqrt(batch) rule: m | its best ms | rule / best |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  int within = 0;
+  double worst = 0;
+  for (const Config& c : configs) {
+    const ModelCheck model = find_model(c.model);
+    // Calibrated at this configuration's batch (and a quarter of it).
+    const planner::CostModel costs = model.calibrate(c.batch);
+    const planner::Report report = plan(request_for(model, costs, c.devices, c.batch, max_microbatches));
+    const std::vector<Row> rows = measure_all(model, report, c.batch, o);
+    const Row* best = &rows.front();
+    for (const Row& r : rows)
+      if (r.measured.step_seconds < best->measured.step_seconds) best = &r;
+    const Row& chosen = rows.front();  // the planner's ranking: best predicted first
+    const double ratio = chosen.measured.step_seconds / best->measured.step_seconds;
+    // The rule fixes m and leaves the rest to the measurements: its best measured layout.
+    const int m = sqrt_rule(c.batch, rows);
+    const Row* rule = nullptr;
+    for (const Row& r : rows)
+      if (r.layout.microbatches == m && (!rule || r.measured.step_seconds < rule->measured.step_seconds)) rule = &r;
+    within += ratio <= 1.05;
+    worst = std::max(worst, ratio);
+    std::printf("| %s | %d | %lld | %zu | %s | %.2f | %s | %.2f | %.3f | %d | %.2f | %.3f |\n", c.model.c_str(), c.devices,
+                (long long)c.batch, rows.size(), chosen.layout.describe().c_str(), chosen.measured.step_seconds * 1e3,
+                best->layout.describe().c_str(), best->measured.step_seconds * 1e3, ratio, m,
+                rule->measured.step_seconds * 1e3, rule->measured.step_seconds / best->measured.step_seconds);
+    std::fflush(stdout);
+  }
+  std::printf("\nthe planner's choice within 5%% of the best measured layout: %d of %zu configurations (worst %.3f)\n", within,
+              configs.size(), worst);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"The planner's predictions against measured runs (cupipe, host backend)"};
+  std::string model = "nap";
+  int devices = 0, max_microbatches = 16;
+  index_t batch = 0;
+  bool run_sweep = false;
+  RunOptions o;
+  app.add_option("--model", model, "nap, mlp or gpt")->capture_default_str();
+  app.add_option("--devices", devices, "workers (default: 4 for nap, else the cores, at most 2)");
+  app.add_option("--batch", batch, "samples per batch (default: the model's)");
+  app.add_option("--max-microbatches", max_microbatches, "most microbatches the planner tries")->capture_default_str();
+  app.add_option("--steps", o.steps, "measured steps per layout (after one warm-up step)")->capture_default_str();
+  app.add_flag("--sweep", run_sweep, "20 configurations, every layout measured");
+  app.add_flag("--asynchronous", include_asynchronous, "plan PipeDream and 2BW layouts too");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    backend::Host<float>::set_blas_threads(1);  // a worker is a core
+    // The sleeping layers' sleeps end within microseconds, not the default 50 us of timer slack;
+    // the pipeline's threads inherit the setting.
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    if (run_sweep) return sweep(max_microbatches, o);
+    if (devices == 0) devices = model == "nap" ? 4 : int(std::clamp(std::thread::hardware_concurrency(), 1u, 2u));
+    return check_model(model, devices, batch, max_microbatches, o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "planner_check: %s\n", e.what());
+    return 1;
+  }
+}
