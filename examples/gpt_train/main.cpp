@@ -9,16 +9,48 @@
 //   gpt_train --schedule 1f1b --stages 2 --steps 2000 --sample 300
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cli_checks.hpp"
 #include "launch.hpp"
+#include "plan_auto.hpp"
 #include "trainer.hpp"
 
 using namespace gpt_trainer;
 using cupipe::examples::Launcher;
 using cupipe::examples::non_negative;
 using cupipe::examples::positive;
+
+namespace {
+
+/// --plan auto: calibrates the planner's cost model on the first batch of training sequences here
+/// (every layer, the loss, the optimizer step, one core per worker), plans a run in this process on
+/// f.workers workers with the stage counts and splits this program compiles (partition<> into 1, 2
+/// or 4 virtual stages), prints the report and sets f's schedule, stages and microbatches.
+void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens) {
+  using Model = gpt::Model<gpt::tiny>;
+  constexpr index_t context = gpt::tiny.context;
+  const index_t sequences = std::min<index_t>(f.batch, index_t(tokens.size()) / context);
+  CUPIPE_REQUIRE(sequences >= 2, "--plan auto: the planner profiles a batch of at least 2 sequences of ", context,
+                 " tokens, but there are ", sequences);
+  f.workers = cupipe::examples::plan_workers(f.workers);
+  const planner::Layout best = cupipe::examples::plan_in_process(
+      planner::calibrate<Model, backend::Host<T>>(ConstView<std::int32_t>{tokens.data(), Shape{sequences * context, 1}}, 3, context),
+      f.workers, f.batch, {1, 2, 4}, [](int virtual_stages) {
+        std::vector<std::size_t> cuts;
+        if (virtual_stages == 1 || virtual_stages == 2 || virtual_stages == 4)
+          with_stage_count<1, 2, 4>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
+        return cuts;
+      });
+  f.schedule = best.schedule;
+  f.stages = best.stages;
+  f.microbatches = best.microbatches;
+  f.predicted_step_seconds = best.step_seconds;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   Flags f;
@@ -59,6 +91,14 @@ int main(int argc, char** argv) {
                  "still spans --steps (0: no limit)")->check(non_negative);
   app.add_option("--max-seconds", f.max_seconds, "stop (evaluate, save) after this much training time (0: no limit)")
       ->check(non_negative);
+  auto* plan = app.add_option("--plan", f.plan,
+                               "auto: profile the model here and let the planner choose --schedule, --stages and "
+                               "--microbatches (host backend, one process, --preset tiny)")
+                   ->check(CLI::IsMember({"auto"}));
+  app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
+      ->check(non_negative)
+      ->needs(plan);
+  for (const char* name : {"--schedule", "--stages", "--microbatches"}) plan->excludes(app.get_option(name));
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   app.add_option("--trace", f.trace, "write a Chrome trace (measured vs simulated) of the last step here");
   app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
@@ -81,6 +121,8 @@ int main(int argc, char** argv) {
     if (f.backend == "cuda")
       CUPIPE_THROW("--backend cuda: this trainer was built without CUDA (configure where nvcc is found to build it)");
 #endif
+    if (f.plan == "auto" && (f.backend != "host" || f.preset != "tiny"))
+      CUPIPE_THROW("--plan auto plans --preset tiny on the host backend in one process");
     if (f.preset == "gpt2-124m" && f.backend != "cuda")
       CUPIPE_THROW("--preset gpt2-124m (124 M parameters, T 1024) is built for --backend cuda; on the CPU use --preset tiny");
     CUPIPE_REQUIRE(f.held_out < 1, "--held-out must be below 1, got ", f.held_out);
@@ -118,6 +160,10 @@ int main(int argc, char** argv) {
     // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
     // each keeps them from oversubscribing the cores.
     if (!launch.communicator) backend::Host<T>::set_blas_threads(1);
+    if (f.plan == "auto") {
+      if (launch.communicator) CUPIPE_THROW("--plan auto plans one process on the host backend; leave out --dp");
+      plan_layout(f, split.train);
+    }
     int rc = 1;
     with_policy(f.schedule, [&]<class Schedule>() {
       auto run = [&]<int P>() { rc = train<gpt::tiny, Schedule, P, backend::Host<T>>(f, corpus, split, launch); };

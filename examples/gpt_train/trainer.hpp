@@ -64,6 +64,9 @@ struct Flags {
   std::string math = "fp32";
   int dp = 1;
   double timeout = comm::Communicator::default_collective_timeout_seconds;
+  std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches
+  int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
+  double predicted_step_seconds = 0;  ///< the planned layout's, set by --plan auto
 };
 
 /// The flags every rank of a multi-process run must share (display flags and the data paths, which
@@ -291,6 +294,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   double seconds = 0, last_loss = 0, eval_loss = 0, bubble_sum = 0, achieved_sum = 0;
   std::int64_t steps = 0;
   StepStats last_stats;
+  std::vector<double> step_times;  // wall time of every train_step
   const auto start = std::chrono::steady_clock::now();
   auto evaluate = [&](std::int64_t step) {
     eval_loss = held_out_loss<config>(pipe, split.held_out, f.batch, f.eval_batches);
@@ -307,6 +311,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
     last_stats = pipe.train_step(ConstView<std::int32_t>{x.data(), Shape{rows, 1}},
                                  ConstView<std::int32_t>{y.data(), Shape{rows}}, adamw);
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_times.push_back(step_seconds);
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     last_loss = last_stats.loss;
     bubble_sum += last_stats.bubble_fraction;
@@ -336,8 +341,9 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   }
   if (bar) std::printf("\n");
   // Measured: each local worker's peak bytes (weights, gradients, AdamW, activations), by its allocator.
+  // Per worker (P of them): a two-chunk schedule's Stages has 2P virtual stages.
   nlohmann::json peak_bytes = nlohmann::json::array();
-  for (int w = 0; w < int(Stages::size); ++w)
+  for (int w = 0; w < P; ++w)
     if (pipe.local(w)) {
       const double peak = double(pipe.backend(w).memory.peak());
       peak_bytes.push_back(peak);
@@ -359,6 +365,16 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
     sample = printable(generate<config>(pipe, prompt, f.sample, f.temperature, f.top_k, rng));
     say("--- sample (temperature %g, top-k %d) ---\n%s\n---\n", f.temperature, f.top_k, sample.c_str());
   }
+  // The median step (the first, which allocates the optimizer's slots, left out when there are more).
+  double median_step = 0;
+  if (step_times.size() > 1) step_times.erase(step_times.begin());
+  if (!step_times.empty()) {
+    std::nth_element(step_times.begin(), step_times.begin() + std::ptrdiff_t(step_times.size() / 2), step_times.end());
+    median_step = step_times[step_times.size() / 2];
+  }
+  if (f.predicted_step_seconds > 0 && median_step > 0)
+    say("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu steps), %+.1f%%\n",
+        f.predicted_step_seconds * 1e3, median_step * 1e3, step_times.size(), 100 * (f.predicted_step_seconds / median_step - 1));
   nlohmann::json summary = {{"held_out_loss", eval_loss},
                             {"held_out_bits_per_byte", bytes ? eval_loss / per_bit : 0.0},
                             {"unigram_loss", unigram},
@@ -373,7 +389,9 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"data_parallel", launch.replicas},
                             {"microbatches", f.microbatches},
                             {"peak_bytes_measured", peak_bytes},
+                            {"step_seconds_measured", median_step},
                             {"curve", curve}};
+  if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
   if (rate.peak_tflops > 0 && steps) {
     summary["achieved_tflops"] = achieved_sum / double(steps);
     summary["peak_tflops_measured"] = rate.peak_tflops;

@@ -12,9 +12,8 @@
 #include "trainer.hpp"
 
 #include <algorithm>
-#include <thread>
 
-#include "cupipe/planner/calibrate.hpp"
+#include "plan_auto.hpp"
 
 using namespace fmnist;
 using cupipe::examples::Launcher;
@@ -29,27 +28,16 @@ using cupipe::examples::positive;
 inline void plan_layout(Flags& f, const io::Dataset& train_set) {
   const index_t rows = index_t(std::min<std::int64_t>(f.batch, train_set.count));
   CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples, got ", rows);
-  if (f.workers == 0) f.workers = int(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  f.workers = cupipe::examples::plan_workers(f.workers);
   backend::Host<T>::set_blas_threads(1);
-  planner::Request request;
-  request.model = planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}});
-  request.devices = f.workers;
-  request.batch = rows;
-  request.stage_counts = {1, 2, 3, 4};
-  request.max_replicas = 1;
-  request.all_devices = false;
-  request.one_process = true;
-  request.max_microbatches = std::min(64, int(rows));
-  request.split = [](int virtual_stages) {
-    std::vector<std::size_t> cuts;
-    with_stage_count<1, 2, 3, 4, 5, 6, 7>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
-    return cuts;
-  };
-  // The split has at most 7 virtual stages (the MLP's layers): 8 is refused before split is asked.
-  const planner::Report report = plan(request);
-  const planner::Layout& best = report.best();
-  std::printf("--plan auto on %d workers (one core each), predicted from a profile of this machine:\n%s", f.workers,
-              planner::describe(report, request.model).c_str());
+  // At most 7 virtual stages (the MLP's layers): 8 is refused before the split is asked for.
+  const planner::Layout best = cupipe::examples::plan_in_process(
+      planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}}), f.workers, rows,
+      {1, 2, 3, 4}, [](int virtual_stages) {
+        std::vector<std::size_t> cuts;
+        with_stage_count<1, 2, 3, 4, 5, 6, 7>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
+        return cuts;
+      });
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|data_parallel|cuda
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|data_parallel|cuda|plan
 #         [-DMPIRUN=<mpirun command line, ;-separated>] -P run_gpt_trainer.cmake
 # learns: 200 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed.
@@ -93,6 +93,25 @@ elseif(MODE STREQUAL "cuda")
   string(JSON host_held_out GET "${summary}" held_out_loss)
   expect_close("held-out loss, CUDA against host" "${cuda_held_out}" "${host_held_out}" 5000)
   message("CUDA = host: held-out loss ${cuda_held_out} and ${host_held_out}; MFU ${mfu}")
+elseif(MODE STREQUAL "plan")
+  # --plan auto: the planner chooses the layout from a profile of this machine; the summary gives the
+  # planned step time next to the measured one.
+  set(common --data "${DATA_DIR}" --batch 8 --progress none)
+  run_trainer(--plan auto --workers 2 --steps 12 --eval-batches 1 --sample 0)
+  foreach(key step_seconds_predicted step_seconds_measured)
+    string(JSON value ERROR_VARIABLE missing GET "${summary}" ${key})
+    if(missing OR NOT value GREATER 0)
+      message(FATAL_ERROR "the summary has no positive '${key}': ${summary}")
+    endif()
+  endforeach()
+  message("planned: ${summary}")
+  # A two-chunk schedule on 2 workers reports one measured peak per worker (it indexed past the
+  # workers' contexts, reading 4 virtual stages, until --plan auto chose ZBV).
+  run_trainer(--schedule interleaved --stages 2 --microbatches 4 --steps 2 --eval-batches 1 --sample 0)
+  string(JSON workers LENGTH "${summary}" peak_bytes_measured)
+  if(NOT workers EQUAL 2)
+    message(FATAL_ERROR "interleaved on 2 stages reported ${workers} peaks, expected 2: ${summary}")
+  endif()
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, data_parallel or cuda, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda or plan, got '${MODE}'")
 endif()
