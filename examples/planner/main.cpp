@@ -6,8 +6,10 @@
 //   cupipe_plan --model gpt-tiny --devices 8 --batch 64 --memory-gb 0.05 --json
 //   cupipe_plan --costs mine.json --devices 64 --batch 1024         a cost model of your own model
 //   cupipe_plan --synthetic 48 --devices 64 --batch 1024            48 equal layers (timing the search)
+//   mpirun -np 4 cupipe_plan --model mlp --devices 4 --measure-comm   link and gradient sum measured
 // --write-costs FILE saves the cost model used (a starting point for --costs). Every figure the
-// planner prints is a prediction from the cost model; the search time is measured.
+// planner prints is a prediction from the cost model; the search time and --measure-comm's link and
+// gradient-sum figures are measured.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -24,6 +26,11 @@
 #include "cupipe/models/gpt.hpp"
 #include "cupipe/planner/calibrate.hpp"
 #include "cupipe/planner/planner.hpp"
+#if CUPIPE_PLAN_HAS_MPI
+#include <memory>
+
+#include "cupipe/comm/mpi.hpp"
+#endif
 
 using namespace cupipe;
 
@@ -155,6 +162,13 @@ int main(int argc, char** argv) {
   app.add_flag("--asynchronous", request.asynchronous,
                "consider PipeDream and 2BW too (stale weights change what training computes)");
   app.add_flag("--json", json, "print one JSON object");
+  bool measure_comm = false;
+#if CUPIPE_PLAN_HAS_MPI
+  app.add_flag("--measure-comm", measure_comm,
+               "under mpirun/srun (an even number of processes): measure the hand-over between two ranks (MPI, "
+               "host memory) and, with 4 or more, the gradient sum over replicas, and plan with them; the first "
+               "rank prints");
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -163,12 +177,53 @@ int main(int argc, char** argv) {
     std::cerr << "cupipe_plan: " << e.what() << "\n";
     return 2;
   }
+#if CUPIPE_PLAN_HAS_MPI
+  std::unique_ptr<comm::MpiSession> mpi;  // outside the try: MPI_Abort reaches every rank from the catch
+#endif
   try {
     CUPIPE_REQUIRE(!model_name.empty() || !costs_path.empty() || synthetic_layers > 0,
                    "cupipe_plan: give --model, --costs or --synthetic (see --help)");
+    nlohmann::json measured_comm;
+#if CUPIPE_PLAN_HAS_MPI
+    planner::LinkCost link;
+    double sum_bandwidth = 0;
+    int world = 1;
+    if (measure_comm) {
+      // Every rank takes part in the measurement; then all but the first are done.
+      mpi = std::make_unique<comm::MpiSession>(&argc, &argv);
+      CUPIPE_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world));
+      CUPIPE_REQUIRE(world >= 2 && world % 2 == 0, "cupipe_plan: --measure-comm needs an even number of processes "
+                     "under mpirun or srun (2: the link; 4 or more: the gradient sum too), got ", world);
+      int rank = 0;
+      {
+        comm::MpiCommunicator communicator(MPI_COMM_WORLD, 2, 60);
+        rank = communicator.topology().rank;
+        backend::Host<float> host;
+        link = planner::rank_link(communicator, host);
+        sum_bandwidth = planner::replica_sum_bandwidth(communicator);
+      }
+      if (rank != 0) return 0;
+      measured_comm = {{"processes", world},
+                       {"link_latency", link.latency},
+                       {"link_bytes_per_second", link.bytes_per_second},
+                       {"allreduce_bytes_per_second", sum_bandwidth}};
+    }
+#endif
     if (!model_name.empty()) request.model = profiled(model_name, profile_samples, repeats);
     else if (!costs_path.empty()) request.model = from_json(costs_path);
     else request.model = synthetic(synthetic_layers);
+#if CUPIPE_PLAN_HAS_MPI
+    if (measure_comm) {
+      request.model.link_latency = link.latency;
+      request.model.link_bytes_per_second = link.bytes_per_second;
+      if (sum_bandwidth > 0) request.model.allreduce_bytes_per_second = sum_bandwidth;
+      request.one_process = false;  // hand-overs between processes
+      if (!json)
+        std::printf("measured over MPI with %d processes: hand-over latency %.1f us, %.2f GB/s; gradient sum over %d "
+                    "replicas %.2f GB/s\n",
+                    world, link.latency * 1e6, link.bytes_per_second / 1e9, world / 2, sum_bandwidth / 1e9);
+    }
+#endif
     if (!write_costs.empty()) {
       std::ofstream out(write_costs);
       CUPIPE_REQUIRE(out, "cupipe_plan: cannot write '", write_costs, "'");
@@ -188,7 +243,8 @@ int main(int argc, char** argv) {
       for (const planner::Rejected& r : report.rejected) rejected.push_back({{"layout", r.layout}, {"reason", r.reason}});
       std::cout << nlohmann::json{{"predicted", true},          {"considered", report.considered},
                                   {"fit", report.ranked.size()}, {"search_seconds", seconds},
-                                  {"ranked", ranked},          {"rejected", rejected}}
+                                  {"ranked", ranked},          {"rejected", rejected},
+                                  {"measured_comm", measured_comm}}
                        .dump()
                 << "\n";
     } else {
@@ -198,6 +254,10 @@ int main(int argc, char** argv) {
     return report.ranked.empty() ? 3 : 0;
   } catch (const cupipe::error& e) {
     std::cerr << "cupipe_plan: " << e.message() << "\n";
+#if CUPIPE_PLAN_HAS_MPI
+    int size = 1;  // the other ranks may be waiting in the measurement: end them too
+    if (mpi && MPI_Comm_size(MPI_COMM_WORLD, &size) == MPI_SUCCESS && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
     return 1;
   }
 }

@@ -2,16 +2,19 @@
 // A planner cost model from a model's compile-time layer list and measured profiles: times from
 // cupipe::profile_layers (rebalance.hpp) on the backend at hand at two microbatch sizes (their
 // difference separates each action's fixed part from the part that scales with the rows), the
-// optimizer step's time per parameter, and sizes from the LayerSeq.
+// optimizer step's time per parameter, and sizes from the LayerSeq; and link costs measured in one
+// process (local_link) or between ranks (rank_link, replica_sum_bandwidth).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/network.hpp"
 #include "cupipe/layers/sequential.hpp"
@@ -162,6 +165,21 @@ struct LinkCost {
   double bytes_per_second = 0;  ///< 0: free
 };
 
+namespace detail {
+/// Latency and bandwidth through two (bytes, seconds) points; a size that took no longer gives a
+/// free bandwidth (0). Where the line through them meets zero bytes below zero seconds (a transport
+/// whose cost per byte grows with the size, as MPI's does when it fragments a large message), the
+/// small message's whole time is the latency, so small messages are not predicted free.
+inline LinkCost fit_link(double t_small, double t_large, double bytes_small, double bytes_large) {
+  LinkCost out;
+  const double per_byte = std::max(0.0, (t_large - t_small) / (bytes_large - bytes_small));
+  out.bytes_per_second = per_byte > 0 ? 1.0 / per_byte : 0.0;
+  const double intercept = t_small - per_byte * bytes_small;
+  out.latency = intercept > 0 ? intercept : std::max(0.0, t_small);
+  return out;
+}
+}  // namespace detail
+
 /// Measured cost of an in-process hand-over between two workers' contexts of `Backend`, as the
 /// pipeline makes it (LocalTransport: allocate on the receiver, copy, post; then take): latency and
 /// bandwidth fitted to messages of `small` and `large` values (median of `repeats` each).
@@ -184,12 +202,75 @@ LinkCost local_link(index_t small = index_t(1) << 10, index_t large = index_t(1)
     });
   };
   const double t_small = time(small), t_large = time(large);
-  const double bytes_small = double(small) * sizeof(T), bytes_large = double(large) * sizeof(T);
-  LinkCost out;
-  const double per_byte = std::max(0.0, (t_large - t_small) / (bytes_large - bytes_small));
-  out.bytes_per_second = per_byte > 0 ? 1.0 / per_byte : 0.0;
-  out.latency = std::max(0.0, t_small - per_byte * bytes_small);
-  return out;
+  return detail::fit_link(t_small, t_large, double(small) * sizeof(T), double(large) * sizeof(T));
+}
+
+/// Measured cost of a hand-over between this replica's stages 0 and 1 through `comm`, as the pipeline
+/// makes it between processes (MPI between host ranks, NCCL between GPUs): a ping-pong of `small`
+/// and `large` values of Backend's type, in Backend's memory where the communicator reads it (else
+/// in host memory, as CommTransport stages it), one warm-up and `repeats` round trips per size; half
+/// the median round trip, fitted to latency + bytes / bandwidth. Collective over the replica's
+/// stages: every stage calls it (stages past 1 only wait), and every stage returns stage 0's figures.
+template <class Backend>
+LinkCost rank_link(comm::Communicator& comm, Backend& be, index_t small = index_t(1) << 10,
+                   index_t large = index_t(1) << 20, int repeats = 9, double timeout_seconds = 60) {
+  using T = typename Backend::value_type;
+  const comm::Topology& topology = comm.topology();
+  CUPIPE_REQUIRE(topology.stages >= 2, "planner: a link between ranks needs two pipeline stages, this run has ",
+                 topology.stages);
+  CUPIPE_REQUIRE(small >= 1 && large > small, "planner: time hand-overs of two sizes, got ", small, " and ", large, " values");
+  const int stage = topology.stage();
+  double t_small = 0, t_large = 0;
+  if (stage <= 1) {
+    const bool direct = comm::reads_backend_memory<Backend>(comm);
+    auto on_backend = be.template allocate<T>(direct ? large : 0, MemoryTag::workspace);
+    std::vector<T> on_host(direct ? 0 : std::size_t(large), T(1));
+    if (direct) {
+      fill(be, ViewOn<Backend, T>{on_backend.data(), Shape{large}}, T(1));
+      be.synchronize();
+    }
+    void* data = direct ? static_cast<void*>(on_backend.data()) : static_cast<void*>(on_host.data());
+    int j = 0;
+    const auto describe = [] { return std::string("the planner's link measurement between stages 0 and 1"); };
+    const auto round_trip = [&](index_t n) {
+      const std::size_t bytes = std::size_t(n) * sizeof(T);
+      const comm::MessageKey there{comm::Flow::activation, 1, j}, back{comm::Flow::gradient, 0, j};
+      ++j;
+      if (stage == 0) {
+        comm.send(1, there, data, bytes, describe);
+        comm.receive(1, back, data, bytes, timeout_seconds, describe);
+      } else {
+        comm.receive(0, there, data, bytes, timeout_seconds, describe);
+        comm.send(0, back, data, bytes, describe);
+      }
+    };
+    const auto time = [&](index_t n) {
+      round_trip(n);  // warm-up: connections, buffers
+      return cupipe::detail::median_seconds(repeats, [&] { round_trip(n); }) / 2;
+    };
+    t_small = time(small);
+    t_large = time(large);
+    comm.complete_sends(timeout_seconds);
+  }
+  t_small = comm.sum_over_stages(stage == 0 ? t_small : 0.0);
+  t_large = comm.sum_over_stages(stage == 0 ? t_large : 0.0);
+  return detail::fit_link(t_small, t_large, double(small) * sizeof(T), double(large) * sizeof(T));
+}
+
+/// Measured bandwidth of the data-parallel gradient sum through `comm`, in the planner's terms
+/// (CostModel::allreduce_bytes_per_second: a ring moves 2 (d - 1) / d of the bytes per replica):
+/// `values` floats summed over each stage's replicas, one warm-up and `repeats` sums, the median;
+/// the mean over every rank. Collective over every rank. 0 (free) with one replica.
+inline double replica_sum_bandwidth(comm::Communicator& comm, index_t values = index_t(1) << 20, int repeats = 5) {
+  const comm::Topology& topology = comm.topology();
+  if (topology.replicas < 2) return 0.0;
+  CUPIPE_REQUIRE(values >= 1, "planner: sum at least one value, got ", values);
+  std::vector<float> data(static_cast<std::size_t>(values), 1.0f);
+  comm.sum_over_replicas(data.data(), data.size());  // warm-up
+  const double seconds = cupipe::detail::median_seconds(repeats, [&] { comm.sum_over_replicas(data.data(), data.size()); });
+  const double mean = comm.sum_over_world(seconds) / double(topology.world);
+  const double d = double(topology.replicas);
+  return mean > 0 ? 2.0 * (d - 1) / d * double(values) * sizeof(float) / mean : 0.0;
 }
 
 /// Measured seconds a training step of `Model` on `Backend` takes beyond what `model` predicts for
