@@ -83,6 +83,12 @@ int main(int argc, char** argv) {
       ->check(non_negative)
       ->needs(plan);
   for (const char* name : {"--schedule", "--stages", "--microbatches"}) plan->excludes(app.get_option(name));
+  app.add_option("--post-validation", f.post_validation,
+                 "run N steps at a time with optimizer post-validation: no flush between them, the global gradient "
+                 "norm checked a step late and an update that should have clipped redone (flush schedules, one "
+                 "process; the weights are bitwise those without it); 0: off")
+      ->capture_default_str()
+      ->check(non_negative);
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   CLI11_PARSE(app, argc, argv);
 

@@ -6,12 +6,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -56,6 +58,7 @@ struct Flags {
   double timeout = comm::Communicator::default_collective_timeout_seconds;
   std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches
   int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
+  int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   double predicted_step_seconds = 0;  ///< the planned layout's, set by plan_layout
 };
 
@@ -156,7 +159,8 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
-             .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator});
+             .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
+             .post_validation = f.post_validation > 0});
   // Only the first rank talks; every rank computes.
   auto say = [&](const char* format, auto... args) {
     if (launch.leader()) std::printf(format, args...);
@@ -188,8 +192,13 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   }
 
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
-  std::vector<T> x(std::size_t(f.batch) * 784);
-  std::vector<std::int32_t> y(static_cast<std::size_t>(f.batch));
+  // With --post-validation N, N batches go to one train_steps call, which overlaps their steps.
+  const std::int64_t window = std::max(1, f.post_validation);
+  std::vector<std::vector<T>> xs(std::size_t(window), std::vector<T>(std::size_t(f.batch) * 784));
+  std::vector<std::vector<std::int32_t>> ys(std::size_t(window), std::vector<std::int32_t>(std::size_t(f.batch)));
+  std::vector<typename Pipe::Batch> group;
+  std::vector<std::int64_t> group_rows;
+  std::int64_t rollbacks = 0;
   StepStats last;
   std::vector<double> step_seconds;  // wall time of every train_step
   double bubble_sum = 0, last_loss = 0, test_accuracy = 0;
@@ -206,32 +215,53 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
     double epoch_loss = 0;
     std::int64_t epoch_samples = 0;
     const auto epoch_start = std::chrono::steady_clock::now();
-    for (std::int64_t b = state.batch; b < batches_per_epoch; ++b) {
-      const std::int64_t first = b * f.batch, rows = std::min<std::int64_t>(f.batch, n - first);
-      // Each data-parallel replica trains on its share of the batch; losses and gradients are
-      // normalised by the whole batch, so the replicas together take exactly one batch's step.
-      const std::int64_t share_first = rows * launch.replica / launch.replicas;
-      const std::int64_t share_rows = rows * (launch.replica + 1) / launch.replicas - share_first;
-      for (std::int64_t r = 0; r < share_rows; ++r) {
-        const std::int64_t i = order[std::size_t(first + share_first + r)];
-        std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
-        y[std::size_t(r)] = train_set.labels[std::size_t(i)];
+    for (std::int64_t b = state.batch; b < batches_per_epoch;) {
+      // The next group of batches: one, or up to --post-validation of them, within the epoch and --max-steps.
+      std::int64_t count = std::min(window, batches_per_epoch - b);
+      if (f.max_steps) count = std::min(count, f.max_steps - total_steps);
+      group.clear();
+      group_rows.clear();
+      for (std::int64_t k = 0; k < count; ++k) {
+        const std::int64_t first = (b + k) * f.batch, rows = std::min<std::int64_t>(f.batch, n - first);
+        // Each data-parallel replica trains on its share of the batch; losses and gradients are
+        // normalised by the whole batch, so the replicas together take exactly one batch's step.
+        const std::int64_t share_first = rows * launch.replica / launch.replicas;
+        const std::int64_t share_rows = rows * (launch.replica + 1) / launch.replicas - share_first;
+        std::vector<T>& x = xs[std::size_t(k)];
+        std::vector<std::int32_t>& y = ys[std::size_t(k)];
+        for (std::int64_t r = 0; r < share_rows; ++r) {
+          const std::int64_t i = order[std::size_t(first + share_first + r)];
+          std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
+          y[std::size_t(r)] = train_set.labels[std::size_t(i)];
+        }
+        group.push_back({ConstView<T>{x.data(), Shape{share_rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{share_rows}}});
+        group_rows.push_back(rows);
       }
       const auto step_start = std::chrono::steady_clock::now();
-      last = pipe.train_step(ConstView<T>{x.data(), Shape{share_rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{share_rows}},
-                             optimizer);
-      if (rows == f.batch)  // the epoch's last, shorter batch would pull the median down
-        step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-      epoch_loss += last.loss * double(rows);
-      epoch_samples += rows;
-      samples += rows;
-      bubble_sum += last.bubble_fraction;
-      ++steps;
-      ++total_steps;
+      std::vector<StepStats> results;
+      if (count == 1) results.push_back(pipe.train_step(group[0].x, group[0].labels, optimizer));
+      else results = pipe.train_steps(std::span<const typename Pipe::Batch>(group), optimizer);
+      // Overlapped steps have no boundaries of their own: each gets the group's mean.
+      const double each_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count() / double(count);
+      for (std::int64_t k = 0; k < count; ++k) {
+        last = results[std::size_t(k)];
+        const std::int64_t rows = group_rows[std::size_t(k)];
+        if (rows == f.batch)  // the epoch's last, shorter batch would pull the median down
+          step_seconds.push_back(each_seconds);
+        rollbacks += last.rolled_back ? 1 : 0;
+        epoch_loss += last.loss * double(rows);
+        epoch_samples += rows;
+        samples += rows;
+        bubble_sum += last.bubble_fraction;
+        ++steps;
+        ++total_steps;
+      }
+      b += count;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-      progress.update(int(epoch), first + rows, epoch_loss / double(epoch_samples), double(epoch_samples) / seconds);
+      progress.update(int(epoch), std::min(n, b * f.batch), epoch_loss / double(epoch_samples), double(epoch_samples) / seconds);
       if (f.max_steps && total_steps >= f.max_steps) {
-        state.batch = b + 1;
+        state.batch = b;
         state.epoch = epoch;
         state.updates = pipe.updates();
         state.extra = {{"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
@@ -297,6 +327,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
                             {"microbatches", f.microbatches},
                             {"data_parallel", launch.replicas},
                             {"step_seconds_measured", median_step}};
+  if (f.post_validation > 0) summary["post_validation_rollbacks"] = rollbacks;
   if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
   say("%s\n", summary.dump().c_str());
   return 0;

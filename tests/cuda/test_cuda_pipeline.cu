@@ -2,8 +2,9 @@
 // Pipelines on the CUDA backend against the same pipelines on the host: every schedule with 2, 3
 // and 4 stages on one GPU (gradients and weights after SGD steps, fp32, 1e-5 relative), the
 // hand-over's buffer reuse under a slow consumer (poison + check, with a control that shows the
-// check can fail), device-side step timing, the ReLU NaN and null-input contracts, and stages on
-// devices 0,0,1,1 ([multi_gpu]).
+// check can fail), device-side step timing, the V schedules and DualPipeV's F&B pairs on two
+// streams (ordering, held-back blocks, concurrency), the ReLU NaN and null-input contracts, and
+// stages on devices 0,0,1,1 ([multi_gpu]).
 //
 // Own main: exits 77 (ctest "Skipped") without a device, and with fewer devices than
 // --min-devices (the multi_gpu tests are registered with --min-devices 2).
@@ -11,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -47,11 +49,14 @@ HostBatch make_batch(index_t rows, std::uint64_t batch_seed) {
   return {random_floats(rng, rows * features), random_ints(rng, rows, classes), rows};
 }
 
-/// The batch in the memory the pipeline reads it from: x on stage 0's device, labels on the last's.
+/// The batch in the memory the pipeline reads it from: x on the first virtual stage's context, labels
+/// on the last's.
 template <class Pipe>
 struct DeviceBatch {
   DeviceBatch(Pipe& pipe, const HostBatch& b)
-      : x(pipe.backend(0), b.x), labels(pipe.backend(Pipe::stages - 1), b.labels), rows(b.rows) {}
+      : x(pipe.backend(Pipe::worker_of(0)), b.x),
+        labels(pipe.backend(Pipe::worker_of(Pipe::virtual_stages - 1)), b.labels),  // worker 0 in a V
+        rows(b.rows) {}
   DeviceConstView<float> inputs() { return x.cview(Shape{rows, features}); }
   DeviceConstView<std::int32_t> targets() { return labels.cview(Shape{rows}); }
   DeviceArray<float, backend::Cuda<float>> x;
@@ -178,6 +183,83 @@ TEST_CASE("PipeDream on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]"
 }
 TEST_CASE("PipeDream-2BW on CUDA equals the host for p = 2, 3, 4", "[gpu][pipeline]") {
   check_every_stage_count<schedule::PipeDream2BW>({0, 0, 0, 0});
+}
+
+TEST_CASE("ZBV, V-Half, DualPipeV (its F&B pairs on two streams) and breadth-first on CUDA equal the host at p = 2",
+          "[gpu][pipeline][overlap]") {
+  check_cuda_equals_host<schedule::ZeroBubbleV, 2>({0, 0});
+  check_cuda_equals_host<schedule::VHalf, 2>({0, 0});
+  check_cuda_equals_host<schedule::DualPipeV, 2>({0, 0});
+  check_cuda_equals_host<schedule::BreadthFirst<2>, 2>({0, 0});
+}
+
+TEST_CASE("an overlap's side stream starts after the main stream's work and holds its released blocks until the join",
+          "[gpu][cuda][overlap][memory]") {
+  constexpr index_t n = 4096;
+  backend::Cuda<float> be(0);
+  auto values = be.allocate(n, MemoryTag::activations);
+  auto side_sum = be.allocate(1, MemoryTag::workspace);
+  auto main_sum = be.allocate(1, MemoryTag::workspace);
+  const cudaStream_t main = be.stream();
+  const long long spin = cycles_for(0.1);
+  // On the main stream: poison, a slow kernel, then ones. The side stream must read the ones.
+  ops::poison(be, values.view(Shape{n}));
+  slow_sum_kernel<<<1, 256, 0, main>>>(values.data(), n, main_sum.data(), spin);
+  ops::fill(be, values.view(Shape{n}), 1.0f);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  const std::size_t calls = be.context().pool().driver_allocations();
+
+  be.overlap_begin();
+  CHECK(be.context().overlapping());
+  CHECK(be.stream() != main);
+  CHECK(be.context().main_stream() == main);
+  CHECK_THROWS_WITH(be.overlap_begin(), Catch::Contains("already open"));
+  slow_sum_kernel<<<1, 256, 0, be.stream()>>>(values.data(), n, side_sum.data(), 0);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  const float* side_block = nullptr;
+  {
+    auto temp = be.allocate(2 * n, MemoryTag::activations);  // a fresh block, released on the side stream
+    side_block = temp.data();
+    ops::fill(be, temp.view(Shape{2 * n}), 2.0f);
+  }
+  be.overlap_end();
+  CHECK(be.stream() == main);
+  {
+    auto on_main = be.allocate(2 * n, MemoryTag::activations);
+    CHECK(on_main.data() != side_block);  // held back: the side stream may still be writing it
+  }
+  be.overlap_join();
+  CHECK_FALSE(be.context().overlapping());
+  const std::size_t after_side = be.context().pool().driver_allocations();
+  CHECK(after_side >= calls + 2);  // the side stream's block and the main stream's, both fresh
+  {
+    auto reused = be.allocate(2 * n, MemoryTag::activations);  // now from the cache
+    CHECK(be.context().pool().driver_allocations() == after_side);
+  }
+  be.overlap_join();  // a join without an overlap does nothing
+  be.synchronize();
+  float got = 0;
+  be.download(side_sum.data(), std::span<float>(&got, 1));
+  CHECK(got == float(n));
+}
+
+TEST_CASE("an overlap's two streams run at once", "[gpu][cuda][overlap][timing]") {
+  backend::Cuda<float> be(0);
+  auto a = be.allocate(256, MemoryTag::activations);
+  auto sums = be.allocate(2, MemoryTag::workspace);
+  ops::fill(be, a.view(Shape{256}), 1.0f);
+  be.synchronize();
+  const long long spin = cycles_for(0.25);
+  const auto start = std::chrono::steady_clock::now();
+  be.overlap_begin();
+  slow_sum_kernel<<<1, 256, 0, be.stream()>>>(a.data(), 256, sums.data(), spin);
+  be.overlap_end();
+  slow_sum_kernel<<<1, 256, 0, be.stream()>>>(a.data(), 256, sums.data() + 1, spin);
+  be.overlap_join();
+  be.synchronize();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds >= 0.2);
+  CHECK(seconds < 0.4);  // one stream after the other would take 0.5 s
 }
 
 namespace {
@@ -318,6 +400,23 @@ TEST_CASE("1F1B with stages on devices 0,0,1,1 equals the host", "[multi_gpu][pi
 TEST_CASE("Interleaved<2> with stages on devices 0,0,1,1 equals the host", "[multi_gpu][pipeline]") {
   check_every_stage_count<schedule::Interleaved<2>>({0, 0, 1, 1});
 }
+TEST_CASE("predict before any step, stages on devices 0 and 1, equals the host", "[multi_gpu][pipeline]") {
+  // The activation crosses devices through transfer(): stage 1 never reads stage 0's memory itself.
+  using Stages = partition<Deep, 2>;
+  PipelineOptions options;
+  options.seed = seed;
+  options.microbatches = 2;
+  PipelineOptions on_gpus = options;
+  on_gpus.devices = {0, 1};
+  Pipeline<Stages, schedule::OneFOneB, backend::Cuda<float>> gpu(on_gpus);
+  Pipeline<Stages, schedule::OneFOneB, backend::Host<float>> cpu(options);
+  const HostBatch t = make_batch(8, 4242);
+  std::vector<float> want(std::size_t(8 * classes)), got(want.size());
+  cpu.predict(t.inputs(), TensorView<float>{want.data(), Shape{8, classes}});
+  gpu.predict(t.inputs(), TensorView<float>{got.data(), Shape{8, classes}});
+  CHECK(relative_error(got, want) <= fp32_tolerance);
+}
+
 TEST_CASE("ZB-H1 and PipeDream-2BW with stages on devices 0,0,1,1 equal the host", "[multi_gpu][pipeline]") {
   check_cuda_equals_host<schedule::ZeroBubbleH1, 4>({0, 0, 1, 1});
   check_cuda_equals_host<schedule::PipeDream2BW, 4>({0, 0, 1, 1});

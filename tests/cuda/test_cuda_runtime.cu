@@ -72,6 +72,18 @@ TEST_CASE("backend::Cuda accounts its allocations in `memory`", "[gpu][cuda][mem
   CHECK(be.memory.peak(MemoryTag::activations) == 256 * 4 + 40);
 }
 
+TEST_CASE("a pool short of memory empties the caches of the other pools on its device", "[gpu][cuda][memory]") {
+  backend::Cuda<float> a(0), b(0);  // two stages on one GPU
+  std::size_t free_bytes = 0, total_bytes = 0;
+  REQUIRE(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess);
+  const index_t big = index_t(double(free_bytes) * 0.6 / sizeof(float));
+  { auto held = a.allocate(big, MemoryTag::activations); }  // back into a's cache, still held from the driver
+  REQUIRE(a.context().pool().cached_bytes() >= std::size_t(big) * sizeof(float));
+  auto wanted = b.allocate(big, MemoryTag::activations);  // fits only once a's cache is given back
+  CHECK(wanted.data() != nullptr);
+  CHECK(a.context().pool().cached_bytes() == 0);
+}
+
 TEST_CASE("a failing CUDA call becomes a cupipe::error naming the call", "[gpu][cuda][errors]") {
   SECTION("runtime call") {
     try {

@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs mlp_fashion_mnist and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan -P run_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation -P run_trainer.cmake
 # learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key.
 # resume: 5 steps, save, resume for 5 more, save; against 10 straight steps, save: the two final
 #         model files must hold the same tensor bytes (bit-exact resume through the command line).
 # plan: --plan auto picks a layout for 2 workers and reports its predicted and measured step times.
+# post_validation: 10 steps in groups of 4, 4 and 2 with --post-validation 4 (ZB-H1, steps overlap)
+#         against 10 plain steps: the saved model and optimizer tensors must be bitwise equal.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
 cmake_minimum_required(VERSION 3.19)
 if(NOT IS_DIRECTORY "${DATA_DIR}")
@@ -64,7 +66,23 @@ elseif(MODE STREQUAL "plan")
     message(FATAL_ERROR "--plan auto --workers 2 chose ${stages} stages: ${summary}")
   endif()
   message("planned: ${summary}")
+elseif(MODE STREQUAL "post_validation")
+  set(common --data "${DATA_DIR}" --schedule zb-h1 --stages 2 --microbatches 4 --train-limit 4000 --test-limit 500
+             --progress none --epochs 1 --max-steps 10)
+  run_trainer(--post-validation 4 --save "${WORK_DIR}/overlapped")
+  string(JSON rollbacks ERROR_VARIABLE missing GET "${summary}" post_validation_rollbacks)
+  if(missing)
+    message(FATAL_ERROR "the summary has no 'post_validation_rollbacks': ${summary}")
+  endif()
+  string(JSON overlapped_loss GET "${summary}" train_loss)
+  run_trainer(--save "${WORK_DIR}/plain")
+  string(JSON plain_loss GET "${summary}" train_loss)
+  expect_same_tensors("${WORK_DIR}/overlapped" "${WORK_DIR}/plain")
+  if(NOT overlapped_loss STREQUAL plain_loss)
+    message(FATAL_ERROR "train_loss ${overlapped_loss} with --post-validation 4 but ${plain_loss} without")
+  endif()
+  message("post-validation is bit-exact: equal model and optimizer tensors, train_loss ${plain_loss}, ${rollbacks} rollbacks")
 else()
-  message(FATAL_ERROR "MODE must be learns, resume or plan, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, plan or post_validation, got '${MODE}'")
 endif()
 file(REMOVE_RECURSE "${WORK_DIR}")

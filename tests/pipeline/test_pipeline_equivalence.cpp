@@ -5,8 +5,47 @@
 // microbatches, recomputation and the measured StepStats on the same runs.
 #include "pipeline_test_support.hpp"
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+namespace overlap_test {
+
+/// The host backend, recording what the worker runtime asks of it: one entry per action (its
+/// profiler range) and each overlap call, in order, so a test can read where the calls fall.
+struct Recording : cupipe::backend::Host<double> {
+  std::vector<std::string> events;
+  bool open = false;
+};
+
+}  // namespace overlap_test
+
+namespace cupipe::backend {
+template <>
+struct capabilities<overlap_test::Recording> {
+  using R = overlap_test::Recording;
+  static std::unique_ptr<R> make(int) { return std::make_unique<R>(); }
+  static constexpr bool device_timeline = false;
+  static void timeline_start(R&) {}
+  static int timeline_mark(R&) { return 0; }
+  static double timeline_seconds(R&, int) { return 0; }
+  static NoAnnotation annotate(R& be, const char*) {
+    be.events.emplace_back("action");
+    return {};
+  }
+  static void overlap_begin(R& be) {
+    be.events.emplace_back(be.open ? "begin while open" : "begin");
+    be.open = true;
+  }
+  static void overlap_end(R& be) { be.events.emplace_back("end"); }
+  static void overlap_join(R& be) {
+    if (!be.open) return;
+    be.events.emplace_back("join");
+    be.open = false;
+  }
+};
+}  // namespace cupipe::backend
 
 namespace {
 
@@ -208,6 +247,41 @@ TEST_CASE("DualPipeV (overlapped F&B pairs, run back to back) equals the unpipel
   check_against_network<schedule::DualPipeV, partition<Deep, 4>>();
   check_against_network<schedule::DualPipeV, partition<Deep, 6>>();
   check_against_network<schedule::DualPipeV, partition<Deep, 8>>();
+}
+
+TEST_CASE("DualPipeV asks the backend to overlap each F&B pair: begin in the F, end after it, join after the B",
+          "[pipeline][overlap]") {
+  using Stages = partition<Deep, 4>;
+  PipelineOptions options;
+  options.microbatches = 6;
+  options.seed = seed;
+  Pipeline<Stages, schedule::DualPipeV, overlap_test::Recording> recorded(options);
+  Pipeline<Stages, schedule::DualPipeV, Host> plain(options);
+  const Batch batch = test::make_batch(12, features, classes, 3);
+  const StepStats got = recorded.forward_backward(batch.inputs(), batch.targets());
+  const StepStats want = plain.forward_backward(batch.inputs(), batch.targets());
+  CHECK(test::bitwise_equal(recorded.gradients(), plain.gradients()));
+  CHECK(got.loss == want.loss);
+  int pairs = 0;
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    std::vector<std::string> expected;
+    bool open = false;
+    for (const schedule::Action& a : recorded.plan().actions[std::size_t(w)]) {
+      expected.emplace_back("action");
+      if (a.overlap) {
+        ++pairs;
+        expected.emplace_back("begin");  // once the F's input is in
+        expected.emplace_back("end");    // after the F: its B runs beside it
+        open = true;
+      } else if (open) {
+        expected.emplace_back("join");   // after the B
+        open = false;
+      }
+    }
+    CHECK(recorded.backend(w).events == expected);
+  }
+  CHECK(pairs > 0);
 }
 
 TEMPLATE_TEST_CASE("recomputing stages 0 and 1 gives the same gradients bitwise with fewer activation bytes",

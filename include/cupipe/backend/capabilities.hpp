@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the pipeline runtime needs from a backend, as a concept, and the optional capabilities it may
 // use, as a trait whose defaults do nothing. A backend opts in by specialising `capabilities`
-// (backend/cuda/cuda.cuh does, for device clocks and NVTX ranges); the runtime calls the trait and
+// (backend/cuda/cuda.cuh does, for device clocks, NVTX ranges and a second stream); the runtime calls the trait and
 // never branches on which backend it runs.
 #pragma once
 
@@ -48,6 +48,13 @@ struct capabilities {
   static double timeline_seconds(B&, int) { return 0; }
   /// A profiler range named `label` for as long as the result lives.
   static NoAnnotation annotate(B&, const char*) { return {}; }
+  /// An overlapped pair (DualPipeV's F&B): overlap_begin before the first action's work sends it to a
+  /// second queue of the same device, after the work enqueued so far; overlap_end sends later work
+  /// back, to run beside it; overlap_join makes later work wait for it (and does nothing when no
+  /// overlap is open). Backends with one queue run the pair back to back.
+  static void overlap_begin(B&) {}
+  static void overlap_end(B&) {}
+  static void overlap_join(B&) {}
 };
 
 }  // namespace cupipe::backend

@@ -20,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "cupipe/backend/capabilities.hpp"
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
@@ -80,7 +81,7 @@ class StageExecutor {
     states_.visit(plan_.virtual_stage(w, a), [&](auto k, auto& st) {
       constexpr int K = decltype(k)::value;
       switch (a.kind) {
-        case schedule::ActionKind::F: forward<K>(st, a.microbatch, step); break;
+        case schedule::ActionKind::F: forward<K>(st, a.microbatch, step, a.overlap); break;
         case schedule::ActionKind::B: backward<K, Optimizer>(st, a.microbatch, step); break;
         case schedule::ActionKind::W: weight<K, Optimizer>(st, a.microbatch, step); break;
       }
@@ -131,7 +132,9 @@ class StageExecutor {
 
   /// An overlapped F starts together with the B after it (schedule::Action::overlap): the B's
   /// gradient is taken first, so the pair starts once both inputs are there, as verify and simulate
-  /// assume. The host then runs the two back to back.
+  /// assume. The host then runs the two back to back; a backend with a second stream
+  /// (backend::capabilities::overlap_begin) runs the F's work there once its input is in, and the
+  /// worker runtime sends the B back to the main stream (overlap_end) and joins the two after it.
   void take_partner_input(int w, const schedule::Action& a) {
     const auto& list = plan_.actions[std::size_t(w)];
     const auto at = std::find(list.begin(), list.end(), a);
@@ -156,13 +159,14 @@ class StageExecutor {
   }
 
   template <int K, class St>
-  void forward(St& st, int j, Step& step) {
+  void forward(St& st, int j, Step& step, bool overlapped) {
     using Seq = stage_seq<K>;
     Backend& be = *st.be;
     typename St::InFlight f;
     f.rows = step.plan->rows[std::size_t(j)];
     f.version = step.plan->version[std::size_t(j)];
     if constexpr (K > 0) f.input = receive(worker_of(K), K - 1, {Flow::activation, K, j}, f.rows * Seq::in_features);
+    if (overlapped) backend::capabilities<Backend>::overlap_begin(be);  // after the input is in, see take_partner_input
     f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
     const ConstViewOn<Backend, T> out = Seq::template output<space>(f.record.data(), f.rows);

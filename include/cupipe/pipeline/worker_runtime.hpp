@@ -82,6 +82,15 @@ class WorkerRuntime {
     Backend& be = *backends_[std::size_t(w)];
     const auto& actions = plan.actions[std::size_t(w)];
     worker.records.reserve(actions.size());
+    struct CloseOverlap {  // an action that fails inside an overlapped pair leaves no overlap open
+      Backend& be;
+      ~CloseOverlap() {
+        try {
+          caps::overlap_join(be);
+        } catch (...) {
+        }
+      }
+    } close_overlap{be};
     for (const schedule::Action& a : actions) {
       if (failed_.load(std::memory_order_acquire)) return;
       input_arrived(w);  // moved on by a receive, once the input is there
@@ -90,6 +99,10 @@ class WorkerRuntime {
         [[maybe_unused]] const auto range = caps::annotate(be, label(a, plan.config.chunks > 1).c_str());
         execute(w, a);
         worker.marks.emplace_back(worker.action_mark, caps::timeline_mark(be));
+        // An overlapped F's mark is on the second stream (its own work); its partner B runs on the
+        // main stream beside it, and the stream joins after the B (see StageExecutor).
+        if (a.overlap) caps::overlap_end(be);
+        else caps::overlap_join(be);
       } catch (const Aborted&) {
         return;
       } catch (const error& e) {

@@ -21,7 +21,7 @@ constexpr char kind_letter(ActionKind kind) { return "FBW"[static_cast<int>(kind
 /// plan's placement says which virtual stage that is. F of virtual stage k feeds k+1, B flows back.
 /// `overlap` marks an F that runs together with the worker's next action, a B (DualPipe's F&B,
 /// PyTorch's OVERLAP_F_B): the pair starts once both inputs are there. The host backend runs the two
-/// back to back; verify and simulate treat them as one step.
+/// back to back, the CUDA backend on two streams; verify and simulate treat them as one step.
 struct Action {
   ActionKind kind;
   int microbatch;

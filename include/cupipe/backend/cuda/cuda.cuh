@@ -114,6 +114,19 @@ class Cuda : public ops::Dispatch {
   /// An NVTX range for as long as the returned object lives (the pipeline names its actions "F3").
   [[nodiscard]] gpu::NvtxRange annotate(const char* name) const noexcept { return gpu::NvtxRange(name); }
 
+  // DualPipeV's overlapped F&B on two streams of this device (see gpu::Context): the F's ops go to
+  // the side stream, the B's to the main stream beside it, and the join orders what follows.
+  void overlap_begin() {
+    const gpu::DeviceGuard guard(context_.device());
+    context_.overlap_begin();
+  }
+  void overlap_end() noexcept { context_.overlap_end(); }
+  void overlap_join() {
+    if (!context_.overlapping()) return;  // the runtime calls it after every action
+    const gpu::DeviceGuard guard(context_.device());
+    context_.overlap_join();
+  }
+
   gpu::Context& context() noexcept { return context_; }
   cudaStream_t stream() const noexcept { return context_.stream(); }
   int device() const noexcept { return context_.device(); }
@@ -126,7 +139,8 @@ class Cuda : public ops::Dispatch {
 
 namespace cupipe::backend {
 
-/// The CUDA backend times actions with events on its stream and names them in NVTX.
+/// The CUDA backend times actions with events on its stream, names them in NVTX and runs an
+/// overlapped F&B pair on two streams.
 template <class T>
 struct capabilities<Cuda<T>> {
   static std::unique_ptr<Cuda<T>> make(int device) { return std::make_unique<Cuda<T>>(device); }
@@ -135,6 +149,9 @@ struct capabilities<Cuda<T>> {
   static int timeline_mark(Cuda<T>& be) { return be.timeline_mark(); }
   static double timeline_seconds(Cuda<T>& be, int mark) { return be.timeline_seconds(mark); }
   static gpu::NvtxRange annotate(Cuda<T>& be, const char* label) { return be.annotate(label); }
+  static void overlap_begin(Cuda<T>& be) { be.overlap_begin(); }
+  static void overlap_end(Cuda<T>& be) { be.overlap_end(); }
+  static void overlap_join(Cuda<T>& be) { be.overlap_join(); }
 };
 
 }  // namespace cupipe::backend

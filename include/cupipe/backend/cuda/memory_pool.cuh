@@ -10,12 +10,20 @@
 //   event on that stream when a block comes back; while that event is pending it is the block's
 //   reuse_fence(), which a foreign writer makes its stream wait on before writing. So a block is
 //   never overwritten before the work that read it last has finished, without host synchronisation.
+// - While the owner's context runs work on a second stream (Context::overlap_begin .. overlap_join),
+//   released blocks are held back (defer_releases): a block the side stream may still use is not
+//   handed to the main stream until the main stream has waited for the side stream; then the held
+//   blocks enter the cache with fences recorded on the main stream, after that wait.
+// - A cudaMalloc that runs out of memory trims this pool's cache and tries again, then trims the
+//   caches of every other pool on the same device (sibling stages on one GPU) and tries once more,
+//   before it throws.
 // - Requested bytes are accounted exactly to a MemoryTracker under each buffer's tag (that is what
 //   peaks report); the bytes taken from the driver (rounded, cached ones included) are counted apart.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -39,14 +47,23 @@ class DevicePool {
 
   /// A pool for `device`. With `stream` (the owner's stream) released blocks get reuse fences.
   DevicePool(int device, MemoryTracker& tracker, cudaStream_t stream = nullptr)
-      : device_(device), tracker_(&tracker), stream_(stream) {}
+      : device_(device), tracker_(&tracker), stream_(stream) {
+    std::lock_guard lock(registry_mutex());
+    registry().push_back(this);
+  }
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
   ~DevicePool() {
+    {
+      std::lock_guard lock(registry_mutex());
+      auto& pools = registry();
+      pools.erase(std::remove(pools.begin(), pools.end(), this), pools.end());
+    }
     trim();
     std::lock_guard lock(mutex_);
     for (auto& [ptr, event] : fences_) (void)cudaEventDestroy(event);
     for (cudaEvent_t event : spare_events_) (void)cudaEventDestroy(event);
+    for (const Held& held : held_) (void)cudaFree(held.ptr);  // cudaFree waits for the device first
   }
 
   static constexpr std::size_t block_size(std::size_t bytes) noexcept {
@@ -84,13 +101,35 @@ class DevicePool {
     const std::size_t size = block_size(bytes);
     std::lock_guard lock(mutex_);
     try {
-      if (stream_) record_fence(ptr);
-      free_[size].push_back(ptr);
-      cached_ += size;
+      if (holding_) {
+        held_.push_back({ptr, size});
+        return;
+      }
+      cache(ptr, size);
     } catch (...) {  // no memory to remember it: give it back to the driver instead
       (void)cudaFree(ptr);
       reserved_ -= size;
     }
+  }
+
+  /// From defer_releases(true) on, released blocks are held back from reuse; defer_releases(false)
+  /// caches them, fencing each on the owner's stream as it is now. Call it with false once the owner's
+  /// stream has waited for every other stream that used them. Returns how many blocks it cached.
+  std::size_t defer_releases(bool on) noexcept {
+    std::lock_guard lock(mutex_);
+    holding_ = on;
+    if (on) return 0;
+    const std::size_t count = held_.size();
+    for (const Held& held : held_) {
+      try {
+        cache(held.ptr, held.size);
+      } catch (...) {
+        (void)cudaFree(held.ptr);
+        reserved_ -= held.size;
+      }
+    }
+    held_.clear();
+    return count;
   }
 
   /// The event a stream other than the owner's must wait for before writing into the block at
@@ -152,6 +191,10 @@ class DevicePool {
       trim();
       status = cudaMalloc(&ptr, size);
     }
+    if (status == cudaErrorMemoryAllocation) {  // so may the caches of other stages on this device
+      (void)cudaGetLastError();
+      if (trim_siblings() > 0) status = cudaMalloc(&ptr, size);
+    }
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
       ::cupipe::detail::throw_error(
@@ -164,6 +207,37 @@ class DevicePool {
     ++driver_allocations_;
     if (reserved_ > peak_reserved_) peak_reserved_ = reserved_;
     return ptr;
+  }
+
+  // Every pool in the process, so that one short of memory can empty its siblings' caches. Lock
+  // order: the registry, then a pool's own mutex (nothing takes them the other way round).
+  static std::mutex& registry_mutex() {
+    static std::mutex mutex;
+    return mutex;
+  }
+  static std::vector<DevicePool*>& registry() {
+    static std::vector<DevicePool*> pools;
+    return pools;
+  }
+
+  /// Trims the other pools on this device; returns the bytes their caches gave back.
+  std::size_t trim_siblings() noexcept {
+    std::size_t freed = 0;
+    std::lock_guard lock(registry_mutex());
+    for (DevicePool* pool : registry()) {
+      if (pool == this || pool->device_ != device_) continue;
+      const std::size_t before = pool->cached_bytes();
+      pool->trim();  // cudaFree waits for the device, so pending reads of those blocks finish first
+      freed += before;
+    }
+    return freed;
+  }
+
+  /// Puts a released block into the cache behind its reuse fence (mutex held).
+  void cache(void* ptr, std::size_t size) {
+    if (stream_) record_fence(ptr);
+    free_[size].push_back(ptr);
+    cached_ += size;
   }
 
   static bool event_done(cudaEvent_t event) noexcept {
@@ -207,6 +281,12 @@ class DevicePool {
   std::map<std::size_t, std::vector<void*>> free_;
   std::map<const void*, cudaEvent_t> fences_;  ///< pending release events, by block
   std::vector<cudaEvent_t> spare_events_;
+  struct Held {
+    void* ptr;
+    std::size_t size;
+  };
+  std::vector<Held> held_;  ///< released while defer_releases(true), not yet reusable
+  bool holding_ = false;
   std::size_t cached_ = 0;
   std::size_t reserved_ = 0;
   std::size_t peak_reserved_ = 0;

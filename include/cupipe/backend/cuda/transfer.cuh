@@ -8,8 +8,8 @@
 // - the same device: cudaMemcpyAsync; different devices: cudaMemcpyPeerAsync (over NVLink/PCIe
 //   peer access where cudaDeviceCanAccessPeer allows it, which the sender's context enables once
 //   per peer; CUDA stages the copy through the host otherwise);
-// - the sender records its hand-over event after the copy and the receiver's stream waits on it,
-//   so the receiver's next kernels see the data.
+// - the sender records its hand-over event after the copy and the receiver's main stream waits on
+//   it, so the receiver's next kernels see the data.
 // `dst` must be a whole buffer allocated from `to` (its reuse fence is looked up by address).
 #pragma once
 
@@ -49,7 +49,9 @@ void transfer(backend::Cuda<T>& from, backend::Cuda<T>& to, DeviceConstView<T> s
   if (&from == &to) return;  // one stream: already in order
   gpu::Event& copied = from.context().handoff_event();
   copied.record(from.stream());
-  CUPIPE_CHECK_CUDA(cudaStreamWaitEvent(to.stream(), copied, 0));
+  // The receiver's main stream: its thread may have an overlap open (gpu::Context), and an input
+  // taken before overlap_begin reaches the side stream through the fork.
+  CUPIPE_CHECK_CUDA(cudaStreamWaitEvent(to.context().main_stream(), copied, 0));
 }
 
 }  // namespace cupipe::ops

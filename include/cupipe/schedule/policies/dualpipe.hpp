@@ -90,7 +90,8 @@ constexpr std::vector<std::vector<Action>> dualpipe_v_actions(const Config& c) {
 /// state a forward of one chunk overlapped with the whole backward of the other (`Action::overlap`).
 /// Published bubble (deepseek-ai/DualPipe, per worker, PP = 2p virtual stages):
 /// (PP/2 - 1)(F&B + B - 3W), with B the whole backward of a chunk and F&B an overlapped pair; on the
-/// host the pair runs back to back, so F&B = F + B. Activations: PP + 1 chunk-microbatches per worker.
+/// host the pair runs back to back, so F&B = F + B (the CUDA backend runs the F on a second stream,
+/// beside the B). Activations: PP + 1 chunk-microbatches per worker.
 /// Needs m >= 2p microbatches.
 struct DualPipeV {
   static constexpr std::string_view name = "dualpipev";

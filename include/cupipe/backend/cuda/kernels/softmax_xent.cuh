@@ -3,6 +3,8 @@
 // logsumexp without storing probabilities; the forward writes one loss per row and a single block
 // sums those in a fixed order (deterministic), the backward writes (softmax - onehot) * scale in a
 // second pass over the row. A label outside [0, cols) is reported through the device error record.
+// Masked logits (-inf) contribute nothing, wherever they fall in a thread's share of the row; a NaN
+// logit makes the row's loss NaN, as on the host.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,7 +36,7 @@ __device__ MaxSum<acc_t<T>> row_max_sum(const T* z, index_t cols, MaxSum<acc_t<T
       if (v > local.max) {
         local.sum = local.sum * dev_exp(local.max - v) + A(1);
         local.max = v;
-      } else {
+      } else if (v != A(-INFINITY)) {  // a masked logit adds exp(-inf) = 0; exp(-inf - -inf) would be NaN
         local.sum += dev_exp(v - local.max);
       }
     }
