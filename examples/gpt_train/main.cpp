@@ -91,6 +91,13 @@ int main(int argc, char** argv) {
                  "still spans --steps (0: no limit)")->check(non_negative);
   app.add_option("--max-seconds", f.max_seconds, "stop (evaluate, save) after this much training time (0: no limit)")
       ->check(non_negative);
+  app.add_option("--post-validation", f.post_validation,
+                 "run N steps at a time with optimizer post-validation: no flush between them, the global gradient "
+                 "norm checked a step late and an update that should have clipped redone (flush schedules whose "
+                 "tied wte and lm_head share a worker: zbv, v-half, v-min, dualpipev; one process; the weights are "
+                 "bitwise those without it); 0: off")
+      ->capture_default_str()
+      ->check(non_negative);
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
                                "--microbatches (host backend, one process, --preset tiny)")

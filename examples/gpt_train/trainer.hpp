@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,7 @@ struct Flags {
   std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches
   int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
   double predicted_step_seconds = 0;  ///< the planned layout's, set by --plan auto
+  int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
 };
 
 /// The flags every rank of a multi-process run must share (display flags and the data paths, which
@@ -229,7 +231,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
-             .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator});
+             .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
+             .post_validation = f.post_validation > 0});
   configure(pipe);
   NanoGptNames<config, Pipe> named{pipe};
   optim::AdamW adamw({.lr = f.lr, .weight_decay = f.weight_decay, .clip_norm = f.clip,
@@ -289,8 +292,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
 
   const bool bar = launch.leader() && (f.progress == "bar" || (f.progress == "auto" && isatty(STDOUT_FILENO)));
   const bool quiet = f.progress == "none" || !launch.leader();
-  std::vector<std::int32_t> x, y;
   nlohmann::json curve = nlohmann::json::array();
+  std::int64_t rollbacks = 0;
   double seconds = 0, last_loss = 0, eval_loss = 0, bubble_sum = 0, achieved_sum = 0;
   std::int64_t steps = 0;
   StepStats last_stats;
@@ -304,35 +307,58 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
     curve.push_back({{"step", step}, {"seconds", seconds}, {"train_loss", last_loss}, {"held_out_loss", eval_loss}});
     std::fflush(stdout);
   };
-  for (std::int64_t step = pipe.updates(); step < f.steps; ++step) {
-    loader.next(x, y);
-    const index_t rows = index_t(x.size());
-    const auto t0 = std::chrono::steady_clock::now();
-    last_stats = pipe.train_step(ConstView<std::int32_t>{x.data(), Shape{rows, 1}},
-                                 ConstView<std::int32_t>{y.data(), Shape{rows}}, adamw);
-    const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    step_times.push_back(step_seconds);
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    last_loss = last_stats.loss;
-    bubble_sum += last_stats.bubble_fraction;
-    ++steps;
-    // Tokens of the whole step (every replica's); the model FLOPs they took, per second.
-    const double tokens_per_second = double(f.batch) * double(config.context) / step_seconds;
-    const double achieved = tokens_per_second * config.flops_per_token() / 1e12;
-    achieved_sum += achieved;
-    if (!quiet) {
-      char device_rate[96] = "";
-      if (rate.peak_tflops > 0)
-        std::snprintf(device_rate, sizeof device_rate, ", %.2f TFLOP/s, MFU %.1f%%", achieved,
-                      100 * achieved / rate.peak_tflops);
-      if (bar)
-        std::printf("\rstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tokens/s%s ", (long long)step + 1, (long long)f.steps,
-                    last_stats.loss, adamw.lr(step), last_stats.grad_norm, tokens_per_second, device_rate);
-      else if ((step + 1) % 10 == 0 || step == 0)
-        std::printf("step %lld/%lld: loss %.4f, lr %.2e, grad norm %.3f, %.0f tokens/s%s\n", (long long)step + 1,
-                    (long long)f.steps, last_stats.loss, adamw.lr(step), last_stats.grad_norm, tokens_per_second, device_rate);
-      std::fflush(stdout);
+  // With --post-validation N, up to N steps go to one train_steps call (no flush between them). A
+  // group ends where an evaluation, a save or the run does, so those always follow a whole step.
+  const std::int64_t window = std::max(1, f.post_validation);
+  std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(window)), ys(static_cast<std::size_t>(window));
+  std::vector<typename Pipe::Batch> group;
+  for (std::int64_t first_step = pipe.updates(); first_step < f.steps;) {
+    std::int64_t count = std::min<std::int64_t>(window, f.steps - first_step);
+    if (f.max_steps > 0) count = std::min<std::int64_t>(count, std::max<std::int64_t>(1, f.max_steps - first_step));
+    if (f.eval_every > 0) count = std::min<std::int64_t>(count, f.eval_every - first_step % f.eval_every);
+    if (!f.save.empty() && f.save_every > 0) count = std::min<std::int64_t>(count, f.save_every - first_step % f.save_every);
+    group.clear();
+    for (std::int64_t k = 0; k < count; ++k) {
+      std::vector<std::int32_t>& x = xs[std::size_t(k)];
+      std::vector<std::int32_t>& y = ys[std::size_t(k)];
+      loader.next(x, y);
+      const index_t rows = index_t(x.size());
+      group.push_back({ConstView<std::int32_t>{x.data(), Shape{rows, 1}}, ConstView<std::int32_t>{y.data(), Shape{rows}}});
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<StepStats> results;
+    if (count == 1) results.push_back(pipe.train_step(group[0].x, group[0].labels, adamw));
+    else results = pipe.train_steps(std::span<const typename Pipe::Batch>(group), adamw);
+    // Overlapped steps have no boundaries of their own: each gets the group's mean.
+    const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(count);
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (std::int64_t step = first_step; step < first_step + count; ++step) {
+      last_stats = results[std::size_t(step - first_step)];
+      rollbacks += last_stats.rolled_back ? 1 : 0;
+      step_times.push_back(step_seconds);
+      last_loss = last_stats.loss;
+      bubble_sum += last_stats.bubble_fraction;
+      ++steps;
+      // Tokens of the whole step (every replica's); the model FLOPs they took, per second.
+      const double tokens_per_second = double(f.batch) * double(config.context) / step_seconds;
+      const double achieved = tokens_per_second * config.flops_per_token() / 1e12;
+      achieved_sum += achieved;
+      if (!quiet) {
+        char device_rate[96] = "";
+        if (rate.peak_tflops > 0)
+          std::snprintf(device_rate, sizeof device_rate, ", %.2f TFLOP/s, MFU %.1f%%", achieved,
+                        100 * achieved / rate.peak_tflops);
+        if (bar)
+          std::printf("\rstep %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tokens/s%s ", (long long)step + 1, (long long)f.steps,
+                      last_stats.loss, adamw.lr(step), last_stats.grad_norm, tokens_per_second, device_rate);
+        else if ((step + 1) % 10 == 0 || step == 0)
+          std::printf("step %lld/%lld: loss %.4f, lr %.2e, grad norm %.3f, %.0f tokens/s%s\n", (long long)step + 1,
+                      (long long)f.steps, last_stats.loss, adamw.lr(step), last_stats.grad_norm, tokens_per_second, device_rate);
+        std::fflush(stdout);
+      }
+    }
+    first_step += count;
+    const std::int64_t step = first_step - 1;  // the group's last
     const bool last = step + 1 == f.steps || (f.max_steps > 0 && step + 1 >= f.max_steps) ||
                       (f.max_seconds > 0 && seconds >= f.max_seconds);
     if (f.eval_every > 0 && ((step + 1) % f.eval_every == 0 || last)) evaluate(step + 1);
@@ -392,6 +418,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"step_seconds_measured", median_step},
                             {"curve", curve}};
   if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
+  if (f.post_validation > 0) summary["post_validation_rollbacks"] = rollbacks;
   if (rate.peak_tflops > 0 && steps) {
     summary["achieved_tflops"] = achieved_sum / double(steps);
     summary["peak_tflops_measured"] = rate.peak_tflops;

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|data_parallel|cuda|plan
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|data_parallel|cuda|plan|post_validation
 #         [-DMPIRUN=<mpirun command line, ;-separated>] -P run_gpt_trainer.cmake
 # learns: 200 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed.
@@ -13,6 +13,9 @@
 # cuda:   20 steps of the tiny preset with --backend cuda, then on the host: losses within 0.5%
 #         (float32 either way, other summation orders), and the summary's MFU in (0, 1). Prints
 #         "SKIPPED: ..." when the CUDA runtime finds no usable GPU.
+# post_validation: 10 steps of ZBV (tied wte and lm_head on worker 0) with --post-validation 4, an
+#         evaluation after step 5 cutting the groups to 4, 1, 4, 1, against 10 plain steps: the same
+#         tensor bytes and the same held-out loss.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
 cmake_minimum_required(VERSION 3.19)
 if(NOT IS_DIRECTORY "${DATA_DIR}")
@@ -112,6 +115,22 @@ elseif(MODE STREQUAL "plan")
   if(NOT workers EQUAL 2)
     message(FATAL_ERROR "interleaved on 2 stages reported ${workers} peaks, expected 2: ${summary}")
   endif()
+elseif(MODE STREQUAL "post_validation")
+  set(common --data "${DATA_DIR}" --schedule zbv --stages 2 --microbatches 4 --batch 8 --progress none
+             --steps 10 --warmup 2 --eval-every 5 --eval-batches 1 --sample 0)
+  run_trainer(--post-validation 4 --save "${WORK_DIR}/overlapped")
+  string(JSON rollbacks ERROR_VARIABLE missing GET "${summary}" post_validation_rollbacks)
+  if(missing)
+    message(FATAL_ERROR "the summary has no 'post_validation_rollbacks': ${summary}")
+  endif()
+  string(JSON overlapped_loss GET "${summary}" held_out_loss)
+  run_trainer(--save "${WORK_DIR}/plain")
+  string(JSON plain_loss GET "${summary}" held_out_loss)
+  expect_same_tensors("${WORK_DIR}/overlapped" "${WORK_DIR}/plain")
+  if(NOT overlapped_loss STREQUAL plain_loss)
+    message(FATAL_ERROR "held-out loss ${overlapped_loss} with --post-validation 4 but ${plain_loss} without")
+  endif()
+  message("post-validation is bit-exact: held-out loss ${plain_loss}, ${rollbacks} rollbacks")
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda or plan, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, plan or post_validation, got '${MODE}'")
 endif()
