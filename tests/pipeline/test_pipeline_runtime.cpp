@@ -217,3 +217,20 @@ TEST_CASE("partition splits an MLP into balanced stages that keep global layer i
   CHECK(Hand::stage<1>::describe() == "Linear<8, 3>");
   CHECK(names(Hand::stage<1>::parameter_table()) == std::vector<std::string>{"2.weight", "2.bias"});
 }
+
+TEST_CASE("busy time counts an overlapped F&B pair's shared time once (two streams of one device)",
+          "[pipeline][stats]") {
+  using schedule::ActionKind;
+  // Worker 0: F [0, 4] on the side stream beside B [1, 3] on the main one, then W [5, 6]: 5 s busy
+  // of a 6 s makespan. Worker 1: back to back, F [0, 2], B [2, 6]: 6 s, no idle.
+  const std::vector<ActionRecord> w0{{0, ActionKind::F, 1, 0, 0.0, 4.0, true},
+                                     {0, ActionKind::B, 0, 1, 1.0, 3.0, false},
+                                     {0, ActionKind::W, 0, 1, 5.0, 6.0, false}};
+  const std::vector<ActionRecord> w1{{1, ActionKind::F, 0, 0, 0.0, 2.0, false}, {1, ActionKind::B, 0, 0, 2.0, 6.0, false}};
+  Host a, b;
+  const StepStats stats = pipeline::measure_step<Host>({&w0, &w1}, {&a, &b}, {1, 1});
+  CHECK(stats.makespan_seconds == 6.0);
+  CHECK(stats.busy_seconds == std::vector<double>{5.0, 6.0});
+  CHECK(stats.idle_seconds == std::vector<double>{1.0, 0.0});
+  CHECK(stats.bubble_fraction == Approx(1.0 / 12.0));
+}

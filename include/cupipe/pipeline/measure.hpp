@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "cupipe/core/memory.hpp"
@@ -31,7 +32,18 @@ StepStats measure_step(const std::vector<const std::vector<ActionRecord>*>& reco
   for (std::size_t w = 0; w < backends.size(); ++w) {
     double busy = 0;
     if (backends[w]) {
-      for (const ActionRecord& r : *records[w]) busy += r.end - r.start;
+      // The time covered by the worker's actions: an overlapped F&B pair on two streams of one device
+      // (DualPipeV on CUDA) has intervals that overlap, and that time is counted once.
+      std::vector<std::pair<double, double>> spans;
+      spans.reserve(records[w]->size());
+      for (const ActionRecord& r : *records[w]) spans.emplace_back(r.start, r.end);
+      std::sort(spans.begin(), spans.end());
+      double covered_to = -1e300;
+      for (const auto& [start, end] : spans) {
+        if (start >= covered_to) busy += end - start;
+        else if (end > covered_to) busy += end - covered_to;
+        covered_to = std::max(covered_to, end);
+      }
       idle_total += stats.makespan_seconds - busy;
       ++measured;
       stats.actions.insert(stats.actions.end(), records[w]->begin(), records[w]->end());

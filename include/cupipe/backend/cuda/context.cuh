@@ -91,11 +91,9 @@ class Context {
   void overlap_begin() {
     CUPIPE_REQUIRE(!overlapping_, "gpu::Context::overlap_begin: an overlap is already open on device ", device_,
                    " (overlap_join() closes it)");
-    if (!side_) {
-      side_.emplace();
-      fork_.emplace(false);
-      join_.emplace(false);
-    }
+    if (!side_) side_.emplace();  // each on its own: a throw part way leaves no half-made set
+    if (!fork_) fork_.emplace(false);
+    if (!join_) join_.emplace(false);
     fork_->record(stream_);
     side_->wait(*fork_);
     (void)pool_.defer_releases(true);
@@ -204,6 +202,7 @@ class Context {
  private:
   // The guard keeps `device` current while the members and the body below are made.
   Context(const DeviceGuard&, int device, MemoryTracker& tracker) : device_(device), pool_(device_, tracker, stream_) {
+    pool_.let_siblings_trim();  // another stage's pool on this device may empty this cache when short
     CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
     CUPIPE_CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes_, cudaDevAttrL2CacheSize, device_));
     CUPIPE_CHECK_CUBLAS(cublasLtCreate(&lt_.handle));

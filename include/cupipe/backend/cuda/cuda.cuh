@@ -123,7 +123,8 @@ class Cuda : public ops::Dispatch {
   void overlap_end() noexcept { context_.overlap_end(); }
   void overlap_join() {
     if (!context_.overlapping()) return;  // the runtime calls it after every action
-    const gpu::DeviceGuard guard(context_.device());
+    // No throw before the context's join: a failed guard must not leave the overlap open for good.
+    const gpu::DeviceGuard guard(context_.device(), std::nothrow);
     context_.overlap_join();
   }
 

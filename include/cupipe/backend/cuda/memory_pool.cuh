@@ -15,8 +15,8 @@
 //   handed to the main stream until the main stream has waited for the side stream; then the held
 //   blocks enter the cache with fences recorded on the main stream, after that wait.
 // - A cudaMalloc that runs out of memory trims this pool's cache and tries again, then trims the
-//   caches of every other pool on the same device (sibling stages on one GPU) and tries once more,
-//   before it throws.
+//   caches of the other stages' pools on the same device (those that let_siblings_trim()) and tries
+//   once more, before it throws.
 // - Requested bytes are accounted exactly to a MemoryTracker under each buffer's tag (that is what
 //   peaks report); the bytes taken from the driver (rounded, cached ones included) are counted apart.
 #pragma once
@@ -47,9 +47,14 @@ class DevicePool {
 
   /// A pool for `device`. With `stream` (the owner's stream) released blocks get reuse fences.
   DevicePool(int device, MemoryTracker& tracker, cudaStream_t stream = nullptr)
-      : device_(device), tracker_(&tracker), stream_(stream) {
+      : device_(device), tracker_(&tracker), stream_(stream) {}
+
+  /// Lets a pool on the same device that runs out of memory empty this pool's cache (the pools of
+  /// the pipeline's contexts opt in; a communicator's, whose blocks NCCL kernels may be waiting on,
+  /// does not).
+  void let_siblings_trim() {
     std::lock_guard lock(registry_mutex());
-    registry().push_back(this);
+    if (std::find(registry().begin(), registry().end(), this) == registry().end()) registry().push_back(this);
   }
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
