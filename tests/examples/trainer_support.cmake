@@ -76,3 +76,22 @@ function(expect_close what a b ppm)
     message(FATAL_ERROR "${what}: ${a} against ${b}, more than ${ppm} parts per million apart")
   endif()
 endfunction()
+
+# Post-validation changes how steps overlap, never what they compute: a run with `--post-validation 4`
+# and a plain run (both with `common`) must save the same tensor bytes and report the same
+# `loss_key` in their summaries, and the first must report its rollbacks.
+function(expect_post_validation_bitwise loss_key)
+  run_trainer(--post-validation 4 --save "${WORK_DIR}/overlapped")
+  string(JSON rollbacks ERROR_VARIABLE missing GET "${summary}" post_validation_rollbacks)
+  if(missing)
+    message(FATAL_ERROR "the summary has no 'post_validation_rollbacks': ${summary}")
+  endif()
+  string(JSON overlapped_loss GET "${summary}" ${loss_key})
+  run_trainer(--save "${WORK_DIR}/plain")
+  string(JSON plain_loss GET "${summary}" ${loss_key})
+  expect_same_tensors("${WORK_DIR}/overlapped" "${WORK_DIR}/plain")
+  if(NOT overlapped_loss STREQUAL plain_loss)
+    message(FATAL_ERROR "${loss_key} ${overlapped_loss} with --post-validation 4 but ${plain_loss} without")
+  endif()
+  message("post-validation is bit-exact: equal model and optimizer tensors, ${loss_key} ${plain_loss}, ${rollbacks} rollbacks")
+endfunction()
