@@ -169,6 +169,10 @@ void embedding_backward(Context& ctx, const std::int32_t* ids, const T* dy, T* d
   CUPIPE_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted_keys, positions, sorted_rows, n, 0,
                                                     layout.end_bit, stream));
   temp_bytes = layout.temp_bytes;
+  // Encode writes `runs` lengths, a count that stays on the device; the scan below runs over all n, so
+  // the tail past `runs` is zeroed first rather than read uninitialised (compute-sanitizer's initcheck
+  // found it on the first GPU run; the starts it produced there were never used).
+  CUPIPE_CHECK_CUDA(cudaMemsetAsync(lengths, 0, std::size_t(n) * sizeof(std::int32_t), stream));
   CUPIPE_CHECK_CUDA(cub::DeviceRunLengthEncode::Encode(temp, temp_bytes, sorted_keys, unique_ids, lengths, runs, n, stream));
   temp_bytes = layout.temp_bytes;
   CUPIPE_CHECK_CUDA(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, lengths, starts, n, stream));

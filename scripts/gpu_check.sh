@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The whole GPU run, on any machine with an NVIDIA GPU: builds cupipe with CUDA for the GPU in this
+# machine (architecture `native`), runs every GPU and multi-GPU test, compute-sanitizer (memcheck,
+# racecheck and initcheck) over the GPU test programs, the kernel benchmarks, the pipeline throughput benchmark, the
+# GPT-2-124M-shaped training step, a Fashion-MNIST training run on the GPU and, where python3 has
+# PyTorch, the same GPT step in PyTorch (eager and torch.compile); then writes report.md and results.json into the output folder. Every step is timed,
+# logged to OUT/<step>.log and reported PASS, FAIL or SKIP with the command that reproduces it; a
+# failing step does not stop the others, and the exit status is non-zero when any step failed.
+#
+#   scripts/gpu_check.sh [--out DIR] [--build DIR] [--deps DIR] [--steps LIST] [--quick] [--label TEXT]
+#
+#   --out DIR     where the report and logs go (default out/gpu_check)
+#   --build DIR   the CUDA build folder (default build/gpu)
+#   --deps DIR    for a machine without apt: Debian packages unpacked here (dpkg -x), or the .deb files
+#                 themselves, which are unpacked into DIR/root first. scripts/gpu_deps.sh DIR fetches
+#                 them on a Debian machine: Catch2, OpenBLAS, nlohmann-json, CLI11, zlib, and the data
+#                 (Fashion-MNIST, fortunes).
+#   --steps LIST  a comma-separated subset of: build,test,sanitize,kernels,pipeline,mlp,gpt,torch
+#   --quick       fewer repeats and steps (a smoke run; its figures are not for the record)
+#   --label TEXT  what is being checked, for the report (default: git describe, when there is a .git)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="$root/out/gpu_check"
+build="$root/build/gpu"
+deps=""
+steps="build,test,sanitize,kernels,pipeline,mlp,gpt,torch"
+quick=0
+label=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --deps) deps="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --label) label="$2"; shift 2 ;;
+    -h|--help) sed -n '3,21p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+for s in ${steps//,/ }; do
+  case "$s" in build|test|sanitize|kernels|pipeline|mlp|gpt|torch) ;;
+    *) echo "gpu_check: unknown step '$s' in --steps (build,test,sanitize,kernels,pipeline,mlp,gpt,torch)" >&2; exit 2 ;;
+  esac
+done
+wants() { [[ ",$steps," == *",$1,"* ]]; }
+mkdir -p "$out" || { echo "gpu_check: cannot create $out" >&2; exit 2; }
+out="$(cd "$out" && pwd)"
+jobs="$(nproc)"
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+command -v nvcc >/dev/null || { echo "gpu_check: no nvcc on PATH or in /usr/local/cuda/bin" >&2; exit 2; }
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 ||
+  { echo "gpu_check: nvidia-smi finds no GPU; this script needs one" >&2; exit 2; }
+if [ -z "$label" ] && git -C "$root" rev-parse --git-dir >/dev/null 2>&1; then
+  label="$(git -C "$root" describe --always --dirty)"
+fi
+
+# ---- the Debian-only pieces, from a folder -------------------------------------------------------
+cmake_args=()
+if [ -n "$deps" ]; then
+  [ -d "$deps" ] || { echo "gpu_check: --deps $deps is not a folder" >&2; exit 2; }
+  prefix="$(cd "$deps" && pwd)"
+  if compgen -G "$prefix/*.deb" >/dev/null; then
+    command -v dpkg >/dev/null || { echo "gpu_check: $deps holds .deb files but there is no dpkg to unpack them" >&2; exit 2; }
+    mkdir -p "$prefix/root"
+    for f in "$prefix"/*.deb; do dpkg -x "$f" "$prefix/root" || { echo "gpu_check: dpkg -x $f failed" >&2; exit 2; }; done
+    prefix="$prefix/root"
+  fi
+  lib="$prefix/usr/lib/x86_64-linux-gnu"
+  cmake_args+=("-DCMAKE_PREFIX_PATH=$prefix/usr" "-DCMAKE_LIBRARY_PATH=$lib/openblas-pthread;$lib")
+  if [ -f "$prefix/usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h" ]; then
+    cmake_args+=("-DCUPIPE_CBLAS_INCLUDE_DIR=$prefix/usr/include/x86_64-linux-gnu/openblas-pthread")
+  fi
+  # Debian's libz.so points at an absolute /lib path; link the soname itself.
+  if [ -e "$prefix/lib/x86_64-linux-gnu/libz.so.1" ] && [ -f "$prefix/usr/include/zlib.h" ]; then
+    cmake_args+=("-DZLIB_INCLUDE_DIR=$prefix/usr/include" "-DZLIB_LIBRARY=$prefix/lib/x86_64-linux-gnu/libz.so.1")
+  fi
+  [ -d "$prefix/usr/share/games/fortunes" ] && cmake_args+=("-DCUPIPE_FORTUNES_DIR=$prefix/usr/share/games/fortunes")
+  [ -d "$prefix/usr/share/datasets/fashion-mnist" ] && cmake_args+=("-DCUPIPE_FASHION_MNIST_DIR=$prefix/usr/share/datasets/fashion-mnist")
+  export LD_LIBRARY_PATH="$lib/openblas-pthread:$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+fashion="${CUPIPE_FASHION_MNIST_DIR:-}"
+for c in "${cmake_args[@]}"; do [[ "$c" == -DCUPIPE_FASHION_MNIST_DIR=* ]] && fashion="${c#*=}"; done
+[ -n "$fashion" ] || fashion=/usr/share/datasets/fashion-mnist
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
+
+# ---- steps: each logged, timed and recorded ------------------------------------------------------
+: >"$out/steps.tsv"
+failed=0
+# step NAME COMMAND...: runs the command with its output in OUT/NAME.log, and records the outcome.
+step() {
+  local name="$1"; shift
+  local t0 t1 rc status
+  echo "== $name: $*"
+  t0=$(date +%s.%N)
+  ( cd "$root" && "$@" ) >"$out/$name.log" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  if [ $rc -eq 0 ]; then status=PASS; elif [ $rc -eq 77 ]; then status=SKIP
+  elif [ $rc -eq 124 ]; then status=TIMEOUT; failed=1; else status=FAIL; failed=1; fi
+  local secs; secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$secs" "$*" >>"$out/steps.tsv"
+  echo "   $status (rc $rc) in $secs s; log: $out/$name.log"
+  tail -n 3 "$out/$name.log" | sed 's/^/   | /'
+  return 0
+}
+skip() { printf '%s\tSKIP\t0\t%s\n' "$1" "$2" >>"$out/steps.tsv"; echo "== $1: SKIP ($2)"; }
+
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "checked: ${label:-unknown}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader | sed 's/^/gpu: /'
+  echo "nvcc: $(nvcc --version | sed -n 's/.*release \([0-9.]*\), \(V[0-9.]*\).*/\1 (\2)/p')"
+  echo "cmake: $(cmake --version | head -1)"
+  echo "host: $(uname -sr), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  command -v python3 >/dev/null && python3 -c 'import torch; print("torch:", torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null
+  command -v compute-sanitizer >/dev/null && echo "compute-sanitizer: $(compute-sanitizer --version | tail -1)"
+} >"$out/machine.txt"
+cat "$out/machine.txt"
+
+targets=(test_cuda_ops test_cuda_pipeline gpt_train mlp_fashion_mnist bench_kernels bench_gpt_step pipeline_throughput)
+# CUPIPE_GPU_TARGETS=a,b builds only those (a short re-check inside a time-limited lease).
+if [ -n "${CUPIPE_GPU_TARGETS:-}" ]; then read -ra targets <<<"${CUPIPE_GPU_TARGETS//,/ }"; fi
+if wants build; then
+  step configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+    -DCUPIPE_ENABLE_CUDA=ON -DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_BUILD_BENCH=ON \
+    "-DCUPIPE_TEST_AREAS_ONLY=cuda;comm;examples" "${cmake_args[@]}"
+  # NCCL's two-rank check exists where NCCL and MPI were found (it skips with fewer than two GPUs).
+  if cmake --build "$build" --target help 2>/dev/null | grep -q "^nccl_check:"; then targets+=(nccl_check); fi
+  step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
+fi
+bin_ok() { [ -x "$build/$1" ]; }
+
+if wants test; then
+  if bin_ok tests/cuda/test_cuda_ops; then
+    # Serially: a GPU test that times two streams against one kernel alone wants the GPU to itself.
+    step test ctest --test-dir "$build" --output-on-failure --timeout 600 -L "gpu|multi_gpu" -LE headers
+  else skip test "the build did not produce the test programs"; fi
+fi
+
+if wants mlp; then
+  if bin_ok examples/mlp_fashion_mnist/mlp_fashion_mnist && [ -d "$fashion" ]; then
+    step mlp timeout 180 "$build/examples/mlp_fashion_mnist/mlp_fashion_mnist" --backend cuda --data "$fashion" --stages 2 \
+      --schedule 1f1b --epochs "$([ $quick = 1 ] && echo 1 || echo 3)" --progress lines
+  else skip mlp "no mlp_fashion_mnist or no Fashion-MNIST in $fashion"; fi
+fi
+if wants sanitize; then
+  if command -v compute-sanitizer >/dev/null && bin_ok tests/cuda/test_cuda_ops; then
+    # Each under a deadline (TIMEOUT in the report): the tools slow kernels down many times over.
+    cs=(timeout "${CUPIPE_SANITIZER_TIMEOUT:-300}" compute-sanitizer --error-exitcode 1 --print-limit 20)
+    # API errors are not reported: the tests provoke some on purpose (the pool's out-of-memory path), and
+    # the library checks every API call's return code itself; kernels' accesses are what is checked here.
+    step memcheck_ops "${cs[@]}" --tool memcheck --leak-check full --report-api-errors no "$build/tests/cuda/test_cuda_ops"
+    step memcheck_pipeline "${cs[@]}" --tool memcheck --leak-check full --report-api-errors no \
+      "$build/tests/cuda/test_cuda_pipeline" "~[multi_gpu]"
+    step racecheck_ops "${cs[@]}" --tool racecheck --racecheck-report hazard "$build/tests/cuda/test_cuda_ops"
+    step initcheck_ops "${cs[@]}" --tool initcheck "$build/tests/cuda/test_cuda_ops"
+    step initcheck_pipeline "${cs[@]}" --tool initcheck "$build/tests/cuda/test_cuda_pipeline" "~[multi_gpu]"
+  else skip sanitize "no compute-sanitizer or no test programs"; fi
+fi
+
+repeats=(); [ $quick = 1 ] && repeats=(--quick)
+if wants kernels; then
+  if bin_ok bench/kernels/bench_kernels; then
+    step kernels "$build/bench/kernels/bench_kernels" --json "$out/kernels.json" "${repeats[@]}"
+  else skip kernels "no bench_kernels"; fi
+fi
+if wants pipeline; then
+  if bin_ok bench/pipeline_throughput/pipeline_throughput; then
+    step pipeline "$build/bench/pipeline_throughput/pipeline_throughput" --models mlp,wide --stages 2,4 \
+      --microbatches 8,16,32 --json "$out/pipeline.json"
+  else skip pipeline "no pipeline_throughput"; fi
+fi
+gpt_steps=20; [ $quick = 1 ] && gpt_steps=5
+if wants gpt; then
+  if bin_ok bench/gpt_step/bench_gpt_step; then
+    step gpt_tf32 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
+    step gpt_fp32 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
+  else skip gpt "no bench_gpt_step"; fi
+fi
+if wants torch; then
+  if command -v python3 >/dev/null && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    py=(python3 "$root/bench/gpt_step/gpt2_pytorch.py" --batch 8 --steps $gpt_steps --json "$out/torch.jsonl")
+    rm -f "$out/torch.jsonl"
+    step torch_eager_tf32 "${py[@]}" --precision tf32
+    step torch_eager_bf16 "${py[@]}" --precision bf16
+    step torch_compile_tf32 "${py[@]}" --precision tf32 --compile
+    step torch_compile_bf16 "${py[@]}" --precision bf16 --compile
+  else skip torch "no python3 with PyTorch and CUDA"; fi
+fi
+
+# ---- the report ----------------------------------------------------------------------------------
+{
+  echo "# cupipe GPU check"
+  echo
+  sed 's/^/    /' "$out/machine.txt"
+  echo
+  echo "| step | result | seconds | command |"
+  echo "| --- | --- | --- | --- |"
+  while IFS=$'\t' read -r name status secs cmd; do
+    echo "| $name | $status | $secs | \`${cmd//|/\\|}\` |"
+  done <"$out/steps.tsv"
+  for f in test memcheck_ops memcheck_pipeline racecheck_ops initcheck_ops initcheck_pipeline; do
+    [ -f "$out/$f.log" ] || continue
+    echo; echo "## $f"; echo; echo '```'
+    grep -E "tests passed|tests failed|Failed|\*\*\*|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Skipped|Not Run" "$out/$f.log" | head -40
+    echo '```'
+  done
+  for f in kernels pipeline mlp gpt_tf32 gpt_fp32 torch_eager_tf32 torch_eager_bf16 torch_compile_tf32 torch_compile_bf16; do
+    [ -f "$out/$f.log" ] || continue
+    echo; echo "## $f"; echo; echo '```'
+    case "$f" in
+      mlp) grep -vE "^\s*$" "$out/$f.log" | tail -15 ;;
+      kernels|pipeline) cat "$out/$f.log" ;;
+      *) tail -5 "$out/$f.log" ;;
+    esac
+    echo '```'
+  done
+} >"$out/report.md"
+
+python3 - "$out" <<'EOF' || echo "gpu_check: results.json not written (python3 failed)"
+import json, os, sys
+out = sys.argv[1]
+res = {"machine": open(os.path.join(out, "machine.txt")).read().splitlines(), "steps": []}
+for line in open(os.path.join(out, "steps.tsv")):
+    name, status, secs, cmd = line.rstrip("\n").split("\t", 3)
+    res["steps"].append({"name": name, "status": status, "seconds": float(secs), "command": cmd})
+for key, fname in (("kernels", "kernels.json"), ("pipeline", "pipeline.json")):
+    p = os.path.join(out, fname)
+    if os.path.exists(p):
+        try: res[key] = json.load(open(p))
+        except ValueError as e: res[key] = f"unreadable: {e}"
+for name in ("gpt_tf32", "gpt_fp32"):
+    p = os.path.join(out, name + ".log")
+    if os.path.exists(p):
+        lines = [l for l in open(p) if l.startswith("{")]
+        if lines: res[name] = json.loads(lines[-1])
+p = os.path.join(out, "torch.jsonl")
+if os.path.exists(p):
+    res["torch"] = [json.loads(l) for l in open(p) if l.strip()]
+json.dump(res, open(os.path.join(out, "results.json"), "w"), indent=1)
+EOF
+echo "== report: $out/report.md"
+awk -F'\t' '{ printf "%-20s %-5s %8s s\n", $1, $2, $3 }' "$out/steps.tsv"
+exit $failed
