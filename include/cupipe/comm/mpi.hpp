@@ -9,17 +9,30 @@
 // at most collective_timeout(), then throws naming the group. After a collective timed out the
 // communicator refuses further calls and is not freed (the collective is still pending).
 //
-// Threads: a rank runs its stage's worker on its own thread, and the caller's thread does the
-// collectives after the step; the two never call MPI at the same time, so MPI_THREAD_SERIALIZED is
-// enough. The constructor checks the level the program initialised MPI with.
+// Threads: a rank runs its stage's worker on its own thread, the caller's thread does the collectives
+// after the step, and the communicator's own progress thread tests its sends in flight. Every MPI call
+// of the communicator holds one mutex, so no two threads are ever inside MPI at once and
+// MPI_THREAD_SERIALIZED is enough. The constructor checks the level the program initialised MPI with.
+//
+// Why a progress thread: MPI moves a large message only while its sender or receiver is inside an MPI
+// call, and over shared memory without single-copy (CMA off, as in containers and in CI) the sender's
+// calls copy its fragments. A stage sends, then computes its next action without calling MPI, so its
+// receiver waited for that whole computation (measured: a 4 MiB hand-over took 453 ms while the sender
+// computed for 400 ms; tests/comm/mpi_progress_check). While sends are in flight the thread tests them
+// as comm/wait.hpp's waits poll: back to back for a millisecond, then sleeping with a growing backoff;
+// with nothing in flight it sleeps on a condition variable.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
-#include <vector>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/comm/pending_sends.hpp"
@@ -101,10 +114,17 @@ class MpiCommunicator final : public Communicator {
     int found = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_get_attr(world_, MPI_TAG_UB, &upper, &found));
     tag_limit_ = found && upper ? *upper : 32767;
+    progress_ = std::thread([this] { progress_loop(); });
   }
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   ~MpiCommunicator() override {
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    in_flight_.notify_all();
+    if (progress_.joinable()) progress_.join();
     int finalised = 0;
     if (MPI_Finalized(&finalised) != MPI_SUCCESS || finalised || broken_) return;
     for (Send& p : pending_) {  // after a failure: give up on what was never received
@@ -122,25 +142,49 @@ class MpiCommunicator final : public Communicator {
   void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
             const std::function<std::string()>& describe) override {
     check_usable();
-    reap();
     Send out{MPI_REQUEST_NULL, std::vector<std::byte>(bytes), describe()};
     if (bytes) std::memcpy(out.data.data(), data, bytes);
-    CUPIPE_CHECK_MPI(MPI_Isend(out.data.data(), count(bytes), MPI_BYTE, to_stage, tag(key), pipeline_, &out.request));
-    pending_.add(std::move(out));
+    {
+      const std::lock_guard lock(mutex_);
+      reap();
+      CUPIPE_CHECK_MPI(MPI_Isend(out.data.data(), count(bytes), MPI_BYTE, to_stage, tag(key), pipeline_, &out.request));
+      pending_.add(std::move(out));
+    }
+    in_flight_.notify_one();
   }
 
+  /// Waits until every send has completed (the progress thread may complete some meanwhile); past
+  /// the timeout throws naming the oldest send still in flight.
   void complete_sends(double timeout_seconds) override {
-    pending_.complete([&](Send& s) { wait(s.request, timeout_seconds, [&] { return s.what; }); });
+    const bool done = wait_until(
+        [&] {
+          const std::lock_guard lock(mutex_);
+          reap();
+          return pending_.empty();
+        },
+        timeout_seconds);
+    if (!done) {
+      const std::lock_guard lock(mutex_);
+      if (pending_.empty()) return;  // the progress thread saw the last one complete meanwhile
+      CUPIPE_THROW(pending_.begin()->what, ": not matched after ", timeout_seconds,
+                   " s (transfer timeout; is the peer rank alive?)");
+    }
   }
 
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
                const std::function<std::string()>& describe) override {
     check_usable();
     MPI_Request request;
-    CUPIPE_CHECK_MPI(MPI_Irecv(data, count(bytes), MPI_BYTE, from_stage, tag(key), pipeline_, &request));
+    {
+      const std::lock_guard lock(mutex_);
+      CUPIPE_CHECK_MPI(MPI_Irecv(data, count(bytes), MPI_BYTE, from_stage, tag(key), pipeline_, &request));
+    }
     MPI_Status status = wait(request, timeout_seconds, describe);
     int received = 0;
-    CUPIPE_CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &received));
+    {
+      const std::lock_guard lock(mutex_);
+      CUPIPE_CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &received));
+    }
     if (std::size_t(received) != bytes)
       CUPIPE_THROW(describe(), ": received ", received, " bytes but expected ", bytes);
   }
@@ -160,6 +204,10 @@ class MpiCommunicator final : public Communicator {
   void sum_over_world(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, Group::world); }
 
  private:
+  /// MPI_Test calls per poll of a wait or of the progress thread: each test moves a few fragments of
+  /// a large message, and costs well under a microsecond when there is nothing to move.
+  static constexpr int progress_burst = 64;
+
   /// A send in flight: the request and the copy of the data it reads.
   struct Send {
     MPI_Request request;
@@ -167,7 +215,7 @@ class MpiCommunicator final : public Communicator {
     std::string what;
   };
 
-  /// Frees the copies of sends that have completed.
+  /// Frees the copies of sends that have completed. The caller holds mutex_.
   void reap() {
     pending_.reap([](Send& s) {
       int done = 0;
@@ -190,12 +238,13 @@ class MpiCommunicator final : public Communicator {
     return int(t);
   }
   /// Tests `request` until it completes (true) or `timeout_seconds` pass (false; 0: no deadline),
-  /// sleeping between tests.
-  static bool completes_within(MPI_Request& request, MPI_Status* status, double timeout_seconds) {
+  /// sleeping between tests, each test under mutex_.
+  bool completes_within(MPI_Request& request, MPI_Status* status, double timeout_seconds) {
     return wait_until(
         [&] {
+          const std::lock_guard lock(mutex_);
           int flag = 0;
-          CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, status));
+          for (int i = 0; i < progress_burst && !flag; ++i) CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, status));
           return flag != 0;
         },
         timeout_seconds);
@@ -203,9 +252,10 @@ class MpiCommunicator final : public Communicator {
 
   /// Polls the request until it completes (sleeping between polls); past the timeout cancels it
   /// and throws.
-  static MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe) {
+  MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe) {
     MPI_Status status{};
     if (!completes_within(request, &status, timeout_seconds)) {
+      const std::lock_guard lock(mutex_);
       MPI_Cancel(&request);
       MPI_Request_free(&request);
       CUPIPE_THROW(describe(), ": not matched after ", timeout_seconds,
@@ -221,7 +271,10 @@ class MpiCommunicator final : public Communicator {
     check_usable();
     MPI_Comm comm = group == Group::world ? world_ : group == Group::pipeline ? pipeline_ : replicas_;
     MPI_Request request = MPI_REQUEST_NULL;
-    CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, &request));
+    {
+      const std::lock_guard lock(mutex_);
+      CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, &request));
+    }
     if (!completes_within(request, MPI_STATUS_IGNORE, collective_timeout())) {
       broken_ = true;  // a collective cannot be cancelled: nothing more may go through these communicators
       CUPIPE_THROW("rank ", topology_.rank, ": a sum over ", describe(group), " did not finish within ",
@@ -237,6 +290,32 @@ class MpiCommunicator final : public Communicator {
     return "the " + std::to_string(t.replicas) + " replicas of stage " + std::to_string(t.stage());
   }
 
+  /// The progress thread: while sends are in flight, tests them (MPI_Test drives MPI's progress
+  /// engine) as the waits of comm/wait.hpp poll, never holding mutex_ while it sleeps. An MPI error
+  /// here is left for the owner's next call to meet and report; the thread only stops polling.
+  void progress_loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      in_flight_.wait(lock, [&] { return stopping_ || (!pending_.empty() && !progress_failed_); });
+      if (stopping_) return;
+      lock.unlock();
+      wait_until(
+          [&] {
+            const std::lock_guard poll(mutex_);
+            if (stopping_ || broken_) return true;
+            for (int i = 0; i < progress_burst && !pending_.empty() && !progress_failed_; ++i)
+              pending_.reap([&](Send& s) {
+                int done = 0;
+                if (MPI_Test(&s.request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) progress_failed_ = true;
+                return done != 0;
+              });
+            return pending_.empty() || progress_failed_;
+          },
+          0);
+      lock.lock();
+    }
+  }
+
   void check_usable() const {
     if (broken_)
       CUPIPE_THROW("MpiCommunicator: unusable after a collective timed out (a rank stalled or died); end the job");
@@ -247,8 +326,13 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm pipeline_ = MPI_COMM_NULL;
   MPI_Comm replicas_ = MPI_COMM_NULL;
   long long tag_limit_ = 32767;
+  std::mutex mutex_;  ///< held by every MPI call of this communicator and every access to pending_
+  std::condition_variable in_flight_;  ///< wakes the progress thread: a send started, or stopping_
   PendingSends<Send> pending_;
-  bool broken_ = false;
+  std::atomic<bool> broken_ = false;  ///< a collective timed out (read by every thread)
+  bool stopping_ = false;         ///< under mutex_: the destructor ends the progress thread
+  bool progress_failed_ = false;  ///< under mutex_: an MPI_Test failed in the progress thread
+  std::thread progress_;          ///< declared last: started once every member it uses exists
 };
 
 }  // namespace cupipe::comm

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// Run under mpirun with 2 ranks: does a send make progress while its sender makes no MPI call?
+// Rank 0 sends a message of --bytes (default 4 MiB) to rank 1 through MpiCommunicator, then computes
+// (sleeps) for --busy-ms (default 400) without calling MPI, then completes its sends. Rank 1 times
+// its receive. Over shared memory without single-copy (CI's setting: the message moves in fragments
+// that only the sender's MPI calls copy), a communicator without its own progress would deliver the
+// message only when the sender calls MPI again, after its computation: the receive would take about
+// --busy-ms. The check passes when the receive ends within half of --busy-ms and the data are intact.
+//   mpirun -np 2 mpi_progress_check [--bytes N] [--busy-ms T]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cupipe/comm/mpi.hpp"
+
+using namespace cupipe;
+
+int main(int argc, char** argv) {
+  comm::MpiSession session(&argc, &argv);
+  try {
+    std::size_t bytes = std::size_t(4) << 20;
+    double busy_ms = 400;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--bytes" && i + 1 < argc) bytes = std::stoull(argv[++i]);
+      else if (arg == "--busy-ms" && i + 1 < argc) busy_ms = std::stod(argv[++i]);
+      else CUPIPE_THROW("mpi_progress_check: unknown argument '", arg, "' (--bytes N, --busy-ms T)");
+    }
+    comm::MpiCommunicator comm(MPI_COMM_WORLD, 2);
+    CUPIPE_REQUIRE(comm.topology().world == 2, "mpi_progress_check: run it with 2 ranks, not ", comm.topology().world);
+    const comm::MessageKey key{comm::Flow::activation, 1, 0};
+    std::vector<unsigned char> data(bytes);
+    comm.sum_over_world(0.0);  // both ranks are up before the clock starts
+    if (comm.topology().rank == 0) {
+      for (std::size_t i = 0; i < bytes; ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
+      comm.send(1, key, data.data(), bytes, [] { return std::string("the test message"); });
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(busy_ms));  // no MPI call
+      comm.complete_sends(60);
+      comm.sum_over_world(0.0);
+      return 0;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.receive(0, key, data.data(), bytes, 60, [] { return std::string("the test message"); });
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < bytes; ++i) wrong += data[i] != static_cast<unsigned char>(i * 131 + 7);
+    comm.sum_over_world(0.0);
+    std::printf("received %zu bytes in %.2f ms while the sender computed for %.0f ms without calling MPI "
+                "(%zu wrong bytes)\n", bytes, ms, busy_ms, wrong);
+    const bool pass = wrong == 0 && ms < busy_ms / 2;
+    std::printf("%s\n", pass ? "PASS" : "FAIL: the send waited for the sender's next MPI call");
+    return pass ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mpi_progress_check: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
