@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
   app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--devices", f.devices, "GPU of each stage, e.g. 0,0,1,1 (with --backend cuda)");
   app.add_option("--math", f.math, "GEMM arithmetic on CUDA: fp32 or tf32")->capture_default_str()->check(CLI::IsMember({"fp32", "tf32"}));
+  app.add_flag("--zero", f.zero,
+               "ZeRO-1: each of the --dp replicas keeps the AdamW state of 1/dp of the parameters and the updated "
+               "shards are gathered (the weights are bitwise those without it)");
   app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")
       ->capture_default_str()
       ->check(positive);

@@ -69,6 +69,7 @@ struct Flags {
   int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
   double predicted_step_seconds = 0;  ///< the planned layout's, set by --plan auto
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
+  bool zero = false;                  ///< ZeRO-1: the AdamW state sharded over the --dp replicas
 };
 
 /// The flags every rank of a multi-process run must share (display flags and the data paths, which
@@ -86,7 +87,8 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--save", f.save},                   {"--save-every", std::to_string(f.save_every)},
           {"--resume", f.resume},               {"--max-steps", std::to_string(f.max_steps)},
           {"--max-seconds", real(f.max_seconds)}, {"--backend", f.backend},
-          {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt}};
+          {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt},
+          {"--zero", f.zero ? "on" : "off"}};
 }
 
 /// FNV-1a over a token stream: equal on every rank that loaded the same corpus.
@@ -232,7 +234,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
-             .post_validation = f.post_validation > 0});
+             .post_validation = f.post_validation > 0, .zero = f.zero});
   configure(pipe);
   NanoGptNames<config, Pipe> named{pipe};
   optim::AdamW adamw({.lr = f.lr, .weight_decay = f.weight_decay, .clip_norm = f.clip,
@@ -401,6 +403,11 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   if (f.predicted_step_seconds > 0 && median_step > 0)
     say("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu steps), %+.1f%%\n",
         f.predicted_step_seconds * 1e3, median_step * 1e3, step_times.size(), 100 * (f.predicted_step_seconds / median_step - 1));
+  // The AdamW state this rank holds (with --zero, its shards of its stages).
+  std::int64_t optimizer_bytes = 0;
+  for (int w = 0; w < P; ++w)
+    if (pipe.local(w)) optimizer_bytes += pipe.backend(w).memory.in_use(MemoryTag::optimizer);
+  if (f.zero) say("ZeRO-1: this rank keeps %.2f MiB of AdamW state\n", double(optimizer_bytes) / 1048576.0);
   nlohmann::json summary = {{"held_out_loss", eval_loss},
                             {"held_out_bits_per_byte", bytes ? eval_loss / per_bit : 0.0},
                             {"unigram_loss", unigram},
@@ -415,6 +422,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"data_parallel", launch.replicas},
                             {"microbatches", f.microbatches},
                             {"peak_bytes_measured", peak_bytes},
+                            {"optimizer_bytes", optimizer_bytes},
                             {"step_seconds_measured", median_step},
                             {"curve", curve}};
   if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Run under mpirun: a pipeline spread over processes (MpiCommunicator, host backend, float64) must
 // compute what the same pipeline computes in one process on the whole batch.
-//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt --stages P [--stall]
+//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt --stages P [--stall] [--zero] [--checkpoint PREFIX]
 // World = P stages x D replicas. Each replica trains on its share of one global batch. Rank 0 also
 // runs the single-process reference and compares gradients after one forward/backward and weights
 // after 3 AdamW steps: bitwise for one replica (same arithmetic in the same order), 1e-12 relative
 // with replicas (the replica sum adds the same terms in another order).
 // --schedule gpt runs 1F1B on a small GPT whose lm_head is tied to wte, on different ranks: the tied
 // copies' gradients meet in a sum over the stages, and must stay bitwise equal.
+// --zero turns ZeRO-1 on (PipelineOptions::zero): the same comparisons must hold, and each replica must
+// hold the optimizer state of its shard only, the replicas' shards adding up to the whole stage.
 // --stall makes the rank whose stage holds the Trap layer stop answering in the middle of the second
 // step; the other ranks must then fail with an error naming their stage, action and peer within the
 // transfer timeout.
@@ -29,6 +31,7 @@ using namespace cupipe;
 namespace {
 
 bool stall = false;
+bool zero = false;
 int calls = 0;
 
 /// With --stall, the 6th forward of the stage holding the trap blocks for good (a hung peer).
@@ -51,6 +54,23 @@ double relative(const std::vector<double>& a, const std::vector<double>& b) {
 
 std::string checkpoint;
 
+/// With --zero: each replica holds the optimizer state (2 AdamW slots of float64) of its shards only:
+/// the replicas of a stage together hold the stage's state once, so every rank's bytes add up to the
+/// whole model's, and one replica holds at most 1/R of its stages' plus the rounding of each shard.
+template <class Pipe>
+int check_optimizer_shards(Pipe& pipe, comm::Communicator& comm, std::size_t model_params) {
+  const comm::Topology& t = comm.topology();
+  const double mine = double(pipe.backend(t.stage()).memory.in_use(MemoryTag::optimizer));
+  std::vector<double> stage{mine};
+  comm.sum_over_replicas(stage.data(), 1);
+  const double world = comm.sum_over_world(mine), whole = 2.0 * 8.0 * double(model_params);
+  const bool ok = world == whole && mine <= stage[0] / t.replicas + 2.0 * 8.0 * Pipe::chunks &&
+                  (t.replicas == 1 || mine < stage[0]);
+  std::printf("rank %d: optimizer state %.0f bytes, its stage's replicas %.0f together (%d replicas), all ranks %.0f "
+              "for a model of %.0f: %s\n", t.rank, mine, stage[0], t.replicas, world, whole, ok ? "sharded" : "DIFFERENT");
+  return ok ? 0 : 1;
+}
+
 template <class Stages, class Schedule>
 int check(int microbatches, int rank) {
   auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, Stages::size / Schedule::chunks);
@@ -69,7 +89,7 @@ int check(int microbatches, int rank) {
   const ConstView<std::int32_t> all_y{y.data(), Shape{global_batch}};
 
   PipelineOptions options{.microbatches = microbatches, .seed = 11, .transfer_timeout_seconds = stall ? 4.0 : 60.0,
-                          .communicator = comm};
+                          .communicator = comm, .zero = zero};
   Pipeline<Stages, Schedule, backend::Host<double>> distributed(options);
   Pipeline<Stages, Schedule, backend::Host<double>> reference({.microbatches = microbatches * topo.replicas, .seed = 11});
   optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.01});
@@ -99,6 +119,7 @@ int check(int microbatches, int rank) {
   }
   const std::vector<double> weights = distributed.parameters();
   if (rank == 0) compare("weights after 3 AdamW steps", weights, reference.parameters());
+  if (zero) failures += check_optimizer_shards(distributed, *comm, weights.size());
 
   // Checkpoints are by layer: what this P x D run saves loads into a single process split another
   // way, and what a single process saves loads into this P x D run.
@@ -150,7 +171,7 @@ int check_gpt(int rank) {
   const ConstView<std::int32_t> all{ids.data(), Shape{rows, 1}};
   const ConstView<std::int32_t> all_y{next.data(), Shape{rows}};
   Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> distributed(
-      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm});
+      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm, .zero = zero});
   Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> reference({.microbatches = 2 * topo.replicas, .seed = 4});
   optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
   int failures = 0;
@@ -176,6 +197,7 @@ int check_gpt(int rank) {
     std::printf("tied copies (stage 0 and stage %d): %s\n", P - 1, same ? "equal" : "DIFFERENT");
     failures += !ok + !same;
   }
+  if (zero) failures += check_optimizer_shards(distributed, *comm, weights.size());
   int total = failures;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   return total == 0 ? 0 : 1;
@@ -191,6 +213,7 @@ int main(int argc, char** argv) {
   int stages = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--stall")) stall = true;
+    else if (!std::strcmp(argv[i], "--zero")) zero = true;
     else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
     else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) stages = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];

@@ -59,8 +59,17 @@ class Communicator {
   /// In place, host memory: sums over this replica's pipeline stages (used to gather stage slices).
   virtual void sum_over_stages(float* data, std::size_t count) = 0;
   virtual void sum_over_stages(double* data, std::size_t count) = 0;
+  /// In place, host memory: `data` holds replicas x `count` values, this replica's block at
+  /// replica() x count; on return every block holds its replica's values (ZeRO-1's gather of the
+  /// updated parameter shards). Communicators that cannot do it say so with all_gathers().
+  virtual bool all_gathers() const { return false; }
+  virtual void all_gather_over_replicas(float*, std::size_t) { refuse_all_gather(); }
+  virtual void all_gather_over_replicas(double*, std::size_t) { refuse_all_gather(); }
 
  private:
+  [[noreturn]] static void refuse_all_gather() {
+    CUPIPE_THROW("Communicator: this communicator does not gather over replicas (ZeRO-1 needs it; MpiCommunicator does)");
+  }
   double collective_timeout_ = default_collective_timeout_seconds;
 };
 

@@ -202,6 +202,9 @@ class MpiCommunicator final : public Communicator {
     return value;
   }
   void sum_over_world(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, Group::world); }
+  bool all_gathers() const override { return true; }
+  void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
+  void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
 
  private:
   /// MPI_Test calls per poll of a wait or of the progress thread: each test moves a few fragments of
@@ -275,10 +278,26 @@ class MpiCommunicator final : public Communicator {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, &request));
     }
+    finish_collective(request, "a sum over " + describe(group));
+  }
+
+  /// In-place gather over the replicas of this stage: n values from each, in replica order.
+  void allgather(void* data, std::size_t n, MPI_Datatype type) {
+    check_usable();
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      const std::lock_guard lock(mutex_);
+      CUPIPE_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count(n), type, replicas_, &request));
+    }
+    finish_collective(request, "a gather over " + describe(Group::replicas));
+  }
+
+  /// Waits at most collective_timeout() for a collective; past it the communicator is unusable.
+  void finish_collective(MPI_Request& request, const std::string& what) {
     if (!completes_within(request, MPI_STATUS_IGNORE, collective_timeout())) {
       broken_ = true;  // a collective cannot be cancelled: nothing more may go through these communicators
-      CUPIPE_THROW("rank ", topology_.rank, ": a sum over ", describe(group), " did not finish within ",
-                   collective_timeout(), " s (collective timeout): another rank stalled or died before reaching it");
+      CUPIPE_THROW("rank ", topology_.rank, ": ", what, " did not finish within ", collective_timeout(),
+                   " s (collective timeout): another rank stalled or died before reaching it");
     }
   }
 

@@ -19,31 +19,61 @@
 
 namespace cupipe::pipeline {
 
-/// Allocates (zeroed) the optimizer's state slots of a stage, unless it already has them.
+/// Allocates (zeroed) the optimizer's state slots of a stage, unless it already has them: one array
+/// per slot over the stage's shard (all its parameters without ZeRO-1).
 template <class Optimizer, class St>
 void prepare_slots(St& st) {
   using B = std::remove_reference_t<decltype(*st.be)>;
   using T = typename B::value_type;
   if (st.slots_for == Optimizer::name && st.slots.size() == Optimizer::slot_names.size()) return;
   st.slots.clear();
+  const index_t n = st.shard.size();
   for (std::size_t i = 0; i < Optimizer::slot_names.size(); ++i) {
-    st.slots.push_back(st.be->template allocate<T>(st.param_count, MemoryTag::optimizer));
-    fill(*st.be, ViewOn<B, T>{st.slots.back().data(), Shape{st.param_count}}, T(0));
+    st.slots.push_back(st.be->template allocate<T>(n, MemoryTag::optimizer));
+    if (n > 0) fill(*st.be, ViewOn<B, T>{st.slots.back().data(), Shape{n}}, T(0));
   }
   st.slots_for = std::string(Optimizer::name);
 }
 
-/// Updates `params` (one of the stage's weight versions) from the stage's gradients scaled by
-/// `grad_scale`, then zeroes the gradients.
+/// Updates the stage's shard of `params` (one of its weight versions; the whole of them without
+/// ZeRO-1) from its gradients scaled by `grad_scale`, then zeroes the gradients. The update is
+/// element-wise, so a shard's values are bitwise those of the whole update.
 template <class Optimizer, class St, class T>
 void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_scale) {
   using B = std::remove_reference_t<decltype(*st.be)>;
-  std::vector<ViewOn<B, T>> slots;
-  for (auto& s : st.slots) slots.push_back({s.data(), Shape{st.param_count}});
-  optimizer.update(*st.be, ViewOn<B, T>{params, Shape{st.param_count}}, ConstViewOn<B, T>(st.grad_view()),
-                   std::span<const ViewOn<B, T>>(slots), st.updates, grad_scale);
+  const index_t begin = st.shard.begin, n = st.shard.size();
+  if (n > 0) {
+    std::vector<ViewOn<B, T>> slots;
+    for (auto& s : st.slots) slots.push_back({s.data(), Shape{n}});
+    optimizer.update(*st.be, ViewOn<B, T>{params + begin, Shape{n}}, ConstViewOn<B, T>{st.grads.data() + begin, Shape{n}},
+                     std::span<const ViewOn<B, T>>(slots), st.updates, grad_scale);
+  }
   st.zero_grads();
   ++st.updates;
+}
+
+/// ZeRO-1: every replica's shard of `data` (a stage's parameters, param_count values in backend
+/// memory, this replica's shard current) gathered over the replicas, in host memory.
+template <class St, class T>
+std::vector<T> gather_shards(comm::Communicator& comm, St& st, const T* shard_values) {
+  std::vector<T> host(static_cast<std::size_t>(st.shard.stride * st.shard.replicas), T(0));
+  st.be->synchronize();
+  if (st.shard.size() > 0)
+    st.be->download(shard_values, std::span<T>(host.data() + st.shard.begin, std::size_t(st.shard.size())));
+  comm.all_gather_over_replicas(host.data(), std::size_t(st.shard.stride));
+  host.resize(std::size_t(st.param_count));
+  return host;
+}
+
+/// ZeRO-1, after each replica updated its shard of the stage's latest weights: every replica gets
+/// every shard (an exact copy: the values travel, nothing is summed).
+template <class St>
+void gather_updated_weights(comm::Communicator* comm, St& st) {
+  if (!comm || !st.shard.sharded()) return;
+  using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
+  T* weights = st.weights.latest_data();
+  const std::vector<T> all = gather_shards(*comm, st, weights + st.shard.begin);
+  st.be->upload(std::span<const T>(all), weights);
 }
 
 /// Sum of squares of a stage's gradients.

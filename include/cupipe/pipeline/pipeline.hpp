@@ -85,6 +85,14 @@ struct PipelineOptions {
   /// stage's weights, gradients and optimizer state. All stages in this process; tied copies (GPT-2's
   /// wte and lm_head) on one worker, as V-shaped schedules place them.
   bool post_validation = false;
+  /// ZeRO-1 (Rajbhandari et al., 2020, stage 1), with data-parallel replicas across processes: each
+  /// replica keeps the optimizer state of 1/R of each stage's parameters (R replicas), updates only
+  /// that shard after the gradient sum, and the updated shards are gathered over the replicas. The
+  /// weights are bitwise those without it (the update is element-wise, the gather copies); the
+  /// optimizer state per replica falls by R. Flush schedules only, not with post_validation; the
+  /// communicator must gather (MpiCommunicator does). Checkpoints hold the whole state, so they load
+  /// with or without ZeRO and under another replica count. Without replicas it changes nothing.
+  bool zero = false;
 };
 
 namespace detail {
@@ -148,6 +156,7 @@ class Pipeline {
       CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: recompute names stage ", k, " but there are ",
                      virtual_stages, " (virtual) stages");
     if (options_.post_validation) check_post_validation();
+    if (options_.zero) check_zero();
     if constexpr (requires { Schedule::from_options; }) plan_ = user_plan();
     else {
       CUPIPE_REQUIRE(!options_.plan, "Pipeline: PipelineOptions::plan is set, but ", Schedule::name,
@@ -163,6 +172,7 @@ class Pipeline {
       comm::require_same_settings(*comm(), {{"schedule", std::string(Schedule::name)},
                                             {"microbatches", std::to_string(options_.microbatches)},
                                             {"seed", std::to_string(options_.seed)},
+                                            {"zero", options_.zero ? "on" : "off"},
                                             {"plan fingerprint", schedule::fingerprint(plan_)}});
     if (options_.channel_capacity > 0 && options_.channel_capacity < std::size_t(plan_.channel_depth))
       CUPIPE_THROW("Pipeline: channel_capacity ", options_.channel_capacity, " is below the ", plan_.channel_depth,
@@ -196,6 +206,10 @@ class Pipeline {
       const bool recompute = std::find(options_.recompute.begin(), options_.recompute.end(), K) != options_.recompute.end();
       slot = std::make_unique<std::remove_reference_t<decltype(*slot)>>(be, versions_allowed[std::size_t(w)], recompute);
       Seq::init_on(be, slot->weights.latest_data(), options_.seed);
+      if (zero_sharded()) {
+        const comm::Topology& t = comm()->topology();
+        slot->shard = pipeline::Shard::of(Seq::param_count, t.replicas, t.replica());
+      }
     });
   }
 
@@ -362,12 +376,20 @@ class Pipeline {
   void set_parameters(std::span<const T> values) {
     states_.scatter(values, [](auto& st) { return st.weights.latest_data(); });
   }
-  /// Optimizer state slot `slot` (e.g. 0 = exp_avg for AdamW), same layout; empty before the first update.
+  /// Optimizer state slot `slot` (e.g. 0 = exp_avg for AdamW), same layout; empty before the first
+  /// update. With ZeRO-1 the replicas' shards are gathered first (a collective over the replicas).
   std::vector<T> optimizer_state(std::size_t slot) {
     bool prepared = true;
     states_.for_each([&](auto, auto& st) { prepared = prepared && st.slots.size() > slot; });
     if (!prepared) return {};
-    return gather([slot](auto& st) { return st.slots[slot].data(); });
+    if (!zero_sharded()) return gather([slot](auto& st) { return st.slots[slot].data(); });
+    std::vector<T> out(static_cast<std::size_t>(States::param_count), T(0));
+    states_.for_each([&](auto k, auto& st) {
+      const std::vector<T> whole = pipeline::gather_shards(*comm(), st, st.slots[slot].data());
+      std::copy(whole.begin(), whole.end(), out.begin() + States::template model_offset<decltype(k)::value>());
+    });
+    comm()->sum_over_stages(out.data(), out.size());
+    return out;
   }
   /// Restores optimizer state and the update count (for checkpoints); slots must be prepared for
   /// `optimizer` first.
@@ -376,7 +398,16 @@ class Pipeline {
     prepare_slots<Optimizer>();
     CUPIPE_REQUIRE(slot < Optimizer::slot_names.size(), "set_optimizer_state: ", Optimizer::name, " has ",
                    Optimizer::slot_names.size(), " state slots, not ", slot + 1);
-    states_.scatter(values, [slot](auto& st) { return st.slots[slot].data(); });
+    if (!zero_sharded()) {
+      states_.scatter(values, [slot](auto& st) { return st.slots[slot].data(); });
+    } else {
+      CUPIPE_REQUIRE(index_t(values.size()) == States::param_count, "Pipeline: got ", values.size(),
+                     " values for a model of ", States::param_count, " parameters");
+      states_.for_each([&](auto k, auto& st) {
+        const std::size_t at = std::size_t(States::template model_offset<decltype(k)::value>() + st.shard.begin);
+        if (st.shard.size() > 0) st.be->upload(values.subspan(at, std::size_t(st.shard.size())), st.slots[slot].data());
+      });
+    }
     states_.for_each([&](auto, auto& st) { st.updates = updates; });
   }
 
@@ -449,7 +480,24 @@ class Pipeline {
     const double norm = pipeline::flush_norm(states_, comm(), tied);
     refuse_non_finite(norm);
     pipeline::apply_flush(states_, optimizer, norm);
+    if (zero_sharded()) states_.for_each([&](auto, auto& st) { pipeline::gather_updated_weights(comm(), st); });
     return norm;
+  }
+
+  /// Whether ZeRO-1 shards anything here: it is on, and there are replicas.
+  bool zero_sharded() const noexcept { return options_.zero && comm() && comm()->topology().replicas > 1; }
+
+  /// PipelineOptions::zero's conditions, checked before anything runs.
+  void check_zero() const {
+    if (update_rule != schedule::UpdateRule::flush)
+      CUPIPE_THROW("Pipeline: zero shards the optimizer state of a flush update over the replicas, but ", Schedule::name,
+                   " updates each stage inside the step (use a flush schedule, or leave zero off)");
+    if (options_.post_validation)
+      CUPIPE_THROW("Pipeline: zero and post_validation cannot be combined yet (post-validation keeps a whole copy of "
+                   "the optimizer state to roll back to); leave one of them off");
+    if (zero_sharded() && !comm()->all_gathers())
+      CUPIPE_THROW("Pipeline: zero gathers the updated parameter shards over the replicas, which this communicator "
+                   "cannot do (MpiCommunicator can); leave zero off");
   }
 
   void refuse_non_finite(double norm) {

@@ -3,6 +3,7 @@
 // versions, accumulated gradients, optimizer slots, and the microbatches it holds between F and B/W.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -13,6 +14,26 @@
 #include "cupipe/pipeline/versioned_weights.hpp"
 
 namespace cupipe::pipeline {
+
+/// ZeRO-1 (PipelineOptions::zero): the part of a stage's flat parameters whose optimizer state one
+/// replica keeps and updates. Replica r of R holds [r x stride, (r + 1) x stride) clipped to the
+/// parameters, stride = ceil(parameters / R), so the shards lie back to back in the flat layout and a
+/// gather of R blocks of `stride` values rebuilds it. Without ZeRO the shard is everything.
+struct Shard {
+  index_t begin = 0;
+  index_t end = 0;
+  index_t stride = 0;
+  int replicas = 1;
+
+  static Shard whole(index_t params) noexcept { return {0, params, params, 1}; }
+  static Shard of(index_t params, int replicas, int replica) noexcept {
+    const index_t stride = (params + replicas - 1) / replicas;
+    const index_t begin = std::min(params, stride * replica);
+    return {begin, std::min(params, begin + stride), stride, replicas};
+  }
+  index_t size() const noexcept { return end - begin; }
+  bool sharded() const noexcept { return replicas > 1; }
+};
 
 template <class Seq, class Backend, int MaxVersions>
 struct StageState {
@@ -44,7 +65,8 @@ struct StageState {
   Backend* be;
   VersionedWeights<Backend, MaxVersions> weights;
   buffer grads;
-  std::vector<buffer> slots;  ///< optimizer state, one array per slot
+  Shard shard = Shard::whole(param_count);  ///< the parameters this replica's optimizer state covers
+  std::vector<buffer> slots;  ///< optimizer state, one array per slot, shard.size() values each
   std::string slots_for;      ///< the optimizer the slots belong to
   std::int64_t updates = 0;
   /// Post-validation: weights, gradients and slots before the last update made without the global
