@@ -7,8 +7,10 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -208,9 +210,10 @@ LinkCost local_link(index_t small = index_t(1) << 10, index_t large = index_t(1)
 /// Measured cost of a hand-over between this replica's stages 0 and 1 through `comm`, as the pipeline
 /// makes it between processes (MPI between host ranks, NCCL between GPUs): a ping-pong of `small`
 /// and `large` values of Backend's type, in Backend's memory where the communicator reads it (else
-/// in host memory, as CommTransport stages it), one warm-up and `repeats` round trips per size; half
-/// the median round trip, fitted to latency + bytes / bandwidth. Collective over the replica's
-/// stages: every stage calls it (stages past 1 only wait), and every stage returns stage 0's figures.
+/// in host memory, as CommTransport stages it), one warm-up and at least `repeats` round trips per
+/// size, alternating; half the fastest round trip, fitted to latency + bytes / bandwidth. Collective
+/// over the replica's stages: every stage calls it (stages past 1 only wait), and every stage returns
+/// stage 0's figures, or every stage throws where the large size never took longer than the small.
 template <class Backend>
 LinkCost rank_link(comm::Communicator& comm, Backend& be, index_t small = index_t(1) << 10,
                    index_t large = index_t(1) << 20, int repeats = 9, double timeout_seconds = 60) {
@@ -245,15 +248,40 @@ LinkCost rank_link(comm::Communicator& comm, Backend& be, index_t small = index_
       }
     };
     const auto time = [&](index_t n) {
-      round_trip(n);  // warm-up: connections, buffers
-      return cupipe::detail::median_seconds(repeats, [&] { round_trip(n); }) / 2;
+      const auto start = std::chrono::steady_clock::now();
+      round_trip(n);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 2;
     };
-    t_small = time(small);
-    t_large = time(large);
+    round_trip(small);  // warm-up: connections, buffers
+    round_trip(large);
+    // The two sizes alternate and each keeps its fastest round trip: other processes on the machine
+    // only ever add time (a descheduled rank costs milliseconds), so the fastest is the link's own
+    // cost, and a burst of load cannot land on one size alone. Where the large message still looks
+    // no slower than the small one, more rounds follow (the same count on both ranks: stage 1 takes
+    // stage 0's verdict with the echo), up to four times as many.
+    t_small = t_large = std::numeric_limits<double>::infinity();
+    for (int round = 0; round < 4 * repeats; ++round) {
+      t_small = std::min(t_small, time(small));
+      t_large = std::min(t_large, time(large));
+      int more = round + 1 < repeats || t_large <= t_small ? 1 : 0;
+      // Stage 0 decides; stage 1 learns the decision in one small message each round.
+      const comm::MessageKey verdict{comm::Flow::activation, 2, j++};
+      if (stage == 0) {
+        comm.send(1, verdict, &more, sizeof more, describe);
+      } else {
+        comm.receive(0, verdict, &more, sizeof more, timeout_seconds, describe);
+      }
+      if (!more) break;
+    }
     comm.complete_sends(timeout_seconds);
   }
   t_small = comm.sum_over_stages(stage == 0 ? t_small : 0.0);
   t_large = comm.sum_over_stages(stage == 0 ? t_large : 0.0);
+  // Every stage holds stage 0's figures now, so every stage refuses them together.
+  CUPIPE_REQUIRE(t_large > t_small, "planner: the link measurement between stages 0 and 1 is inconsistent: ",
+                 large * sizeof(T), " bytes never took longer than ", small * sizeof(T), " bytes in ", 4 * repeats,
+                 " round trips each (the fastest: ", t_large * 1e6, " us against ", t_small * 1e6,
+                 " us); the machine is too busy to measure it");
   return detail::fit_link(t_small, t_large, double(small) * sizeof(T), double(large) * sizeof(T));
 }
 
