@@ -72,22 +72,21 @@ elseif(MODE STREQUAL "data_parallel")
   if(NOT EXISTS "${WORK_DIR}/dp.safetensors" OR NOT EXISTS "${WORK_DIR}/dp.state.safetensors")
     message(FATAL_ERROR "the 4-process run did not write ${WORK_DIR}/dp.safetensors and dp.state.safetensors")
   endif()
-  # ZeRO-1: the same losses (the weights are bitwise the same), half the AdamW state on rank 0.
+  # ZeRO-1: the same losses to rounding (the reduce-scatter adds the norm and the tied copies in
+  # another order), half the AdamW state on rank 0.
   run_trainer(${flags} --dp 2 --zero --save "${WORK_DIR}/zero")
   string(JSON zero_held_out GET "${summary}" held_out_loss)
   string(JSON zero_train GET "${summary}" train_loss)
   string(JSON zero_optimizer GET "${summary}" optimizer_bytes)
-  if(NOT zero_held_out STREQUAL dp_held_out OR NOT zero_train STREQUAL dp_train)
-    message(FATAL_ERROR "--zero changed the losses: held-out ${zero_held_out} (${dp_held_out} without), training "
-                        "${zero_train} (${dp_train} without)")
-  endif()
+  expect_close("held-out loss with --zero against without" "${zero_held_out}" "${dp_held_out}" 1)
+  expect_close("training loss with --zero against without" "${zero_train}" "${dp_train}" 1)
   # Each stage's shard is at most ceil(n / 2) values: twice it exceeds the whole by one value at most.
   math(EXPR twice "2 * ${zero_optimizer}")
   math(EXPR bound "${dp_optimizer} + 64")
   if(twice GREATER bound OR NOT zero_optimizer GREATER 0)
     message(FATAL_ERROR "--zero: rank 0 keeps ${zero_optimizer} bytes of AdamW state, not about half of ${dp_optimizer}")
   endif()
-  message("ZeRO-1: the same losses, rank 0's AdamW state ${zero_optimizer} bytes against ${dp_optimizer}")
+  message("ZeRO-1: the same losses (${zero_held_out}, ${dp_held_out} without), rank 0's AdamW state ${zero_optimizer} bytes against ${dp_optimizer}")
   set(launcher "")
   run_trainer(${flags})
   string(JSON one_held_out GET "${summary}" held_out_loss)

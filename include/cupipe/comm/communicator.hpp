@@ -65,10 +65,22 @@ class Communicator {
   virtual bool all_gathers() const { return false; }
   virtual void all_gather_over_replicas(float*, std::size_t) { refuse_all_gather(); }
   virtual void all_gather_over_replicas(double*, std::size_t) { refuse_all_gather(); }
+  /// In place, host memory, the converse of the gather: `data` holds replicas x `count` values; on
+  /// return this replica's block (at replica() x count) holds that block summed over the replicas,
+  /// and the other blocks are unspecified (ZeRO-1's reduce-scatter of the gradients: each replica
+  /// receives only the sums of the shard it updates). Communicators that cannot do it say so with
+  /// reduce_scatters(); ZeRO-1 then sums the whole gradients.
+  virtual bool reduce_scatters() const { return false; }
+  virtual void reduce_scatter_over_replicas(float*, std::size_t) { refuse_reduce_scatter(); }
+  virtual void reduce_scatter_over_replicas(double*, std::size_t) { refuse_reduce_scatter(); }
 
  private:
   [[noreturn]] static void refuse_all_gather() {
     CUPIPE_THROW("Communicator: this communicator does not gather over replicas (ZeRO-1 needs it; MpiCommunicator does)");
+  }
+  [[noreturn]] static void refuse_reduce_scatter() {
+    CUPIPE_THROW("Communicator: this communicator does not reduce-scatter over replicas (check reduce_scatters() "
+                 "first; MpiCommunicator does)");
   }
   double collective_timeout_ = default_collective_timeout_seconds;
 };

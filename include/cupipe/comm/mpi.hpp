@@ -25,6 +25,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -205,6 +206,15 @@ class MpiCommunicator final : public Communicator {
   bool all_gathers() const override { return true; }
   void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
+  bool reduce_scatters() const override { return true; }
+  void reduce_scatter_over_replicas(float* data, std::size_t n) override {
+    reduce_scatter(data, n, MPI_FLOAT);
+    place_own_block(data, n);
+  }
+  void reduce_scatter_over_replicas(double* data, std::size_t n) override {
+    reduce_scatter(data, n, MPI_DOUBLE);
+    place_own_block(data, n);
+  }
 
  private:
   /// MPI_Test calls per poll of a wait or of the progress thread: each test moves a few fragments of
@@ -290,6 +300,24 @@ class MpiCommunicator final : public Communicator {
       CUPIPE_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count(n), type, replicas_, &request));
     }
     finish_collective(request, "a gather over " + describe(Group::replicas));
+  }
+
+  /// In-place reduce-scatter over the replicas of this stage: `data` holds replicas x n values; with
+  /// MPI_IN_PLACE, MPI leaves this rank's summed block at the start of `data`.
+  void reduce_scatter(void* data, std::size_t n, MPI_Datatype type) {
+    check_usable();
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      const std::lock_guard lock(mutex_);
+      CUPIPE_CHECK_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, &request));
+    }
+    finish_collective(request, "a reduce-scatter over " + describe(Group::replicas));
+  }
+  /// Moves the block MPI left at the start of `data` to this replica's place (replica() x n).
+  template <class T>
+  void place_own_block(T* data, std::size_t n) const {
+    const std::size_t at = std::size_t(topology_.replica()) * n;
+    if (at != 0) std::copy(data, data + n, data + at);  // the blocks do not overlap
   }
 
   /// Waits at most collective_timeout() for a collective; past it the communicator is unusable.

@@ -4,6 +4,7 @@
 // gradient norm summed over every stage, and what post-validation saves to undo an update.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <span>
 #include <string>
@@ -99,6 +100,43 @@ void sum_over_replicas(comm::Communicator* comm, St& st) {
   st.be->download(st.grads.data(), std::span<T>(host));
   comm->sum_over_replicas(host.data(), host.size());
   st.be->upload(std::span<const T>(host), st.grads.data());
+}
+
+/// ZeRO-1 with a communicator that reduce-scatters: sums the stage's gradients over its replicas
+/// into this replica's shard only (through host memory); the rest of the gradient buffer keeps this
+/// replica's own, unsummed values, which nothing reads before update_stage zeroes them.
+template <class St>
+void reduce_scatter_over_replicas(comm::Communicator& comm, St& st) {
+  using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
+  std::vector<T> host(static_cast<std::size_t>(st.shard.stride * st.shard.replicas), T(0));
+  st.be->synchronize();
+  st.be->download(st.grads.data(), std::span<T>(host.data(), std::size_t(st.param_count)));
+  comm.reduce_scatter_over_replicas(host.data(), std::size_t(st.shard.stride));
+  if (st.shard.size() > 0)
+    st.be->upload(std::span<const T>(host.data() + st.shard.begin, std::size_t(st.shard.size())),
+                  st.grads.data() + st.shard.begin);
+}
+
+/// The global gradient norm after reduce_scatter_over_replicas: each replica's sum of squares over
+/// its shards, less the part of the second tied copy inside them (counted once, as by flush_norm),
+/// summed over every rank. The tied copies' gradients must already hold their sum (summed before
+/// the reduce-scatter).
+template <class States>
+double sharded_flush_norm(States& states, comm::Communicator& comm, const TiedCopies& tied = {}) {
+  using T = typename States::T;
+  double sum = 0;
+  states.for_each([&](auto k, auto& st) {
+    using B = std::remove_reference_t<decltype(*st.be)>;
+    const index_t begin = st.shard.begin, n = st.shard.size();
+    if (n == 0) return;
+    sum += sum_of_squares(*st.be, ConstViewOn<B, T>{st.grads.data() + begin, Shape{n}});
+    if (tied.count == 0) return;
+    // The second copy's part of this shard, in the stage's own coordinates.
+    const index_t offset = States::template model_offset<decltype(k)::value>();
+    const index_t from = std::max(begin, tied.second - offset), to = std::min(begin + n, tied.second + tied.count - offset);
+    if (to > from) sum -= sum_of_squares(*st.be, ConstViewOn<B, T>{st.grads.data() + from, Shape{to - from}});
+  });
+  return std::sqrt(comm.sum_over_world(sum));
 }
 
 /// Replaces the gradients of both tied copies (in the whole model's flat layout) by their sum, on

@@ -86,10 +86,12 @@ struct PipelineOptions {
   /// wte and lm_head) on one worker, as V-shaped schedules place them.
   bool post_validation = false;
   /// ZeRO-1 (Rajbhandari et al., 2020, stage 1), with data-parallel replicas across processes: each
-  /// replica keeps the optimizer state of 1/R of each stage's parameters (R replicas), updates only
-  /// that shard after the gradient sum, and the updated shards are gathered over the replicas. The
-  /// weights are bitwise those without it (the update is element-wise, the gather copies); the
-  /// optimizer state per replica falls by R. Flush schedules only, not with post_validation; the
+  /// replica keeps the optimizer state of 1/R of each stage's parameters (R replicas); the gradients
+  /// are reduce-scattered (each replica receives the sums of its shard only), each replica updates
+  /// its shard, and the updated shards are gathered over the replicas: the traffic of one
+  /// all-reduce, as without ZeRO. The weights equal those without it to rounding (the norm and the
+  /// tied copies' sums are added in another order; the update itself is element-wise, the gather
+  /// copies); the optimizer state per replica falls by R. Flush schedules only, not with post_validation; the
   /// communicator must gather (MpiCommunicator does). Checkpoints hold the whole state, so they load
   /// with or without ZeRO and under another replica count. Without replicas it changes nothing.
   bool zero = false;
@@ -371,8 +373,12 @@ class Pipeline {
 
   /// The whole model's parameters, in the unsplit model's flat layout (latest versions).
   std::vector<T> parameters() { return gather([](auto& st) { return st.weights.latest_data(); }); }
-  /// The accumulated gradients, same layout.
-  std::vector<T> gradients() { return gather([](auto& st) { return st.grads.data(); }); }
+  /// The accumulated gradients, same layout, summed over the replicas (across processes a
+  /// collective: every rank calls it).
+  std::vector<T> gradients() {
+    reduce_gradients();
+    return gather([](auto& st) { return st.grads.data(); });
+  }
   void set_parameters(std::span<const T> values) {
     states_.scatter(values, [](auto& st) { return st.weights.latest_data(); });
   }
@@ -475,13 +481,33 @@ class Pipeline {
   }
 
   /// The flush update from the accumulated gradients; refuses a non-finite norm (check_finite).
+  /// Gradients not yet reduced over the replicas are reduced first: with ZeRO-1 (and a communicator
+  /// that can) reduce-scattered, each replica receiving only the sums of its shard; else all-reduced.
   template <class Optimizer>
   double flush_step(const Optimizer& optimizer) {
-    const double norm = pipeline::flush_norm(states_, comm(), tied);
+    double norm = 0;
+    if (zero_sharded() && gradients_unreduced_ && comm()->reduce_scatters()) {
+      // The tied copies' gradients are summed over the stages first, each replica its own, so that
+      // every shard of either copy receives the whole sum from the reduce-scatter.
+      if constexpr (tied.count > 0) (void)pipeline::sum_tied_gradients(states_, comm(), tied);
+      states_.for_each([&](auto, auto& st) { pipeline::reduce_scatter_over_replicas(*comm(), st); });
+      gradients_unreduced_ = false;
+      norm = pipeline::sharded_flush_norm(states_, *comm(), tied);
+    } else {
+      reduce_gradients();
+      norm = pipeline::flush_norm(states_, comm(), tied);
+    }
     refuse_non_finite(norm);
     pipeline::apply_flush(states_, optimizer, norm);
     if (zero_sharded()) states_.for_each([&](auto, auto& st) { pipeline::gather_updated_weights(comm(), st); });
     return norm;
+  }
+
+  /// Sums the accumulated gradients over the replicas, if a step left them unreduced.
+  void reduce_gradients() {
+    if (!gradients_unreduced_) return;
+    states_.for_each([&](auto, auto& st) { pipeline::sum_over_replicas(comm(), st); });
+    gradients_unreduced_ = false;
   }
 
   /// Whether ZeRO-1 shards anything here: it is on, and there are replicas.
@@ -503,6 +529,7 @@ class Pipeline {
   void refuse_non_finite(double norm) {
     if (!options_.check_finite || std::isfinite(norm)) return;
     states_.for_each([](auto, auto& st) { st.zero_grads(); });
+    gradients_unreduced_ = false;
     CUPIPE_THROW("Pipeline: the global gradient norm is ", norm, " (a gradient is not finite); the update was not "
                  "applied, and the weights are those before this step (PipelineOptions::check_finite)");
   }
@@ -738,8 +765,10 @@ class Pipeline {
       std::rethrow_exception(failure);
     }
     if constexpr (update_rule == schedule::UpdateRule::flush) {
-      // Each replica already divided by the global batch size, so the sum is the full batch's gradient.
-      states_.for_each([&](auto, auto& st) { pipeline::sum_over_replicas(comm(), st); });
+      // Each replica divided by the global batch size, so the sum over the replicas will be the full
+      // batch's gradient. It waits for the update (or gradients()): steps of forward_backward
+      // accumulate locally and are reduced once.
+      if (comm() && comm()->topology().replicas > 1) gradients_unreduced_ = true;
     } else {
       // Keep what the next step's first microbatch runs on.
       const int keep = schedule::version_of(plan_, executor_->version_offsets(), plan_.config.total_microbatches(), base,
@@ -798,6 +827,7 @@ class Pipeline {
   backend::Staging<Backend, std::int32_t> label_staging_;
   std::int64_t batches_done_ = 0;
   index_t global_samples_ = 0;
+  bool gradients_unreduced_ = false;  ///< flush schedules: this replica's own sums, not yet over the replicas
   int local_worker_ = -1;  ///< the stage this process runs; -1: all of them
   int tied_worker_ = -1;   ///< post-validation: the worker that holds both tied copies
   std::map<int, schedule::Plan> repeated_;  ///< post-validation: plans of several steps, by step count
