@@ -13,6 +13,7 @@
 #include "cupipe/comm/topology.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/core/tensor_group.hpp"
 
 namespace cupipe::comm {
 
@@ -65,6 +66,9 @@ class Communicator {
   virtual bool all_gathers() const { return false; }
   virtual void all_gather_over_replicas(float*, std::size_t) { refuse_all_gather(); }
   virtual void all_gather_over_replicas(double*, std::size_t) { refuse_all_gather(); }
+  /// This rank's tensor-parallel group (Topology::tensor ranks of one stage of one replica), or null
+  /// without tensor parallelism. Valid as long as the communicator.
+  virtual TensorGroup* tensor_group() { return nullptr; }
   /// In place, host memory, the converse of the gather: `data` holds replicas x `count` values; on
   /// return this replica's block (at replica() x count) holds that block summed over the replicas,
   /// and the other blocks are unspecified (ZeRO-1's reduce-scatter of the gradients: each replica

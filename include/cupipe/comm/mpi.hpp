@@ -94,8 +94,11 @@ class MpiSession {
 
 class MpiCommunicator final : public Communicator {
  public:
-  /// Splits `world` into pipelines of `stages` ranks (see Topology for the mapping).
-  MpiCommunicator(MPI_Comm world, int stages, double collective_timeout_seconds = default_collective_timeout_seconds) {
+  /// Splits `world` into pipelines of `stages` stages, each stage `tensor_parallel` ranks (see
+  /// Topology for the mapping).
+  MpiCommunicator(MPI_Comm world, int stages, double collective_timeout_seconds = default_collective_timeout_seconds,
+                  int tensor_parallel = 1)
+      : tensor_sum_(*this) {
     set_collective_timeout(collective_timeout_seconds);
     int level = 0;
     CUPIPE_CHECK_MPI(MPI_Query_thread(&level));
@@ -104,13 +107,18 @@ class MpiCommunicator final : public Communicator {
     int size = 0, rank = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_size(world, &size));
     CUPIPE_CHECK_MPI(MPI_Comm_rank(world, &rank));
-    topology_ = Topology::make(size, rank, stages);
+    topology_ = Topology::make(size, rank, stages, tensor_parallel);
+    const Topology& t = topology_;
     CUPIPE_CHECK_MPI(MPI_Comm_dup(world, &world_));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
-    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, topology_.replica(), topology_.stage(), &pipeline_));
-    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, topology_.stage(), topology_.replica(), &replicas_));
+    // A pipeline joins the stages of one replica at one tensor-parallel place; the replicas of a
+    // stage likewise; a tensor-parallel group, the ranks of one stage of one replica.
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, t.replica() * t.tensor + t.tensor_rank(), t.stage(), &pipeline_));
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, t.stage() * t.tensor + t.tensor_rank(), t.replica(), &replicas_));
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, t.replica() * t.stages + t.stage(), t.tensor_rank(), &tensor_));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(pipeline_, MPI_ERRORS_RETURN));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(replicas_, MPI_ERRORS_RETURN));
+    CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(tensor_, MPI_ERRORS_RETURN));
     int* upper = nullptr;
     int found = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_get_attr(world_, MPI_TAG_UB, &upper, &found));
@@ -132,6 +140,7 @@ class MpiCommunicator final : public Communicator {
       MPI_Cancel(&p.request);
       MPI_Request_free(&p.request);
     }
+    MPI_Comm_free(&tensor_);
     MPI_Comm_free(&replicas_);
     MPI_Comm_free(&pipeline_);
     MPI_Comm_free(&world_);
@@ -206,6 +215,7 @@ class MpiCommunicator final : public Communicator {
   bool all_gathers() const override { return true; }
   void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
+  TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
   bool reduce_scatters() const override { return true; }
   void reduce_scatter_over_replicas(float* data, std::size_t n) override {
     reduce_scatter(data, n, MPI_FLOAT);
@@ -277,12 +287,26 @@ class MpiCommunicator final : public Communicator {
     return status;
   }
 
-  enum class Group { world, pipeline, replicas };
+  enum class Group { world, pipeline, replicas, tensor };
+
+  /// The tensor-parallel group as the layers see it: sums under the same mutex and collective
+  /// timeout as every other collective here.
+  class TensorSum final : public TensorGroup {
+   public:
+    explicit TensorSum(MpiCommunicator& owner) : owner_(owner) {}
+    int size() const override { return owner_.topology_.tensor; }
+    int rank() const override { return owner_.topology_.tensor_rank(); }
+    void sum(float* data, std::size_t n) override { owner_.allreduce(data, n, MPI_FLOAT, Group::tensor); }
+    void sum(double* data, std::size_t n) override { owner_.allreduce(data, n, MPI_DOUBLE, Group::tensor); }
+
+   private:
+    MpiCommunicator& owner_;
+  };
 
   /// In-place sum over `group`, waiting at most collective_timeout().
   void allreduce(void* data, std::size_t n, MPI_Datatype type, Group group) {
     check_usable();
-    MPI_Comm comm = group == Group::world ? world_ : group == Group::pipeline ? pipeline_ : replicas_;
+    MPI_Comm comm = group == Group::world ? world_ : group == Group::pipeline ? pipeline_ : group == Group::replicas ? replicas_ : tensor_;
     MPI_Request request = MPI_REQUEST_NULL;
     {
       const std::lock_guard lock(mutex_);
@@ -334,6 +358,9 @@ class MpiCommunicator final : public Communicator {
     if (group == Group::world) return "all " + std::to_string(t.world) + " ranks";
     if (group == Group::pipeline)
       return "the " + std::to_string(t.stages) + " stages of pipeline (replica) " + std::to_string(t.replica());
+    if (group == Group::tensor)
+      return "the " + std::to_string(t.tensor) + " tensor-parallel ranks of stage " + std::to_string(t.stage()) +
+             " of replica " + std::to_string(t.replica());
     return "the " + std::to_string(t.replicas) + " replicas of stage " + std::to_string(t.stage());
   }
 
@@ -371,6 +398,8 @@ class MpiCommunicator final : public Communicator {
   Topology topology_;
   MPI_Comm world_ = MPI_COMM_NULL;
   MPI_Comm pipeline_ = MPI_COMM_NULL;
+  MPI_Comm tensor_ = MPI_COMM_NULL;
+  TensorSum tensor_sum_;
   MPI_Comm replicas_ = MPI_COMM_NULL;
   long long tag_limit_ = 32767;
   std::mutex mutex_;  ///< held by every MPI call of this communicator and every access to pending_

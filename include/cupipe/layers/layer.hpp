@@ -47,11 +47,24 @@ namespace cupipe {
 /// Width of a layer that adopts its neighbour's (ReLU, GELU).
 inline constexpr index_t any_features = -1;
 
-/// One parameter tensor of a layer: its PyTorch name and shape (cols == 0 for a 1-D tensor).
+/// How tensor parallelism (Megatron's scheme) splits a parameter tensor over a group of `parts`
+/// ranks; rank t of the group holds part t. ParamSpec's rows and cols are the part's shape.
+enum class TensorSplit : std::uint8_t {
+  none,        ///< replicated: every rank holds the whole tensor (LayerNorm, a row-parallel bias)
+  rows,        ///< rows [t R, (t + 1) R) of the whole (a column-parallel Linear's weight and bias)
+  cols,        ///< columns [t C, (t + 1) C) of the whole (a row-parallel Linear's weight)
+  row_thirds,  ///< three equal row blocks (q, k and v), each split by rows (attention's c_attn)
+};
+
+/// One parameter tensor of a layer: its PyTorch name and shape (cols == 0 for a 1-D tensor), and,
+/// for a tensor-parallel layer, how the whole tensor is split into `parts` (its shape here is one
+/// part's).
 struct ParamSpec {
   std::string_view name;
   index_t rows = 0;
   index_t cols = 0;
+  TensorSplit split = TensorSplit::none;
+  int parts = 1;
 
   constexpr index_t numel() const noexcept { return cols == 0 ? rows : rows * cols; }
   constexpr Shape shape() const { return cols == 0 ? Shape{rows} : Shape{rows, cols}; }

@@ -13,3 +13,4 @@
 #include "cupipe/layers/network.hpp"
 #include "cupipe/layers/residual.hpp"
 #include "cupipe/layers/sequential.hpp"
+#include "cupipe/layers/tensor_parallel.hpp"

@@ -32,6 +32,8 @@ struct NameEntry {
   int index = -1;
   std::string_view name;
   index_t rows = 0, cols = 0;
+  TensorSplit split = TensorSplit::none;
+  int parts = 1;
 };
 
 constexpr std::size_t decimal_digits(int v) {
@@ -77,7 +79,8 @@ struct joined_names {
     std::size_t at = 0;
     for (std::size_t i = 0; i < count; ++i) {
       const std::size_t n = entry_length(entries[i]);
-      out[i] = ParamSpec{std::string_view(storage.data() + at, n), entries[i].rows, entries[i].cols};
+      out[i] = ParamSpec{std::string_view(storage.data() + at, n), entries[i].rows, entries[i].cols, entries[i].split,
+                         entries[i].parts};
       at += n;
     }
     return out;
@@ -93,7 +96,8 @@ struct prefixed_entries {
   static constexpr auto inner = L::params(naming_width<L>);
   static constexpr auto entries = [] {
     std::array<NameEntry, inner.size()> out{};
-    for (std::size_t i = 0; i < inner.size(); ++i) out[i] = {Name.view(), -1, inner[i].name, inner[i].rows, inner[i].cols};
+    for (std::size_t i = 0; i < inner.size(); ++i)
+      out[i] = {Name.view(), -1, inner[i].name, inner[i].rows, inner[i].cols, inner[i].split, inner[i].parts};
     return out;
   }();
 };

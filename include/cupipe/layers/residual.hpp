@@ -48,7 +48,7 @@ struct Residual {
             [&] {
               using L = typename Inner::template layer<I>;
               for (const ParamSpec& p : L::params(Inner::widths[I]))
-                out[at++] = {std::string_view{}, is_named<L> ? -1 : int(I), p.name, p.rows, p.cols};
+                out[at++] = {std::string_view{}, is_named<L> ? -1 : int(I), p.name, p.rows, p.cols, p.split, p.parts};
             }(),
             ...);
       }(std::make_index_sequence<Inner::size>());

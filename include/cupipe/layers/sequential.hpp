@@ -54,6 +54,8 @@ struct ParamInfo {
   Shape shape;
   index_t offset = 0;
   index_t numel = 0;
+  TensorSplit split = TensorSplit::none;  ///< tensor parallelism: how the whole tensor is split
+  int parts = 1;                          ///< into how many parts (shape is one part's)
 };
 
 namespace detail {
@@ -310,7 +312,8 @@ struct LayerSeq {
   static void add_params(std::vector<ParamInfo>& table) {
     index_t offset = param_offsets[I];
     for (const ParamSpec& spec : layer<I>::params(widths[I])) {
-      table.push_back({std::to_string(FirstIndex + I) + "." + std::string(spec.name), spec.shape(), offset, spec.numel()});
+      table.push_back({std::to_string(FirstIndex + I) + "." + std::string(spec.name), spec.shape(), offset, spec.numel(),
+                       spec.split, spec.parts});
       offset += spec.numel();
     }
   }

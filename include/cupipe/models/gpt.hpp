@@ -97,13 +97,25 @@ template <Config c>
 using MlpHalf = Residual<Named<"ln_2", LayerNorm<c.channels>>, Init<Named<"mlp.c_fc", Linear<c.channels, 4 * c.channels>>, c.layers>,
                          GELU, Init<Named<"mlp.c_proj", Linear<4 * c.channels, c.channels>>, c.layers>>;
 
-namespace detail {
-template <Config c, std::size_t I>
-using half_t = std::conditional_t<I % 2 == 0, AttentionHalf<c>, MlpHalf<c>>;
+/// The two halves of a block split over TP tensor-parallel ranks (layers/tensor_parallel.hpp):
+/// attention by heads, the MLP by its hidden width (c_fc column-parallel, c_proj row-parallel).
+template <Config c, int TP>
+using TensorParallelAttentionHalf =
+    Residual<Named<"ln_1", LayerNorm<c.channels>>,
+             Init<Named<"attn", TensorParallelAttention<c.channels, c.heads, c.context, TP>>, c.layers>>;
+template <Config c, int TP>
+using TensorParallelMlpHalf =
+    Residual<Named<"ln_2", LayerNorm<c.channels>>, Init<Named<"mlp.c_fc", ColumnParallelLinear<c.channels, 4 * c.channels, TP>>, c.layers>,
+             GELU, Init<Named<"mlp.c_proj", RowParallelLinear<4 * c.channels, c.channels, TP>>, c.layers>>;
 
-template <Config c, std::size_t... I>
+namespace detail {
+template <Config c, int TP, std::size_t I>
+using half_t = std::conditional_t<TP == 1, std::conditional_t<I % 2 == 0, AttentionHalf<c>, MlpHalf<c>>,
+                                  std::conditional_t<I % 2 == 0, TensorParallelAttentionHalf<c, TP>, TensorParallelMlpHalf<c, TP>>>;
+
+template <Config c, int TP, std::size_t... I>
 auto model_of(std::index_sequence<I...>)
-    -> Sequential<TokenPositionEmbedding<c.vocab, c.context, c.channels>, half_t<c, I>..., Named<"ln_f", LayerNorm<c.channels>>,
+    -> Sequential<TokenPositionEmbedding<c.vocab, c.context, c.channels>, half_t<c, TP, I>..., Named<"ln_f", LayerNorm<c.channels>>,
                   Head<c>, SoftmaxCrossEntropy<c.vocab>>;
 }  // namespace detail
 
@@ -114,7 +126,16 @@ concept ValidConfig = c.vocab > 1 && c.context > 0 && c.layers > 0 && c.heads > 
 /// The model: inputs are token ids (B * T rows of whole sequences), labels the next token of each.
 template <Config c>
   requires ValidConfig<c>
-using Model = decltype(detail::model_of<c>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
+using Model = decltype(detail::model_of<c, 1>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
+
+/// One rank's part of Model<c> split over TP tensor-parallel ranks: the blocks' attention by heads
+/// and MLP by hidden width; the embeddings, ln_f and the head whole on every rank (computed
+/// redundantly; vocabulary-parallel embedding and head are not there yet). The parameter names are
+/// Model<c>'s, so tensor_parallel::shard and unshard map one onto the other. TP must divide the
+/// heads.
+template <Config c, int TP>
+  requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0)
+using TensorParallelModel = decltype(detail::model_of<c, TP>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
 
 /// nanoGPT's state_dict name of Model<c>'s parameter named `name` by Sequential ("<layer>.<rest>").
 inline std::string nanogpt_name(const Config& c, std::string_view name) {

@@ -152,6 +152,11 @@ class Pipeline {
       if (topology.stages != stages)
         CUPIPE_THROW("Pipeline: the communicator splits the world into ", topology.stages, " stages but this pipeline has ",
                      stages);
+      // The losses, the gradient norm and the checkpoints would count a tensor-parallel group's
+      // replicated values once per rank; the pipeline does not account for that yet.
+      if (topology.tensor > 1)
+        CUPIPE_THROW("Pipeline: the communicator has ", topology.tensor, " tensor-parallel ranks per stage, which the "
+                     "pipeline does not run yet; tensor-parallel layers run in a Network (layers/tensor_parallel.hpp)");
       local_worker_ = topology.stage();
     }
     for (int k : options_.recompute)

@@ -22,6 +22,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/core/tensor_group.hpp"
 
 namespace cupipe::backend {
 
@@ -42,6 +43,10 @@ class Cuda : public ops::Dispatch {
   /// Bytes this context allocated, by purpose; peaks are measured here. Declared before the context,
   /// whose pool accounts into it.
   MemoryTracker memory;
+
+  /// The tensor-parallel group the layers of layers/tensor_parallel.hpp sum over (null: none; such a
+  /// layer then refuses to run). Sums stage through host memory for now. Not owned.
+  TensorGroup* tensor_group = nullptr;
 
   /// Float GEMMs in exact fp32 (the default) or on TF32 tensor cores (opt in; about 1e-3 relative).
   gpu::MathMode math = gpu::MathMode::fp32;

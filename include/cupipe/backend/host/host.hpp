@@ -14,6 +14,7 @@
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/core/tensor_group.hpp"
 
 namespace cupipe::backend {
 
@@ -33,6 +34,10 @@ struct Host : ops::Dispatch {
 
   /// Bytes this context allocated, by purpose; peaks are measured here.
   MemoryTracker memory;
+
+  /// The tensor-parallel group the layers of layers/tensor_parallel.hpp sum over (null: none; such a
+  /// layer then refuses to run). Not owned.
+  TensorGroup* tensor_group = nullptr;
 
   /// Sets how many threads the host BLAS uses per call (OpenBLAS; other BLAS libraries keep theirs).
   /// Process-wide: OpenBLAS has one setting for every context.

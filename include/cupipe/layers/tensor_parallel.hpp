@@ -1,0 +1,352 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensor parallelism (Megatron-LM's scheme, Shoeybi et al., 2019): layers split over a group of
+// Parts ranks, each rank holding part t of the weights and computing part t of the work.
+//
+//   ColumnParallelLinear<In, Out, Parts>  rank t holds output rows [t Out/P, (t+1) Out/P) of W and b:
+//                                         the input is whole (the same on every rank), the output
+//                                         is the rank's slice of features. The backward's input
+//                                         gradient is a partial sum, summed over the group.
+//   RowParallelLinear<In, Out, Parts>     rank t holds input columns [t In/P, ...) of W; its input
+//                                         is the rank's slice of features; the output is summed
+//                                         over the group, then the whole bias (replicated) added.
+//   TensorParallelAttention<C, H, T, P>   GPT-2 attention split by heads: c_attn column-parallel
+//                                         (the rank's heads of q, k and v), the heads' attention
+//                                         local, c_proj row-parallel.
+//
+// A transformer block's two halves then sum once in the forward (after c_proj) and once in the
+// backward (before ln_1 / ln_2), as Megatron's f and g operators do. Everything between the sums
+// (LayerNorm, residual adds, replicated biases) is computed identically on every rank of the group,
+// so replicated parameters keep identical gradients without a sum.
+//
+// The group: the backend context's `tensor_group` (a TensorGroup, for host ranks
+// comm::MpiCommunicator::tensor_group()). Each tensor's ParamSpec says how the whole tensor is split
+// (TensorSplit), so tensor_parallel::shard and unshard move parameters between the whole model's
+// layout and a rank's, by name: a tensor-parallel model starts from the whole model's initial
+// parameters, sharded (its layers' own init draws part-shaped samples, which are not slices of the
+// whole model's draws).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/rng.hpp"
+#include "cupipe/core/tensor_group.hpp"
+#include "cupipe/layers/layer.hpp"
+#include "cupipe/layers/sequential.hpp"
+
+namespace cupipe {
+
+/// Sums `v` (the backend's memory) in place over the backend's tensor-parallel group, which must
+/// have `Parts` ranks. Device memory is staged through the host for now.
+template <int Parts, class B, class T>
+void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
+  TensorGroup* group = be.tensor_group;
+  if (group == nullptr)
+    CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend has no tensor_group (set it "
+                 "to the communicator's tensor_group())");
+  if (group->size() != Parts)
+    CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend's tensor group has ",
+                 group->size());
+  const std::size_t n = std::size_t(v.numel());
+  if (n == 0) return;
+  be.synchronize();
+  if constexpr (host_accessible<typename B::space>) {
+    group->sum(v.data(), n);
+  } else {
+    std::vector<T> host(n);
+    be.download(v.data(), std::span<T>(host));
+    group->sum(host.data(), n);
+    be.upload(std::span<const T>(host), v.data());
+  }
+}
+
+template <index_t In, index_t Out, int Parts, bool Bias = true>
+struct ColumnParallelLinear {
+  static_assert(In > 0 && Out > 0 && Parts > 0, "ColumnParallelLinear<In, Out, Parts> needs positive sizes");
+  static_assert(Out % Parts == 0, "ColumnParallelLinear<In, Out, Parts>: Parts must divide Out");
+  static constexpr index_t part_out = Out / Parts;
+  static constexpr index_t in_features = In;
+  static constexpr index_t out_features_for(index_t) { return part_out; }
+  static constexpr bool takes_token_ids = false;
+  static constexpr bool is_loss = false;
+  static constexpr std::array<ParamSpec, Bias ? 2 : 1> params(index_t) {
+    if constexpr (Bias)
+      return {{{"weight", part_out, In, TensorSplit::rows, Parts}, {"bias", part_out, 0, TensorSplit::rows, Parts}}};
+    else return {{{"weight", part_out, In, TensorSplit::rows, Parts}}};
+  }
+  static constexpr index_t saved_per_row(index_t) { return 0; }
+  static constexpr double forward_flops_per_sample(index_t) { return 2.0 * In * part_out; }
+  static std::string describe() {
+    return "ColumnParallelLinear<" + std::to_string(In) + ", " + std::to_string(Out) + ", " + std::to_string(Parts) + ">";
+  }
+  /// Linear's distribution over this part's shape (see the header: shard the whole model instead).
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng& rng) {
+    const double bound = 1.0 / std::sqrt(double(In));
+    for (T& w : p) w = T(rng.uniform(-bound, bound));
+  }
+
+  // x (n, In), whole -> y (n, Out / Parts), this rank's features
+  template <class B, class T>
+  static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
+    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, ConstViewOn<B, T>{p, Shape{part_out, In}}, T(0), y);
+    if constexpr (Bias) bias_add(be, y, ConstViewOn<B, T>{p + part_out * In, Shape{part_out}});
+  }
+  // dx (n, In) = sum over the group of dy_t (n, Out / Parts) W_t
+  template <class B, class T>
+  static void backward_input(B& be, const T* p, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    if (dx.empty()) return;
+    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>{p, Shape{part_out, In}}, T(0), dx);
+    tensor_group_sum<Parts>(be, dx, "ColumnParallelLinear");
+  }
+  template <class B, class T>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{part_out, In}});
+    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, T>{g + part_out * In, Shape{part_out}});
+  }
+};
+
+template <index_t In, index_t Out, int Parts, bool Bias = true>
+struct RowParallelLinear {
+  static_assert(In > 0 && Out > 0 && Parts > 0, "RowParallelLinear<In, Out, Parts> needs positive sizes");
+  static_assert(In % Parts == 0, "RowParallelLinear<In, Out, Parts>: Parts must divide In");
+  static constexpr index_t part_in = In / Parts;
+  static constexpr index_t in_features = part_in;
+  static constexpr index_t out_features_for(index_t) { return Out; }
+  static constexpr bool takes_token_ids = false;
+  static constexpr bool is_loss = false;
+  static constexpr std::array<ParamSpec, Bias ? 2 : 1> params(index_t) {
+    if constexpr (Bias) return {{{"weight", Out, part_in, TensorSplit::cols, Parts}, {"bias", Out, 0}}};
+    else return {{{"weight", Out, part_in, TensorSplit::cols, Parts}}};
+  }
+  static constexpr index_t saved_per_row(index_t) { return 0; }
+  static constexpr double forward_flops_per_sample(index_t) { return 2.0 * part_in * Out; }
+  static std::string describe() {
+    return "RowParallelLinear<" + std::to_string(In) + ", " + std::to_string(Out) + ", " + std::to_string(Parts) + ">";
+  }
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng& rng) {
+    const double bound = 1.0 / std::sqrt(double(In));
+    for (T& w : p) w = T(rng.uniform(-bound, bound));
+  }
+
+  // x (n, In / Parts), this rank's features -> y (n, Out) = sum over the group of x_t W_t^T, + b
+  template <class B, class T>
+  static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
+    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, ConstViewOn<B, T>{p, Shape{Out, part_in}}, T(0), y);
+    tensor_group_sum<Parts>(be, y, "RowParallelLinear");
+    if constexpr (Bias) bias_add(be, y, ConstViewOn<B, T>{p + Out * part_in, Shape{Out}});  // once, after the sum
+  }
+  // dx (n, In / Parts) = dy W_t: dy is whole on every rank, so no sum
+  template <class B, class T>
+  static void backward_input(B& be, const T* p, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    if (!dx.empty()) gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>{p, Shape{Out, part_in}}, T(0), dx);
+  }
+  template <class B, class T>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{Out, part_in}});
+    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, T>{g + Out * part_in, Shape{Out}});
+  }
+};
+
+/// CausalSelfAttention<C, Heads, SeqLen> split by heads over Parts ranks: rank t runs heads
+/// [t H/P, (t+1) H/P). Parameters, in nanoGPT's names, as parts of nanoGPT's tensors: c_attn.weight
+/// (3 C/P, C) and c_attn.bias (3 C/P) are the rank's rows of each of q, k and v; c_proj.weight
+/// (C, C/P) its columns; c_proj.bias (C) whole.
+template <index_t C, index_t Heads, index_t SeqLen, int Parts>
+struct TensorParallelAttention {
+  static_assert(C > 0 && Heads > 0 && SeqLen > 0 && Parts > 0, "TensorParallelAttention needs positive sizes");
+  static_assert(C % Heads == 0, "TensorParallelAttention<C, Heads, SeqLen, Parts>: C must be a multiple of Heads");
+  static_assert(Heads % Parts == 0, "TensorParallelAttention<C, Heads, SeqLen, Parts>: Parts must divide Heads");
+  static constexpr index_t heads = Heads / Parts;  ///< this rank's
+  static constexpr index_t width = C / Parts;      ///< this rank's heads' channels
+  static constexpr index_t in_features = C;
+  static constexpr index_t out_features_for(index_t) { return C; }
+  static constexpr bool takes_token_ids = false;
+  static constexpr bool is_loss = false;
+  static constexpr index_t rows_per_sample = SeqLen;
+  static constexpr bool weight_grads_need_backward_input = true;
+  static constexpr std::array<ParamSpec, 4> params(index_t) {
+    return {{{"c_attn.weight", 3 * width, C, TensorSplit::row_thirds, Parts},
+             {"c_attn.bias", 3 * width, 0, TensorSplit::row_thirds, Parts},
+             {"c_proj.weight", C, width, TensorSplit::cols, Parts},
+             {"c_proj.bias", C, 0}}};
+  }
+  /// Per row: this rank's qkv (3 C/P), attention output (C/P), log-sum-exp per head and dqkv.
+  static constexpr index_t saved_per_row(index_t) { return 7 * width + heads; }
+  static constexpr double forward_flops_per_sample(index_t) {
+    return 8.0 * double(width) * double(C) + 2.0 * double(width) * double(SeqLen + 1);
+  }
+  static std::string describe() {
+    return "TensorParallelAttention<" + std::to_string(C) + ", " + std::to_string(Heads) + ", " + std::to_string(SeqLen) +
+           ", " + std::to_string(Parts) + ">";
+  }
+  /// CausalSelfAttention's initialisation over this part's shapes (see the header).
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng& rng) {
+    std::size_t at = 0;
+    for (const ParamSpec& spec : params(C))
+      for (index_t i = 0; i < spec.numel(); ++i) p[at++] = spec.cols != 0 ? T(0.02 * rng.normal()) : T(0);
+  }
+
+  template <class B, class T>
+  static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T> saved) {
+    const Parts_<B, T> s(saved.data(), x.rows());
+    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, w_attn<B>(p), T(0), s.qkv);
+    bias_add(be, s.qkv, b_attn<B>(p));
+    causal_attention_forward(be, ConstViewOn<B, T>(s.qkv), s.att, s.lse, heads, SeqLen);
+    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(s.att), w_proj<B>(p), T(0), y);
+    tensor_group_sum<Parts>(be, y, "TensorParallelAttention");
+    bias_add(be, y, b_proj<B>(p));
+  }
+  template <class B, class T>
+  static void backward_input(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    const index_t n = x.rows();
+    const Parts_<B, T> s(saved.data(), n);
+    auto datt = be.template allocate<T>(n * width, MemoryTag::workspace);
+    const ViewOn<B, T> datt_view{datt.data(), Shape{n, width}};
+    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, w_proj<B>(p), T(0), datt_view);
+    causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, T>(s.lse),
+                              ConstViewOn<B, T>(datt_view), s.dqkv, heads, SeqLen);
+    if (dx.empty()) return;
+    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), w_attn<B>(p), T(0), dx);
+    tensor_group_sum<Parts>(be, dx, "TensorParallelAttention");
+  }
+  template <class B, class T>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, T* g) {
+    const Parts_<B, T> s(saved.data(), x.rows());
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), x, T(1),
+         ViewOn<B, T>{g, Shape{3 * width, C}});
+    bias_backward(be, ConstViewOn<B, T>(s.dqkv), ViewOn<B, T>{g + 3 * width * C, Shape{3 * width}});
+    T* gp = g + 3 * width * C + 3 * width;
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>(s.att), T(1), ViewOn<B, T>{gp, Shape{C, width}});
+    bias_backward(be, dy, ViewOn<B, T>{gp + C * width, Shape{C}});
+  }
+
+ private:
+  template <class B, class T>
+  struct Parts_ {
+    ViewOn<B, T> qkv, att, lse, dqkv;
+    Parts_(T* base, index_t n)
+        : qkv{base, Shape{n, 3 * width}},
+          att{base + n * 3 * width, Shape{n, width}},
+          lse{base + n * 4 * width, Shape{n, heads}},
+          dqkv{base + n * (4 * width + heads), Shape{n, 3 * width}} {}
+  };
+  template <class B, class T>
+  static ConstViewOn<B, T> w_attn(const T* p) { return {p, Shape{3 * width, C}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> b_attn(const T* p) { return {p + 3 * width * C, Shape{3 * width}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> w_proj(const T* p) { return {p + 3 * width * C + 3 * width, Shape{C, width}}; }
+  template <class B, class T>
+  static ConstViewOn<B, T> b_proj(const T* p) { return {p + 3 * width * C + 3 * width + C * width, Shape{C}}; }
+};
+
+namespace tensor_parallel {
+
+namespace detail {
+/// Rows and columns of a tensor of `info`'s shape (a 1-D tensor: one column).
+inline index_t rows_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[0] : info.numel; }
+inline index_t cols_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[1] : 1; }
+
+/// Calls copy(part_offset, whole_offset, count) for every run of part t of a tensor split as
+/// `info` says (offsets in elements within the tensor).
+template <class Copy>
+void for_each_run(const ParamInfo& info, int t, Copy&& copy) {
+  const index_t r = rows_of(info), c = cols_of(info), P = info.parts;
+  switch (info.split) {
+    case TensorSplit::none: copy(index_t(0), index_t(0), info.numel); break;
+    case TensorSplit::rows: copy(index_t(0), index_t(t) * r * c, r * c); break;
+    case TensorSplit::cols:
+      for (index_t i = 0; i < r; ++i) copy(i * c, i * c * P + index_t(t) * c, c);
+      break;
+    case TensorSplit::row_thirds: {
+      const index_t third = r / 3;  // this part's rows of each of q, k and v
+      for (index_t k = 0; k < 3; ++k) copy(k * third * c, (k * third * P + index_t(t) * third) * c, third * c);
+      break;
+    }
+  }
+}
+
+/// The whole model's tensor of the same name as `part` (a tensor of a tensor-parallel model).
+inline const ParamInfo& whole_of(const std::vector<ParamInfo>& whole_table, const ParamInfo& part, std::size_t i) {
+  CUPIPE_REQUIRE(i < whole_table.size() && whole_table[i].name == part.name, "tensor_parallel: parameter ", i, " '",
+                 part.name, "' of the tensor-parallel model is '", i < whole_table.size() ? whole_table[i].name : "",
+                 "' in the whole model; the two models must have the same layers");
+  const ParamInfo& whole = whole_table[i];
+  const index_t parts = part.split == TensorSplit::none ? 1 : part.parts;
+  CUPIPE_REQUIRE(whole.numel == part.numel * parts, "tensor_parallel: '", part.name, "' has ", part.numel,
+                 " values in ", parts, " part(s), but ", whole.numel, " in the whole model");
+  return whole;
+}
+}  // namespace detail
+
+/// This rank's parameters (part t of every split tensor, the whole of every other) from the whole
+/// model's, matched by name: `whole_table`/`whole` are the whole model's parameter_table() and
+/// values, `part_table` the tensor-parallel model's.
+template <class T>
+std::vector<T> shard(const std::vector<ParamInfo>& whole_table, const std::vector<ParamInfo>& part_table,
+                     std::span<const T> whole, int t) {
+  CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "tensor_parallel::shard: the whole model has ",
+                 whole_table.size(), " parameter tensors, the tensor-parallel one ", part_table.size());
+  index_t total = 0;
+  for (const ParamInfo& p : part_table) total = std::max(total, p.offset + p.numel);
+  std::vector<T> out(static_cast<std::size_t>(total));
+  for (std::size_t i = 0; i < part_table.size(); ++i) {
+    const ParamInfo& part = part_table[i];
+    const ParamInfo& from = detail::whole_of(whole_table, part, i);
+    detail::for_each_run(part, t, [&](index_t at, index_t whole_at, index_t n) {
+      std::copy_n(whole.begin() + (from.offset + whole_at), n, out.begin() + (part.offset + at));
+    });
+  }
+  return out;
+}
+
+/// The whole model's values from every rank's part (collective over `group`, host memory): each
+/// rank places its parts, the first rank the replicated tensors, and one sum assembles them.
+template <class T>
+std::vector<T> unshard(const std::vector<ParamInfo>& whole_table, const std::vector<ParamInfo>& part_table,
+                       std::span<const T> part_values, TensorGroup& group) {
+  CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "tensor_parallel::unshard: the whole model has ",
+                 whole_table.size(), " parameter tensors, the tensor-parallel one ", part_table.size());
+  index_t total = 0;
+  for (const ParamInfo& p : whole_table) total = std::max(total, p.offset + p.numel);
+  std::vector<T> out(static_cast<std::size_t>(total), T(0));
+  const int t = group.rank();
+  for (std::size_t i = 0; i < part_table.size(); ++i) {
+    const ParamInfo& part = part_table[i];
+    const ParamInfo& to = detail::whole_of(whole_table, part, i);
+    if (part.split == TensorSplit::none && t != 0) continue;
+    detail::for_each_run(part, t, [&](index_t at, index_t whole_at, index_t n) {
+      std::copy_n(part_values.begin() + (part.offset + at), n, out.begin() + (to.offset + whole_at));
+    });
+  }
+  group.sum(out.data(), out.size());
+  return out;
+}
+
+/// Sum of squares of a tensor-parallel model's values (gradients, for the global norm) as the whole
+/// model's: split tensors summed over the group, replicated ones counted once. Collective.
+template <class T>
+double sum_of_squares(const std::vector<ParamInfo>& part_table, std::span<const T> values, TensorGroup& group) {
+  double split = 0, replicated = 0;
+  for (const ParamInfo& p : part_table) {
+    double s = 0;
+    for (index_t i = 0; i < p.numel; ++i) s += double(values[std::size_t(p.offset + i)]) * double(values[std::size_t(p.offset + i)]);
+    (p.split == TensorSplit::none ? replicated : split) += s;
+  }
+  double sums[1] = {split};
+  group.sum(sums, 1);
+  return sums[0] + replicated;
+}
+
+}  // namespace tensor_parallel
+}  // namespace cupipe
