@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// How the example trainers start under mpirun or srun: MPI comes up when --dp > 1 or a launcher
-// started the process, the process count must be stages x replicas, and one rank's failure ends the
+// How the example trainers start under mpirun or srun: MPI comes up when --dp or --tp > 1 or a launcher
+// started the process, the process count must be stages x replicas (x tensor-parallel ranks), and one rank's failure ends the
 // whole job instead of leaving the others waiting for it. Also what the trainers' placement and
 // agreement flags share: --devices lists, and exact text for numbers the ranks must agree on.
 #pragma once
@@ -61,26 +61,30 @@ struct Launch {
 /// and start() it inside, so that abort_job() can still reach MPI from the catch.
 class Launcher {
  public:
-  /// Starts MPI when `dp` > 1 or a launcher's environment is present, and checks the process count.
-  /// `program` names the binary in the mpirun command a wrong count suggests.
-  const Launch& start(int& argc, char**& argv, const char* program, int stages, int dp, double timeout) {
+  /// Starts MPI when `dp` or `tp` > 1 or a launcher's environment is present, and checks the process
+  /// count (stages x dp x tp). `program` names the binary in the mpirun command a wrong count suggests.
+  const Launch& start(int& argc, char**& argv, const char* program, int stages, int dp, double timeout, int tp = 1) {
 #if CUPIPE_HAS_MPI
     const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
-    if (dp > 1 || under_launcher) {
+    if (dp > 1 || tp > 1 || under_launcher) {
       mpi_ = std::make_unique<comm::MpiSession>(&argc, &argv);
-      launch_.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout);
+      int world = 0;
+      CUPIPE_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world));
+      const int needed = stages * dp * tp;
+      if (world != needed)
+        CUPIPE_THROW("--stages ", stages, " x --dp ", dp, tp > 1 ? " x --tp " + std::to_string(tp) : std::string(), " needs ",
+                     needed, " processes but ", world, world == 1 ? " was" : " were", " launched: run it as `mpirun -np ",
+                     needed, " ", program, " ...` (or srun -n ", needed, ")");
+      launch_.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout, tp);
       const comm::Topology& topology = launch_.communicator->topology();
-      if (topology.replicas != dp)
-        CUPIPE_THROW("--stages ", stages, " x --dp ", dp, " needs ", stages * dp, " processes but ", topology.world,
-                     topology.world == 1 ? " was" : " were", " launched: run it as `mpirun -np ", stages * dp, " ", program,
-                     " ...` (or srun -n ", stages * dp, ")");
       launch_.rank = topology.rank;
       launch_.replica = topology.replica();
       launch_.replicas = topology.replicas;
     }
 #else
     (void)argc, (void)argv, (void)program, (void)stages, (void)timeout;
-    if (dp > 1) CUPIPE_THROW("--dp needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
+    if (dp > 1 || tp > 1)
+      CUPIPE_THROW(dp > 1 ? "--dp" : "--tp", " needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
 #endif
     return launch_;
   }

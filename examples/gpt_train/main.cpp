@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Trains a GPT-2-style transformer with a pipeline schedule: byte-level text (Debian's fortunes by
 // default, or any file or folder) or llm.c token shards; on the CPU (host backend), under
-// mpirun/srun with --dp (stages x replicas processes, host backend), or with --backend cuda on GPUs
+// mpirun/srun with --dp and --tp (stages x replicas x tensor-parallel processes, host backend), or with --backend cuda on GPUs
 // in one process. Prints per-step loss and tokens/s (on CUDA also TFLOP/s and MFU against the GPUs'
 // measured GEMM rate), held-out loss and bits per byte at each evaluation, a sample from the model at
 // the end, and one JSON summary line; saves and resumes checkpoints with nanoGPT's parameter names.
@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -113,7 +114,13 @@ int main(int argc, char** argv) {
   app.add_option("--math", f.math, "GEMM arithmetic on CUDA: fp32 or tf32")->capture_default_str()->check(CLI::IsMember({"fp32", "tf32"}));
   app.add_flag("--zero", f.zero,
                "ZeRO-1: each of the --dp replicas keeps the AdamW state of 1/dp of the parameters and the updated "
-               "shards are gathered (the weights are bitwise those without it)");
+               "shards are gathered (the weights are those without it, to rounding)");
+  app.add_option("--tp", f.tp,
+                 "tensor-parallel ranks per stage: each block's attention split by heads and MLP by width over "
+                 "them (Megatron); run under mpirun/srun with stages x dp x tp processes; 2 or 4, with --schedule "
+                 "1f1b and --stages 1 or 2")
+      ->capture_default_str()
+      ->check(CLI::IsMember({1, 2, 4}));
   app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")
       ->capture_default_str()
       ->check(positive);
@@ -137,7 +144,10 @@ int main(int argc, char** argv) {
       CUPIPE_THROW("--preset gpt2-124m (124 M parameters, T 1024) is built for --backend cuda; on the CPU use --preset tiny");
     CUPIPE_REQUIRE(f.held_out < 1, "--held-out must be below 1, got ", f.held_out);
     CUPIPE_REQUIRE(f.batch % f.dp == 0, "--batch ", f.batch, " must divide evenly among --dp ", f.dp, " replicas");
-    const Launch& launch = launcher.start(argc, argv, "gpt_train", f.stages, f.dp, f.timeout);
+    if (f.tp > 1 && (f.schedule != "1f1b" || (f.stages != 1 && f.stages != 2)))
+      CUPIPE_THROW("--tp ", f.tp, " runs with --schedule 1f1b and --stages 1 or 2 in this trainer (the tensor-parallel "
+                   "model is built for those only), not --schedule ", f.schedule, " --stages ", f.stages);
+    const Launch& launch = launcher.start(argc, argv, "gpt_train", f.stages, f.dp, f.timeout, f.tp);
     // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
     if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     if (f.backend == "cuda" && launch.communicator)
@@ -176,7 +186,13 @@ int main(int argc, char** argv) {
     }
     int rc = 1;
     with_policy(f.schedule, [&]<class Schedule>() {
-      auto run = [&]<int P>() { rc = train<gpt::tiny, Schedule, P, backend::Host<T>>(f, corpus, split, launch); };
+      auto run = [&]<int P>() {
+        if constexpr (std::is_same_v<Schedule, schedule::OneFOneB> && P <= 2) {
+          if (f.tp == 2) rc = train<gpt::tiny, Schedule, P, backend::Host<T>, 2>(f, corpus, split, launch);
+          if (f.tp == 4) rc = train<gpt::tiny, Schedule, P, backend::Host<T>, 4>(f, corpus, split, launch);
+        }
+        if (f.tp == 1) rc = train<gpt::tiny, Schedule, P, backend::Host<T>>(f, corpus, split, launch);
+      };
       if constexpr (Schedule::chunks == 1) with_stage_count<1, 2, 4>(f.stages, run);
       else with_stage_count<1, 2>(f.stages, run);
     });

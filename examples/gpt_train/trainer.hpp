@@ -70,6 +70,7 @@ struct Flags {
   double predicted_step_seconds = 0;  ///< the planned layout's, set by --plan auto
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   bool zero = false;                  ///< ZeRO-1: the AdamW state sharded over the --dp replicas
+  int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
 };
 
 /// The flags every rank of a multi-process run must share (display flags and the data paths, which
@@ -88,7 +89,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--resume", f.resume},               {"--max-steps", std::to_string(f.max_steps)},
           {"--max-seconds", real(f.max_seconds)}, {"--backend", f.backend},
           {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt},
-          {"--zero", f.zero ? "on" : "off"}};
+          {"--zero", f.zero ? "on" : "off"}, {"--tp", std::to_string(f.tp)}};
 }
 
 /// FNV-1a over a token stream: equal on every rank that loaded the same corpus.
@@ -226,16 +227,24 @@ inline std::string mebibytes(double bytes) {
   return text;
 }
 
-template <gpt::Config config, class Schedule, int P, class Backend, class Configure = AsBuilt>
+template <gpt::Config config, class Schedule, int P, class Backend, int TP = 1, class Configure = AsBuilt>
 int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
           const DeviceRate& rate = {}, Configure configure = {}) {
-  using Model = gpt::Model<config>;
+  using Model = gpt::TensorParallelModel<config, TP>;  // gpt::Model<config> itself with TP 1
   using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
              .post_validation = f.post_validation > 0, .zero = f.zero});
   configure(pipe);
+  if constexpr (TP > 1) {
+    // Each rank holds its part of the whole model's initialisation (the split layers' own draws are
+    // part-shaped samples), so a run with --tp starts where the same run without it does.
+    using Whole = typename gpt::Model<config>::body;
+    std::vector<T> whole(static_cast<std::size_t>(Whole::param_count));
+    Whole::init(std::span<T>(whole), f.seed);
+    pipe.set_parameters(whole);
+  }
   NanoGptNames<config, Pipe> named{pipe};
   optim::AdamW adamw({.lr = f.lr, .weight_decay = f.weight_decay, .clip_norm = f.clip,
                       .schedule = {f.warmup, f.steps, f.min_lr}});
@@ -251,9 +260,10 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
       config.tied ? "tied to wte" : "untied", f.backend.c_str());
   say("%s: %lld files, %zu tokens; %zu train, %zu held out\n", corpus.source.c_str(), (long long)corpus.files,
       corpus.tokens.size(), split.train.size(), split.held_out.size());
-  say("%s, %d stages x %d chunk(s)%s; %d sequences (%d tokens) a step in %d microbatches; AdamW lr %g\n",
+  say("%s, %d stages x %d chunk(s)%s%s; %d sequences (%d tokens) a step in %d microbatches; AdamW lr %g\n",
       std::string(Schedule::name).c_str(), P, Schedule::chunks,
-      launch.replicas > 1 ? (" x " + std::to_string(launch.replicas) + " replicas").c_str() : "", f.batch,
+      launch.replicas > 1 ? (" x " + std::to_string(launch.replicas) + " replicas").c_str() : "",
+      TP > 1 ? (" x " + std::to_string(TP) + " tensor-parallel ranks").c_str() : "", f.batch,
       f.batch * int(config.context), f.microbatches, f.lr);
   if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
   // What each worker will hold, before anything is allocated (one-chunk schedules): the first stage
@@ -420,6 +430,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"schedule", f.schedule},
                             {"stages", f.stages},
                             {"data_parallel", launch.replicas},
+                            {"tensor_parallel", TP},
                             {"microbatches", f.microbatches},
                             {"peak_bytes_measured", peak_bytes},
                             {"optimizer_bytes", optimizer_bytes},

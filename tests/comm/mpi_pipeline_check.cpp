@@ -24,9 +24,12 @@
 #include "cupipe/comm/mpi.hpp"
 #include "cupipe/cupipe.hpp"
 #include "cupipe/models/gpt.hpp"
+#include "compare.hpp"
 #include "hook_layer.hpp"
 
 using namespace cupipe;
+using cupipe::testing::number;
+using cupipe::testing::relative;
 
 namespace {
 
@@ -42,15 +45,6 @@ using Trap = HookLayer<trap>;
 
 using Model = Sequential<Linear<6, 12>, ReLU, Linear<12, 12>, Trap, Linear<12, 10>, ReLU, Linear<10, 10>, ReLU, Linear<10, 8>,
                          ReLU, Linear<8, 8>, ReLU, Linear<8, 8>, GELU, Linear<8, 6>, ReLU, Linear<6, 3>>;
-
-double relative(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    norm = std::max(norm, std::abs(b[i]));
-  }
-  return norm > 0 ? diff / norm : diff;
-}
 
 std::string checkpoint;
 

@@ -2,6 +2,7 @@
 // Run under mpirun: tensor parallelism over host ranks (MpiCommunicator's tensor group, float64)
 // must compute what the whole model computes in one process.
 //   mpi_tensor_parallel_check --tensor TP
+//   mpi_tensor_parallel_check --tensor 2 --pipeline P [--checkpoint PREFIX]
 // World = TP tensor-parallel ranks x D replicas (one stage). Every rank builds the whole small GPT
 // (the oracle) and its part of gpt::TensorParallelModel (attention split by heads, the MLP by hidden
 // width), sharded from the whole model's initial parameters. Each group trains on the same batch:
@@ -12,6 +13,8 @@
 //   - the layers refuse to run without a tensor group, or with one of another size, and a Pipeline
 //     refuses a communicator with tensor-parallel ranks, each in one sentence.
 // With replicas, the groups must not mix (each group's sums stay inside it).
+// --pipeline P: the tensor-parallel GPT in a Pipeline of P stages (x replicas) against the whole
+// model's pipeline in one process (see check_pipeline), checkpoints included.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,25 +24,13 @@
 #include "cupipe/comm/mpi.hpp"
 #include "cupipe/cupipe.hpp"
 #include "cupipe/models/gpt.hpp"
+#include "compare.hpp"
 
 using namespace cupipe;
+using cupipe::testing::number;
+using cupipe::testing::relative;
 
 namespace {
-
-std::string number(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.15g", v);
-  return text;
-}
-
-double relative(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    norm = std::max(norm, std::abs(b[i]));
-  }
-  return a.size() != b.size() ? INFINITY : norm > 0 ? diff / norm : diff;
-}
 
 /// V 64, T 8, 2 blocks, 4 heads, C 16.
 constexpr gpt::Config small_gpt{64, 8, 2, 4, 16};
@@ -150,7 +141,7 @@ int check(comm::MpiCommunicator& comm) {
   expect("tied copies", std::equal(weights.begin() + tied.first, weights.begin() + tied.first + tied.count,
                                    weights.begin() + tied.second), "wte and lm_head");
 
-  // A pipeline over this communicator refuses the tensor-parallel ranks it cannot account for yet.
+  // A pipeline of the whole model over this communicator refuses its tensor-parallel ranks.
   std::string refusal;
   try {
     auto shared = std::shared_ptr<comm::Communicator>(&comm, [](comm::Communicator*) {});
@@ -158,10 +149,87 @@ int check(comm::MpiCommunicator& comm) {
   } catch (const cupipe::error& e) {
     refusal = e.what();
   }
-  const bool refused = refusal.find("tensor-parallel ranks per stage") != std::string::npos;
-  if (speaks || !refused) std::printf("rank %d: a Pipeline with tensor-parallel ranks: %s\n", topo.rank, refused ? "refused" : "NOT REFUSED");
+  const bool refused = refusal.find("split over 1 tensor-parallel rank(s), but the communicator has") != std::string::npos;
+  if (speaks || !refused) std::printf("rank %d: a whole model's Pipeline with tensor-parallel ranks: %s (%s)\n", topo.rank,
+                                      refused ? "refused" : "NOT REFUSED", refusal.c_str());
   failures += !refused;
 
+  int total = failures;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return total == 0 ? 0 : 1;
+}
+
+/// The tensor-parallel GPT in a Pipeline of P stages x D replicas x TP ranks (1F1B, AdamW with
+/// clipping) against the whole model's pipeline in one process on the whole batch, every rank
+/// comparing: the loss and the global gradient norm of 3 steps, the weights after them (1e-12);
+/// then checkpoints both ways: this run's loads into a one-stage single process, the single
+/// process's into this run.
+template <int TP, int P>
+int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::string& checkpoint) {
+  using Whole = gpt::Model<small_gpt>;
+  using Part = gpt::TensorParallelModel<small_gpt, TP>;
+  using B = backend::Host<double>;
+  const comm::Topology& topo = comm->topology();
+  constexpr index_t sequences = 4;
+  const index_t share = sequences / topo.replicas * small_gpt.context;
+  std::vector<std::int32_t> ids(std::size_t(sequences * small_gpt.context)), next(ids.size());
+  Rng rng(5);
+  for (auto& v : ids) v = std::int32_t(rng.below(std::uint64_t(small_gpt.vocab)));
+  for (auto& v : next) v = std::int32_t(rng.below(std::uint64_t(small_gpt.vocab)));
+  const index_t rows = sequences * small_gpt.context;
+  const ConstView<std::int32_t> mine{ids.data() + topo.replica() * share, Shape{share, 1}};
+  const ConstView<std::int32_t> mine_y{next.data() + topo.replica() * share, Shape{share}};
+  const ConstView<std::int32_t> all{ids.data(), Shape{rows, 1}};
+  const ConstView<std::int32_t> all_y{next.data(), Shape{rows}};
+
+  Pipeline<partition<Part, P>, schedule::OneFOneB, B> distributed(
+      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm});
+  Pipeline<partition<Whole, P>, schedule::OneFOneB, B> reference({.microbatches = 2 * topo.replicas, .seed = 4});
+  distributed.set_parameters(reference.parameters());  // the whole model's initialisation, sharded
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
+  int failures = 0;
+  const bool speaks = topo.rank == 0;
+  auto expect = [&](const std::string& what, bool ok, const std::string& detail) {
+    if (speaks || !ok) std::printf("rank %d: %s: %s (%s)\n", topo.rank, what.c_str(), ok ? "equal" : "DIFFERENT", detail.c_str());
+    failures += !ok;
+  };
+  for (int s = 0; s < 3; ++s) {
+    const StepStats got = distributed.train_step(mine, mine_y, adamw);
+    const StepStats want = reference.train_step(all, all_y, adamw);
+    expect("step " + std::to_string(s) + " loss", std::abs(got.loss - want.loss) <= 1e-12 * want.loss,
+           number(got.loss) + " against " + number(want.loss));
+    expect("step " + std::to_string(s) + " gradient norm (clipped at 0.5)",
+           std::abs(got.grad_norm - want.grad_norm) <= 1e-12 * want.grad_norm,
+           number(got.grad_norm) + " against " + number(want.grad_norm));
+  }
+  const std::vector<double> weights = distributed.parameters(), want = reference.parameters();
+  const double r = relative(weights, want);
+  expect("weights after 3 AdamW steps", r <= 1e-12, "max relative difference " + number(r));
+  const TiedCopies tied = Whole::body::tied;
+  expect("tied copies", std::equal(weights.begin() + tied.first, weights.begin() + tied.first + tied.count,
+                                   weights.begin() + tied.second), "wte and lm_head");
+  const std::vector<double> exp_avg_sq = distributed.optimizer_state(1);
+  const double m = relative(exp_avg_sq, reference.optimizer_state(1));
+  expect("AdamW's exp_avg_sq, gathered", m <= 1e-12, "max relative difference " + number(m));
+
+  if (!checkpoint.empty()) {
+    io::TrainingState state;
+    state.updates = distributed.updates();
+    io::save_checkpoint(checkpoint + ".tp", distributed, adamw, state);  // collective; rank 0 writes
+    if (topo.rank == 0) io::save_checkpoint(checkpoint + ".single", reference, adamw, state);
+    MPI_Barrier(MPI_COMM_WORLD);
+    Pipeline<partition<Whole, 1>, schedule::GPipe, B> other({.microbatches = 2});
+    io::load_checkpoint(checkpoint + ".tp", other, adamw);
+    const double c = relative(other.parameters(), weights), o = relative(other.optimizer_state(1), exp_avg_sq);
+    expect("a one-stage single process loading this run's checkpoint", c == 0 && o == 0,
+           "weights " + number(c) + ", exp_avg_sq " + number(o));
+    Pipeline<partition<Part, P>, schedule::OneFOneB, B> loaded(
+        {.microbatches = 2, .seed = 9, .transfer_timeout_seconds = 60.0, .communicator = comm});
+    io::load_checkpoint(checkpoint + ".single", loaded, adamw);
+    const double l = relative(loaded.parameters(), want), lo = relative(loaded.optimizer_state(1), reference.optimizer_state(1));
+    expect("this layout loading a single process's checkpoint", l == 0 && lo == 0,
+           "weights " + number(l) + ", exp_avg_sq " + number(lo));
+  }
   int total = failures;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   return total == 0 ? 0 : 1;
@@ -173,17 +241,25 @@ int main(int argc, char** argv) {
   comm::MpiSession session(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int tensor = 0;
-  for (int i = 1; i < argc; ++i)
+  int tensor = 0, stages = 0;
+  std::string checkpoint;
+  for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tensor") && i + 1 < argc) tensor = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--pipeline") && i + 1 < argc) stages = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
+  }
   try {
     int rc = 2;
-    if (tensor == 2 || tensor == 4) {
+    if (stages > 0 && tensor == 2 && (stages == 1 || stages == 2)) {
+      auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, 60, tensor);
+      if (rank == 0) std::printf("%s\n", comm->topology().describe().c_str());
+      rc = stages == 1 ? check_pipeline<2, 1>(comm, checkpoint) : check_pipeline<2, 2>(comm, checkpoint);
+    } else if (stages == 0 && (tensor == 2 || tensor == 4)) {
       comm::MpiCommunicator comm(MPI_COMM_WORLD, 1, 60, tensor);
       if (rank == 0) std::printf("%s\n", comm.topology().describe().c_str());
       rc = tensor == 2 ? check<2>(comm) : check<4>(comm);
     } else {
-      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4\n");
+      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--checkpoint PREFIX]\n");
     }
     if (rank == 0) std::printf("%s\n", rc == 0 ? "PASS" : "FAIL");
     return rc;

@@ -9,7 +9,9 @@
 # data_parallel: 2 stages x 2 replicas under MPIRUN (4 processes, --batch 8: 4 sequences each) for 6
 #         steps, then the same flags in one process with 2 stages: the replicas together take the one
 #         process's step, so the held-out and training losses agree to 2 parts per million (float
-#         sums in another order), and the 4-process run writes a checkpoint.
+#         sums in another order), and the 4-process run writes a checkpoint; with --zero the same
+#         losses to 1 part per million; 2 stages x 2 tensor-parallel ranks (--tp 2) equal one process
+#         to 2 parts per million.
 # cuda:   20 steps of the tiny preset with --backend cuda, then on the host: losses within 0.5%
 #         (float32 either way, other summation orders), and the summary's MFU in (0, 1). Prints
 #         "SKIPPED: ..." when the CUDA runtime finds no usable GPU.
@@ -87,10 +89,22 @@ elseif(MODE STREQUAL "data_parallel")
     message(FATAL_ERROR "--zero: rank 0 keeps ${zero_optimizer} bytes of AdamW state, not about half of ${dp_optimizer}")
   endif()
   message("ZeRO-1: the same losses (${zero_held_out}, ${dp_held_out} without), rank 0's AdamW state ${zero_optimizer} bytes against ${dp_optimizer}")
+  # Tensor parallelism: 2 stages x 2 tensor-parallel ranks (4 processes), from the same initial
+  # weights, takes the one process's steps (checked below).
+  run_trainer(${flags} --tp 2 --save "${WORK_DIR}/tp")
+  string(JSON tp_ranks GET "${summary}" tensor_parallel)
+  if(NOT tp_ranks EQUAL 2)
+    message(FATAL_ERROR "the --tp 2 run reports ${tp_ranks} tensor-parallel ranks, expected 2")
+  endif()
+  string(JSON tp_held_out GET "${summary}" held_out_loss)
+  string(JSON tp_train GET "${summary}" train_loss)
   set(launcher "")
   run_trainer(${flags})
   string(JSON one_held_out GET "${summary}" held_out_loss)
   string(JSON one_train GET "${summary}" train_loss)
+  expect_close("held-out loss, 2 tensor-parallel ranks against one process" "${tp_held_out}" "${one_held_out}" 2)
+  expect_close("training loss, 2 tensor-parallel ranks against one process" "${tp_train}" "${one_train}" 2)
+  message("2 tensor-parallel ranks = one process: held-out loss ${tp_held_out} and ${one_held_out}")
   expect_close("held-out loss, 2 replicas against one process" "${dp_held_out}" "${one_held_out}" 2)
   expect_close("training loss, 2 replicas against one process" "${dp_train}" "${one_train}" 2)
   message("2 replicas = one process: held-out loss ${dp_held_out} and ${one_held_out}")

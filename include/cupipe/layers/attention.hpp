@@ -3,7 +3,8 @@
 //   qkv = x c_attn^T + b (n, 3C);  att = causal softmax attention per head;  y = att c_proj^T + b.
 // Its rows are whole sequences of SeqLen tokens (rows_per_sample), so a microbatch never cuts one.
 // Parameters, in nanoGPT's names and layouts: c_attn.weight (3C, C), c_attn.bias (3C),
-// c_proj.weight (C, C), c_proj.bias (C).
+// c_proj.weight (C, C), c_proj.bias (C). The one-part case of detail::HeadSplitAttention, which
+// TensorParallelAttention (layers/tensor_parallel.hpp) splits by heads: one code path for both.
 #pragma once
 
 #include <cmath>
@@ -12,13 +13,23 @@
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/layer.hpp"
+#include "cupipe/layers/tensor_group_sum.hpp"
 
 namespace cupipe {
 
-template <index_t C, index_t Heads, index_t SeqLen>
-struct CausalSelfAttention {
-  static_assert(C > 0 && Heads > 0 && SeqLen > 0, "CausalSelfAttention<C, Heads, SeqLen> needs positive sizes");
+namespace detail {
+
+/// CausalSelfAttention<C, Heads, SeqLen> as tensor-parallel rank t of Parts runs it: heads
+/// [t H/P, (t+1) H/P), c_attn.weight (3 C/P, C) and c_attn.bias (3 C/P) its rows of each of q, k and v,
+/// c_proj.weight (C, C/P) its columns, c_proj.bias (C) whole; the output and the input gradient are
+/// summed over the group (nothing to sum with one part: the plain layer).
+template <index_t C, index_t Heads, index_t SeqLen, int Parts>
+struct HeadSplitAttention {
+  static_assert(C > 0 && Heads > 0 && SeqLen > 0 && Parts > 0, "CausalSelfAttention<C, Heads, SeqLen> needs positive sizes");
   static_assert(C % Heads == 0, "CausalSelfAttention<C, Heads, SeqLen>: C must be a multiple of Heads");
+  static_assert(Heads % Parts == 0, "TensorParallelAttention<C, Heads, SeqLen, Parts>: Parts must divide Heads");
+  static constexpr index_t heads = Heads / Parts;  ///< this rank's
+  static constexpr index_t width = C / Parts;      ///< this rank's heads' channels
   static constexpr index_t in_features = C;
   static constexpr index_t out_features_for(index_t) { return C; }
   static constexpr bool takes_token_ids = false;
@@ -26,85 +37,97 @@ struct CausalSelfAttention {
   static constexpr index_t rows_per_sample = SeqLen;
   static constexpr bool weight_grads_need_backward_input = true;
   static constexpr std::array<ParamSpec, 4> params(index_t) {
-    return {{{"c_attn.weight", 3 * C, C}, {"c_attn.bias", 3 * C, 0}, {"c_proj.weight", C, C}, {"c_proj.bias", C, 0}}};
+    return {{{"c_attn.weight", 3 * width, C, split_over<Parts>(TensorSplit::row_thirds), Parts},
+             {"c_attn.bias", 3 * width, 0, split_over<Parts>(TensorSplit::row_thirds), Parts},
+             {"c_proj.weight", C, width, split_over<Parts>(TensorSplit::cols), Parts},
+             {"c_proj.bias", C, 0}}};
   }
   /// Per row: qkv (3C), the attention output (C), its log-sum-exp per head, and dqkv (3C), which
-  /// backward_input writes for backward_weight (the zero-bubble W pass runs after B).
-  static constexpr index_t saved_per_row(index_t) { return 7 * C + Heads; }
+  /// backward_input writes for backward_weight (the zero-bubble W pass runs after B); this rank's
+  /// share of each when split.
+  static constexpr index_t saved_per_row(index_t) { return 7 * width + heads; }
   /// Two GEMMs (2 * 3C * C + 2 * C * C) and, on average over a causal sequence, (T + 1) / 2 keys per
-  /// query for scores and values (2 * 2 * C each).
+  /// query for scores and values (2 * 2 * C each); this rank's share when split.
   static constexpr double forward_flops_per_sample(index_t) {
-    return 8.0 * double(C) * double(C) + 2.0 * double(C) * double(SeqLen + 1);
-  }
-  static std::string describe() {
-    return "CausalSelfAttention<" + std::to_string(C) + ", " + std::to_string(Heads) + ", " + std::to_string(SeqLen) + ">";
+    return 8.0 * double(width) * double(C) + 2.0 * double(width) * double(SeqLen + 1);
   }
 
   /// GPT-2's initialisation (nanoGPT's _init_weights): weights N(0, 0.02), biases 0. The residual
   /// projection's extra 1/sqrt(2 L) scaling depends on the depth, so the GPT model applies it.
   template <class T>
   static void init(std::span<T> p, index_t, Rng& rng) {
-    for (index_t i = 0; i < 3 * C * C; ++i) p[std::size_t(i)] = T(0.02 * rng.normal());
-    for (index_t i = 0; i < 3 * C; ++i) p[std::size_t(3 * C * C + i)] = T(0);
-    for (index_t i = 0; i < C * C; ++i) p[std::size_t(3 * C * C + 3 * C + i)] = T(0.02 * rng.normal());
-    for (index_t i = 0; i < C; ++i) p[std::size_t(4 * C * C + 3 * C + i)] = T(0);
+    std::size_t at = 0;
+    for (const ParamSpec& spec : params(C))
+      for (index_t i = 0; i < spec.numel(); ++i) p[at++] = spec.cols != 0 ? T(0.02 * rng.normal()) : T(0);
   }
 
   template <class B, class T>
   static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T> saved) {
-    const index_t n = x.rows();
-    const Parts<B, T> s(saved.data(), n);
+    const Parts_<B, T> s(saved.data(), x.rows());
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, w_attn<B>(p), T(0), s.qkv);
     bias_add(be, s.qkv, b_attn<B>(p));
-    causal_attention_forward(be, ConstViewOn<B, T>(s.qkv), s.att, s.lse, Heads, SeqLen);
+    causal_attention_forward(be, ConstViewOn<B, T>(s.qkv), s.att, s.lse, heads, SeqLen);
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(s.att), w_proj<B>(p), T(0), y);
-    bias_add(be, y, b_proj<B>(p));
+    tensor_group_sum<Parts>(be, y, "TensorParallelAttention");
+    bias_add(be, y, b_proj<B>(p));  // once, after the sum
   }
 
-  /// datt = dy c_proj;  dqkv = attention backward (kept in `saved`);  dx = dqkv c_attn.
+  /// datt = dy c_proj;  dqkv = attention backward (kept in `saved`);  dx = dqkv c_attn (summed).
   template <class B, class T>
   static void backward_input(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     const index_t n = x.rows();
-    const Parts<B, T> s(saved.data(), n);
-    auto datt = be.template allocate<T>(n * C, MemoryTag::workspace);
-    const ViewOn<B, T> datt_view{datt.data(), Shape{n, C}};
+    const Parts_<B, T> s(saved.data(), n);
+    auto datt = be.template allocate<T>(n * width, MemoryTag::workspace);
+    const ViewOn<B, T> datt_view{datt.data(), Shape{n, width}};
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, w_proj<B>(p), T(0), datt_view);
     causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, T>(s.lse),
-                              ConstViewOn<B, T>(datt_view), s.dqkv, Heads, SeqLen);
-    if (!dx.empty()) gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), w_attn<B>(p), T(0), dx);
+                              ConstViewOn<B, T>(datt_view), s.dqkv, heads, SeqLen);
+    if (dx.empty()) return;
+    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), w_attn<B>(p), T(0), dx);
+    tensor_group_sum<Parts>(be, dx, "TensorParallelAttention");
   }
 
   /// From the dqkv that backward_input kept: dc_proj += dy^T att, dc_attn += dqkv^T x, biases likewise.
   template <class B, class T>
   static void backward_weight(B& be, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, T* g) {
-    const index_t n = x.rows();
-    const Parts<B, T> s(saved.data(), n);
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), x, T(1), ViewOn<B, T>{g, Shape{3 * C, C}});
-    bias_backward(be, ConstViewOn<B, T>(s.dqkv), ViewOn<B, T>{g + 3 * C * C, Shape{3 * C}});
-    T* gp = g + 3 * C * C + 3 * C;
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>(s.att), T(1), ViewOn<B, T>{gp, Shape{C, C}});
-    bias_backward(be, dy, ViewOn<B, T>{gp + C * C, Shape{C}});
+    const Parts_<B, T> s(saved.data(), x.rows());
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), x, T(1),
+         ViewOn<B, T>{g, Shape{3 * width, C}});
+    bias_backward(be, ConstViewOn<B, T>(s.dqkv), ViewOn<B, T>{g + 3 * width * C, Shape{3 * width}});
+    T* gp = g + 3 * width * C + 3 * width;
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>(s.att), T(1), ViewOn<B, T>{gp, Shape{C, width}});
+    bias_backward(be, dy, ViewOn<B, T>{gp + C * width, Shape{C}});
   }
 
  private:
-  /// The saved area of n rows, split: qkv (n, 3C), att (n, C), lse (n, Heads), dqkv (n, 3C).
+  /// The saved area of n rows, split: qkv (n, 3C), att (n, C), lse (n, Heads), dqkv (n, 3C) (this
+  /// rank's share of each).
   template <class B, class T>
-  struct Parts {
+  struct Parts_ {
     ViewOn<B, T> qkv, att, lse, dqkv;
-    Parts(T* base, index_t n)
-        : qkv{base, Shape{n, 3 * C}},
-          att{base + n * 3 * C, Shape{n, C}},
-          lse{base + n * 4 * C, Shape{n, Heads}},
-          dqkv{base + n * (4 * C + Heads), Shape{n, 3 * C}} {}
+    Parts_(T* base, index_t n)
+        : qkv{base, Shape{n, 3 * width}},
+          att{base + n * 3 * width, Shape{n, width}},
+          lse{base + n * 4 * width, Shape{n, heads}},
+          dqkv{base + n * (4 * width + heads), Shape{n, 3 * width}} {}
   };
   template <class B, class T>
-  static ConstViewOn<B, T> w_attn(const T* p) { return {p, Shape{3 * C, C}}; }
+  static ConstViewOn<B, T> w_attn(const T* p) { return {p, Shape{3 * width, C}}; }
   template <class B, class T>
-  static ConstViewOn<B, T> b_attn(const T* p) { return {p + 3 * C * C, Shape{3 * C}}; }
+  static ConstViewOn<B, T> b_attn(const T* p) { return {p + 3 * width * C, Shape{3 * width}}; }
   template <class B, class T>
-  static ConstViewOn<B, T> w_proj(const T* p) { return {p + 3 * C * C + 3 * C, Shape{C, C}}; }
+  static ConstViewOn<B, T> w_proj(const T* p) { return {p + 3 * width * C + 3 * width, Shape{C, width}}; }
   template <class B, class T>
-  static ConstViewOn<B, T> b_proj(const T* p) { return {p + 4 * C * C + 3 * C, Shape{C}}; }
+  static ConstViewOn<B, T> b_proj(const T* p) { return {p + 3 * width * C + 3 * width + C * width, Shape{C}}; }
+};
+
+}  // namespace detail
+
+template <index_t C, index_t Heads, index_t SeqLen>
+struct CausalSelfAttention : detail::HeadSplitAttention<C, Heads, SeqLen, 1> {
+  static std::string describe() {
+    return "CausalSelfAttention<" + std::to_string(C) + ", " + std::to_string(Heads) + ", " + std::to_string(SeqLen) + ">";
+  }
 };
 
 }  // namespace cupipe

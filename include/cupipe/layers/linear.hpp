@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Linear<In, Out>: y = x W^T + b, with W (Out, In) and b (Out), as torch.nn.Linear; Linear<In, Out,
 // false> (LinearNoBias) has no b, as torch.nn.Linear(In, Out, bias=False).
+// Linear is the one-part case of detail::OutputSplitLinear, which ColumnParallelLinear
+// (layers/tensor_parallel.hpp) splits over tensor-parallel ranks: one code path for both.
 #pragma once
 
 #include <cmath>
@@ -9,57 +11,74 @@
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/layer.hpp"
+#include "cupipe/layers/tensor_group_sum.hpp"
 
 namespace cupipe {
+namespace detail {
 
-template <index_t In, index_t Out, bool Bias = true>
-struct Linear {
-  static_assert(In > 0 && Out > 0, "Linear<In, Out> needs positive sizes");
+/// Rows [t Out/Parts, (t+1) Out/Parts) of Linear<In, Out>'s W and b on tensor-parallel rank t: the
+/// input is whole, the output this rank's slice of features, and the input gradient a partial sum,
+/// summed over the group (nothing to sum with one part).
+template <index_t In, index_t Out, int Parts, bool Bias>
+struct OutputSplitLinear {
+  static_assert(In > 0 && Out > 0 && Parts > 0, "Linear<In, Out> needs positive sizes");
+  static_assert(Out % Parts == 0, "ColumnParallelLinear<In, Out, Parts>: Parts must divide Out");
+  static constexpr index_t part_out = Out / Parts;
   static constexpr index_t in_features = In;
-  static constexpr index_t out_features_for(index_t) { return Out; }
+  static constexpr index_t out_features_for(index_t) { return part_out; }
   static constexpr bool takes_token_ids = false;
   static constexpr bool is_loss = false;
   static constexpr std::array<ParamSpec, Bias ? 2 : 1> params(index_t) {
-    if constexpr (Bias) return {{{"weight", Out, In}, {"bias", Out, 0}}};
-    else return {{{"weight", Out, In}}};
+    constexpr TensorSplit split = split_over<Parts>(TensorSplit::rows);
+    if constexpr (Bias) return {{{"weight", part_out, In, split, Parts}, {"bias", part_out, 0, split, Parts}}};
+    else return {{{"weight", part_out, In, split, Parts}}};
   }
   static constexpr index_t saved_per_row(index_t) { return 0; }
-  static constexpr double forward_flops_per_sample(index_t) { return 2.0 * In * Out; }
-  static std::string describe() {
-    return (Bias ? "Linear<" : "LinearNoBias<") + std::to_string(In) + ", " + std::to_string(Out) + ">";
-  }
+  static constexpr double forward_flops_per_sample(index_t) { return 2.0 * In * part_out; }
 
   /// PyTorch's reset_parameters: kaiming_uniform_(a = sqrt(5)) gives W ~ U(-1/sqrt(In), 1/sqrt(In));
-  /// the bias is drawn from the same range, after the weights.
+  /// the bias is drawn from the same range, after the weights. (Split, this draws a part-shaped
+  /// sample: shard the whole model's parameters instead, see layers/tensor_parallel.hpp.)
   template <class T>
   static void init(std::span<T> p, index_t, Rng& rng) {
     const double bound = 1.0 / std::sqrt(double(In));
     for (T& w : p) w = T(rng.uniform(-bound, bound));
   }
 
-  // x (n, In) -> y (n, Out)
+  // x (n, In) -> y (n, Out / Parts)
   template <class B, class T>
   static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, weight<B>(p), T(0), y);
     if constexpr (Bias) bias_add(be, y, bias<B>(p));
   }
-  // dx (n, In) = dy (n, Out) W (Out, In)
+  // dx (n, In) = dy (n, Out / Parts) W (Out / Parts, In), summed over the group
   template <class B, class T>
   static void backward_input(B& be, const T* p, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    if (dx.empty()) return;
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, weight<B>(p), T(0), dx);
+    tensor_group_sum<Parts>(be, dx, "ColumnParallelLinear");
   }
-  // dW (Out, In) += dy^T x;  db (Out) += sum over rows of dy (with a bias)
+  // dW += dy^T x;  db += sum over rows of dy (with a bias)
   template <class B, class T>
   static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{Out, In}});
-    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, T>{g + Out * In, Shape{Out}});
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{part_out, In}});
+    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, T>{g + part_out * In, Shape{part_out}});
   }
 
  private:
   template <class B, class T>
-  static ConstViewOn<B, T> weight(const T* p) { return {p, Shape{Out, In}}; }
+  static ConstViewOn<B, T> weight(const T* p) { return {p, Shape{part_out, In}}; }
   template <class B, class T>
-  static ConstViewOn<B, T> bias(const T* p) { return {p + Out * In, Shape{Out}}; }
+  static ConstViewOn<B, T> bias(const T* p) { return {p + part_out * In, Shape{part_out}}; }
+};
+
+}  // namespace detail
+
+template <index_t In, index_t Out, bool Bias = true>
+struct Linear : detail::OutputSplitLinear<In, Out, 1, Bias> {
+  static std::string describe() {
+    return (Bias ? "Linear<" : "LinearNoBias<") + std::to_string(In) + ", " + std::to_string(Out) + ">";
+  }
 };
 
 /// LinearNoBias<In, Out>: y = x W^T, as torch.nn.Linear(In, Out, bias=False) (GPT-2's lm_head).

@@ -18,7 +18,8 @@
 // (LayerNorm, residual adds, replicated biases) is computed identically on every rank of the group,
 // so replicated parameters keep identical gradients without a sum.
 //
-// The group: the backend context's `tensor_group` (a TensorGroup, for host ranks
+// ColumnParallelLinear and TensorParallelAttention share Linear's and CausalSelfAttention's code (their
+// one-part case). The group: the backend context's `tensor_group` (a TensorGroup, for host ranks
 // comm::MpiCommunicator::tensor_group()). Each tensor's ParamSpec says how the whole tensor is split
 // (TensorSplit), so tensor_parallel::shard and unshard move parameters between the whole model's
 // layout and a rank's, by name: a tensor-parallel model starts from the whole model's initial
@@ -38,78 +39,18 @@
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/core/tensor_group.hpp"
+#include "cupipe/layers/attention.hpp"
 #include "cupipe/layers/layer.hpp"
+#include "cupipe/layers/linear.hpp"
 #include "cupipe/layers/sequential.hpp"
+#include "cupipe/layers/tensor_group_sum.hpp"
 
 namespace cupipe {
 
-/// Sums `v` (the backend's memory) in place over the backend's tensor-parallel group, which must
-/// have `Parts` ranks. Device memory is staged through the host for now.
-template <int Parts, class B, class T>
-void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
-  TensorGroup* group = be.tensor_group;
-  if (group == nullptr)
-    CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend has no tensor_group (set it "
-                 "to the communicator's tensor_group())");
-  if (group->size() != Parts)
-    CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend's tensor group has ",
-                 group->size());
-  const std::size_t n = std::size_t(v.numel());
-  if (n == 0) return;
-  be.synchronize();
-  if constexpr (host_accessible<typename B::space>) {
-    group->sum(v.data(), n);
-  } else {
-    std::vector<T> host(n);
-    be.download(v.data(), std::span<T>(host));
-    group->sum(host.data(), n);
-    be.upload(std::span<const T>(host), v.data());
-  }
-}
-
 template <index_t In, index_t Out, int Parts, bool Bias = true>
-struct ColumnParallelLinear {
-  static_assert(In > 0 && Out > 0 && Parts > 0, "ColumnParallelLinear<In, Out, Parts> needs positive sizes");
-  static_assert(Out % Parts == 0, "ColumnParallelLinear<In, Out, Parts>: Parts must divide Out");
-  static constexpr index_t part_out = Out / Parts;
-  static constexpr index_t in_features = In;
-  static constexpr index_t out_features_for(index_t) { return part_out; }
-  static constexpr bool takes_token_ids = false;
-  static constexpr bool is_loss = false;
-  static constexpr std::array<ParamSpec, Bias ? 2 : 1> params(index_t) {
-    if constexpr (Bias)
-      return {{{"weight", part_out, In, TensorSplit::rows, Parts}, {"bias", part_out, 0, TensorSplit::rows, Parts}}};
-    else return {{{"weight", part_out, In, TensorSplit::rows, Parts}}};
-  }
-  static constexpr index_t saved_per_row(index_t) { return 0; }
-  static constexpr double forward_flops_per_sample(index_t) { return 2.0 * In * part_out; }
+struct ColumnParallelLinear : detail::OutputSplitLinear<In, Out, Parts, Bias> {
   static std::string describe() {
     return "ColumnParallelLinear<" + std::to_string(In) + ", " + std::to_string(Out) + ", " + std::to_string(Parts) + ">";
-  }
-  /// Linear's distribution over this part's shape (see the header: shard the whole model instead).
-  template <class T>
-  static void init(std::span<T> p, index_t, Rng& rng) {
-    const double bound = 1.0 / std::sqrt(double(In));
-    for (T& w : p) w = T(rng.uniform(-bound, bound));
-  }
-
-  // x (n, In), whole -> y (n, Out / Parts), this rank's features
-  template <class B, class T>
-  static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
-    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, ConstViewOn<B, T>{p, Shape{part_out, In}}, T(0), y);
-    if constexpr (Bias) bias_add(be, y, ConstViewOn<B, T>{p + part_out * In, Shape{part_out}});
-  }
-  // dx (n, In) = sum over the group of dy_t (n, Out / Parts) W_t
-  template <class B, class T>
-  static void backward_input(B& be, const T* p, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
-    if (dx.empty()) return;
-    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>{p, Shape{part_out, In}}, T(0), dx);
-    tensor_group_sum<Parts>(be, dx, "ColumnParallelLinear");
-  }
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{part_out, In}});
-    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, T>{g + part_out * In, Shape{part_out}});
   }
 };
 
@@ -156,98 +97,16 @@ struct RowParallelLinear {
   }
 };
 
-/// CausalSelfAttention<C, Heads, SeqLen> split by heads over Parts ranks: rank t runs heads
-/// [t H/P, (t+1) H/P). Parameters, in nanoGPT's names, as parts of nanoGPT's tensors: c_attn.weight
-/// (3 C/P, C) and c_attn.bias (3 C/P) are the rank's rows of each of q, k and v; c_proj.weight
-/// (C, C/P) its columns; c_proj.bias (C) whole.
+/// CausalSelfAttention<C, Heads, SeqLen> split by heads over Parts ranks (detail::HeadSplitAttention):
+/// rank t runs heads [t H/P, (t+1) H/P). Parameters, in nanoGPT's names, as parts of nanoGPT's
+/// tensors: c_attn.weight (3 C/P, C) and c_attn.bias (3 C/P) are the rank's rows of each of q, k and
+/// v; c_proj.weight (C, C/P) its columns; c_proj.bias (C) whole.
 template <index_t C, index_t Heads, index_t SeqLen, int Parts>
-struct TensorParallelAttention {
-  static_assert(C > 0 && Heads > 0 && SeqLen > 0 && Parts > 0, "TensorParallelAttention needs positive sizes");
-  static_assert(C % Heads == 0, "TensorParallelAttention<C, Heads, SeqLen, Parts>: C must be a multiple of Heads");
-  static_assert(Heads % Parts == 0, "TensorParallelAttention<C, Heads, SeqLen, Parts>: Parts must divide Heads");
-  static constexpr index_t heads = Heads / Parts;  ///< this rank's
-  static constexpr index_t width = C / Parts;      ///< this rank's heads' channels
-  static constexpr index_t in_features = C;
-  static constexpr index_t out_features_for(index_t) { return C; }
-  static constexpr bool takes_token_ids = false;
-  static constexpr bool is_loss = false;
-  static constexpr index_t rows_per_sample = SeqLen;
-  static constexpr bool weight_grads_need_backward_input = true;
-  static constexpr std::array<ParamSpec, 4> params(index_t) {
-    return {{{"c_attn.weight", 3 * width, C, TensorSplit::row_thirds, Parts},
-             {"c_attn.bias", 3 * width, 0, TensorSplit::row_thirds, Parts},
-             {"c_proj.weight", C, width, TensorSplit::cols, Parts},
-             {"c_proj.bias", C, 0}}};
-  }
-  /// Per row: this rank's qkv (3 C/P), attention output (C/P), log-sum-exp per head and dqkv.
-  static constexpr index_t saved_per_row(index_t) { return 7 * width + heads; }
-  static constexpr double forward_flops_per_sample(index_t) {
-    return 8.0 * double(width) * double(C) + 2.0 * double(width) * double(SeqLen + 1);
-  }
+struct TensorParallelAttention : detail::HeadSplitAttention<C, Heads, SeqLen, Parts> {
   static std::string describe() {
     return "TensorParallelAttention<" + std::to_string(C) + ", " + std::to_string(Heads) + ", " + std::to_string(SeqLen) +
            ", " + std::to_string(Parts) + ">";
   }
-  /// CausalSelfAttention's initialisation over this part's shapes (see the header).
-  template <class T>
-  static void init(std::span<T> p, index_t, Rng& rng) {
-    std::size_t at = 0;
-    for (const ParamSpec& spec : params(C))
-      for (index_t i = 0; i < spec.numel(); ++i) p[at++] = spec.cols != 0 ? T(0.02 * rng.normal()) : T(0);
-  }
-
-  template <class B, class T>
-  static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T> saved) {
-    const Parts_<B, T> s(saved.data(), x.rows());
-    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, w_attn<B>(p), T(0), s.qkv);
-    bias_add(be, s.qkv, b_attn<B>(p));
-    causal_attention_forward(be, ConstViewOn<B, T>(s.qkv), s.att, s.lse, heads, SeqLen);
-    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(s.att), w_proj<B>(p), T(0), y);
-    tensor_group_sum<Parts>(be, y, "TensorParallelAttention");
-    bias_add(be, y, b_proj<B>(p));
-  }
-  template <class B, class T>
-  static void backward_input(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
-    const index_t n = x.rows();
-    const Parts_<B, T> s(saved.data(), n);
-    auto datt = be.template allocate<T>(n * width, MemoryTag::workspace);
-    const ViewOn<B, T> datt_view{datt.data(), Shape{n, width}};
-    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, w_proj<B>(p), T(0), datt_view);
-    causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, T>(s.lse),
-                              ConstViewOn<B, T>(datt_view), s.dqkv, heads, SeqLen);
-    if (dx.empty()) return;
-    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), w_attn<B>(p), T(0), dx);
-    tensor_group_sum<Parts>(be, dx, "TensorParallelAttention");
-  }
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, T* g) {
-    const Parts_<B, T> s(saved.data(), x.rows());
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), x, T(1),
-         ViewOn<B, T>{g, Shape{3 * width, C}});
-    bias_backward(be, ConstViewOn<B, T>(s.dqkv), ViewOn<B, T>{g + 3 * width * C, Shape{3 * width}});
-    T* gp = g + 3 * width * C + 3 * width;
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>(s.att), T(1), ViewOn<B, T>{gp, Shape{C, width}});
-    bias_backward(be, dy, ViewOn<B, T>{gp + C * width, Shape{C}});
-  }
-
- private:
-  template <class B, class T>
-  struct Parts_ {
-    ViewOn<B, T> qkv, att, lse, dqkv;
-    Parts_(T* base, index_t n)
-        : qkv{base, Shape{n, 3 * width}},
-          att{base + n * 3 * width, Shape{n, width}},
-          lse{base + n * 4 * width, Shape{n, heads}},
-          dqkv{base + n * (4 * width + heads), Shape{n, 3 * width}} {}
-  };
-  template <class B, class T>
-  static ConstViewOn<B, T> w_attn(const T* p) { return {p, Shape{3 * width, C}}; }
-  template <class B, class T>
-  static ConstViewOn<B, T> b_attn(const T* p) { return {p + 3 * width * C, Shape{3 * width}}; }
-  template <class B, class T>
-  static ConstViewOn<B, T> w_proj(const T* p) { return {p + 3 * width * C + 3 * width, Shape{C, width}}; }
-  template <class B, class T>
-  static ConstViewOn<B, T> b_proj(const T* p) { return {p + 3 * width * C + 3 * width + C * width, Shape{C}}; }
 };
 
 namespace tensor_parallel {
@@ -289,6 +148,41 @@ inline const ParamInfo& whole_of(const std::vector<ParamInfo>& whole_table, cons
 }
 }  // namespace detail
 
+/// The whole model's parameter table from a tensor-parallel model's (`parts`): each split tensor at
+/// its whole shape, offsets laid out afresh in the same order; the same table for a model that splits
+/// nothing.
+inline std::vector<ParamInfo> whole_table(const std::vector<ParamInfo>& parts) {
+  std::vector<ParamInfo> out;
+  out.reserve(parts.size());
+  index_t offset = 0;
+  for (const ParamInfo& p : parts) {
+    ParamInfo w = p;
+    const index_t r = detail::rows_of(p), c = detail::cols_of(p), P = p.parts;
+    const bool matrix = p.shape.rank() == 2;
+    switch (p.split) {
+      case TensorSplit::none: break;
+      case TensorSplit::rows:
+      case TensorSplit::row_thirds: w.shape = matrix ? Shape{r * P, c} : Shape{r * P}; break;
+      case TensorSplit::cols: w.shape = Shape{r, c * P}; break;
+    }
+    w.numel = w.shape.numel();
+    w.offset = offset;
+    w.split = TensorSplit::none;
+    w.parts = 1;
+    offset += w.numel;
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+/// The largest number of parts any tensor of `table` is split into (1: a model that splits nothing).
+inline int parts_of(const std::vector<ParamInfo>& table) {
+  int parts = 1;
+  for (const ParamInfo& p : table)
+    if (p.split != TensorSplit::none) parts = std::max(parts, p.parts);
+  return parts;
+}
+
 /// This rank's parameters (part t of every split tensor, the whole of every other) from the whole
 /// model's, matched by name: `whole_table`/`whole` are the whole model's parameter_table() and
 /// values, `part_table` the tensor-parallel model's.
@@ -297,8 +191,11 @@ std::vector<T> shard(const std::vector<ParamInfo>& whole_table, const std::vecto
                      std::span<const T> whole, int t) {
   CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "tensor_parallel::shard: the whole model has ",
                  whole_table.size(), " parameter tensors, the tensor-parallel one ", part_table.size());
-  index_t total = 0;
+  index_t total = 0, whole_total = 0;
   for (const ParamInfo& p : part_table) total = std::max(total, p.offset + p.numel);
+  for (const ParamInfo& p : whole_table) whole_total = std::max(whole_total, p.offset + p.numel);
+  CUPIPE_REQUIRE(index_t(whole.size()) == whole_total, "tensor_parallel::shard: got ", whole.size(),
+                 " values for a whole model of ", whole_total, " parameters");
   std::vector<T> out(static_cast<std::size_t>(total));
   for (std::size_t i = 0; i < part_table.size(); ++i) {
     const ParamInfo& part = part_table[i];
@@ -317,8 +214,11 @@ std::vector<T> unshard(const std::vector<ParamInfo>& whole_table, const std::vec
                        std::span<const T> part_values, TensorGroup& group) {
   CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "tensor_parallel::unshard: the whole model has ",
                  whole_table.size(), " parameter tensors, the tensor-parallel one ", part_table.size());
-  index_t total = 0;
+  index_t total = 0, part_total = 0;
   for (const ParamInfo& p : whole_table) total = std::max(total, p.offset + p.numel);
+  for (const ParamInfo& p : part_table) part_total = std::max(part_total, p.offset + p.numel);
+  CUPIPE_REQUIRE(index_t(part_values.size()) == part_total, "tensor_parallel::unshard: got ", part_values.size(),
+                 " values for a part of ", part_total, " parameters");
   std::vector<T> out(static_cast<std::size_t>(total), T(0));
   const int t = group.rank();
   for (std::size_t i = 0; i < part_table.size(); ++i) {

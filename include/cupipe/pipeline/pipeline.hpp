@@ -30,6 +30,7 @@
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/layers/tensor_parallel.hpp"
 #include "cupipe/optim/optimizers.hpp"
 #include "cupipe/pipeline/comm_transport.hpp"
 #include "cupipe/pipeline/local_transport.hpp"
@@ -152,13 +153,9 @@ class Pipeline {
       if (topology.stages != stages)
         CUPIPE_THROW("Pipeline: the communicator splits the world into ", topology.stages, " stages but this pipeline has ",
                      stages);
-      // The losses, the gradient norm and the checkpoints would count a tensor-parallel group's
-      // replicated values once per rank; the pipeline does not account for that yet.
-      if (topology.tensor > 1)
-        CUPIPE_THROW("Pipeline: the communicator has ", topology.tensor, " tensor-parallel ranks per stage, which the "
-                     "pipeline does not run yet; tensor-parallel layers run in a Network (layers/tensor_parallel.hpp)");
       local_worker_ = topology.stage();
     }
+    check_tensor_parallel();
     for (int k : options_.recompute)
       CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: recompute names stage ", k, " but there are ",
                      virtual_stages, " (virtual) stages");
@@ -180,6 +177,7 @@ class Pipeline {
                                             {"microbatches", std::to_string(options_.microbatches)},
                                             {"seed", std::to_string(options_.seed)},
                                             {"zero", options_.zero ? "on" : "off"},
+                                            {"tensor-parallel ranks", std::to_string(comm()->topology().tensor)},
                                             {"plan fingerprint", schedule::fingerprint(plan_)}});
     if (options_.channel_capacity > 0 && options_.channel_capacity < std::size_t(plan_.channel_depth))
       CUPIPE_THROW("Pipeline: channel_capacity ", options_.channel_capacity, " is below the ", plan_.channel_depth,
@@ -195,6 +193,8 @@ class Pipeline {
       owned_backends_.push_back(local(w) ? caps::make(options_.devices.empty() ? 0 : options_.devices[std::size_t(w)])
                                          : nullptr);
       backends_.push_back(owned_backends_.back().get());
+      if constexpr (requires(Backend& be) { be.tensor_group; })
+        if (tensor_group_ && backends_.back()) backends_.back()->tensor_group = tensor_group_;
     }
     if (comm())
       transport_ = std::make_unique<pipeline::CommTransport<Backend>>(options_.communicator, backends_,
@@ -235,7 +235,10 @@ class Pipeline {
   comm::Communicator* comm() const noexcept { return options_.communicator.get(); }
   /// Whether this process writes checkpoints: the only one, or rank 0 across processes.
   bool writes_checkpoints() const noexcept { return !comm() || comm()->topology().rank == 0; }
-  static std::vector<ParamInfo> parameter_table() { return Model::parameter_table(); }
+  /// The whole model's parameters: for a model split over tensor-parallel ranks, each split tensor
+  /// at its whole shape (parameters(), gradients(), optimizer_state() and the setters use this
+  /// layout, so checkpoints are the whole model's).
+  static std::vector<ParamInfo> parameter_table() { return tensor_parallel::whole_table(Model::parameter_table()); }
   /// Optimizer updates applied so far (per stage they are equal once a step has finished).
   std::int64_t updates() {
     std::int64_t n = 0;
@@ -376,16 +379,18 @@ class Pipeline {
     be.synchronize();
   }
 
-  /// The whole model's parameters, in the unsplit model's flat layout (latest versions).
-  std::vector<T> parameters() { return gather([](auto& st) { return st.weights.latest_data(); }); }
+  /// The whole model's parameters, in the unsplit model's flat layout (latest versions); with
+  /// tensor parallelism gathered over the group too.
+  std::vector<T> parameters() { return whole(gather([](auto& st) { return st.weights.latest_data(); })); }
   /// The accumulated gradients, same layout, summed over the replicas (across processes a
   /// collective: every rank calls it).
   std::vector<T> gradients() {
     reduce_gradients();
-    return gather([](auto& st) { return st.grads.data(); });
+    return whole(gather([](auto& st) { return st.grads.data(); }));
   }
   void set_parameters(std::span<const T> values) {
-    states_.scatter(values, [](auto& st) { return st.weights.latest_data(); });
+    const std::vector<T> mine = part(values);
+    states_.scatter(tensor_group_ ? std::span<const T>(mine) : values, [](auto& st) { return st.weights.latest_data(); });
   }
   /// Optimizer state slot `slot` (e.g. 0 = exp_avg for AdamW), same layout; empty before the first
   /// update. With ZeRO-1 the replicas' shards are gathered first (a collective over the replicas).
@@ -393,7 +398,7 @@ class Pipeline {
     bool prepared = true;
     states_.for_each([&](auto, auto& st) { prepared = prepared && st.slots.size() > slot; });
     if (!prepared) return {};
-    if (!zero_sharded()) return gather([slot](auto& st) { return st.slots[slot].data(); });
+    if (!zero_sharded()) return whole(gather([slot](auto& st) { return st.slots[slot].data(); }));
     std::vector<T> out(static_cast<std::size_t>(States::param_count), T(0));
     states_.for_each([&](auto k, auto& st) {
       const std::vector<T> whole = pipeline::gather_shards(*comm(), st, st.slots[slot].data());
@@ -410,7 +415,8 @@ class Pipeline {
     CUPIPE_REQUIRE(slot < Optimizer::slot_names.size(), "set_optimizer_state: ", Optimizer::name, " has ",
                    Optimizer::slot_names.size(), " state slots, not ", slot + 1);
     if (!zero_sharded()) {
-      states_.scatter(values, [slot](auto& st) { return st.slots[slot].data(); });
+      const std::vector<T> mine = part(values);
+      states_.scatter(tensor_group_ ? std::span<const T>(mine) : values, [slot](auto& st) { return st.slots[slot].data(); });
     } else {
       CUPIPE_REQUIRE(index_t(values.size()) == States::param_count, "Pipeline: got ", values.size(),
                      " values for a model of ", States::param_count, " parameters");
@@ -423,6 +429,60 @@ class Pipeline {
   }
 
  private:
+  /// With tensor parallelism, the whole model's values from this rank's part (a collective over the
+  /// group); else `values` as they are.
+  std::vector<T> whole(std::vector<T> values) {
+    if (!tensor_group_) return values;
+    return tensor_parallel::unshard(parameter_table(), Model::parameter_table(), std::span<const T>(values), *tensor_group_);
+  }
+  /// With tensor parallelism, this rank's part of the whole model's `values`; else nothing (the
+  /// caller uses `values`).
+  std::vector<T> part(std::span<const T> values) const {
+    if (!tensor_group_) return {};
+    return tensor_parallel::shard(parameter_table(), Model::parameter_table(), values, tensor_group_->rank());
+  }
+
+  /// A model split over tensor-parallel ranks runs across processes whose communicator has as many
+  /// per stage, under a flush schedule (its global norm is the whole model's, so every rank of a
+  /// group clips alike), without ZeRO-1 (not combined yet).
+  void check_tensor_parallel() {
+    const int parts = tensor_parallel::parts_of(Model::parameter_table());
+    const int ranks = comm() ? comm()->topology().tensor : 1;
+    if (parts == 1 && ranks == 1) return;
+    if (parts != ranks)
+      CUPIPE_THROW("Pipeline: the model's layers are split over ", parts, " tensor-parallel rank(s), but ",
+                   comm() ? "the communicator has " + std::to_string(ranks) + " per stage"
+                          : std::string("there is no communicator (make one with that many: comm::MpiCommunicator(world, "
+                                        "stages, timeout, tensor))"));
+    if (update_rule != schedule::UpdateRule::flush)
+      CUPIPE_THROW("Pipeline: tensor parallelism needs a flush schedule (its gradient norm is the whole model's), but ",
+                   Schedule::name, " updates each stage on its own");
+    if (options_.zero)
+      CUPIPE_THROW("Pipeline: zero and tensor parallelism cannot be combined yet; leave zero off");
+    tensor_group_ = comm()->tensor_group();
+    CUPIPE_REQUIRE(tensor_group_ && tensor_group_->size() == parts, "Pipeline: the communicator gives no tensor group of ",
+                   parts, " ranks");
+  }
+
+  /// The global gradient norm with tensor parallelism: split tensors' squares summed over the group,
+  /// replicated tensors' (the same on every rank of it) once; the second tied copy left out.
+  double tensor_parallel_norm() {
+    double split = 0, replicated = 0;
+    if constexpr (tied.count > 0) replicated -= pipeline::sum_tied_gradients(states_, comm(), tied);
+    const std::vector<ParamInfo> table = Model::parameter_table();
+    states_.for_each([&](auto k, auto& st) {
+      constexpr index_t offset = States::template model_offset<decltype(k)::value>();
+      for (const ParamInfo& p : table) {
+        if (p.offset < offset || p.offset >= offset + st.param_count) continue;
+        const double s = sum_of_squares(*st.be, ConstViewOn<Backend, T>{st.grads.data() + (p.offset - offset), Shape{p.numel}});
+        (p.split == TensorSplit::none ? replicated : split) += s;
+      }
+    });
+    double sums[1] = {split};
+    tensor_group_->sum(sums, 1);
+    return std::sqrt(comm()->sum_over_stages(sums[0] + replicated));
+  }
+
   /// Across processes, a sum over the pipeline in which every other rank contributes zeros.
   template <class Pointer>
   std::vector<T> gather(Pointer pointer) {
@@ -500,7 +560,7 @@ class Pipeline {
       norm = pipeline::sharded_flush_norm(states_, *comm(), tied);
     } else {
       reduce_gradients();
-      norm = pipeline::flush_norm(states_, comm(), tied);
+      norm = tensor_group_ ? tensor_parallel_norm() : pipeline::flush_norm(states_, comm(), tied);
     }
     refuse_non_finite(norm);
     pipeline::apply_flush(states_, optimizer, norm);
@@ -816,7 +876,8 @@ class Pipeline {
     stats.samples = samples;
     for (std::size_t j = 0; j < step.losses.size(); ++j)
       stats.loss += step.losses[j] * double(plan.normalizer[j]) / double(samples);
-    if (comm()) stats.loss = comm()->sum_over_world(stats.loss);  // only the last stage's ranks hold losses
+    // Only the last stage's ranks hold losses; of a tensor-parallel group, the first counts.
+    if (comm()) stats.loss = comm()->sum_over_world(comm()->topology().tensor_rank() == 0 ? stats.loss : 0.0);
     return stats;
   }
 
@@ -833,6 +894,7 @@ class Pipeline {
   std::int64_t batches_done_ = 0;
   index_t global_samples_ = 0;
   bool gradients_unreduced_ = false;  ///< flush schedules: this replica's own sums, not yet over the replicas
+  TensorGroup* tensor_group_ = nullptr;  ///< with tensor parallelism: this stage's group (the communicator's)
   int local_worker_ = -1;  ///< the stage this process runs; -1: all of them
   int tied_worker_ = -1;   ///< post-validation: the worker that holds both tied copies
   std::map<int, schedule::Plan> repeated_;  ///< post-validation: plans of several steps, by step count

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+// tensor_group_sum: the one collective of tensor-parallel layers (layers/tensor_parallel.hpp), an
+// in-place sum over the backend context's tensor_group. A layer of one part (Parts == 1: the plain
+// Linear and CausalSelfAttention share the split layers' code) sums nothing.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/tensor.hpp"
+#include "cupipe/core/tensor_group.hpp"
+#include "cupipe/layers/layer.hpp"
+
+namespace cupipe {
+
+/// Sums `v` (the backend's memory) in place over the backend's tensor-parallel group, which must
+/// have `Parts` ranks. Device memory is staged through the host for now.
+template <int Parts, class B, class T>
+void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
+  if constexpr (Parts > 1) {
+    TensorGroup* group = be.tensor_group;
+    if (group == nullptr)
+      CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend has no tensor_group (set it "
+                   "to the communicator's tensor_group())");
+    if (group->size() != Parts)
+      CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend's tensor group has ",
+                   group->size());
+    const std::size_t n = std::size_t(v.numel());
+    if (n == 0) return;
+    be.synchronize();
+    if constexpr (host_accessible<typename B::space>) {
+      group->sum(v.data(), n);
+    } else {
+      std::vector<T> host(n);
+      be.download(v.data(), std::span<T>(host));
+      group->sum(host.data(), n);
+      be.upload(std::span<const T>(host), v.data());
+    }
+  } else {
+    (void)be, (void)v, (void)layer;
+  }
+}
+
+/// How a tensor split `split` over `Parts` ranks is described: not at all with one part.
+template <int Parts>
+constexpr TensorSplit split_over(TensorSplit split) {
+  return Parts > 1 ? split : TensorSplit::none;
+}
+
+}  // namespace cupipe
