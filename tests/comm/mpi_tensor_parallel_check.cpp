@@ -2,7 +2,7 @@
 // Run under mpirun: tensor parallelism over host ranks (MpiCommunicator's tensor group, float64)
 // must compute what the whole model computes in one process.
 //   mpi_tensor_parallel_check --tensor TP
-//   mpi_tensor_parallel_check --tensor 2 --pipeline P [--checkpoint PREFIX]
+//   mpi_tensor_parallel_check --tensor 2 --pipeline P [--zero] [--checkpoint PREFIX]
 // World = TP tensor-parallel ranks x D replicas (one stage). Every rank builds the whole small GPT
 // (the oracle) and its part of gpt::TensorParallelModel (attention split by heads, the MLP by hidden
 // width), sharded from the whole model's initial parameters. Each group trains on the same batch:
@@ -14,7 +14,8 @@
 //     refuses a communicator with tensor-parallel ranks, each in one sentence.
 // With replicas, the groups must not mix (each group's sums stay inside it).
 // --pipeline P: the tensor-parallel GPT in a Pipeline of P stages (x replicas) against the whole
-// model's pipeline in one process (see check_pipeline), checkpoints included.
+// model's pipeline in one process (see check_pipeline), checkpoints included; --zero with ZeRO-1,
+// each replica then holding the AdamW state of its shard only.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -165,7 +166,7 @@ int check(comm::MpiCommunicator& comm) {
 /// then checkpoints both ways: this run's loads into a one-stage single process, the single
 /// process's into this run.
 template <int TP, int P>
-int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::string& checkpoint) {
+int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::string& checkpoint, bool zero) {
   using Whole = gpt::Model<small_gpt>;
   using Part = gpt::TensorParallelModel<small_gpt, TP>;
   using B = backend::Host<double>;
@@ -183,7 +184,7 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   const ConstView<std::int32_t> all_y{next.data(), Shape{rows}};
 
   Pipeline<partition<Part, P>, schedule::OneFOneB, B> distributed(
-      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm});
+      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm, .zero = zero});
   Pipeline<partition<Whole, P>, schedule::OneFOneB, B> reference({.microbatches = 2 * topo.replicas, .seed = 4});
   distributed.set_parameters(reference.parameters());  // the whole model's initialisation, sharded
   const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
@@ -211,6 +212,16 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   const std::vector<double> exp_avg_sq = distributed.optimizer_state(1);
   const double m = relative(exp_avg_sq, reference.optimizer_state(1));
   expect("AdamW's exp_avg_sq, gathered", m <= 1e-12, "max relative difference " + number(m));
+  if (zero) {
+    // ZeRO-1: this rank holds the AdamW state of its shard of its part; a stage's replicas together
+    // hold the part's state once.
+    const double mine = double(distributed.backend(topo.stage()).memory.in_use(MemoryTag::optimizer));
+    std::vector<double> stage{mine};
+    comm->sum_over_replicas(stage.data(), 1);
+    const bool sharded = mine < stage[0] && mine <= stage[0] / topo.replicas + 2.0 * 8.0;
+    expect("AdamW state sharded over " + std::to_string(topo.replicas) + " replicas", sharded,
+           number(mine) + " bytes here, " + number(stage[0]) + " over the stage's replicas");
+  }
 
   if (!checkpoint.empty()) {
     io::TrainingState state;
@@ -242,24 +253,26 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int tensor = 0, stages = 0;
+  bool zero = false;
   std::string checkpoint;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tensor") && i + 1 < argc) tensor = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pipeline") && i + 1 < argc) stages = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
+    else if (!std::strcmp(argv[i], "--zero")) zero = true;
   }
   try {
     int rc = 2;
     if (stages > 0 && tensor == 2 && (stages == 1 || stages == 2)) {
       auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, 60, tensor);
       if (rank == 0) std::printf("%s\n", comm->topology().describe().c_str());
-      rc = stages == 1 ? check_pipeline<2, 1>(comm, checkpoint) : check_pipeline<2, 2>(comm, checkpoint);
+      rc = stages == 1 ? check_pipeline<2, 1>(comm, checkpoint, zero) : check_pipeline<2, 2>(comm, checkpoint, zero);
     } else if (stages == 0 && (tensor == 2 || tensor == 4)) {
       comm::MpiCommunicator comm(MPI_COMM_WORLD, 1, 60, tensor);
       if (rank == 0) std::printf("%s\n", comm.topology().describe().c_str());
       rc = tensor == 2 ? check<2>(comm) : check<4>(comm);
     } else {
-      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--checkpoint PREFIX]\n");
+      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--zero] [--checkpoint PREFIX]\n");
     }
     if (rank == 0) std::printf("%s\n", rc == 0 ? "PASS" : "FAIL");
     return rc;

@@ -120,21 +120,28 @@ void reduce_scatter_over_replicas(comm::Communicator& comm, St& st) {
 /// The global gradient norm after reduce_scatter_over_replicas: each replica's sum of squares over
 /// its shards, less the part of the second tied copy inside them (counted once, as by flush_norm),
 /// summed over every rank. The tied copies' gradients must already hold their sum (summed before
-/// the reduce-scatter).
+/// the reduce-scatter). `table` (the model's parameter table, in the flat layout) says which tensors
+/// a tensor-parallel group splits: their squares count on every rank of the group, replicated ones
+/// (the same on each) on its first rank only.
 template <class States>
-double sharded_flush_norm(States& states, comm::Communicator& comm, const TiedCopies& tied = {}) {
+double sharded_flush_norm(States& states, comm::Communicator& comm, const std::vector<ParamInfo>& table,
+                          const TiedCopies& tied = {}) {
   using T = typename States::T;
+  const bool counts_replicated = comm.topology().tensor_rank() == 0;
   double sum = 0;
   states.for_each([&](auto k, auto& st) {
     using B = std::remove_reference_t<decltype(*st.be)>;
-    const index_t begin = st.shard.begin, n = st.shard.size();
-    if (n == 0) return;
-    sum += sum_of_squares(*st.be, ConstViewOn<B, T>{st.grads.data() + begin, Shape{n}});
-    if (tied.count == 0) return;
-    // The second copy's part of this shard, in the stage's own coordinates.
+    const index_t begin = st.shard.begin, end = st.shard.begin + st.shard.size();
     const index_t offset = States::template model_offset<decltype(k)::value>();
-    const index_t from = std::max(begin, tied.second - offset), to = std::min(begin + n, tied.second + tied.count - offset);
-    if (to > from) sum -= sum_of_squares(*st.be, ConstViewOn<B, T>{st.grads.data() + from, Shape{to - from}});
+    // Squares of [from, to) of the stage's gradients (its own coordinates), within the shard.
+    const auto squares = [&](index_t from, index_t to) {
+      from = std::max(from, begin), to = std::min(to, end);
+      return to > from ? sum_of_squares(*st.be, ConstViewOn<B, T>{st.grads.data() + from, Shape{to - from}}) : 0.0;
+    };
+    for (const ParamInfo& p : table)
+      if (p.offset >= offset && p.offset < offset + st.param_count && (p.split != TensorSplit::none || counts_replicated))
+        sum += squares(p.offset - offset, p.offset - offset + p.numel);
+    if (tied.count > 0 && counts_replicated) sum -= squares(tied.second - offset, tied.second + tied.count - offset);
   });
   return std::sqrt(comm.sum_over_world(sum));
 }

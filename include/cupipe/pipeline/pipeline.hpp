@@ -405,7 +405,7 @@ class Pipeline {
       std::copy(whole.begin(), whole.end(), out.begin() + States::template model_offset<decltype(k)::value>());
     });
     comm()->sum_over_stages(out.data(), out.size());
-    return out;
+    return whole(std::move(out));
   }
   /// Restores optimizer state and the update count (for checkpoints); slots must be prepared for
   /// `optimizer` first.
@@ -418,11 +418,13 @@ class Pipeline {
       const std::vector<T> mine = part(values);
       states_.scatter(tensor_group_ ? std::span<const T>(mine) : values, [slot](auto& st) { return st.slots[slot].data(); });
     } else {
-      CUPIPE_REQUIRE(index_t(values.size()) == States::param_count, "Pipeline: got ", values.size(),
+      const std::vector<T> mine = part(values);
+      const std::span<const T> local = tensor_group_ ? std::span<const T>(mine) : values;
+      CUPIPE_REQUIRE(index_t(local.size()) == States::param_count, "Pipeline: got ", values.size(),
                      " values for a model of ", States::param_count, " parameters");
       states_.for_each([&](auto k, auto& st) {
         const std::size_t at = std::size_t(States::template model_offset<decltype(k)::value>() + st.shard.begin);
-        if (st.shard.size() > 0) st.be->upload(values.subspan(at, std::size_t(st.shard.size())), st.slots[slot].data());
+        if (st.shard.size() > 0) st.be->upload(local.subspan(at, std::size_t(st.shard.size())), st.slots[slot].data());
       });
     }
     states_.for_each([&](auto, auto& st) { st.updates = updates; });
@@ -444,7 +446,7 @@ class Pipeline {
 
   /// A model split over tensor-parallel ranks runs across processes whose communicator has as many
   /// per stage, under a flush schedule (its global norm is the whole model's, so every rank of a
-  /// group clips alike), without ZeRO-1 (not combined yet).
+  /// group clips alike).
   void check_tensor_parallel() {
     const int parts = tensor_parallel::parts_of(Model::parameter_table());
     const int ranks = comm() ? comm()->topology().tensor : 1;
@@ -457,8 +459,6 @@ class Pipeline {
     if (update_rule != schedule::UpdateRule::flush)
       CUPIPE_THROW("Pipeline: tensor parallelism needs a flush schedule (its gradient norm is the whole model's), but ",
                    Schedule::name, " updates each stage on its own");
-    if (options_.zero)
-      CUPIPE_THROW("Pipeline: zero and tensor parallelism cannot be combined yet; leave zero off");
     tensor_group_ = comm()->tensor_group();
     CUPIPE_REQUIRE(tensor_group_ && tensor_group_->size() == parts, "Pipeline: the communicator gives no tensor group of ",
                    parts, " ranks");
@@ -557,7 +557,7 @@ class Pipeline {
       if constexpr (tied.count > 0) (void)pipeline::sum_tied_gradients(states_, comm(), tied);
       states_.for_each([&](auto, auto& st) { pipeline::reduce_scatter_over_replicas(*comm(), st); });
       gradients_unreduced_ = false;
-      norm = pipeline::sharded_flush_norm(states_, *comm(), tied);
+      norm = pipeline::sharded_flush_norm(states_, *comm(), Model::parameter_table(), tied);
     } else {
       reduce_gradients();
       norm = tensor_group_ ? tensor_parallel_norm() : pipeline::flush_norm(states_, comm(), tied);
