@@ -5,7 +5,7 @@
 //   mpi_tensor_parallel_check --tensor 2 --pipeline P [--zero] [--checkpoint PREFIX]
 // World = TP tensor-parallel ranks x D replicas (one stage). Every rank builds the whole small GPT
 // (the oracle) and its part of gpt::TensorParallelModel (attention split by heads, the MLP by hidden
-// width), sharded from the whole model's initial parameters. Each group trains on the same batch:
+// width, wte, lm_head and the loss by vocabulary), sharded from the whole model's initial parameters. Each group trains on the same batch:
 //   - the loss after one forward/backward, the gradients gathered back to the whole layout, and the
 //     gradient's sum of squares (split tensors summed over the group, replicated ones once): 1e-12
 //     relative to the whole model (the sums add the heads' partial products in another order);
@@ -72,6 +72,19 @@ int check(comm::MpiCommunicator& comm) {
   const std::vector<ParamInfo> part_table = Network<Part, B>::parameter_table();
   std::vector<double> init = whole.parameters();
   part.set_parameters(tensor_parallel::shard(whole_table, part_table, std::span<const double>(init), group.rank()));
+
+  // Vocabulary parallelism: wte and lm_head hold this rank's rows of the vocabulary, and the loss
+  // takes this rank's columns of the logits (the logits are never whole on any rank).
+  int vocab_split = 0;
+  for (const ParamInfo& p : part_table)
+    if ((p.name.ends_with("wte.weight") || p.name.ends_with("lm_head.weight")) && p.split == TensorSplit::rows &&
+        p.numel == small_gpt.vocab / TP * small_gpt.channels)
+      ++vocab_split;
+  constexpr index_t logits = Part::body::out_features;  // the head's output, the loss's input
+  expect("wte and lm_head split by vocabulary, the loss on a part of the logits",
+         vocab_split == 2 && logits == small_gpt.vocab / TP,
+         std::to_string(vocab_split) + " tables split, " + std::to_string(logits) + " logits per row of " +
+             std::to_string(small_gpt.vocab));
 
   constexpr index_t sequences = 3, rows = sequences * small_gpt.context;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(rows)), next(ids.size());

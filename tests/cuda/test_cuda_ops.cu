@@ -342,6 +342,63 @@ TEST_CASE("embedding forward and backward match the host, deterministically", "[
   CHECK_THROWS_WITH(ops::embedding_backward(gpu, bad.cview(r), ddy.cview(s), dt.view(t)), Catch::Contains("token id 50"));
 }
 
+TEST_CASE("vocabulary-part embedding and cross-entropy match the host", "[gpu][cuda][ops][tensor_parallel]") {
+  // One rank's part of a vocabulary of 1000 split in 4 (a vocabulary-parallel embedding and head):
+  // ids and labels fall in every part, so rows of other parts must come out zero / without gradient.
+  const index_t vocab = 1000, part_rows = 250, dim = GENERATE(3, 64), rows = 97;
+  const ops::VocabPart part{GENERATE(index_t(0), index_t(500)), vocab};
+  Rng rng(std::uint64_t(dim + part.first));
+  Gpu gpu;
+  backend::Host<float> host;
+  Ref ref;
+  const Shape t{part_rows, dim}, s{rows, dim}, r{rows}, zs{rows, part_rows};
+  const auto table = random_floats(rng, part_rows * dim), dy = random_floats(rng, rows * dim);
+  const auto ids = random_ints(rng, rows, vocab), labels = random_ints(rng, rows, vocab);
+  DeviceArray<float, Gpu> dt(gpu, table), ddy(gpu, dy);
+  DeviceArray<std::int32_t, Gpu> did(gpu, ids), dl(gpu, labels);
+  const ConstView<std::int32_t> hid{ids.data(), r}, hl{labels.data(), r};
+  auto y = poisoned<float>(gpu, rows * dim);
+  ops::embedding_forward(gpu, did.cview(r), dt.cview(t), y.view(s), part);
+  std::vector<float> ry(dy.size());
+  ops::embedding_forward(host, hid, ConstView<float>{table.data(), t}, TensorView<float>{ry.data(), s}, part);
+  CHECK(y.download() == ry);
+  ops::embedding_backward(gpu, did.cview(r), ddy.cview(s), dt.view(t), part);
+  std::vector<float> rt = table;
+  ops::embedding_backward(host, hid, ConstView<float>{dy.data(), s}, TensorView<float>{rt.data(), t}, part);
+  CHECK(dt.download() == rt);
+
+  const auto z = random_floats(rng, rows * part_rows, -8, 8);
+  const auto zd = cast<double>(z);
+  DeviceArray<float, Gpu> dz(gpu, z);
+  auto stats = poisoned<float>(gpu, rows * 3);
+  ops::softmax_cross_entropy_part_stats(gpu, dz.cview(zs), dl.cview(r), stats.view(Shape{rows, 3}), part);
+  std::vector<double> rstats(static_cast<std::size_t>(rows * 3));
+  ops::softmax_cross_entropy_part_stats(ref, ConstView<double>{zd.data(), zs}, hl, TensorView<double>{rstats.data(), Shape{rows, 3}}, part);
+  const auto got = stats.download();
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::abs(double(got[i]) - rstats[i]) <= 1e-5 * std::max(1.0, std::abs(rstats[i])));
+
+  // A whole-row log-sum-exp (any value above every logit will do for the comparison).
+  std::vector<float> lse(static_cast<std::size_t>(rows));
+  for (auto& v : lse) v = float(9 + rng.uniform(0, 1));
+  DeviceArray<float, Gpu> dlse(gpu, lse);
+  const auto lsed = cast<double>(lse);
+  auto dlog = poisoned<float>(gpu, rows * part_rows);
+  ops::softmax_cross_entropy_part_backward(gpu, dz.cview(zs), dl.cview(r), dlse.cview(r), dlog.view(zs), rows, part);
+  std::vector<double> rd(z.size());
+  ops::softmax_cross_entropy_part_backward(ref, ConstView<double>{zd.data(), zs}, hl, ConstView<double>{lsed.data(), r},
+                                           TensorView<double>{rd.data(), zs}, rows, part);
+  const auto gd = dlog.download();
+  double worst = 0;
+  for (std::size_t i = 0; i < gd.size(); ++i) worst = std::max(worst, std::abs(double(gd[i]) - rd[i]));
+  CHECK(worst <= 128 * 1.1920928955078125e-07 / double(rows));
+
+  DeviceArray<std::int32_t, Gpu> bad(gpu, std::vector<std::int32_t>(std::size_t(rows), std::int32_t(vocab)));
+  CHECK_THROWS_WITH(ops::embedding_forward(gpu, bad.cview(r), dt.cview(t), y.view(s), part),
+                    Catch::Contains("token id 1000 at row") && Catch::Contains("[0, 1000)"));
+  CHECK_THROWS_WITH(ops::softmax_cross_entropy_part_stats(gpu, dz.cview(zs), bad.cview(r), stats.view(Shape{rows, 3}), part),
+                    Catch::Contains("label 1000 at row") && Catch::Contains("[0, 1000)"));
+}
+
 TEST_CASE("optimizer updates match the host", "[gpu][cuda][ops]") {
   const std::uint64_t seed = GENERATE(1, 2);
   const index_t n = GENERATE(1, 7, 4096, 10001);

@@ -143,6 +143,86 @@ TEST_CASE("float and double agree: softmax cross-entropy and embedding", "[cpu][
   });
 }
 
+TEST_CASE("vocabulary parts of embedding and cross-entropy add up to the whole vocabulary's ops",
+          "[cpu][host][tensor_parallel]") {
+  // P parts of a vocabulary in one process, as P tensor-parallel ranks hold them: the parts' embedding
+  // rows sum to the whole lookup, each part's table gradient is its rows of the whole one, and the
+  // cross-entropy rebuilt from the parts' (max, sum, label logit) rows equals the whole loss, with
+  // each part's logit gradient its columns of the whole one.
+  const int parts = GENERATE(1, 2, 3);
+  Rng rng{std::uint64_t(17 + parts)};
+  const index_t rows = 11, vocab = 12, dim = 5, part_rows = vocab / parts;
+  backend::Host<double> be;
+  const Vec table = uniform_values(std::size_t(vocab * dim), rng, -1, 1), dy = uniform_values(std::size_t(rows * dim), rng, -1, 1);
+  const Vec z = uniform_values(std::size_t(rows * vocab), rng, -6, 6);
+  const Ids ids = uniform_ints(std::size_t(rows), rng, vocab), labels = uniform_ints(std::size_t(rows), rng, vocab);
+  Vec whole_y(std::size_t(rows * dim)), whole_dtable(table.size(), 0.0), loss(1), whole_dz(z.size());
+  ops::embedding_forward(be, ids_view(ids), cview(table, Shape{vocab, dim}), view(whole_y, Shape{rows, dim}));
+  ops::embedding_backward(be, ids_view(ids), cview(dy, Shape{rows, dim}), view(whole_dtable, Shape{vocab, dim}));
+  ops::softmax_cross_entropy_forward(be, cview(z, Shape{rows, vocab}), ids_view(labels), view(loss, Shape{1}), rows + 2);
+  ops::softmax_cross_entropy_backward(be, cview(z, Shape{rows, vocab}), ids_view(labels), view(whole_dz, Shape{rows, vocab}),
+                                      rows + 2);
+
+  Vec summed_y(whole_y.size(), 0.0);
+  std::vector<Vec> stats(static_cast<std::size_t>(parts), Vec(static_cast<std::size_t>(rows * 3)));
+  std::vector<Vec> part_z(static_cast<std::size_t>(parts));
+  for (int t = 0; t < parts; ++t) {
+    const ops::VocabPart part{t * part_rows, vocab};
+    const Vec part_table(table.begin() + t * part_rows * dim, table.begin() + (t + 1) * part_rows * dim);
+    Vec y(whole_y.size(), std::nan("")), dtable(part_table.size(), 0.0);
+    ops::embedding_forward(be, ids_view(ids), cview(part_table, Shape{part_rows, dim}), view(y, Shape{rows, dim}), part);
+    for (std::size_t i = 0; i < y.size(); ++i) summed_y[i] += y[i];
+    ops::embedding_backward(be, ids_view(ids), cview(dy, Shape{rows, dim}), view(dtable, Shape{part_rows, dim}), part);
+    CHECK(dtable == Vec(whole_dtable.begin() + t * part_rows * dim, whole_dtable.begin() + (t + 1) * part_rows * dim));
+    Vec& zt = part_z[std::size_t(t)];
+    for (index_t r = 0; r < rows; ++r)
+      zt.insert(zt.end(), z.begin() + r * vocab + t * part_rows, z.begin() + r * vocab + (t + 1) * part_rows);
+    ops::softmax_cross_entropy_part_stats(be, cview(zt, Shape{rows, part_rows}), ids_view(labels),
+                                          view(stats[std::size_t(t)], Shape{rows, 3}), part);
+  }
+  CHECK(summed_y == whole_y);  // one part holds each id; the others add exact zeros
+
+  Vec lse(static_cast<std::size_t>(rows));
+  double total = 0;
+  for (index_t r = 0; r < rows; ++r) {
+    double max = -INFINITY, sum = 0, label = 0;
+    for (const Vec& s : stats) max = std::max(max, s[std::size_t(r * 3)]);
+    for (const Vec& s : stats) sum += std::exp(s[std::size_t(r * 3)] - max) * s[std::size_t(r * 3 + 1)];
+    for (const Vec& s : stats) label += s[std::size_t(r * 3 + 2)];
+    lse[std::size_t(r)] = max + std::log(sum);
+    total += lse[std::size_t(r)] - label;
+  }
+  CHECK(std::abs(total / double(rows + 2) - loss[0]) <= 1e-14 * std::abs(loss[0]));
+  for (int t = 0; t < parts; ++t) {
+    Vec dz(std::size_t(rows * part_rows));
+    ops::softmax_cross_entropy_part_backward(be, cview(part_z[std::size_t(t)], Shape{rows, part_rows}), ids_view(labels),
+                                             cview(lse, Shape{rows}), view(dz, Shape{rows, part_rows}), rows + 2,
+                                             ops::VocabPart{t * part_rows, vocab});
+    Vec expected;
+    for (index_t r = 0; r < rows; ++r)
+      expected.insert(expected.end(), whole_dz.begin() + r * vocab + t * part_rows, whole_dz.begin() + r * vocab + (t + 1) * part_rows);
+    CHECK(relative_error(dz, expected) <= 1e-14);
+  }
+
+  // Ids and labels are checked against the whole vocabulary; a part must fit inside it.
+  Vec y(whole_y.size()), st(std::size_t(rows * 3));
+  const Vec half(table.begin(), table.begin() + 6 * dim);
+  const Ids too_big{0, 12, 3};
+  CHECK_THROWS_WITH(ops::embedding_forward(be, ids_view(too_big), cview(half, Shape{6, dim}), view(y, Shape{3, dim}),
+                                           ops::VocabPart{6, 12}),
+                    Contains("embedding_forward: token id 12 at row 1") && Contains("vocabulary [0, 12)"));
+  CHECK_THROWS_WITH(ops::embedding_backward(be, ids_view(Ids{1, 2, 3}), cview(dy, Shape{3, dim}), view(whole_dtable, Shape{6, dim}),
+                                            ops::VocabPart{7, 12}),
+                    Contains("embedding_backward: a vocabulary part of 6 entries from 7 does not fit a vocabulary of 12"));
+  const Vec z6(std::size_t(3 * 6), 0.5);
+  CHECK_THROWS_WITH(ops::softmax_cross_entropy_part_stats(be, cview(z6, Shape{3, 6}), ids_view(too_big), view(st, Shape{3, 3}),
+                                                          ops::VocabPart{0, 12}),
+                    Contains("softmax_cross_entropy_part_stats: label 12 at row 1 is outside [0, 12)"));
+  CHECK_THROWS_WITH(ops::softmax_cross_entropy_part_stats(be, cview(z6, Shape{3, 6}), ids_view(too_big), view(st, Shape{3, 2}),
+                                                          ops::VocabPart{0, 12}),
+                    Contains("softmax_cross_entropy_part_stats") && Contains("stats"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Optimizer updates, against the update rules as PyTorch documents them (torch.optim.SGD, AdamW).
 

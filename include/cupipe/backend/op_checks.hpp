@@ -170,25 +170,68 @@ void softmax_cross_entropy_backward(TensorView<const T, S> logits, TensorView<co
   CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_backward: normalizer must be positive, got ", normalizer);
 }
 
-/// The message for a label outside the class range, wherever a backend finds it.
+/// The message for a label outside the class range [0, classes), wherever a backend finds it.
+[[noreturn]] inline void label_out_of_range(std::string_view op, std::int64_t label, index_t row, const Shape& logits,
+                                            index_t classes) {
+  CUPIPE_THROW(op, ": label ", label, " at row ", row, " is outside [0, ", classes, ") for logits ", logits);
+}
 [[noreturn]] inline void label_out_of_range(std::string_view op, std::int64_t label, index_t row, const Shape& logits) {
-  CUPIPE_THROW(op, ": label ", label, " at row ", row, " is outside [0, ", logits.cols(), ") for logits ", logits);
+  label_out_of_range(op, label, row, logits, logits.cols());
+}
+
+/// A vocabulary part of `count` entries (a table's rows, the logits' columns) must lie inside its
+/// whole vocabulary.
+inline void vocab_part(std::string_view op, const ops::VocabPart& part, index_t count) {
+  CUPIPE_REQUIRE(part.first >= 0 && part.first + count <= part.whole, op, ": a vocabulary part of ", count,
+                 " entries from ", part.first, " does not fit a vocabulary of ", part.whole);
+}
+
+// ---- vocabulary-parallel cross-entropy ----------------------------------------------------------
+// logits (rows, count) are columns [first, first + count) of a whole vocabulary's logits; labels
+// (rows,) index the whole vocabulary.
+
+template <class T, class S>
+void softmax_cross_entropy_part_stats(TensorView<const T, S> logits, TensorView<const std::int32_t, S> labels,
+                                      const TensorView<T, S>& stats, const ops::VocabPart& part) {
+  check_view(logits, logits.shape(), "softmax_cross_entropy_part_stats", "logits");
+  check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_part_stats", "labels");
+  check_view(stats, Shape{logits.rows(), 3}, "softmax_cross_entropy_part_stats", "stats");
+  vocab_part("softmax_cross_entropy_part_stats", part, logits.cols());
+}
+
+template <class T, class S>
+void softmax_cross_entropy_part_backward(TensorView<const T, S> logits, TensorView<const std::int32_t, S> labels,
+                                         TensorView<const T, S> lse, const TensorView<T, S>& dlogits, index_t normalizer,
+                                         const ops::VocabPart& part) {
+  check_view(logits, logits.shape(), "softmax_cross_entropy_part_backward", "logits");
+  check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_part_backward", "labels");
+  check_view(lse, Shape{logits.rows()}, "softmax_cross_entropy_part_backward", "lse");
+  check_view(dlogits, logits.shape(), "softmax_cross_entropy_part_backward", "dlogits");
+  CUPIPE_REQUIRE(normalizer > 0, "softmax_cross_entropy_part_backward: normalizer must be positive, got ", normalizer);
+  vocab_part("softmax_cross_entropy_part_backward", part, logits.cols());
 }
 
 // ---- embedding --------------------------------------------------------------------------------
 
+// The table may be a part of the vocabulary (ops::VocabPart): ids outside it give zero rows and no
+// gradient.
+
 template <class T, class S>
-void embedding_forward(TensorView<const std::int32_t, S> ids, TensorView<const T, S> table, const TensorView<T, S>& y) {
+void embedding_forward(TensorView<const std::int32_t, S> ids, TensorView<const T, S> table, const TensorView<T, S>& y,
+                       const ops::VocabPart& part) {
   check_view(table, table.shape(), "embedding_forward", "table");
   check_view(y, Shape{ids.numel(), table.cols()}, "embedding_forward", "y");
   check_view(ids, ids.shape(), "embedding_forward", "ids");
+  vocab_part("embedding_forward", part, table.rows());
 }
 
 template <class T, class S>
-void embedding_backward(TensorView<const std::int32_t, S> ids, TensorView<const T, S> dy, const TensorView<T, S>& dtable) {
+void embedding_backward(TensorView<const std::int32_t, S> ids, TensorView<const T, S> dy, const TensorView<T, S>& dtable,
+                        const ops::VocabPart& part) {
   check_view(dtable, dtable.shape(), "embedding_backward", "dtable");
   check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");
   check_view(ids, ids.shape(), "embedding_backward", "ids");
+  vocab_part("embedding_backward", part, dtable.rows());
 }
 
 /// The message for a token id outside the vocabulary, wherever a backend finds it.

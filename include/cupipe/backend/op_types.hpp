@@ -16,6 +16,15 @@ struct Dispatch {};
 inline constexpr double gelu_k = 0.7978845608028654;  // sqrt(2 / pi)
 inline constexpr double gelu_c = 0.044715;
 
+/// The part of a vocabulary one tensor-parallel rank holds (a vocabulary-parallel embedding table's
+/// rows, a vocabulary-parallel head's logit columns): entries [first, first + count) of `whole`, where
+/// count is the table's rows or the logits' columns. Token ids and labels are checked against the
+/// whole vocabulary; those outside the part belong to another rank. A whole table is {0, its rows}.
+struct VocabPart {
+  std::int64_t first = 0;
+  std::int64_t whole = 0;
+};
+
 /// Whether a GEMM operand is used as stored (row-major) or transposed.
 enum class Transpose : std::uint8_t { no, yes };
 

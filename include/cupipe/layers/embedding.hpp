@@ -3,12 +3,14 @@
 // It reads int32 ids, so it can only be a model's first layer.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/layer.hpp"
+#include "cupipe/layers/tensor_group_sum.hpp"
 
 namespace cupipe {
 
@@ -48,24 +50,32 @@ struct Embedding {
   static ConstViewOn<B, T> table(const T* p) { return {p, Shape{Vocab, Dim}}; }
 };
 
-/// TokenPositionEmbedding<Vocab, SeqLen, Dim>: GPT-2's input, y = wte[id] + wpe[position], where the
-/// rows are whole sequences of SeqLen tokens and a row's position is its index in its sequence.
-/// Parameters as nanoGPT names them: wte.weight (Vocab, Dim), wpe.weight (SeqLen, Dim).
-template <index_t Vocab, index_t SeqLen, index_t Dim>
-struct TokenPositionEmbedding {
-  static_assert(Vocab > 0 && SeqLen > 0 && Dim > 0, "TokenPositionEmbedding<Vocab, SeqLen, Dim> needs positive sizes");
+namespace detail {
+/// TokenPositionEmbedding's code for a token table split by vocabulary over Parts tensor-parallel
+/// ranks (Megatron's VocabParallelEmbedding): rank t holds wte rows [t V/P, (t+1) V/P) and looks up
+/// the ids that fall there (zero rows for the others), one sum over the group assembles the rows,
+/// then the replicated wpe is added (once, after the sum). The backward needs no sum: dy is whole on
+/// every rank, and each rank adds into its own rows. One part: the plain TokenPositionEmbedding.
+template <index_t Vocab, index_t SeqLen, index_t Dim, int Parts>
+struct VocabSplitTokenPositionEmbedding {
+  static_assert(Vocab > 0 && SeqLen > 0 && Dim > 0 && Parts > 0,
+                "TokenPositionEmbedding<Vocab, SeqLen, Dim> needs positive sizes");
+  static_assert(Vocab % Parts == 0, "VocabParallelTokenPositionEmbedding: Parts must divide the vocabulary");
+  static constexpr index_t part_vocab = Vocab / Parts;
   static constexpr index_t in_features = 1;
   static constexpr index_t out_features_for(index_t) { return Dim; }
   static constexpr bool takes_token_ids = true;
   static constexpr bool is_loss = false;
   static constexpr index_t rows_per_sample = SeqLen;
   static constexpr std::array<ParamSpec, 2> params(index_t) {
-    return {{{"wte.weight", Vocab, Dim}, {"wpe.weight", SeqLen, Dim}}};
+    return {{{"wte.weight", part_vocab, Dim, split_over<Parts>(TensorSplit::rows), Parts}, {"wpe.weight", SeqLen, Dim}}};
   }
   static constexpr index_t saved_per_row(index_t) { return 0; }
   static constexpr double forward_flops_per_sample(index_t) { return double(Dim); }
   static std::string describe() {
-    return "TokenPositionEmbedding<" + std::to_string(Vocab) + ", " + std::to_string(SeqLen) + ", " + std::to_string(Dim) + ">";
+    const std::string sizes = std::to_string(Vocab) + ", " + std::to_string(SeqLen) + ", " + std::to_string(Dim);
+    if constexpr (Parts == 1) return "TokenPositionEmbedding<" + sizes + ">";
+    else return "VocabParallelTokenPositionEmbedding<" + sizes + ", " + std::to_string(Parts) + ">";
   }
 
   /// GPT-2's initialisation: both tables from N(0, 0.02).
@@ -77,26 +87,40 @@ struct TokenPositionEmbedding {
   template <class B, class T>
   static void forward(B& be, const T* p, ConstViewOn<B, std::int32_t> ids, ViewOn<B, T> y, ViewOn<B, T>) {
     check_sequences(ids.numel());
-    embedding_forward(be, ids, ConstViewOn<B, T>{p, Shape{Vocab, Dim}}, y);
+    embedding_forward(be, ids, ConstViewOn<B, T>{p, Shape{part_vocab, Dim}}, y, part(be));
+    tensor_group_sum<Parts>(be, y, "VocabParallelTokenPositionEmbedding");
     for (index_t s = 0; s < ids.numel(); s += SeqLen)
-      axpy(be, T(1), ConstViewOn<B, T>{p + Vocab * Dim, Shape{SeqLen, Dim}}, ViewOn<B, T>{y.data() + s * Dim, Shape{SeqLen, Dim}});
+      axpy(be, T(1), ConstViewOn<B, T>{p + part_vocab * Dim, Shape{SeqLen, Dim}},
+           ViewOn<B, T>{y.data() + s * Dim, Shape{SeqLen, Dim}});
   }
   template <class B, class T>
   static void backward_input(B&, const T*, ConstViewOn<B, std::int32_t>, ConstViewOn<B, T>, ConstViewOn<B, T>, ViewOn<B, T>) {}
-  /// dwte[id] += dy;  dwpe[position] += dy, over every sequence.
+  /// dwte[id] += dy (this part's ids);  dwpe[position] += dy, over every sequence.
   template <class B, class T>
   static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
     check_sequences(ids.numel());
-    embedding_backward(be, ids, dy, ViewOn<B, T>{g, Shape{Vocab, Dim}});
+    embedding_backward(be, ids, dy, ViewOn<B, T>{g, Shape{part_vocab, Dim}}, part(be));
     for (index_t s = 0; s < ids.numel(); s += SeqLen)
-      axpy(be, T(1), ConstViewOn<B, T>{dy.data() + s * Dim, Shape{SeqLen, Dim}}, ViewOn<B, T>{g + Vocab * Dim, Shape{SeqLen, Dim}});
+      axpy(be, T(1), ConstViewOn<B, T>{dy.data() + s * Dim, Shape{SeqLen, Dim}},
+           ViewOn<B, T>{g + part_vocab * Dim, Shape{SeqLen, Dim}});
   }
 
  private:
+  template <class B>
+  static ops::VocabPart part(B& be) {
+    return {index_t(tensor_group_rank<Parts>(be, "VocabParallelTokenPositionEmbedding")) * part_vocab, Vocab};
+  }
   static void check_sequences(index_t rows) {
     if (rows % SeqLen != 0)
       CUPIPE_THROW(describe(), ": ", rows, " token ids are not whole sequences of ", SeqLen, " tokens");
   }
 };
+}  // namespace detail
+
+/// TokenPositionEmbedding<Vocab, SeqLen, Dim>: GPT-2's input, y = wte[id] + wpe[position], where the
+/// rows are whole sequences of SeqLen tokens and a row's position is its index in its sequence.
+/// Parameters as nanoGPT names them: wte.weight (Vocab, Dim), wpe.weight (SeqLen, Dim).
+template <index_t Vocab, index_t SeqLen, index_t Dim>
+struct TokenPositionEmbedding : detail::VocabSplitTokenPositionEmbedding<Vocab, SeqLen, Dim, 1> {};
 
 }  // namespace cupipe

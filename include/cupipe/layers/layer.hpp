@@ -171,6 +171,14 @@ constexpr bool tied_to_input_embedding() {
   else return false;
 }
 
+/// Into how many tensor-parallel parts L's output is split by columns (a column-parallel Linear's
+/// Parts: each rank computes its slice of the features); 1 for a layer whose output is whole.
+template <class L>
+constexpr int output_parts() {
+  if constexpr (requires { L::output_parts; }) return L::output_parts;
+  else return 1;
+}
+
 /// Total parameter elements of layer L at input width `in`.
 template <class L>
 constexpr index_t param_elements(index_t in) {

@@ -24,6 +24,7 @@ struct OutputSplitLinear {
   static_assert(In > 0 && Out > 0 && Parts > 0, "Linear<In, Out> needs positive sizes");
   static_assert(Out % Parts == 0, "ColumnParallelLinear<In, Out, Parts>: Parts must divide Out");
   static constexpr index_t part_out = Out / Parts;
+  static constexpr int output_parts = Parts;  ///< each rank's output is its slice of the Out features
   static constexpr index_t in_features = In;
   static constexpr index_t out_features_for(index_t) { return part_out; }
   static constexpr bool takes_token_ids = false;

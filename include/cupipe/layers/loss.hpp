@@ -14,6 +14,17 @@
 
 namespace cupipe {
 
+namespace detail {
+/// Throws, naming `loss_layer` and the shapes, when a loss is not finite.
+template <class T, class Space>
+void check_loss_finite(const std::string& loss_layer, T loss, TensorView<const T, Space> logits,
+                       TensorView<const std::int32_t, Space> labels) {
+  if (!std::isfinite(double(loss)))
+    CUPIPE_THROW(loss_layer, ": the loss is not finite (", double(loss), ") for logits ", logits.shape(), " and labels ",
+                 labels.shape());
+}
+}  // namespace detail
+
 template <index_t Classes>
 struct SoftmaxCrossEntropy : Stateless {
   static_assert(Classes > 1, "SoftmaxCrossEntropy<Classes> needs at least two classes");
@@ -39,9 +50,7 @@ struct SoftmaxCrossEntropy : Stateless {
   /// Throws when a loss computed from `logits` and `labels` is not finite.
   template <class T, class Space>
   static void check_finite(T loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
-    if (!std::isfinite(double(loss)))
-      CUPIPE_THROW(describe(), ": the loss is not finite (", double(loss), ") for logits ", logits.shape(),
-                   " and labels ", labels.shape());
+    detail::check_loss_finite(describe(), loss, logits, labels);
   }
 
  private:

@@ -15,32 +15,62 @@
 
 namespace cupipe {
 
+/// The backend's tensor-parallel group, which must have `Parts` ranks (`layer` names the caller in
+/// the error).
+template <int Parts, class B>
+TensorGroup& tensor_group_of(B& be, const char* layer) {
+  TensorGroup* group = be.tensor_group;
+  if (group == nullptr)
+    CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend has no tensor_group (set it "
+                 "to the communicator's tensor_group())");
+  if (group->size() != Parts)
+    CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend's tensor group has ",
+                 group->size());
+  return *group;
+}
+
+/// This rank's place in the tensor-parallel group: 0 for a layer of one part.
+template <int Parts, class B>
+int tensor_group_rank(B& be, const char* layer) {
+  if constexpr (Parts > 1) return tensor_group_of<Parts>(be, layer).rank();
+  else return (void)be, (void)layer, 0;
+}
+
 /// Sums `v` (the backend's memory) in place over the backend's tensor-parallel group, which must
 /// have `Parts` ranks. Device memory is staged through the host for now.
 template <int Parts, class B, class T>
 void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
   if constexpr (Parts > 1) {
-    TensorGroup* group = be.tensor_group;
-    if (group == nullptr)
-      CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend has no tensor_group (set it "
-                   "to the communicator's tensor_group())");
-    if (group->size() != Parts)
-      CUPIPE_THROW(layer, " is split over ", Parts, " tensor-parallel ranks, but the backend's tensor group has ",
-                   group->size());
+    TensorGroup& group = tensor_group_of<Parts>(be, layer);
     const std::size_t n = std::size_t(v.numel());
     if (n == 0) return;
     be.synchronize();
     if constexpr (host_accessible<typename B::space>) {
-      group->sum(v.data(), n);
+      group.sum(v.data(), n);
     } else {
       std::vector<T> host(n);
       be.download(v.data(), std::span<T>(host));
-      group->sum(host.data(), n);
+      group.sum(host.data(), n);
       be.upload(std::span<const T>(host), v.data());
     }
   } else {
     (void)be, (void)v, (void)layer;
   }
+}
+
+/// Every rank's `v` (the backend's memory, the same size on each), in host memory: rank t's at
+/// [t n, (t + 1) n). An all-gather through the group's sum (each rank's slot is exact: the others add
+/// zeros); for small per-row statistics.
+template <int Parts, class B, class T>
+std::vector<T> tensor_group_gather(B& be, ViewOn<B, const T> v, const char* layer) {
+  const std::size_t n = std::size_t(v.numel());
+  std::vector<T> out(n * std::size_t(Parts), T(0));
+  const int t = tensor_group_rank<Parts>(be, layer);
+  be.synchronize();
+  be.download(v.data(), std::span<T>(out.data() + std::size_t(t) * n, n));
+  if constexpr (Parts > 1)
+    if (n > 0) tensor_group_of<Parts>(be, layer).sum(out.data(), out.size());
+  return out;
 }
 
 /// How a tensor split `split` over `Parts` ranks is described: not at all with one part.

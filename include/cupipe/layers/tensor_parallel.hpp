@@ -12,6 +12,14 @@
 //   TensorParallelAttention<C, H, T, P>   GPT-2 attention split by heads: c_attn column-parallel
 //                                         (the rank's heads of q, k and v), the heads' attention
 //                                         local, c_proj row-parallel.
+//   VocabParallelTokenPositionEmbedding<V, T, C, P>
+//                                         wte split by vocabulary rows: each rank looks up its ids,
+//                                         one sum assembles the rows, wpe (replicated) is added.
+//   VocabParallelCrossEntropy<V, P>       the loss over a ColumnParallelLinear head's logit columns
+//                                         (the rank's part of the vocabulary): the ranks exchange
+//                                         three numbers per row (max, sum of exponentials, the
+//                                         label's logit), never the logits (Megatron's
+//                                         vocab_parallel_cross_entropy).
 //
 // A transformer block's two halves then sum once in the forward (after c_proj) and once in the
 // backward (before ln_1 / ln_2), as Megatron's f and g operators do. Everything between the sums
@@ -40,8 +48,10 @@
 #include "cupipe/core/rng.hpp"
 #include "cupipe/core/tensor_group.hpp"
 #include "cupipe/layers/attention.hpp"
+#include "cupipe/layers/embedding.hpp"
 #include "cupipe/layers/layer.hpp"
 #include "cupipe/layers/linear.hpp"
+#include "cupipe/layers/loss.hpp"
 #include "cupipe/layers/sequential.hpp"
 #include "cupipe/layers/tensor_group_sum.hpp"
 
@@ -106,6 +116,91 @@ struct TensorParallelAttention : detail::HeadSplitAttention<C, Heads, SeqLen, Pa
   static std::string describe() {
     return "TensorParallelAttention<" + std::to_string(C) + ", " + std::to_string(Heads) + ", " + std::to_string(SeqLen) +
            ", " + std::to_string(Parts) + ">";
+  }
+};
+
+/// GPT-2's token and position embedding with wte split by vocabulary over Parts ranks
+/// (detail::VocabSplitTokenPositionEmbedding): wte.weight (V/P, C) is the rank's rows of nanoGPT's
+/// table, wpe.weight (T, C) whole.
+template <index_t Vocab, index_t SeqLen, index_t Dim, int Parts>
+struct VocabParallelTokenPositionEmbedding : detail::VocabSplitTokenPositionEmbedding<Vocab, SeqLen, Dim, Parts> {};
+
+/// SoftmaxCrossEntropy<Classes> over logits split by columns over Parts ranks (the output of a
+/// ColumnParallelLinear head): rank t holds logits of classes [t C/P, (t+1) C/P) and all the labels.
+/// Forward: each rank's per-row (max, sum of exp(z - max), label's logit or 0) is gathered over the
+/// group (3 P numbers per row), and every rank forms each row's whole log-sum-exp, max_t m_t +
+/// log(sum_t exp(m_t - max) s_t), and the same loss. Backward: the same exchange, then each rank's
+/// columns of softmax - onehot. The loss agrees with the unsplit one to rounding (the exponentials
+/// are summed per part first).
+template <index_t Classes, int Parts>
+struct VocabParallelCrossEntropy : Stateless {
+  static_assert(Classes > 1 && Parts > 0 && Classes % Parts == 0,
+                "VocabParallelCrossEntropy<Classes, Parts>: Parts must divide Classes");
+  static constexpr index_t part_classes = Classes / Parts;
+  static constexpr index_t in_features = part_classes;
+  static constexpr index_t out_features_for(index_t) { return 1; }
+  static constexpr bool is_loss = true;
+  static constexpr double forward_flops_per_sample(index_t) { return 5.0 * part_classes; }
+  static std::string describe() {
+    return "VocabParallelCrossEntropy<" + std::to_string(Classes) + ", " + std::to_string(Parts) + ">";
+  }
+
+  template <class B, class T>
+  static void forward(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels, ViewOn<B, T> loss, index_t normalizer) {
+    CUPIPE_REQUIRE(normalizer > 0, describe(), ": normalizer must be positive, got ", normalizer);
+    CUPIPE_REQUIRE(loss.numel() == 1, describe(), ": the loss is one value, got ", loss.shape());
+    const std::vector<T> rows = row_terms<B, T>(be, logits, labels);
+    T total = 0;
+    for (std::size_t r = 0; r < rows.size(); r += 2) total += rows[r] - rows[r + 1];
+    const T value = total / T(normalizer);
+    be.upload(std::span<const T>(&value, 1), loss.data());
+  }
+  template <class B, class T>
+  static void backward(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels, ViewOn<B, T> dlogits,
+                       index_t normalizer) {
+    const std::vector<T> rows = row_terms<B, T>(be, logits, labels);
+    std::vector<T> lse(rows.size() / 2);
+    for (std::size_t r = 0; r < lse.size(); ++r) lse[r] = rows[2 * r];
+    auto device_lse = be.template allocate<T>(lse.size(), MemoryTag::workspace);
+    be.upload(std::span<const T>(lse), device_lse.data());
+    softmax_cross_entropy_part_backward(be, logits, labels, ConstViewOn<B, T>{device_lse.data(), Shape{logits.rows()}},
+                                        dlogits, normalizer, part(be));
+  }
+
+  template <class T, class Space>
+  static void check_finite(T loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
+    detail::check_loss_finite(describe(), loss, logits, labels);
+  }
+
+ private:
+  template <class B>
+  static ops::VocabPart part(B& be) {
+    return {index_t(tensor_group_rank<Parts>(be, "VocabParallelCrossEntropy")) * part_classes, Classes};
+  }
+  /// (whole log-sum-exp, label's logit) of each row, from every rank's statistics.
+  template <class B, class T>
+  static std::vector<T> row_terms(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels) {
+    if (logits.cols() != part_classes || labels.numel() != logits.rows())
+      CUPIPE_THROW(describe(), ": expected logits (n, ", part_classes, ") and labels (n,) but got logits ", logits.shape(),
+                   " and labels ", labels.shape());
+    const index_t n = logits.rows();
+    auto stats = be.template allocate<T>(std::size_t(n * 3), MemoryTag::workspace);
+    softmax_cross_entropy_part_stats(be, logits, labels, ViewOn<B, T>{stats.data(), Shape{n, 3}}, part(be));
+    const std::vector<T> all =
+        tensor_group_gather<Parts>(be, ConstViewOn<B, T>{stats.data(), Shape{n, 3}}, "VocabParallelCrossEntropy");
+    std::vector<T> out(std::size_t(2 * n));
+    for (index_t r = 0; r < n; ++r) {
+      const auto at = [&](int t, int k) { return all[std::size_t((index_t(t) * n + r) * 3 + k)]; };
+      T max = at(0, 0), label = 0, sum = 0;
+      for (int t = 1; t < Parts; ++t) max = std::max(max, at(t, 0));
+      for (int t = 0; t < Parts; ++t) {
+        if (at(t, 1) != T(0)) sum += std::exp(at(t, 0) - max) * at(t, 1);
+        label += at(t, 2);
+      }
+      out[std::size_t(2 * r)] = max + std::log(sum);
+      out[std::size_t(2 * r + 1)] = label;
+    }
+    return out;
   }
 };
 

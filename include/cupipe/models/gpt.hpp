@@ -72,23 +72,29 @@ struct Init : L {
   }
 };
 
+/// The head's Linear: LinearNoBias<C, V>, or over TP ranks column-parallel (each rank's rows of the
+/// vocabulary, the logits' columns the VocabParallelCrossEntropy takes).
+template <index_t V, index_t C, int TP>
+using HeadLinear = std::conditional_t<TP == 1, LinearNoBias<C, V>, ColumnParallelLinear<C, V, TP, false>>;
+
 /// lm_head tied to wte: a second copy of the table in the flat array, drawn from the embedding's random
 /// stream with the embedding's formula (N(0, 0.02), wte's draws come first), so the copies start
 /// bitwise equal; the flush update sums their gradients, so they stay equal (Megatron's scheme for
-/// an embedding and a head on different stages).
-template <index_t V, index_t C>
-struct TiedLMHead : Named<"lm_head", LinearNoBias<C, V>> {
+/// an embedding and a head on different stages). Over TP ranks both copies are split by vocabulary
+/// rows alike, so each rank's parts are tied.
+template <index_t V, index_t C, int TP = 1>
+struct TiedLMHead : Named<"lm_head", HeadLinear<V, C, TP>> {
   static constexpr bool tied_to_input_embedding = true;
   template <class T>
   static void init(std::span<T> p, index_t, Rng& rng) {
     for (T& w : p) w = T(0.02 * rng.normal());
   }
-  static std::string describe() { return "lm_head (tied to wte): " + LinearNoBias<C, V>::describe(); }
+  static std::string describe() { return "lm_head (tied to wte): " + HeadLinear<V, C, TP>::describe(); }
 };
 
-template <Config c>
-using Head = std::conditional_t<c.tied, TiedLMHead<c.vocab, c.channels>,
-                                Init<Named<"lm_head", LinearNoBias<c.channels, c.vocab>>, c.layers>>;
+template <Config c, int TP = 1>
+using Head = std::conditional_t<c.tied, TiedLMHead<c.vocab, c.channels, TP>,
+                                Init<Named<"lm_head", HeadLinear<c.vocab, c.channels, TP>>, c.layers>>;
 
 template <Config c>
 using AttentionHalf = Residual<Named<"ln_1", LayerNorm<c.channels>>,
@@ -113,10 +119,15 @@ template <Config c, int TP, std::size_t I>
 using half_t = std::conditional_t<TP == 1, std::conditional_t<I % 2 == 0, AttentionHalf<c>, MlpHalf<c>>,
                                   std::conditional_t<I % 2 == 0, TensorParallelAttentionHalf<c, TP>, TensorParallelMlpHalf<c, TP>>>;
 
+template <Config c, int TP>
+using embedding_t = std::conditional_t<TP == 1, TokenPositionEmbedding<c.vocab, c.context, c.channels>,
+                                       VocabParallelTokenPositionEmbedding<c.vocab, c.context, c.channels, TP>>;
+template <Config c, int TP>
+using loss_t = std::conditional_t<TP == 1, SoftmaxCrossEntropy<c.vocab>, VocabParallelCrossEntropy<c.vocab, TP>>;
+
 template <Config c, int TP, std::size_t... I>
 auto model_of(std::index_sequence<I...>)
-    -> Sequential<TokenPositionEmbedding<c.vocab, c.context, c.channels>, half_t<c, TP, I>..., Named<"ln_f", LayerNorm<c.channels>>,
-                  Head<c>, SoftmaxCrossEntropy<c.vocab>>;
+    -> Sequential<embedding_t<c, TP>, half_t<c, TP, I>..., Named<"ln_f", LayerNorm<c.channels>>, Head<c, TP>, loss_t<c, TP>>;
 }  // namespace detail
 
 template <Config c>
@@ -129,12 +140,12 @@ template <Config c>
 using Model = decltype(detail::model_of<c, 1>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
 
 /// One rank's part of Model<c> split over TP tensor-parallel ranks: the blocks' attention by heads
-/// and MLP by hidden width; the embeddings, ln_f and the head whole on every rank (computed
-/// redundantly; vocabulary-parallel embedding and head are not there yet). The parameter names are
-/// Model<c>'s, so tensor_parallel::shard and unshard map one onto the other. TP must divide the
-/// heads.
+/// and MLP by hidden width, wte and lm_head by vocabulary rows (the loss is vocabulary-parallel: the
+/// logits are never gathered); wpe, the LayerNorms and the row-parallel biases whole on every rank.
+/// The parameter names are Model<c>'s, so tensor_parallel::shard and unshard map one onto the
+/// other. TP must divide the heads and the vocabulary.
 template <Config c, int TP>
-  requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0)
+  requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0) && (c.vocab % TP == 0)
 using TensorParallelModel = decltype(detail::model_of<c, TP>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
 
 /// nanoGPT's state_dict name of Model<c>'s parameter named `name` by Sequential ("<layer>.<rest>").

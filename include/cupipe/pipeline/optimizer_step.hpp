@@ -117,6 +117,14 @@ void reduce_scatter_over_replicas(comm::Communicator& comm, St& st) {
                   st.grads.data() + st.shard.begin);
 }
 
+/// Whether the tensor that starts at flat offset `at` of `table` is split over a tensor-parallel
+/// group (each rank then holds its own part, whose squares count on every rank).
+inline bool split_at(const std::vector<ParamInfo>& table, index_t at) {
+  for (const ParamInfo& p : table)
+    if (p.offset == at) return p.split != TensorSplit::none;
+  return false;
+}
+
 /// The global gradient norm after reduce_scatter_over_replicas: each replica's sum of squares over
 /// its shards, less the part of the second tied copy inside them (counted once, as by flush_norm),
 /// summed over every rank. The tied copies' gradients must already hold their sum (summed before
@@ -128,6 +136,7 @@ double sharded_flush_norm(States& states, comm::Communicator& comm, const std::v
                           const TiedCopies& tied = {}) {
   using T = typename States::T;
   const bool counts_replicated = comm.topology().tensor_rank() == 0;
+  const bool tied_split = tied.count > 0 && split_at(table, tied.second);
   double sum = 0;
   states.for_each([&](auto k, auto& st) {
     using B = std::remove_reference_t<decltype(*st.be)>;
@@ -141,7 +150,7 @@ double sharded_flush_norm(States& states, comm::Communicator& comm, const std::v
     for (const ParamInfo& p : table)
       if (p.offset >= offset && p.offset < offset + st.param_count && (p.split != TensorSplit::none || counts_replicated))
         sum += squares(p.offset - offset, p.offset - offset + p.numel);
-    if (tied.count > 0 && counts_replicated) sum -= squares(tied.second - offset, tied.second + tied.count - offset);
+    if (tied.count > 0 && (tied_split || counts_replicated)) sum -= squares(tied.second - offset, tied.second + tied.count - offset);
   });
   return std::sqrt(comm.sum_over_world(sum));
 }

@@ -132,6 +132,12 @@ class Pipeline {
   static constexpr bool split_backward = Schedule::split_backward;
   static constexpr index_t in_features = Stages::in_features;
   static constexpr index_t out_features = Stages::out_features;
+  /// A tensor-parallel model whose last layer's output is split by columns over the group (a
+  /// vocabulary-parallel head: each rank's logits are its part of the vocabulary): predict()
+  /// assembles the whole output, prediction_features wide.
+  static constexpr int output_parts =
+      cupipe::output_parts<typename Model::body::template layer<Model::body::size - 1>>();
+  static constexpr index_t prediction_features = out_features * output_parts;
   /// Rows that form one sample and stay in one microbatch (a sequence, for a transformer).
   static constexpr index_t rows_per_sample = Model::body::rows_per_sample;
   /// The model's tied copies (GPT-2's wte and lm_head), summed by every flush update.
@@ -348,7 +354,7 @@ class Pipeline {
     return out;
   }
 
-  /// Inference through all stages on the caller's thread: x (n, in_features) -> out (n, out_features),
+  /// Inference through all stages on the caller's thread: x (n, in_features) -> out (n, prediction_features),
   /// both in host memory, on any backend. Across processes every rank calls it with its replica's x
   /// (read by stage 0's ranks) and every rank gets the output.
   void predict(ConstView<input_type> x, TensorView<T> out) {
@@ -356,14 +362,28 @@ class Pipeline {
     auto result = predict_resident(stage_inputs(x));
     const int last = plan_.placement.worker_of(virtual_stages - 1);
     const std::span<T> host(out.data(), std::size_t(out.numel()));
-    if (!comm()) {
-      backends_[std::size_t(last)]->download(result.data(), host);
-      return;
+    if constexpr (output_parts == 1) {
+      if (!comm()) {
+        backends_[std::size_t(last)]->download(result.data(), host);
+        return;
+      }
     }
-    // The last stage's ranks hold the output; a sum over the pipeline gives it to every stage.
+    // The last stage's ranks hold the output; a sum over the pipeline gives it to every stage. A
+    // split output: each rank of the group places its columns, and a sum over the group joins them.
     std::fill(host.begin(), host.end(), T(0));
-    if (local(last)) backends_[std::size_t(last)]->download(result.data(), host);
+    if (local(last)) {
+      if constexpr (output_parts > 1) {
+        std::vector<T> part(static_cast<std::size_t>(x.rows() * out_features));
+        backends_[std::size_t(last)]->download(result.data(), std::span<T>(part));
+        const index_t first = index_t(tensor_group_->rank()) * out_features;
+        for (index_t r = 0; r < x.rows(); ++r)
+          std::copy_n(part.begin() + r * out_features, out_features, host.begin() + (r * prediction_features + first));
+      } else {
+        backends_[std::size_t(last)]->download(result.data(), host);
+      }
+    }
     transport_->finish_step();
+    if constexpr (output_parts > 1) tensor_group_->sum(host.data(), host.size());
     comm()->sum_over_stages(host.data(), host.size());
   }
   /// The same with x in the first stage's worker's memory and `out` in the last stage's (device
@@ -465,11 +485,13 @@ class Pipeline {
   }
 
   /// The global gradient norm with tensor parallelism: split tensors' squares summed over the group,
-  /// replicated tensors' (the same on every rank of it) once; the second tied copy left out.
+  /// replicated tensors' (the same on every rank of it) once; the second tied copy left out (from
+  /// the split sum where the copies are split, as a vocabulary-parallel wte and lm_head are).
   double tensor_parallel_norm() {
     double split = 0, replicated = 0;
-    if constexpr (tied.count > 0) replicated -= pipeline::sum_tied_gradients(states_, comm(), tied);
     const std::vector<ParamInfo> table = Model::parameter_table();
+    if constexpr (tied.count > 0)
+      (pipeline::split_at(table, tied.second) ? split : replicated) -= pipeline::sum_tied_gradients(states_, comm(), tied);
     states_.for_each([&](auto k, auto& st) {
       constexpr index_t offset = States::template model_offset<decltype(k)::value>();
       for (const ParamInfo& p : table) {
@@ -756,7 +778,7 @@ class Pipeline {
     if (x.rows() % rows_per_sample != 0)
       CUPIPE_THROW("Pipeline::predict: the input's ", x.rows(), " rows are not whole samples of ", rows_per_sample,
                    " rows (the model's sequences)");
-    check_view(out, Shape{x.rows(), out_features}, "Pipeline::predict", "output");
+    check_view(out, Shape{x.rows(), prediction_features}, "Pipeline::predict", "output");
   }
 
   /// The batch's inputs in the memory of the worker that runs the first stage; where another process

@@ -244,11 +244,11 @@ void causal_attention_backward(backend::Cuda<T>& be, DeviceConstView<T> qkv, Dev
 namespace cuda_detail {
 
 template <class T>
-void check_reported_labels(backend::Cuda<T>& be, std::string_view op, const Shape& logits) {
+void check_reported_labels(backend::Cuda<T>& be, std::string_view op, const Shape& logits, index_t classes = -1) {
   if (!be.check_inputs) return;
   const gpu::DeviceError found = be.context().take_device_error();
   if (found.code == gpu::label_out_of_range)
-    checks::label_out_of_range(op, found.value, found.row, logits);
+    checks::label_out_of_range(op, found.value, found.row, logits, classes < 0 ? logits.cols() : classes);
   if (found.code != gpu::no_error)
     CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
                  ", value ", found.value, ")");
@@ -289,25 +289,61 @@ void softmax_cross_entropy_backward(backend::Cuda<T>& be, DeviceConstView<T> log
   cuda_detail::check_reported_labels(be, "softmax_cross_entropy_backward", logits.shape());
 }
 
+/// Vocabulary-parallel cross-entropy's statistics (host ops.hpp): stats (rows, 3).
+template <class T>
+void softmax_cross_entropy_part_stats(backend::Cuda<T>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
+                                      DeviceView<T> stats, VocabPart part) {
+  checks::softmax_cross_entropy_part_stats(logits, labels, stats, part);
+  const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_part_stats");
+  gpu::kernels::softmax_cross_entropy_part_stats(be.context(), logits.data(), labels.data(), stats.data(), logits.rows(),
+                                                  logits.cols(), part.first, part.whole);
+  cuda_detail::check_reported_labels(be, "softmax_cross_entropy_part_stats", logits.shape(), part.whole);
+}
+
+/// dlogits = (exp(z - lse) - onehot(label)) * dloss / normalizer over a vocabulary part.
+template <class T>
+void softmax_cross_entropy_part_backward(backend::Cuda<T>& be, DeviceConstView<T> logits,
+                                         DeviceConstView<std::int32_t> labels, DeviceConstView<T> lse, DeviceView<T> dlogits,
+                                         index_t normalizer, VocabPart part, Scalar<T> dloss = T(1)) {
+  checks::softmax_cross_entropy_part_backward(logits, labels, lse, dlogits, normalizer, part);
+  const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_part_backward");
+  gpu::kernels::softmax_cross_entropy_backward(be.context(), logits.data(), labels.data(), dlogits.data(), logits.rows(),
+                                                logits.cols(), T(dloss / T(normalizer)), lse.data(), part.first, part.whole);
+  cuda_detail::check_reported_labels(be, "softmax_cross_entropy_part_backward", logits.shape(), part.whole);
+}
+
 // ---------------------------------------------------------------------------------------------
-// Embedding: y (rows, dim) = table[ids]; the backward is deterministic (kernels/embedding.cuh).
+// Embedding: y (rows, dim) = table[ids]; the backward is deterministic (kernels/embedding.cuh). With
+// a VocabPart the table is rows [first, first + rows) of the whole vocabulary's (host ops.hpp).
+
+template <class T>
+void embedding_forward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> table, DeviceView<T> y,
+                       VocabPart part) {
+  checks::embedding_forward(ids, table, y, part);
+  const cuda_detail::OpScope scope(be, "cupipe::embedding_forward");
+  gpu::kernels::embedding_forward(be.context(), ids.data(), table.data(), y.data(), ids.numel(), table.cols(), part.first,
+                                   table.rows(), part.whole);
+  cuda_detail::check_reported_ids(be, "embedding_forward", part.whole);
+}
 
 template <class T>
 void embedding_forward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> table, DeviceView<T> y) {
-  checks::embedding_forward(ids, table, y);
-  const cuda_detail::OpScope scope(be, "cupipe::embedding_forward");
-  gpu::kernels::embedding_forward(be.context(), ids.data(), table.data(), y.data(), ids.numel(), table.cols(),
-                                   table.rows());
-  cuda_detail::check_reported_ids(be, "embedding_forward", table.rows());
+  embedding_forward(be, ids, table, y, VocabPart{0, table.rows()});
+}
+
+template <class T>
+void embedding_backward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> dy, DeviceView<T> dtable,
+                        VocabPart part) {
+  checks::embedding_backward(ids, dy, dtable, part);
+  const cuda_detail::OpScope scope(be, "cupipe::embedding_backward");
+  gpu::kernels::embedding_backward(be.context(), ids.data(), dy.data(), dtable.data(), ids.numel(), dtable.cols(),
+                                    part.first, dtable.rows(), part.whole);
+  cuda_detail::check_reported_ids(be, "embedding_backward", part.whole);
 }
 
 template <class T>
 void embedding_backward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> dy, DeviceView<T> dtable) {
-  checks::embedding_backward(ids, dy, dtable);
-  const cuda_detail::OpScope scope(be, "cupipe::embedding_backward");
-  gpu::kernels::embedding_backward(be.context(), ids.data(), dy.data(), dtable.data(), ids.numel(), dtable.cols(),
-                                    dtable.rows());
-  cuda_detail::check_reported_ids(be, "embedding_backward", dtable.rows());
+  embedding_backward(be, ids, dy, dtable, VocabPart{0, dtable.rows()});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -262,9 +262,53 @@ void softmax_cross_entropy_backward(backend::Host<T>&, ConstView<T> logits, Cons
   }
 }
 
+// Vocabulary-parallel cross-entropy (layers/tensor_parallel.hpp): each rank's logits are columns
+// [first, first + count) of the whole vocabulary's. The ranks exchange per-row statistics and each
+// computes the whole row's log-sum-exp from them; the logits are never gathered.
+
+/// stats (rows, 3): each row's max m over the part, sum of exp(z - m) over the part, and the label's
+/// logit where the label falls in the part (0 where it falls in another).
+template <class T>
+void softmax_cross_entropy_part_stats(backend::Host<T>&, ConstView<T> logits, ConstView<std::int32_t> labels,
+                                      TensorView<T> stats, VocabPart part) {
+  checks::softmax_cross_entropy_part_stats(logits, labels, stats, part);
+  for (index_t r = 0; r < logits.rows(); ++r) {
+    if (labels[r] < 0 || labels[r] >= part.whole)
+      checks::label_out_of_range("softmax_cross_entropy_part_stats", labels[r], r, logits.shape(), part.whole);
+    const T* z = logits.data() + r * logits.cols();
+    T max = z[0];
+    for (index_t c = 1; c < logits.cols(); ++c) max = std::max(max, z[c]);
+    T sum = 0;
+    for (index_t c = 0; c < logits.cols(); ++c) sum += std::exp(z[c] - max);
+    const index_t local = labels[r] - part.first;
+    stats.at(r, 0) = max;
+    stats.at(r, 1) = sum;
+    stats.at(r, 2) = local >= 0 && local < logits.cols() ? z[local] : T(0);
+  }
+}
+
+/// dlogits = (exp(z - lse) - onehot(label)) * dloss / normalizer, with each row's whole-vocabulary
+/// log-sum-exp `lse` (rows,) given.
+template <class T>
+void softmax_cross_entropy_part_backward(backend::Host<T>&, ConstView<T> logits, ConstView<std::int32_t> labels,
+                                         ConstView<T> lse, TensorView<T> dlogits, index_t normalizer, VocabPart part,
+                                         Scalar<T> dloss = T(1)) {
+  checks::softmax_cross_entropy_part_backward(logits, labels, lse, dlogits, normalizer, part);
+  const T scale = dloss / T(normalizer);
+  for (index_t r = 0; r < logits.rows(); ++r) {
+    if (labels[r] < 0 || labels[r] >= part.whole)
+      checks::label_out_of_range("softmax_cross_entropy_part_backward", labels[r], r, logits.shape(), part.whole);
+    const T* z = logits.data() + r * logits.cols();
+    const index_t local = labels[r] - part.first;
+    for (index_t c = 0; c < logits.cols(); ++c)
+      dlogits.at(r, c) = (std::exp(z[c] - lse[r]) - (c == local ? T(1) : T(0))) * scale;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embedding: y (rows, dim) = table[ids] with table (vocab, dim). Backward accumulates rows of dy into
-// dtable in row order, so it is deterministic.
+// dtable in row order, so it is deterministic. With a VocabPart the table holds rows [first, first +
+// rows) of a whole vocabulary: ids outside the part give zero rows and add no gradient.
 
 namespace detail {
 /// Token id ranges, read on the host (the views are checked already).
@@ -275,19 +319,37 @@ inline void check_id_values(std::string_view op, ConstView<std::int32_t> ids, in
 }  // namespace detail
 
 template <class T>
-void embedding_forward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y) {
-  checks::embedding_forward(ids, table, y);
-  detail::check_id_values("embedding_forward", ids, table.rows());
-  for (index_t r = 0; r < ids.numel(); ++r)
-    std::copy_n(table.data() + ids[r] * table.cols(), table.cols(), y.data() + r * table.cols());
+void embedding_forward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y, VocabPart part) {
+  checks::embedding_forward(ids, table, y, part);
+  detail::check_id_values("embedding_forward", ids, part.whole);
+  for (index_t r = 0; r < ids.numel(); ++r) {
+    const index_t local = ids[r] - part.first;
+    if (local >= 0 && local < table.rows())
+      std::copy_n(table.data() + local * table.cols(), table.cols(), y.data() + r * table.cols());
+    else
+      std::fill_n(y.data() + r * table.cols(), table.cols(), T(0));
+  }
 }
 
 template <class T>
-void embedding_backward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable) {
-  checks::embedding_backward(ids, dy, dtable);
-  detail::check_id_values("embedding_backward", ids, dtable.rows());
-  for (index_t r = 0; r < ids.numel(); ++r)
-    for (index_t c = 0; c < dtable.cols(); ++c) dtable.at(ids[r], c) += dy.at(r, c);
+void embedding_forward(backend::Host<T>& be, ConstView<std::int32_t> ids, ConstView<T> table, TensorView<T> y) {
+  embedding_forward(be, ids, table, y, VocabPart{0, table.rows()});
+}
+
+template <class T>
+void embedding_backward(backend::Host<T>&, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable, VocabPart part) {
+  checks::embedding_backward(ids, dy, dtable, part);
+  detail::check_id_values("embedding_backward", ids, part.whole);
+  for (index_t r = 0; r < ids.numel(); ++r) {
+    const index_t local = ids[r] - part.first;
+    if (local < 0 || local >= dtable.rows()) continue;
+    for (index_t c = 0; c < dtable.cols(); ++c) dtable.at(local, c) += dy.at(r, c);
+  }
+}
+
+template <class T>
+void embedding_backward(backend::Host<T>& be, ConstView<std::int32_t> ids, ConstView<T> dy, TensorView<T> dtable) {
+  embedding_backward(be, ids, dy, dtable, VocabPart{0, dtable.rows()});
 }
 
 // ---------------------------------------------------------------------------------------------

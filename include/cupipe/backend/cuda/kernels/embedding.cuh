@@ -5,6 +5,10 @@
 // (stable, so rows of one id keep their order), runs of equal ids are found with run-length
 // encoding, and one block per distinct id adds its rows of dy into the table row in row order:
 // dtable[id] = ((dtable[id] + dy[r1]) + dy[r2]) + ..., the host reference's exact order.
+//
+// The table may hold rows [first, first + table_rows) of a vocabulary of `whole` ids (a
+// vocabulary-parallel rank's part): ids in [0, whole) outside the part give zero rows and no
+// gradient; ids outside [0, whole) are reported. A whole table is first 0, whole = table_rows.
 #pragma once
 
 #include <cub/device/device_radix_sort.cuh>
@@ -23,22 +27,27 @@
 
 namespace cupipe::gpu::kernels {
 
-// y (rows, cols) = table[ids]; a bad id is reported and its row filled with NaN.
+// y (rows, cols) = table[ids - first], zeros for ids of other parts; a bad id is reported and its row
+// filled with NaN.
 template <int N, class T>
 __global__ void embedding_forward_kernel(const std::int32_t* ids, const T* table, T* y, index_t rows, index_t cols,
-                                         index_t vocab, DeviceError* error) {
+                                         index_t first, index_t table_rows, index_t whole, DeviceError* error) {
   const index_t packs_per_row = cols / N;
   const index_t stride = index_t(gridDim.x) * blockDim.x;
   for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * packs_per_row; i += stride) {
     const index_t row = i / packs_per_row, c = (i - row * packs_per_row) * N;
     const std::int32_t id = ids[row];
     Pack<T, N> out;
-    if (id < 0 || id >= vocab) {
+    const index_t local = index_t(id) - first;
+    if (id < 0 || id >= whole) {
       if (c == 0) record_error(error, token_id_out_of_range, row, id);
 #pragma unroll
       for (int j = 0; j < N; ++j) out.v[j] = from_acc<T>(acc_t<T>(NAN));
+    } else if (local < 0 || local >= table_rows) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) out.v[j] = from_acc<T>(acc_t<T>(0));
     } else {
-      out = load_pack<N>(table + index_t(id) * cols + c);
+      out = load_pack<N>(table + local * cols + c);
     }
     store_pack<N>(y + row * cols + c, out);
   }
@@ -46,29 +55,30 @@ __global__ void embedding_forward_kernel(const std::int32_t* ids, const T* table
 
 template <class T>
 void embedding_forward(Context& ctx, const std::int32_t* ids, const T* table, T* y, index_t rows, index_t cols,
-                       index_t vocab) {
+                       index_t first, index_t table_rows, index_t whole) {
   if (rows == 0 || cols == 0) return;
   constexpr int width = pack_width<T>;
   constexpr int threads = 256;
   if (cols % width == 0 && packs_aligned(width, table, y))
     embedding_forward_kernel<width><<<grid_for(rows * cols / width, threads, ctx), threads, 0, ctx.stream()>>>(
-        ids, table, y, rows, cols, vocab, ctx.device_error());
+        ids, table, y, rows, cols, first, table_rows, whole, ctx.device_error());
   else
     embedding_forward_kernel<1><<<grid_for(rows * cols, threads, ctx), threads, 0, ctx.stream()>>>(
-        ids, table, y, rows, cols, vocab, ctx.device_error());
+        ids, table, y, rows, cols, first, table_rows, whole, ctx.device_error());
   CUPIPE_CHECK_LAUNCH();
 }
 
-/// keys[r] = ids[r] when valid, else vocab (a run the accumulation skips); positions[r] = r.
+/// keys[r] = ids[r] - first when in the part, else table_rows (a run the accumulation skips: a bad
+/// id, reported, or another part's); positions[r] = r.
 template <class Unused = void>
 __global__ void embedding_keys_kernel(const std::int32_t* ids, std::uint32_t* keys, std::int32_t* positions,
-                                      index_t rows, index_t vocab, DeviceError* error) {
+                                      index_t rows, index_t first, index_t table_rows, index_t whole, DeviceError* error) {
   const index_t stride = index_t(gridDim.x) * blockDim.x;
   for (index_t r = index_t(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
     const std::int32_t id = ids[r];
-    const bool ok = id >= 0 && id < vocab;
-    if (!ok) record_error(error, token_id_out_of_range, r, id);
-    keys[r] = ok ? std::uint32_t(id) : std::uint32_t(vocab);
+    if (id < 0 || id >= whole) record_error(error, token_id_out_of_range, r, id);
+    const index_t local = index_t(id) - first;
+    keys[r] = local >= 0 && local < table_rows && id < whole ? std::uint32_t(local) : std::uint32_t(table_rows);
     positions[r] = std::int32_t(r);
   }
 }
@@ -83,7 +93,7 @@ __global__ void embedding_accumulate_kernel(const std::uint32_t* unique_ids, con
   const std::int32_t runs = *run_count;
   for (std::int32_t run = blockIdx.x; run < runs; run += gridDim.x) {
     const std::uint32_t id = unique_ids[run];
-    if (id >= vocab) continue;  // the bad ids, already reported
+    if (id >= vocab) continue;  // bad ids (already reported) and other parts' ids
     const std::int32_t start = run_starts[run], length = run_lengths[run];
     T* out = dtable + index_t(id) * cols;
     for (index_t c = index_t(threadIdx.x) * N; c < cols; c += index_t(blockDim.x) * N) {
@@ -144,11 +154,11 @@ struct EmbeddingScratch {
 
 template <class T>
 void embedding_backward(Context& ctx, const std::int32_t* ids, const T* dy, T* dtable, index_t rows, index_t cols,
-                        index_t vocab) {
+                        index_t first, index_t table_rows, index_t whole) {
   if (rows == 0 || cols == 0) return;
-  CUPIPE_REQUIRE(rows <= 0x7fffffff && vocab < 0x7fffffff, "embedding_backward: ", rows, " rows or vocabulary ", vocab,
+  CUPIPE_REQUIRE(rows <= 0x7fffffff && table_rows < 0x7fffffff, "embedding_backward: ", rows, " rows or vocabulary ", table_rows,
                  " too large for 32-bit indices");
-  const EmbeddingScratch layout(rows, vocab);
+  const EmbeddingScratch layout(rows, table_rows);
   void* base = ctx.scratch(layout.bytes);
   auto* keys = layout.array<std::uint32_t>(base, 0);
   auto* sorted_keys = layout.array<std::uint32_t>(base, 1);
@@ -162,7 +172,7 @@ void embedding_backward(Context& ctx, const std::int32_t* ids, const T* dy, T* d
   const int n = int(rows);
   cudaStream_t stream = ctx.stream();
 
-  embedding_keys_kernel<<<grid_for(rows, 256, ctx), 256, 0, stream>>>(ids, keys, positions, rows, vocab,
+  embedding_keys_kernel<<<grid_for(rows, 256, ctx), 256, 0, stream>>>(ids, keys, positions, rows, first, table_rows, whole,
                                                                         ctx.device_error());
   CUPIPE_CHECK_LAUNCH();
   std::size_t temp_bytes = layout.temp_bytes;
@@ -182,10 +192,10 @@ void embedding_backward(Context& ctx, const std::int32_t* ids, const T* dy, T* d
   const unsigned blocks = unsigned(std::min<index_t>(rows, index_t(ctx.sm_count()) * 32));
   if (cols % width == 0 && packs_aligned(width, dy, dtable))
     embedding_accumulate_kernel<width><<<blocks, threads, 0, stream>>>(unique_ids, lengths, starts, runs, sorted_rows,
-                                                                       dy, dtable, cols, vocab);
+                                                                       dy, dtable, cols, table_rows);
   else
     embedding_accumulate_kernel<1><<<blocks, threads, 0, stream>>>(unique_ids, lengths, starts, runs, sorted_rows, dy,
-                                                                   dtable, cols, vocab);
+                                                                   dtable, cols, table_rows);
   CUPIPE_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,10 @@
 // second pass over the row. A label outside [0, cols) is reported through the device error record.
 // Masked logits (-inf) contribute nothing, wherever they fall in a thread's share of the row; a NaN
 // logit makes the row's loss NaN, as on the host.
+//
+// Vocabulary-parallel (a rank's logits are columns [first, first + cols) of a whole vocabulary of
+// `whole` classes): a stats kernel gives each row's (max, sum of exp(z - max), label's logit or 0),
+// which the ranks exchange; the backward kernel then takes each row's whole log-sum-exp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -76,26 +80,52 @@ __global__ void __launch_bounds__(256) xent_sum_kernel(const acc_t<T>* row_loss,
   if (threadIdx.x == 0) *loss = from_acc<T>(sum / normalizer);
 }
 
-// dlogits = (softmax(z) - onehot(label)) * scale
+// stats (rows, 3) = (max, sum of exp(z - max), z[label - first] or 0 for another part's label)
 template <int N, class T>
-__global__ void xent_backward_kernel(const T* logits, const std::int32_t* labels, T* dlogits, index_t cols,
-                                     acc_t<T> scale, DeviceError* error) {
+__global__ void xent_part_stats_kernel(const T* logits, const std::int32_t* labels, index_t cols, index_t first,
+                                       index_t whole, T* stats, DeviceError* error) {
   using A = acc_t<T>;
   __shared__ MaxSum<A> shared[32];
   const index_t row = blockIdx.x;
   const T* z = logits + row * cols;
   const MaxSum<A> ms = row_max_sum<N>(z, cols, shared);
-  const A lse = ms.max + dev_log(ms.sum);
+  if (threadIdx.x == 0) {
+    const std::int32_t label = labels[row];
+    const index_t local = index_t(label) - first;
+    if (label < 0 || label >= whole) record_error(error, label_out_of_range, row, label);
+    stats[row * 3] = from_acc<T>(ms.max);
+    stats[row * 3 + 1] = from_acc<T>(ms.sum);
+    stats[row * 3 + 2] = local >= 0 && local < cols ? z[local] : from_acc<T>(A(0));
+  }
+}
+
+// dlogits = (softmax(z) - onehot(label)) * scale. The whole row: lse from the row itself (lse null,
+// first 0, whole = cols); a vocabulary part: each row's whole log-sum-exp given.
+template <int N, class T>
+__global__ void xent_backward_kernel(const T* logits, const std::int32_t* labels, const T* given_lse, T* dlogits,
+                                     index_t cols, index_t first, index_t whole, acc_t<T> scale, DeviceError* error) {
+  using A = acc_t<T>;
+  __shared__ MaxSum<A> shared[32];
+  const index_t row = blockIdx.x;
+  const T* z = logits + row * cols;
+  A lse;
+  if (given_lse != nullptr) {
+    lse = to_acc(given_lse[row]);
+  } else {
+    const MaxSum<A> ms = row_max_sum<N>(z, cols, shared);
+    lse = ms.max + dev_log(ms.sum);
+  }
   const std::int32_t label = labels[row];
-  const bool bad = label < 0 || label >= cols;
+  const bool bad = label < 0 || label >= whole;
   if (bad && threadIdx.x == 0) record_error(error, label_out_of_range, row, label);
+  const index_t local = index_t(label) - first;
   T* out = dlogits + row * cols;
   for (index_t c = index_t(threadIdx.x) * N; c < cols; c += index_t(blockDim.x) * N) {
     const auto p = load_pack<N>(z + c);
     Pack<T, N> d;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const A onehot = c + j == label ? A(1) : A(0);
+      const A onehot = c + j == local ? A(1) : A(0);
       d.v[j] = from_acc<T>(bad ? A(NAN) : (dev_exp(to_acc(p.v[j]) - lse) - onehot) * scale);
     }
     store_pack<N>(out + c, d);
@@ -126,18 +156,37 @@ void softmax_cross_entropy_forward(Context& ctx, const T* logits, const std::int
   CUPIPE_CHECK_LAUNCH();
 }
 
+/// The backward of the whole row (lse null, first 0, whole = cols) or of a vocabulary part, each
+/// row's whole log-sum-exp in `lse`.
 template <class T>
 void softmax_cross_entropy_backward(Context& ctx, const T* logits, const std::int32_t* labels, T* dlogits, index_t rows,
-                                    index_t cols, T scale) {
+                                    index_t cols, T scale, const T* lse = nullptr, index_t first = 0, index_t whole = -1) {
   if (rows == 0) return;
   CUPIPE_REQUIRE(rows <= 0x7fffffff, "softmax_cross_entropy_backward: too many rows (", rows, ")");
+  if (whole < 0) whole = cols;
   constexpr int width = pack_width<T>;
   if (cols % width == 0 && packs_aligned(width, logits, dlogits)) {
     xent_backward_kernel<width><<<unsigned(rows), xent_threads(cols, width), 0, ctx.stream()>>>(
-        logits, labels, dlogits, cols, acc_t<T>(scale), ctx.device_error());
+        logits, labels, lse, dlogits, cols, first, whole, acc_t<T>(scale), ctx.device_error());
   } else {
     xent_backward_kernel<1><<<unsigned(rows), xent_threads(cols, 1), 0, ctx.stream()>>>(
-        logits, labels, dlogits, cols, acc_t<T>(scale), ctx.device_error());
+        logits, labels, lse, dlogits, cols, first, whole, acc_t<T>(scale), ctx.device_error());
+  }
+  CUPIPE_CHECK_LAUNCH();
+}
+
+template <class T>
+void softmax_cross_entropy_part_stats(Context& ctx, const T* logits, const std::int32_t* labels, T* stats, index_t rows,
+                                      index_t cols, index_t first, index_t whole) {
+  if (rows == 0) return;
+  CUPIPE_REQUIRE(rows <= 0x7fffffff, "softmax_cross_entropy_part_stats: too many rows (", rows, ")");
+  constexpr int width = pack_width<T>;
+  if (cols % width == 0 && packs_aligned(width, logits)) {
+    xent_part_stats_kernel<width><<<unsigned(rows), xent_threads(cols, width), 0, ctx.stream()>>>(
+        logits, labels, cols, first, whole, stats, ctx.device_error());
+  } else {
+    xent_part_stats_kernel<1><<<unsigned(rows), xent_threads(cols, 1), 0, ctx.stream()>>>(
+        logits, labels, cols, first, whole, stats, ctx.device_error());
   }
   CUPIPE_CHECK_LAUNCH();
 }
