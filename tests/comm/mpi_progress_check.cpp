@@ -7,6 +7,12 @@
 // message only when the sender calls MPI again, after its computation: the receive would take about
 // --busy-ms. The check passes when the receive ends within half of --busy-ms and the data are intact.
 //   mpirun -np 2 mpi_progress_check [--bytes N] [--busy-ms T]
+// With --interrupt: rank 0 sends only after 3 s; rank 1 waits for it with a 60 s deadline while
+// another of its threads calls interrupt_waits() after 200 ms. The receive must throw
+// comm::Interrupted within a second of that, and after resume_waits() the same communicator must
+// receive the message intact.
+//   mpirun -np 2 mpi_progress_check --interrupt
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -18,22 +24,69 @@
 
 using namespace cupipe;
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+int check_interrupt(comm::MpiCommunicator& comm, const comm::MessageKey& key, std::vector<unsigned char>& data) {
+  const auto describe = [] { return std::string("the test message"); };
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
+  if (comm.topology().rank == 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    comm.send(1, key, data.data(), data.size(), describe);
+    comm.complete_sends(60);
+    comm.sum_over_world(0.0);
+    return 0;
+  }
+  std::fill(data.begin(), data.end(), 0);
+  const auto t0 = Clock::now();
+  std::thread watchdog([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    comm.interrupt_waits();
+  });
+  bool interrupted = false;
+  try {
+    comm.receive(0, key, data.data(), data.size(), 60, describe);
+  } catch (const comm::Interrupted&) {
+    interrupted = true;
+  }
+  const double stopped_ms = ms_since(t0);
+  watchdog.join();
+  comm.resume_waits();
+  comm.receive(0, key, data.data(), data.size(), 60, describe);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < data.size(); ++i) wrong += data[i] != static_cast<unsigned char>(i * 131 + 7);
+  comm.sum_over_world(0.0);
+  std::printf("the receive %s after %.1f ms (interrupt_waits at 200 ms, deadline 60 s); then received %zu bytes "
+              "(%zu wrong)\n", interrupted ? "threw Interrupted" : "did NOT throw", stopped_ms, data.size(), wrong);
+  const bool pass = interrupted && stopped_ms < 1200 && wrong == 0;
+  std::printf("%s\n", pass ? "PASS" : "FAIL: the wait was not interrupted in time, or the message was lost");
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   comm::MpiSession session(&argc, &argv);
   try {
     std::size_t bytes = std::size_t(4) << 20;
     double busy_ms = 400;
+    bool interrupt = false;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
       if (arg == "--bytes" && i + 1 < argc) bytes = std::stoull(argv[++i]);
       else if (arg == "--busy-ms" && i + 1 < argc) busy_ms = std::stod(argv[++i]);
-      else CUPIPE_THROW("mpi_progress_check: unknown argument '", arg, "' (--bytes N, --busy-ms T)");
+      else if (arg == "--interrupt") interrupt = true;
+      else CUPIPE_THROW("mpi_progress_check: unknown argument '", arg, "' (--bytes N, --busy-ms T, --interrupt)");
     }
     comm::MpiCommunicator comm(MPI_COMM_WORLD, 2);
     CUPIPE_REQUIRE(comm.topology().world == 2, "mpi_progress_check: run it with 2 ranks, not ", comm.topology().world);
     const comm::MessageKey key{comm::Flow::activation, 1, 0};
     std::vector<unsigned char> data(bytes);
     comm.sum_over_world(0.0);  // both ranks are up before the clock starts
+    if (interrupt) return check_interrupt(comm, key, data);
     if (comm.topology().rank == 0) {
       for (std::size_t i = 0; i < bytes; ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
       comm.send(1, key, data.data(), bytes, [] { return std::string("the test message"); });

@@ -4,8 +4,10 @@
 // for device ranks) moves the messages to other stages and sums gradients over replicas.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 
@@ -17,9 +19,26 @@
 
 namespace cupipe::comm {
 
+/// Thrown by a point-to-point wait that Communicator::interrupt_waits() stopped.
+struct Interrupted : std::exception {
+  const char* what() const noexcept override {
+    return "a communicator wait was interrupted (Communicator::interrupt_waits: a failure elsewhere in this process)";
+  }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
+
+  /// Stops this process's point-to-point waits (receive, complete_sends) at their next poll, within
+  /// about 10 ms: each throws Interrupted instead of waiting out its deadline. Any thread may call it
+  /// (the pipeline does when one of its workers fails; a watchdog or a signal-handling thread may).
+  /// It holds until resume_waits(), which the pipeline calls at the start of each step. Collectives
+  /// are not interrupted: every rank has to reach them, and they have their own deadline. An NCCL
+  /// communicator is aborted by an interrupted wait (its enqueued transfer cannot be withdrawn).
+  void interrupt_waits() noexcept { interrupted_.store(true, std::memory_order_release); }
+  void resume_waits() noexcept { interrupted_.store(false, std::memory_order_release); }
+  bool waits_interrupted() const noexcept { return interrupted_.load(std::memory_order_acquire); }
 
   virtual const Topology& topology() const = 0;
   /// Whether send/receive/all-reduce take device pointers (NCCL) rather than host pointers (MPI).
@@ -87,6 +106,7 @@ class Communicator {
                  "first; MpiCommunicator does)");
   }
   double collective_timeout_ = default_collective_timeout_seconds;
+  std::atomic<bool> interrupted_{false};
 };
 
 /// Whether `comm` reads and writes a backend's buffers itself (host buffers under MPI, device buffers

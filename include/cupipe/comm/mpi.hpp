@@ -170,6 +170,7 @@ class MpiCommunicator final : public Communicator {
         [&] {
           const std::lock_guard lock(mutex_);
           reap();
+          if (!pending_.empty() && waits_interrupted()) throw Interrupted{};
           return pending_.empty();
         },
         timeout_seconds);
@@ -261,26 +262,33 @@ class MpiCommunicator final : public Communicator {
     return int(t);
   }
   /// Tests `request` until it completes (true) or `timeout_seconds` pass (false; 0: no deadline),
-  /// sleeping between tests, each test under mutex_.
-  bool completes_within(MPI_Request& request, MPI_Status* status, double timeout_seconds) {
-    return wait_until(
+  /// sleeping between tests, each test under mutex_. With `interrupted`, also stops (false, setting
+  /// it) once interrupt_waits() was called.
+  bool completes_within(MPI_Request& request, MPI_Status* status, double timeout_seconds, bool* interrupted = nullptr) {
+    bool completed = false;
+    wait_until(
         [&] {
           const std::lock_guard lock(mutex_);
           int flag = 0;
           for (int i = 0; i < progress_burst && !flag; ++i) CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, status));
-          return flag != 0;
+          completed = flag != 0;
+          if (!completed && interrupted && waits_interrupted()) *interrupted = true;
+          return completed || (interrupted && *interrupted);
         },
         timeout_seconds);
+    return completed;
   }
 
-  /// Polls the request until it completes (sleeping between polls); past the timeout cancels it
-  /// and throws.
+  /// Polls the request until it completes (sleeping between polls); past the timeout, or when
+  /// interrupt_waits() was called, cancels it and throws.
   MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe) {
     MPI_Status status{};
-    if (!completes_within(request, &status, timeout_seconds)) {
+    bool interrupted = false;
+    if (!completes_within(request, &status, timeout_seconds, &interrupted)) {
       const std::lock_guard lock(mutex_);
       MPI_Cancel(&request);
       MPI_Request_free(&request);
+      if (interrupted) throw Interrupted{};
       CUPIPE_THROW(describe(), ": not matched after ", timeout_seconds,
                    " s (transfer timeout; is the peer rank alive?)");
     }

@@ -20,6 +20,10 @@
 //   cancelled otherwise, and throw naming the message and the peer stage.
 // - Gradient sums run ncclAllReduce on the data-parallel communicator; host values (scalars, the
 //   pipeline's host gathers) go through a small device buffer.
+// - NCCL connects peers lazily, and a first transfer may wait for its peer: the constructor moves a
+//   byte over every channel (connect_channels), so no pipeline send ever makes the first connection.
+// - Point-to-point waits stop early on Communicator::interrupt_waits (the pipeline's abort), aborting
+//   the communicators; collectives wait out the collective timeout (every rank must reach them).
 // - Communicators come from ncclCommSplit of the world communicator (NCCL >= 2.18), else from
 //   ncclCommInitRank per group with a unique id exchanged by the bootstrap (MPI or a shared file).
 //
@@ -101,8 +105,9 @@ class NcclCommunicator final : public Communicator {
     try {
       replicas_ = group("replicas", topology_.stage(), topology_.replica(), topology_.replicas);
       pipeline_ = group("pipeline", topology_.replica(), topology_.stage(), topology_.stages);
-      make_channels();
       CUPIPE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(double) * scalar_slots));
+      make_channels();
+      connect_channels();
       void* pinned = nullptr;
       CUPIPE_CHECK_CUDA(cudaMallocHost(&pinned, 2 * sizeof(Header)));
       headers_ = static_cast<Header*>(pinned);
@@ -196,7 +201,7 @@ class NcclCommunicator final : public Communicator {
 
   void complete_sends(double timeout_seconds) override {
     const gpu::DeviceGuard guard(device_);
-    pending_.complete([&](Send& s) { wait(s.done, timeout_seconds, [&] { return s.what; }, "not received"); });
+    pending_.complete([&](Send& s) { wait(s.done, timeout_seconds, [&] { return s.what; }, "not received", true); });
   }
 
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
@@ -214,7 +219,7 @@ class NcclCommunicator final : public Communicator {
     // Pinned, so this copy is asynchronous too: the host must only ever wait in wait(), with the timeout.
     CUPIPE_CHECK_CUDA(cudaMemcpyAsync(&headers_[1], header_buffer.data(), sizeof(Header), cudaMemcpyDeviceToHost, channel.stream));
     channel.received.record(channel.stream);
-    wait(channel.received, timeout_seconds, describe, "not matched");
+    wait(channel.received, timeout_seconds, describe, "not matched", true);
     const Header header = headers_[1];
     if (header.flow != std::int32_t(key.flow) || header.virtual_stage != key.virtual_stage ||
         header.microbatch != key.microbatch || header.bytes != std::int64_t(bytes))
@@ -359,6 +364,44 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  /// NCCL connects the two ranks of a communicator lazily, inside the first ncclGroupEnd that moves
+  /// data between them, and that call may wait for the peer: a pipeline send would then wait for
+  /// its receiver, which the schedules' deadlock-freedom argument rules out (Megatron-LM saw such
+  /// hangs with lazily connected P2P). So every channel moves one byte here, while every rank is in
+  /// the constructor: link by link in the same order on every rank, the four channels of a link in
+  /// one group. A rank takes part in at most two links (s - 1 and s of the ring) and finishes the
+  /// lower first, so the chain completes: link 0's ranks connect, then link 1's, and so on.
+  void connect_channels() {
+    const int p = topology_.stages;
+    const int s = topology_.stage();
+    const int links = p == 1 ? 0 : p == 2 ? 1 : p;
+    auto* bytes = static_cast<std::uint8_t*>(scalar_);
+    for (int l = 0; l < links; ++l) {
+      const int a = l, b = (l + 1) % p;
+      if (s != a && s != b) continue;
+      std::vector<Channel*> used;
+      CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
+      for (int c = 0; c < 4; ++c) {
+        const int sender = c < 2 ? a : b;
+        const int receiver = c < 2 ? b : a;
+        const Flow flow = c % 2 == 0 ? Flow::activation : Flow::gradient;
+        const bool sends = s == sender;
+        Channel& channel = channels_.at({sends ? receiver : sender, sends ? Direction::send : Direction::receive, flow});
+        if (sends) CUPIPE_COMM_CHECK_NCCL(ncclSend(bytes + c, 1, ncclUint8, channel.peer, channel.comm, channel.stream));
+        else CUPIPE_COMM_CHECK_NCCL(ncclRecv(bytes + 4 + c, 1, ncclUint8, channel.peer, channel.comm, channel.stream));
+        used.push_back(&channel);
+      }
+      CUPIPE_COMM_CHECK_NCCL(ncclGroupEnd());
+      for (Channel* channel : used) {
+        channel->received.record(channel->stream);
+        wait(channel->received, collective_timeout(),
+             [&] { return "rank " + std::to_string(topology_.rank) + ": connecting the channels between stages " +
+                          std::to_string(a) + " and " + std::to_string(b); },
+             "not connected", false, "collective timeout: is every rank constructing its NcclCommunicator?");
+      }
+    }
+  }
+
   Channel& channel_for(int stage, Direction direction, Flow flow, const std::function<std::string()>& describe) {
     const auto it = channels_.find({stage, direction, flow});
     if (it == channels_.end())
@@ -377,12 +420,18 @@ class NcclCommunicator final : public Communicator {
   }
 
   /// Polls `event` and every communicator's asynchronous error; past the timeout (0: none) aborts
-  /// the communicators and throws.
+  /// the communicators and throws. An `interruptible` wait (point-to-point) also stops when
+  /// interrupt_waits() was called: it aborts the communicators too (the enqueued transfer cannot be
+  /// withdrawn) and throws Interrupted.
   void wait(const gpu::Event& event, double timeout_seconds, const std::function<std::string()>& describe,
-            const char* what, const char* timeout_name = "transfer timeout; is the peer rank alive?") {
+            const char* what, bool interruptible, const char* timeout_name = "transfer timeout; is the peer rank alive?") {
     const bool done = wait_until(
         [&] {
           if (event.ready()) return true;
+          if (interruptible && waits_interrupted()) {
+            abort_all();
+            throw Interrupted{};
+          }
           for (ncclComm_t comm : communicators()) {
             ncclResult_t async = ncclSuccess;
             CUPIPE_COMM_CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
@@ -425,7 +474,7 @@ class NcclCommunicator final : public Communicator {
     if (!on_device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(data, target, bytes, cudaMemcpyDeviceToHost, collective_stream_));
     summed_.record(collective_stream_);
     wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": an NCCL all-reduce"; },
-         "not finished", "collective timeout: another rank stalled or died before reaching it");
+         "not finished", false, "collective timeout: another rank stalled or died before reaching it");
   }
 
   std::vector<ncclComm_t> communicators() const {

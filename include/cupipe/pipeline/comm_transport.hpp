@@ -2,7 +2,9 @@
 // CommTransport: workers in other processes, through a comm::Communicator (MPI for host ranks, NCCL
 // for device ranks). Data goes straight from the backend's memory when the communicator takes that
 // memory (host backend and MPI, CUDA backend and NCCL); a CUDA backend under MPI stages through host
-// memory. A worker's message to itself (a V-shaped placement's turn) stays in the process.
+// memory. A worker's message to itself (a V-shaped placement's turn) stays in the process. abort()
+// interrupts the communicator's point-to-point waits (Communicator::interrupt_waits), so a worker
+// waiting for another process stops as one waiting on a mailbox does (Aborted), not at its deadline.
 #pragma once
 
 #include <memory>
@@ -29,7 +31,10 @@ class CommTransport final : public Transport<Backend> {
                    " backend keeps its data in host memory, but the communicator moves device memory (use MPI)");
   }
 
-  void begin_step(std::size_t capacity) override { self_.begin_step(capacity); }
+  void begin_step(std::size_t capacity) override {
+    comm_->resume_waits();
+    self_.begin_step(capacity);
+  }
 
   void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
     if (from == to) return self_.send(from, to, key, data);
@@ -49,20 +54,27 @@ class CommTransport final : public Transport<Backend> {
     buffer data = be.template allocate<T>(elements, MemoryTag::activations);
     const auto describe = [&] { return "waiting for " + describe_message(key, "from", peer); };
     const std::size_t bytes = std::size_t(elements) * sizeof(T);
-    if (direct()) {
-      // The block may have come straight back from work still queued on this worker's stream; a
-      // transport writing on its own stream must not start before that work is done.
-      be.synchronize();
-      comm_->receive(peer, key, data.data(), bytes, timeout_, describe);
+    try {
+      if (direct()) {
+        // The block may have come straight back from work still queued on this worker's stream; a
+        // transport writing on its own stream must not start before that work is done.
+        be.synchronize();
+        comm_->receive(peer, key, data.data(), bytes, timeout_, describe);
+        return data;
+      }
+      std::vector<T> host(static_cast<std::size_t>(elements));
+      comm_->receive(peer, key, host.data(), bytes, timeout_, describe);
+      be.upload(std::span<const T>(host), data.data());
       return data;
+    } catch (const comm::Interrupted&) {
+      throw Aborted{};
     }
-    std::vector<T> host(static_cast<std::size_t>(elements));
-    comm_->receive(peer, key, host.data(), bytes, timeout_, describe);
-    be.upload(std::span<const T>(host), data.data());
-    return data;
   }
 
-  void abort() override { self_.abort(); }
+  void abort() override {
+    self_.abort();
+    comm_->interrupt_waits();
+  }
 
   void finish_step() override { comm_->complete_sends(timeout_); }
 

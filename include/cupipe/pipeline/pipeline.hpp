@@ -67,8 +67,10 @@ struct PipelineOptions {
   std::vector<int> devices{};
   /// Messages a worker's mailbox holds before senders wait; 0: enough for the schedule.
   std::size_t channel_capacity = 0;
-  /// A receive that waits longer than this is an error naming the stage, action and peer; 0: wait.
-  double transfer_timeout_seconds = 0;
+  /// A receive (or a step's sends) waiting longer than this is an error naming the stage, action
+  /// and peer; 0: no deadline. The default is the collective timeout's: a stage slower than 5
+  /// minutes per action needs a longer one.
+  double transfer_timeout_seconds = comm::Communicator::default_collective_timeout_seconds;
   /// Across processes: this process runs the stage the communicator's topology gives it, sends to
   /// and receives from the other stages through it, and sums gradients over its replicas. Null: all
   /// stages run in this process.

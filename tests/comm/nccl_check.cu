@@ -3,10 +3,17 @@
 //   --stages 2: stage 0 sends three activations to stage 1, stage 1 sends three gradients back; both
 //               check every value and the header order; sends complete within the timeout;
 //   --stages 1: two data-parallel replicas sum device gradients, host counts and scalars.
-// Prints PASS, or "SKIPPED:" when there are fewer GPUs than ranks (ctest reports it as skipped).
+//   --pipeline: a Pipeline of backend::Cuda<float> over the NcclCommunicator (--stages 2: 1F1B over
+//               two ranks; --stages 1: two data-parallel replicas) against one process running the
+//               whole batch on the host backend: the loss and the gradients of one forward/backward,
+//               then the weights after 3 SGD steps, within fp32 rounding.
+// Prints PASS, or "SKIPPED:" when there are fewer GPUs than ranks (ctest reports it as skipped):
+// NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected").
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +22,7 @@
 #include <vector>
 
 #include "cupipe/comm/nccl.hpp"
+#include "cupipe/cupipe.cuh"
 
 namespace {
 
@@ -84,6 +92,68 @@ bool replicas(cupipe::comm::NcclCommunicator& comm) {
   return ok;
 }
 
+/// Largest |a - b| / max |b| over the two arrays (1 when their sizes differ).
+double relative(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 1;
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm) {
+  using namespace cupipe;
+  using Model = Sequential<Linear<12, 16>, ReLU, Linear<16, 16>, ReLU, Linear<16, 5>, SoftmaxCrossEntropy<5>>;
+  using Stages = partition<Model, 2>;
+  const comm::Topology& topo = comm->topology();
+  constexpr index_t batch = 16;
+  const index_t share = batch / topo.replicas;
+  Rng rng(5);
+  std::vector<float> x(static_cast<std::size_t>(batch * 12));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
+  for (float& v : x) v = float(rng.normal());
+  for (auto& v : y) v = std::int32_t(rng.below(5));
+  const ConstView<float> mine{x.data() + topo.replica() * share * 12, Shape{share, 12}};
+  const ConstView<std::int32_t> mine_y{y.data() + topo.replica() * share, Shape{share}};
+  const ConstView<float> all{x.data(), Shape{batch, 12}};
+  const ConstView<std::int32_t> all_y{y.data(), Shape{batch}};
+
+  // One stage per rank (or the whole model per replica): a two-stage partition run by 2 stages, or
+  // a one-stage partition of the same model per replica.
+  auto run = [&](auto& distributed) {
+    Pipeline<Stages, schedule::OneFOneB, backend::Host<float>> reference({.microbatches = 4, .seed = 3});
+    const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
+    bool ok = relative(distributed.parameters(), reference.parameters()) == 0;
+    const StepStats got = distributed.forward_backward(mine, mine_y);
+    const StepStats want = reference.forward_backward(all, all_y);
+    const double g = relative(distributed.gradients(), reference.gradients());
+    const double l = std::abs(got.loss - want.loss) / std::abs(want.loss);
+    distributed.step(sgd);
+    reference.step(sgd);
+    for (int s = 0; s < 3; ++s) {
+      distributed.train_step(mine, mine_y, sgd);
+      reference.train_step(all, all_y, sgd);
+    }
+    const double w = relative(distributed.parameters(), reference.parameters());
+    ok = ok && g <= 1e-5 && l <= 1e-5 && w <= 1e-5;
+    if (topo.rank == 0)
+      std::printf("Pipeline over NCCL (%d stage(s) x %d replica(s)): loss %.7g (host %.7g), gradients %.3g, weights "
+                  "after 3 SGD steps %.3g relative: %s\n", topo.stages, topo.replicas, got.loss, want.loss, g, w,
+                  ok ? "equal" : "DIFFERENT");
+    return ok;
+  };
+  const PipelineOptions options{.microbatches = 4 / topo.replicas, .seed = 3, .devices = {comm->device()},
+                                .transfer_timeout_seconds = 30, .communicator = comm};
+  if (topo.stages == 2) {
+    Pipeline<Stages, schedule::OneFOneB, backend::Cuda<float>> distributed(options);
+    return run(distributed);
+  }
+  Pipeline<partition<Model, 1>, schedule::OneFOneB, backend::Cuda<float>> distributed(options);
+  return run(distributed);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,8 +163,11 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   int stages = world;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--stages") == 0) stages = std::atoi(argv[i + 1]);
+  bool run_pipeline = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--stages") == 0 && i + 1 < argc) stages = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--pipeline") == 0) run_pipeline = true;
+  }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   if (devices < world) {
@@ -105,7 +178,7 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     auto comm = cupipe::comm::NcclCommunicator::from_mpi(MPI_COMM_WORLD, stages, rank % devices);
-    const bool ok = stages > 1 ? point_to_point(*comm) : replicas(*comm);
+    const bool ok = run_pipeline ? pipeline(comm) : stages > 1 ? point_to_point(*comm) : replicas(*comm);
     int all = ok ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rank == 0) std::printf("%s\n", all ? "PASS" : "FAIL: values differ");
