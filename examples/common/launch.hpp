@@ -63,7 +63,8 @@ class Launcher {
  public:
   /// Starts MPI when `dp` or `tp` > 1 or a launcher's environment is present, and checks the process
   /// count (stages x dp x tp). `program` names the binary in the mpirun command a wrong count suggests.
-  const Launch& start(int& argc, char**& argv, const char* program, int stages, int dp, double timeout, int tp = 1) {
+  const Launch& start(int& argc, char**& argv, const char* program, int stages, int dp, double timeout, int tp = 1,
+                      comm::RankOrder order = comm::RankOrder::stages_outermost) {
 #if CUPIPE_HAS_MPI
     const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
     if (dp > 1 || tp > 1 || under_launcher) {
@@ -75,14 +76,14 @@ class Launcher {
         CUPIPE_THROW("--stages ", stages, " x --dp ", dp, tp > 1 ? " x --tp " + std::to_string(tp) : std::string(), " needs ",
                      needed, " processes but ", world, world == 1 ? " was" : " were", " launched: run it as `mpirun -np ",
                      needed, " ", program, " ...` (or srun -n ", needed, ")");
-      launch_.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout, tp);
+      launch_.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout, tp, order);
       const comm::Topology& topology = launch_.communicator->topology();
       launch_.rank = topology.rank;
       launch_.replica = topology.replica();
       launch_.replicas = topology.replicas;
     }
 #else
-    (void)argc, (void)argv, (void)program, (void)stages, (void)timeout;
+    (void)argc, (void)argv, (void)program, (void)stages, (void)timeout, (void)order;
     if (dp > 1 || tp > 1)
       CUPIPE_THROW(dp > 1 ? "--dp" : "--tp", " needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
 #endif

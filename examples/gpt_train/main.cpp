@@ -116,11 +116,16 @@ int main(int argc, char** argv) {
                "ZeRO-1: each of the --dp replicas keeps the AdamW state of 1/dp of the parameters and the updated "
                "shards are gathered (the weights are those without it, to rounding)");
   app.add_option("--tp", f.tp,
-                 "tensor-parallel ranks per stage: each block's attention split by heads and MLP by width over "
-                 "them (Megatron); run under mpirun/srun with stages x dp x tp processes; 2 or 4, with --schedule "
-                 "1f1b and --stages 1 or 2")
+                 "tensor-parallel ranks per stage: each block's attention split by heads and MLP by width, the "
+                 "embedding, head and loss by vocabulary (Megatron); run under mpirun/srun with stages x dp x tp "
+                 "processes; 2 or 4, with --schedule 1f1b and --stages 1 or 2")
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2, 4}));
+  app.add_option("--rank-order", f.rank_order,
+                 "how ranks map to (stage, replica, t), t always innermost: stages-outermost (a stage's replicas on "
+                 "nearby ranks, for the gradient sums) or replicas-outermost (a replica's pipeline on consecutive ranks)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"stages-outermost", "replicas-outermost"}));
   app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")
       ->capture_default_str()
       ->check(positive);
@@ -147,7 +152,8 @@ int main(int argc, char** argv) {
     if (f.tp > 1 && (f.schedule != "1f1b" || (f.stages != 1 && f.stages != 2)))
       CUPIPE_THROW("--tp ", f.tp, " runs with --schedule 1f1b and --stages 1 or 2 in this trainer (the tensor-parallel "
                    "model is built for those only), not --schedule ", f.schedule, " --stages ", f.stages);
-    const Launch& launch = launcher.start(argc, argv, "gpt_train", f.stages, f.dp, f.timeout, f.tp);
+    const Launch& launch =
+        launcher.start(argc, argv, "gpt_train", f.stages, f.dp, f.timeout, f.tp, comm::parse_rank_order(f.rank_order));
     // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
     if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     if (f.backend == "cuda" && launch.communicator)

@@ -71,6 +71,7 @@ struct Flags {
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   bool zero = false;                  ///< ZeRO-1: the AdamW state sharded over the --dp replicas
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
+  std::string rank_order = "stages-outermost";  ///< comm::RankOrder of the ranks
 };
 
 /// The flags every rank of a multi-process run must share (display flags and the data paths, which
@@ -89,7 +90,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--resume", f.resume},               {"--max-steps", std::to_string(f.max_steps)},
           {"--max-seconds", real(f.max_seconds)}, {"--backend", f.backend},
           {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt},
-          {"--zero", f.zero ? "on" : "off"}, {"--tp", std::to_string(f.tp)}};
+          {"--zero", f.zero ? "on" : "off"}, {"--tp", std::to_string(f.tp)}, {"--rank-order", f.rank_order}};
 }
 
 /// FNV-1a over a token stream: equal on every rank that loaded the same corpus.

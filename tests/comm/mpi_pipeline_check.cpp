@@ -108,8 +108,18 @@ int check(int microbatches, int rank) {
     reference.step(adamw);
   }
   for (int s = 0; s < 2; ++s) {
-    distributed.train_step(mine, mine_y, adamw);
+    const StepStats step = distributed.train_step(mine, mine_y, adamw);
     if (rank == 0) reference.train_step(all, all_y, adamw);
+    // With replicas (and without ZeRO-1), each of this process's virtual stages started its sum
+    // over the replicas inside the step, as soon as its backward was done.
+    const int expected = topo.replicas > 1 && !zero ? Schedule::chunks : 0;
+    if (step.overlapped_gradient_sums != expected) {
+      std::printf("rank %d: %d gradient sums overlapped the step, expected %d: FAIL\n", rank,
+                  step.overlapped_gradient_sums, expected);
+      ++failures;
+    } else if (rank == 0 && s == 0) {
+      std::printf("gradient sums started inside the step: %d per rank\n", expected);
+    }
   }
   // Gradient accumulation: two forward/backward passes over halves of each replica's share, reduced
   // over the replicas once, at the update; one process sees each half of every replica at once.
@@ -253,6 +263,7 @@ int main(int argc, char** argv) {
     if (schedule == "1f1b" && stages == 4) rc = check<partition<Model, 4>, schedule::OneFOneB>(4, rank);
     else if (schedule == "1f1b" && stages == 2) rc = check<partition<Model, 2>, schedule::OneFOneB>(4, rank);
     else if (schedule == "interleaved" && stages == 4) rc = check<partition<Model, 8>, schedule::Interleaved<2>>(4, rank);
+    else if (schedule == "interleaved" && stages == 2) rc = check<partition<Model, 4>, schedule::Interleaved<2>>(4, rank);
     else if (schedule == "gpipe" && stages == 4) rc = check<partition<Model, 4>, schedule::GPipe>(4, rank);
     else if (schedule == "gpt" && stages == 4) rc = check_gpt<4>(rank);
     else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);

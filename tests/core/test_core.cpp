@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cupipe/backend/staging.hpp"
+#include "cupipe/comm/topology.hpp"
 #include "cupipe/core/core.hpp"
 
 using namespace cupipe;
@@ -523,4 +524,31 @@ TEST_CASE("Rng distributions: ranges, unbiased below(), normal moments", "[cpu][
     CHECK(std::abs(var - 1) < 5 * std::sqrt(2.0 / n));
     CHECK(std::abs(within / double(n) - 0.682689) < 0.005);
   }
+}
+
+TEST_CASE("Topology maps every rank to one (stage, replica, t) in either order, t innermost", "[cpu][core][topology]") {
+  const int stages = 2, replicas = 3, tensor = 2, world = stages * replicas * tensor;
+  for (const comm::RankOrder order : {comm::RankOrder::stages_outermost, comm::RankOrder::replicas_outermost}) {
+    CAPTURE(comm::rank_order_name(order));
+    std::set<std::array<int, 3>> seen;
+    for (int r = 0; r < world; ++r) {
+      const comm::Topology t = comm::Topology::make(world, r, stages, tensor, order);
+      CHECK(t.replicas == replicas);
+      CHECK(t.tensor_rank() == r % tensor);  // a tensor-parallel group is consecutive ranks
+      CHECK(t.rank_of(t.stage(), t.replica(), t.tensor_rank()) == r);
+      seen.insert({t.stage(), t.replica(), t.tensor_rank()});
+      if (order == comm::RankOrder::stages_outermost) {
+        CHECK(t.stage() == r / (tensor * replicas));  // stage 0 holds the first replicas x tensor ranks
+      } else {
+        CHECK(t.replica() == r / (tensor * stages));  // replica 0's pipeline is the first ranks
+      }
+    }
+    CHECK(seen.size() == std::size_t(world));
+  }
+  const comm::Topology t = comm::Topology::make(4, 1, 2, 1);
+  CHECK(t.describe().find("rank = stage * 2 + replica: rank 0 -> (stage 0, replica 0), rank 1 -> (stage 0, replica 1)") !=
+        std::string::npos);
+  CHECK(comm::parse_rank_order("replicas-outermost") == comm::RankOrder::replicas_outermost);
+  CHECK_THROWS_WITH(comm::parse_rank_order("pp-first"), Contains("rank order 'pp-first'") && Contains("stages-outermost"));
+  CHECK_THROWS_WITH(comm::Topology::make(6, 0, 4), Contains("cannot hold 4 pipeline stages"));
 }

@@ -94,12 +94,26 @@ class Communicator {
   /// receives only the sums of the shard it updates). Communicators that cannot do it say so with
   /// reduce_scatters(); ZeRO-1 then sums the whole gradients.
   virtual bool reduce_scatters() const { return false; }
+  /// Nonblocking sums over the replicas of this rank's stage, in place, in the memory send() takes:
+  /// start_sum_over_replicas() starts one and returns, finish_sums() waits for every started sum
+  /// (under the collective timeout). The pipeline starts a stage's gradient sum as soon as the
+  /// stage's last backward of the step is done, so it runs while the worker does the backward of its
+  /// other stages. Communicators that cannot say so with starts_sums(); the pipeline then sums at
+  /// the update. Every replica starts the same sums in the same order.
+  virtual bool starts_sums() const { return false; }
+  virtual void start_sum_over_replicas(float*, std::size_t) { refuse_started_sum(); }
+  virtual void start_sum_over_replicas(double*, std::size_t) { refuse_started_sum(); }
+  virtual void finish_sums() {}
   virtual void reduce_scatter_over_replicas(float*, std::size_t) { refuse_reduce_scatter(); }
   virtual void reduce_scatter_over_replicas(double*, std::size_t) { refuse_reduce_scatter(); }
 
  private:
   [[noreturn]] static void refuse_all_gather() {
     CUPIPE_THROW("Communicator: this communicator does not gather over replicas (ZeRO-1 needs it; MpiCommunicator does)");
+  }
+  [[noreturn]] static void refuse_started_sum() {
+    CUPIPE_THROW("Communicator: this communicator does not start sums to finish later (check starts_sums() first; "
+                 "MpiCommunicator does)");
   }
   [[noreturn]] static void refuse_reduce_scatter() {
     CUPIPE_THROW("Communicator: this communicator does not reduce-scatter over replicas (check reduce_scatters() "

@@ -94,10 +94,10 @@ class MpiSession {
 
 class MpiCommunicator final : public Communicator {
  public:
-  /// Splits `world` into pipelines of `stages` stages, each stage `tensor_parallel` ranks (see
-  /// Topology for the mapping).
+  /// Splits `world` into pipelines of `stages` stages, each stage `tensor_parallel` ranks, the
+  /// ranks mapped in `order` (see Topology).
   MpiCommunicator(MPI_Comm world, int stages, double collective_timeout_seconds = default_collective_timeout_seconds,
-                  int tensor_parallel = 1)
+                  int tensor_parallel = 1, RankOrder order = RankOrder::stages_outermost)
       : tensor_sum_(*this) {
     set_collective_timeout(collective_timeout_seconds);
     int level = 0;
@@ -107,7 +107,7 @@ class MpiCommunicator final : public Communicator {
     int size = 0, rank = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_size(world, &size));
     CUPIPE_CHECK_MPI(MPI_Comm_rank(world, &rank));
-    topology_ = Topology::make(size, rank, stages, tensor_parallel);
+    topology_ = Topology::make(size, rank, stages, tensor_parallel, order);
     const Topology& t = topology_;
     CUPIPE_CHECK_MPI(MPI_Comm_dup(world, &world_));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
@@ -214,6 +214,19 @@ class MpiCommunicator final : public Communicator {
   }
   void sum_over_world(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, Group::world); }
   bool all_gathers() const override { return true; }
+  bool starts_sums() const override { return true; }
+  void start_sum_over_replicas(float* data, std::size_t n) override { start_sum(data, n, MPI_FLOAT); }
+  void start_sum_over_replicas(double* data, std::size_t n) override { start_sum(data, n, MPI_DOUBLE); }
+  /// Waits for every started sum under the collective timeout (the progress thread drives them
+  /// meanwhile, as it drives the sends).
+  void finish_sums() override {
+    std::vector<MPI_Request> started;
+    {
+      const std::lock_guard lock(mutex_);
+      started.swap(started_sums_);
+    }
+    for (MPI_Request& request : started) finish_collective(request, "a gradient sum over " + describe(Group::replicas));
+  }
   void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
@@ -345,6 +358,25 @@ class MpiCommunicator final : public Communicator {
     }
     finish_collective(request, "a reduce-scatter over " + describe(Group::replicas));
   }
+  /// Starts an in-place MPI_Iallreduce over the replicas; finish_sums() completes it.
+  void start_sum(void* data, std::size_t n, MPI_Datatype type) {
+    check_usable();
+    if (n == 0) return;
+    {
+      const std::lock_guard lock(mutex_);
+      MPI_Request request = MPI_REQUEST_NULL;
+      CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, &request));
+      started_sums_.push_back(request);
+    }
+    in_flight_.notify_one();
+  }
+  /// Under mutex_: whether a started sum is still running.
+  bool sums_running() const {
+    for (const MPI_Request& r : started_sums_)
+      if (r != MPI_REQUEST_NULL) return true;
+    return false;
+  }
+
   /// Moves the block MPI left at the start of `data` to this replica's place (replica() x n).
   template <class T>
   void place_own_block(T* data, std::size_t n) const {
@@ -378,7 +410,7 @@ class MpiCommunicator final : public Communicator {
   void progress_loop() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      in_flight_.wait(lock, [&] { return stopping_ || (!pending_.empty() && !progress_failed_); });
+      in_flight_.wait(lock, [&] { return stopping_ || ((!pending_.empty() || sums_running()) && !progress_failed_); });
       if (stopping_) return;
       lock.unlock();
       wait_until(
@@ -391,7 +423,11 @@ class MpiCommunicator final : public Communicator {
                 if (MPI_Test(&s.request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) progress_failed_ = true;
                 return done != 0;
               });
-            return pending_.empty() || progress_failed_;
+            for (MPI_Request& r : started_sums_) {  // a completed request becomes MPI_REQUEST_NULL
+              int done = 0;
+              if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) progress_failed_ = true;
+            }
+            return (pending_.empty() && !sums_running()) || progress_failed_;
           },
           0);
       lock.lock();
@@ -413,6 +449,7 @@ class MpiCommunicator final : public Communicator {
   std::mutex mutex_;  ///< held by every MPI call of this communicator and every access to pending_
   std::condition_variable in_flight_;  ///< wakes the progress thread: a send started, or stopping_
   PendingSends<Send> pending_;
+  std::vector<MPI_Request> started_sums_;  ///< under mutex_: start_sum's requests, until finish_sums
   std::atomic<bool> broken_ = false;  ///< a collective timed out (read by every thread)
   bool stopping_ = false;         ///< under mutex_: the destructor ends the progress thread
   bool progress_failed_ = false;  ///< under mutex_: an MPI_Test failed in the progress thread

@@ -592,11 +592,50 @@ class Pipeline {
     return norm;
   }
 
-  /// Sums the accumulated gradients over the replicas, if a step left them unreduced.
+  /// Sums the accumulated gradients over the replicas, if a step left them unreduced: the sums a
+  /// train_step started during its backward are finished, the other stages summed now.
   void reduce_gradients() {
     if (!gradients_unreduced_) return;
-    states_.for_each([&](auto, auto& st) { pipeline::sum_over_replicas(comm(), st); });
+    const bool any_started = std::count(sum_started_.begin(), sum_started_.end(), 1) > 0;
+    if (any_started) comm()->finish_sums();
+    states_.for_each([&](auto k, auto& st) {
+      if (!any_started || !sum_started_[std::size_t(decltype(k)::value)]) pipeline::sum_over_replicas(comm(), st);
+    });
+    std::fill(sum_started_.begin(), sum_started_.end(), 0);
     gradients_unreduced_ = false;
+  }
+
+  /// Whether a train_step's stage gradient sums may start inside the step: data parallelism (flush
+  /// schedules) with a communicator that starts sums and reads the backend's memory, without ZeRO-1
+  /// (which reduce-scatters at the update).
+  bool overlaps_gradient_sums() const {
+    return update_rule == schedule::UpdateRule::flush && comm() && comm()->topology().replicas > 1 &&
+           comm()->starts_sums() && comm::reads_backend_memory<Backend>(*comm()) && !options_.zero;
+  }
+
+  /// The action after which each virtual stage's gradients are complete for the step: its last
+  /// weight-gradient action in its worker's plan (W where the plan splits the backward, else B).
+  void prepare_early_sums() {
+    sum_started_.assign(std::size_t(virtual_stages), 0);
+    if (!last_gradient_action_.empty()) return;
+    last_gradient_action_.assign(std::size_t(virtual_stages), schedule::Action{schedule::ActionKind::F, -1, -1});
+    const schedule::ActionKind weights = plan_.split_backward ? schedule::ActionKind::W : schedule::ActionKind::B;
+    for (int w = 0; w < int(plan_.actions.size()); ++w)
+      for (const schedule::Action& a : plan_.actions[std::size_t(w)])
+        if (a.kind == weights) last_gradient_action_[std::size_t(plan_.virtual_stage(w, a))] = a;
+  }
+
+  /// After action `a` of worker `w`: if it completed its virtual stage's gradients, starts that
+  /// stage's sum over the replicas (the worker goes on with its other stages' backward meanwhile).
+  void start_sum_after(int w, const schedule::Action& a) {
+    if (a.kind == schedule::ActionKind::F) return;
+    const int v = plan_.virtual_stage(w, a);
+    if (!(last_gradient_action_[std::size_t(v)] == a)) return;
+    states_.visit(v, [&](auto, auto& st) {
+      st.be->synchronize();
+      comm()->start_sum_over_replicas(st.grads.data(), std::size_t(st.param_count));
+    });
+    sum_started_[std::size_t(v)] = 1;
   }
 
   /// Whether ZeRO-1 shards anything here: it is on, and there are replicas.
@@ -801,7 +840,18 @@ class Pipeline {
   StepStats train_resident(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels,
                            const Optimizer& optimizer) {
     prepare_slots<Optimizer>();
-    StepStats stats = run(x, labels, &optimizer);
+    // The update follows at once, so no more gradients accumulate: each stage's sum over the
+    // replicas may start as soon as its last backward is done.
+    early_sums_ = overlaps_gradient_sums();
+    StepStats stats;
+    try {
+      stats = run(x, labels, &optimizer);
+    } catch (...) {
+      early_sums_ = false;
+      throw;
+    }
+    early_sums_ = false;
+    for (const char started : sum_started_) stats.overlapped_gradient_sums += started;
     if constexpr (update_rule == schedule::UpdateRule::flush) stats.grad_norm = flush_step(optimizer);
     return stats;
   }
@@ -842,11 +892,26 @@ class Pipeline {
       st.weights.reset_peak();
     });
     transport_->begin_step(capacity());
+    if (early_sums_) prepare_early_sums();
     std::exception_ptr failure = runtime_->run(
-        plan_, [&](int w, const schedule::Action& a) { executor_->template execute<Optimizer>(w, a, step); },
+        plan_,
+        [&](int w, const schedule::Action& a) {
+          executor_->template execute<Optimizer>(w, a, step);
+          if (early_sums_) start_sum_after(w, a);
+        },
         [&] { transport_->abort(); });
     finish_transport(failure);
     if (failure) {
+      // Sums already started write into the gradients: let them end before the gradients are zeroed
+      // (the other replicas start theirs whatever happened here; a failure of theirs ends in the
+      // collective timeout).
+      if (std::count(sum_started_.begin(), sum_started_.end(), 1) > 0) {
+        try {
+          comm()->finish_sums();
+        } catch (...) {
+        }
+        std::fill(sum_started_.begin(), sum_started_.end(), 0);
+      }
       states_.for_each([](auto, auto& st) {
         st.in_flight.clear();
         st.zero_grads();
@@ -918,6 +983,9 @@ class Pipeline {
   std::int64_t batches_done_ = 0;
   index_t global_samples_ = 0;
   bool gradients_unreduced_ = false;  ///< flush schedules: this replica's own sums, not yet over the replicas
+  bool early_sums_ = false;           ///< inside train_step: stage sums start during the backward
+  std::vector<char> sum_started_;     ///< [virtual stage]: its sum was started in the step (one writer each)
+  std::vector<schedule::Action> last_gradient_action_;  ///< [virtual stage], computed once
   TensorGroup* tensor_group_ = nullptr;  ///< with tensor parallelism: this stage's group (the communicator's)
   int local_worker_ = -1;  ///< the stage this process runs; -1: all of them
   int tied_worker_ = -1;   ///< post-validation: the worker that holds both tied copies

@@ -37,6 +37,11 @@ struct StepStats {
   /// norm was known, would have clipped (or the norm was not finite), so it was undone and redone as
   /// the flush does it, and the next step ran again.
   bool rolled_back = false;
+  /// Data parallelism, Pipeline::train_step: the stage gradient sums over the replicas this process
+  /// started inside the step, each as soon as its stage's last backward of the step was done, so
+  /// that it ran while the worker did the rest of the step's backward (the stages of an interleaved
+  /// or V-shaped schedule). 0 where the sums all ran at the update.
+  int overlapped_gradient_sums = 0;
 
   /// busy / makespan for stage s.
   double utilisation(int s) const { return makespan_seconds > 0 ? busy_seconds[std::size_t(s)] / makespan_seconds : 0; }
