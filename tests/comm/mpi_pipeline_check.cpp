@@ -30,6 +30,8 @@
 using namespace cupipe;
 using cupipe::testing::number;
 using cupipe::testing::relative;
+using cupipe::testing::run_check;
+using cupipe::testing::verdict_everywhere;
 
 namespace {
 
@@ -181,9 +183,7 @@ int check(int microbatches, int rank) {
     const std::vector<double> loaded_weights = loaded.parameters();
     if (rank == 0) compare("this run loading a single process's checkpoint", loaded_weights, reference.parameters());
   }
-  int total = failures;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return total == 0 ? 0 : 1;
+  return verdict_everywhere(failures);
 }
 
 /// V 64, T 8, 2 blocks, 2 heads, C 16: at namespace scope, since clang refuses a local constexpr
@@ -238,9 +238,7 @@ int check_gpt(int rank) {
     failures += !ok + !same;
   }
   if (zero) failures += check_optimizer_shards(distributed, *comm, weights.size());
-  int total = failures;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return total == 0 ? 0 : 1;
+  return verdict_everywhere(failures);
 }
 
 }  // namespace
@@ -258,7 +256,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) stages = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
   }
-  try {
+  return run_check([&] {
     int rc = 2;
     if (schedule == "1f1b" && stages == 4) rc = check<partition<Model, 4>, schedule::OneFOneB>(4, rank);
     else if (schedule == "1f1b" && stages == 2) rc = check<partition<Model, 2>, schedule::OneFOneB>(4, rank);
@@ -268,12 +266,6 @@ int main(int argc, char** argv) {
     else if (schedule == "gpt" && stages == 4) rc = check_gpt<4>(rank);
     else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);
     else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt --stages 2|4\n");
-    if (rank == 0) std::printf("%s\n", rc == 0 ? "PASS" : "FAIL");
     return rc;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 3);
-    return 3;
-  }
+  });
 }

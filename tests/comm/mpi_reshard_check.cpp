@@ -23,6 +23,8 @@
 using namespace cupipe;
 using cupipe::testing::number;
 using cupipe::testing::relative;
+using cupipe::testing::run_check;
+using cupipe::testing::verdict_everywhere;
 
 namespace {
 
@@ -145,7 +147,7 @@ int main(int argc, char** argv) {
   std::string prefix;
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) prefix = argv[++i];
-  try {
+  return run_check([&] {
     CUPIPE_REQUIRE(!prefix.empty(), "mpi_reshard_check: give --checkpoint PREFIX");
     CUPIPE_REQUIRE(size == 8, "mpi_reshard_check: run it with 8 processes (the (2,2,2) layout), not ", size);
     const Reference reference;
@@ -157,14 +159,7 @@ int main(int argc, char** argv) {
           failures += run_layout(to, reference, prefix, false, &from);
           ++pairs;
         }
-    int total = failures;
-    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0) std::printf("%d layout pairs: %s\n", pairs, total == 0 ? "PASS" : "FAIL");
-    return total == 0 ? 0 : 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 3);
-    return 3;
-  }
+    if (rank == 0) std::printf("%d layout pairs: ", pairs);  // run_check ends the line with the verdict
+    return verdict_everywhere(failures);
+  });
 }

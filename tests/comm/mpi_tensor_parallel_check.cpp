@@ -30,6 +30,8 @@
 using namespace cupipe;
 using cupipe::testing::number;
 using cupipe::testing::relative;
+using cupipe::testing::run_check;
+using cupipe::testing::verdict_everywhere;
 
 namespace {
 
@@ -168,9 +170,7 @@ int check(comm::MpiCommunicator& comm) {
                                       refused ? "refused" : "NOT REFUSED", refusal.c_str());
   failures += !refused;
 
-  int total = failures;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return total == 0 ? 0 : 1;
+  return verdict_everywhere(failures);
 }
 
 /// The tensor-parallel GPT in a Pipeline of P stages x D replicas x TP ranks (1F1B, AdamW with
@@ -254,9 +254,7 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
     expect("this layout loading a single process's checkpoint", l == 0 && lo == 0,
            "weights " + number(l) + ", exp_avg_sq " + number(lo));
   }
-  int total = failures;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return total == 0 ? 0 : 1;
+  return verdict_everywhere(failures);
 }
 
 }  // namespace
@@ -274,7 +272,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
     else if (!std::strcmp(argv[i], "--zero")) zero = true;
   }
-  try {
+  return run_check([&] {
     int rc = 2;
     if (stages > 0 && tensor == 2 && (stages == 1 || stages == 2)) {
       auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, 60, tensor);
@@ -287,12 +285,6 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--zero] [--checkpoint PREFIX]\n");
     }
-    if (rank == 0) std::printf("%s\n", rc == 0 ? "PASS" : "FAIL");
     return rc;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 3);
-    return 3;
-  }
+  });
 }

@@ -230,6 +230,13 @@ void for_each_run(const ParamInfo& info, int t, Copy&& copy) {
   }
 }
 
+/// Elements of the flat array a parameter table describes.
+inline index_t total_of(const std::vector<ParamInfo>& table) {
+  index_t total = 0;
+  for (const ParamInfo& p : table) total = std::max(total, p.offset + p.numel);
+  return total;
+}
+
 /// The whole model's tensor of the same name as `part` (a tensor of a tensor-parallel model).
 inline const ParamInfo& whole_of(const std::vector<ParamInfo>& whole_table, const ParamInfo& part, std::size_t i) {
   CUPIPE_REQUIRE(i < whole_table.size() && whole_table[i].name == part.name, "tensor_parallel: parameter ", i, " '",
@@ -286,9 +293,7 @@ std::vector<T> shard(const std::vector<ParamInfo>& whole_table, const std::vecto
                      std::span<const T> whole, int t) {
   CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "tensor_parallel::shard: the whole model has ",
                  whole_table.size(), " parameter tensors, the tensor-parallel one ", part_table.size());
-  index_t total = 0, whole_total = 0;
-  for (const ParamInfo& p : part_table) total = std::max(total, p.offset + p.numel);
-  for (const ParamInfo& p : whole_table) whole_total = std::max(whole_total, p.offset + p.numel);
+  const index_t total = detail::total_of(part_table), whole_total = detail::total_of(whole_table);
   CUPIPE_REQUIRE(index_t(whole.size()) == whole_total, "tensor_parallel::shard: got ", whole.size(),
                  " values for a whole model of ", whole_total, " parameters");
   std::vector<T> out(static_cast<std::size_t>(total));
@@ -309,9 +314,7 @@ std::vector<T> unshard(const std::vector<ParamInfo>& whole_table, const std::vec
                        std::span<const T> part_values, TensorGroup& group) {
   CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "tensor_parallel::unshard: the whole model has ",
                  whole_table.size(), " parameter tensors, the tensor-parallel one ", part_table.size());
-  index_t total = 0, part_total = 0;
-  for (const ParamInfo& p : whole_table) total = std::max(total, p.offset + p.numel);
-  for (const ParamInfo& p : part_table) part_total = std::max(part_total, p.offset + p.numel);
+  const index_t total = detail::total_of(whole_table), part_total = detail::total_of(part_table);
   CUPIPE_REQUIRE(index_t(part_values.size()) == part_total, "tensor_parallel::unshard: got ", part_values.size(),
                  " values for a part of ", part_total, " parameters");
   std::vector<T> out(static_cast<std::size_t>(total), T(0));
