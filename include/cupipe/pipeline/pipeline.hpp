@@ -596,7 +596,7 @@ class Pipeline {
   /// train_step started during its backward are finished, the other stages summed now.
   void reduce_gradients() {
     if (!gradients_unreduced_) return;
-    const bool any_started = std::count(sum_started_.begin(), sum_started_.end(), 1) > 0;
+    const bool any_started = any_sum_started();
     if (any_started) comm()->finish_sums();
     states_.for_each([&](auto k, auto& st) {
       if (!any_started || !sum_started_[std::size_t(decltype(k)::value)]) pipeline::sum_over_replicas(comm(), st);
@@ -604,6 +604,8 @@ class Pipeline {
     std::fill(sum_started_.begin(), sum_started_.end(), 0);
     gradients_unreduced_ = false;
   }
+
+  bool any_sum_started() const { return std::find(sum_started_.begin(), sum_started_.end(), 1) != sum_started_.end(); }
 
   /// Whether a train_step's stage gradient sums may start inside the step: data parallelism (flush
   /// schedules) with a communicator that starts sums and reads the backend's memory, without ZeRO-1
@@ -905,7 +907,7 @@ class Pipeline {
       // Sums already started write into the gradients: let them end before the gradients are zeroed
       // (the other replicas start theirs whatever happened here; a failure of theirs ends in the
       // collective timeout).
-      if (std::count(sum_started_.begin(), sum_started_.end(), 1) > 0) {
+      if (any_sum_started()) {
         try {
           comm()->finish_sums();
         } catch (...) {

@@ -18,6 +18,7 @@
 #include <limits>
 #include <numbers>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cupipe/backend/host/host.hpp"
@@ -218,12 +219,18 @@ void layernorm_backward_weight(backend::Host<T>&, ConstView<T> x, ConstView<T> m
 // split batch, ragged ones included, sum to the mean over the batch.
 
 namespace detail {
+/// A row's max and its sum of exp(z - max).
 template <class T>
-T row_logsumexp(const T* z, index_t n) {
+std::pair<T, T> row_max_sum(const T* z, index_t n) {
   T max = z[0];
   for (index_t c = 1; c < n; ++c) max = std::max(max, z[c]);
   T sum = 0;
   for (index_t c = 0; c < n; ++c) sum += std::exp(z[c] - max);
+  return {max, sum};
+}
+template <class T>
+T row_logsumexp(const T* z, index_t n) {
+  const auto [max, sum] = row_max_sum(z, n);
   return max + std::log(sum);
 }
 /// Label ranges, which only the host can read before the kernel runs (the views are checked already).
@@ -276,10 +283,7 @@ void softmax_cross_entropy_part_stats(backend::Host<T>&, ConstView<T> logits, Co
     if (labels[r] < 0 || labels[r] >= part.whole)
       checks::label_out_of_range("softmax_cross_entropy_part_stats", labels[r], r, logits.shape(), part.whole);
     const T* z = logits.data() + r * logits.cols();
-    T max = z[0];
-    for (index_t c = 1; c < logits.cols(); ++c) max = std::max(max, z[c]);
-    T sum = 0;
-    for (index_t c = 0; c < logits.cols(); ++c) sum += std::exp(z[c] - max);
+    const auto [max, sum] = detail::row_max_sum(z, logits.cols());
     const index_t local = labels[r] - part.first;
     stats.at(r, 0) = max;
     stats.at(r, 1) = sum;
