@@ -4,9 +4,13 @@
 //               check every value and the header order; sends complete within the timeout;
 //   --stages 1: two data-parallel replicas sum device gradients, host counts and scalars.
 //   --pipeline: a Pipeline of backend::Cuda<float> over the NcclCommunicator (--stages 2: 1F1B over
-//               two ranks; --stages 1: two data-parallel replicas) against one process running the
-//               whole batch on the host backend: the loss and the gradients of one forward/backward,
-//               then the weights after 3 SGD steps, within fp32 rounding.
+//               two ranks; --stages 1: two data-parallel replicas, whose train_step starts each
+//               stage's gradient sum inside the step) against one process running the whole batch on
+//               the host backend: the loss and the gradients of one forward/backward, then the
+//               weights after 3 SGD steps, within fp32 rounding. With --zero the replicas shard the
+//               momentum (ZeRO-1: NCCL reduce-scatter and all-gather) and hold half of it each; with
+//               --tensor 2 the two ranks split the MLP Megatron's way (column- then row-parallel,
+//               summed over NCCL's tensor group) against the unsplit MLP on the host.
 // Prints PASS, or "SKIPPED:" when there are fewer GPUs than ranks (ctest reports it as skipped):
 // NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected").
 #include <cuda_runtime_api.h>
@@ -103,9 +107,12 @@ double relative(const std::vector<float>& a, const std::vector<float>& b) {
   return scale > 0 ? diff / scale : diff;
 }
 
-bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm) {
+bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm, bool zero) {
   using namespace cupipe;
   using Model = Sequential<Linear<12, 16>, ReLU, Linear<16, 16>, ReLU, Linear<16, 5>, SoftmaxCrossEntropy<5>>;
+  // The same MLP's middle split over two tensor-parallel ranks.
+  using Split = Sequential<Linear<12, 16>, ReLU, ColumnParallelLinear<16, 16, 2>, ReLU, RowParallelLinear<16, 5, 2>,
+                           SoftmaxCrossEntropy<5>>;
   using Stages = partition<Model, 2>;
   const comm::Topology& topo = comm->topology();
   constexpr index_t batch = 16;
@@ -125,6 +132,9 @@ bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm) {
   auto run = [&](auto& distributed) {
     Pipeline<Stages, schedule::OneFOneB, backend::Host<float>> reference({.microbatches = 4, .seed = 3});
     const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
+    // A split model starts from the whole model's initialisation, sharded (its own init draws
+    // part-shaped samples).
+    if (topo.tensor > 1) distributed.set_parameters(reference.parameters());
     bool ok = relative(distributed.parameters(), reference.parameters()) == 0;
     const StepStats got = distributed.forward_backward(mine, mine_y);
     const StepStats want = reference.forward_backward(all, all_y);
@@ -132,20 +142,34 @@ bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm) {
     const double l = std::abs(got.loss - want.loss) / std::abs(want.loss);
     distributed.step(sgd);
     reference.step(sgd);
+    StepStats last;
     for (int s = 0; s < 3; ++s) {
-      distributed.train_step(mine, mine_y, sgd);
+      last = distributed.train_step(mine, mine_y, sgd);
       reference.train_step(all, all_y, sgd);
     }
     const double w = relative(distributed.parameters(), reference.parameters());
     ok = ok && g <= 1e-5 && l <= 1e-5 && w <= 1e-5;
+    // ZeRO-1 keeps this replica's shard of the momentum only: half of it with two replicas.
+    const std::size_t slots = distributed.backend(topo.stage()).memory.in_use(MemoryTag::optimizer);
+    const std::size_t whole = reference.parameters().size() * sizeof(float);
+    if (zero) ok = ok && slots * 2 <= whole + 64 * sizeof(float);
+    // Data parallelism without ZeRO-1 starts the stage's sum inside the step (one stage per rank).
+    ok = ok && last.overlapped_gradient_sums == (topo.replicas > 1 && !zero ? 1 : 0);
     if (topo.rank == 0)
-      std::printf("Pipeline over NCCL (%d stage(s) x %d replica(s)): loss %.7g (host %.7g), gradients %.3g, weights "
-                  "after 3 SGD steps %.3g relative: %s\n", topo.stages, topo.replicas, got.loss, want.loss, g, w,
-                  ok ? "equal" : "DIFFERENT");
+      std::printf("Pipeline over NCCL (%d stage(s) x %d replica(s) x %d tensor rank(s)%s): loss %.7g (host %.7g), "
+                  "gradients %.3g, weights after 3 SGD steps %.3g relative, momentum %zu of %zu bytes, %d gradient "
+                  "sum(s) started in the last step: %s\n", topo.stages, topo.replicas, topo.tensor, zero ? ", ZeRO-1" : "",
+                  got.loss, want.loss, g, w, slots, whole, last.overlapped_gradient_sums, ok ? "equal" : "DIFFERENT");
     return ok;
   };
-  const PipelineOptions options{.microbatches = 4 / topo.replicas, .seed = 3, .devices = {comm->device()},
-                                .transfer_timeout_seconds = 30, .communicator = comm};
+  // Every stage names this rank's device (only this rank's stage runs here).
+  const PipelineOptions options{.microbatches = 4 / topo.replicas, .seed = 3,
+                                .devices = std::vector<int>(std::size_t(topo.stages), comm->device()),
+                                .transfer_timeout_seconds = 30, .communicator = comm, .zero = zero};
+  if (topo.tensor == 2) {
+    Pipeline<partition<Split, 1>, schedule::OneFOneB, backend::Cuda<float>> distributed(options);
+    return run(distributed);
+  }
   if (topo.stages == 2) {
     Pipeline<Stages, schedule::OneFOneB, backend::Cuda<float>> distributed(options);
     return run(distributed);
@@ -162,11 +186,13 @@ int main(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  int stages = world;
-  bool run_pipeline = false;
+  int stages = world, tensor = 1;
+  bool run_pipeline = false, zero = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--stages") == 0 && i + 1 < argc) stages = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--tensor") == 0 && i + 1 < argc) tensor = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--pipeline") == 0) run_pipeline = true;
+    if (std::strcmp(argv[i], "--zero") == 0) zero = true;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
@@ -177,8 +203,8 @@ int main(int argc, char** argv) {
   }
   int status = 0;
   try {
-    auto comm = cupipe::comm::NcclCommunicator::from_mpi(MPI_COMM_WORLD, stages, rank % devices);
-    const bool ok = run_pipeline ? pipeline(comm) : stages > 1 ? point_to_point(*comm) : replicas(*comm);
+    auto comm = cupipe::comm::NcclCommunicator::from_mpi(MPI_COMM_WORLD, stages, rank % devices, tensor);
+    const bool ok = run_pipeline ? pipeline(comm, zero) : stages > 1 ? point_to_point(*comm) : replicas(*comm);
     int all = ok ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rank == 0) std::printf("%s\n", all ? "PASS" : "FAIL: values differ");

@@ -45,17 +45,26 @@ class Communicator {
   virtual bool device_memory() const = 0;
 
   /// Sends `bytes` to stage `to_stage` of this replica's pipeline without waiting for the receiver:
-  /// the data is copied (or its transfer enqueued) before this returns, so the caller may reuse it.
+  /// the data is copied (or its transfer enqueued) before this returns, so the caller may reuse it
+  /// (given a `stream`: in work enqueued on that stream from now on).
   /// A send never blocks on its receiver, matching the model `schedule::verify` proves deadlock-free
   /// (each worker keeps its next receives posted). `describe` names the message for errors.
+  ///
+  /// `stream` (send and receive), for a device communicator: the caller's CUDA stream (a
+  /// cudaStream_t) whose queued work produces `data` (send) or last used the memory `data` is written
+  /// to (receive), on the communicator's device. The communicator orders its copy after that work,
+  /// and the stream's later work after the copy, with events: a send returns without the host
+  /// waiting for the caller's kernels, and a receive is posted without it (the host then waits for
+  /// them and for the message). Null: the data is ready now (the caller synchronised). Host
+  /// communicators ignore it.
   virtual void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
-                    const std::function<std::string()>& describe) = 0;
+                    const std::function<std::string()>& describe, void* stream = nullptr) = 0;
   /// Waits until every send has been received; one still pending after `timeout_seconds` (0: wait)
   /// is an error naming it. Called at the end of each step.
   virtual void complete_sends(double timeout_seconds) = 0;
   /// Receives exactly `bytes` for `key` from stage `from_stage` of this replica's pipeline.
   virtual void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
-                       const std::function<std::string()>& describe) = 0;
+                       const std::function<std::string()>& describe, void* stream = nullptr) = 0;
 
   /// How long a collective (the sums below) may wait for the other ranks before it throws: a rank
   /// that stalled or died before a collective must not hang the others. 0 waits for ever. After a
@@ -109,15 +118,15 @@ class Communicator {
 
  private:
   [[noreturn]] static void refuse_all_gather() {
-    CUPIPE_THROW("Communicator: this communicator does not gather over replicas (ZeRO-1 needs it; MpiCommunicator does)");
+    CUPIPE_THROW("Communicator: this communicator does not gather over replicas (ZeRO-1 needs it; MpiCommunicator and NcclCommunicator do)");
   }
   [[noreturn]] static void refuse_started_sum() {
     CUPIPE_THROW("Communicator: this communicator does not start sums to finish later (check starts_sums() first; "
-                 "MpiCommunicator does)");
+                 "MpiCommunicator and NcclCommunicator do)");
   }
   [[noreturn]] static void refuse_reduce_scatter() {
     CUPIPE_THROW("Communicator: this communicator does not reduce-scatter over replicas (check reduce_scatters() "
-                 "first; MpiCommunicator does)");
+                 "first; MpiCommunicator and NcclCommunicator do)");
   }
   double collective_timeout_ = default_collective_timeout_seconds;
   std::atomic<bool> interrupted_{false};

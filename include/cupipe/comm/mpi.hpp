@@ -150,7 +150,7 @@ class MpiCommunicator final : public Communicator {
   bool device_memory() const override { return false; }
 
   void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
-            const std::function<std::string()>& describe) override {
+            const std::function<std::string()>& describe, void* /*stream: host memory*/ = nullptr) override {
     check_usable();
     Send out{MPI_REQUEST_NULL, std::vector<std::byte>(bytes), describe()};
     if (bytes) std::memcpy(out.data.data(), data, bytes);
@@ -183,7 +183,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
-               const std::function<std::string()>& describe) override {
+               const std::function<std::string()>& describe, void* /*stream: host memory*/ = nullptr) override {
     check_usable();
     MPI_Request request;
     {

@@ -11,15 +11,25 @@
 //   its own stream: a pending send holds up only later sends on the same channel, never a receive.
 //   Each message is preceded by a small header carrying its key, checked on arrival, so a channel
 //   consumed out of order is an error naming both messages rather than silently wrong data.
-// - send() copies the data into a pooled device buffer the communicator owns (on a copy stream,
-//   waiting only for that copy), then enqueues header and payload as one NCCL group on the
-//   channel's stream, and returns. complete_sends() polls the sends' events at step end.
+// - send() copies the data into a pooled device buffer the communicator owns (on a copy stream),
+//   then enqueues header and payload as one NCCL group on the channel's stream, and returns.
+//   complete_sends() polls the sends' events at step end. Given the caller's stream, the copy waits
+//   for the caller's kernels and the caller's later kernels wait for the copy through events, so
+//   the host waits for neither; a receive is posted behind the caller's queued work without a
+//   host synchronisation, and the host then waits for that work and (with the deadline, counted
+//   from the end of that work) for the message.
+//   No caller stream ever waits on an NCCL kernel: a dead peer stalls only the host's wait, which
+//   has a deadline, never a device synchronisation that has none.
 // - receive(), complete_sends() and the sums poll (cudaEventQuery + ncclCommGetAsyncError, sleeping
 //   between polls: comm/wait.hpp) with the transfer or the collective timeout; on expiry they abort
 //   the communicators (ncclCommAbort), since a stuck NCCL kernel cannot be
 //   cancelled otherwise, and throw naming the message and the peer stage.
 // - Gradient sums run ncclAllReduce on the data-parallel communicator; host values (scalars, the
-//   pipeline's host gathers) go through a small device buffer.
+//   pipeline's host gathers) go through a device buffer. ZeRO-1's reduce-scatter and all-gather run
+//   ncclReduceScatter / ncclAllGather in place on the same communicator; a started sum
+//   (start_sum_over_replicas) is an all-reduce enqueued on the collective stream that finish_sums()
+//   waits for. Tensor parallelism sums over a third communicator (tensor_group()), which takes
+//   device memory as well as host memory.
 // - NCCL connects peers lazily, and a first transfer may wait for its peer: the constructor moves a
 //   byte over every channel (connect_channels), so no pipeline send ever makes the first connection.
 // - Point-to-point waits stop early on Communicator::interrupt_waits (the pipeline's abort), aborting
@@ -33,6 +43,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -93,24 +104,30 @@ using IdExchange = std::function<ncclUniqueId(const std::string& name, int color
 
 class NcclCommunicator final : public Communicator {
  public:
-  /// Splits a world of `world` ranks into pipelines of `stages` ranks (see Topology), every rank on
-  /// `device`, from the world's unique id (made by rank 0 and shared by the bootstrap). `exchange`
-  /// is needed only where NCCL cannot split communicators.
-  NcclCommunicator(int world, int rank, int stages, int device, const ncclUniqueId& world_id, IdExchange exchange = {})
-      : topology_(Topology::make(world, rank, stages)),
+  /// Splits a world of `world` ranks into pipelines of `stages` stages of `tensor` tensor-parallel
+  /// ranks each, mapped by `order` (see Topology), every rank on `device`, from the world's unique
+  /// id (made by rank 0 and shared by the bootstrap). `exchange` is needed only where NCCL cannot
+  /// split communicators.
+  NcclCommunicator(int world, int rank, int stages, int device, const ncclUniqueId& world_id, IdExchange exchange = {},
+                   int tensor = 1, RankOrder order = RankOrder::stages_outermost)
+      : topology_(Topology::make(world, rank, stages, tensor, order)),
         device_(select_device(rank, device)),  // before the streams and events below are made
-        exchange_(std::move(exchange)) {
+        exchange_(std::move(exchange)),
+        tensor_sum_(*this) {
     pool_.emplace(device_, memory_, copy_stream_.get());
     CUPIPE_COMM_CHECK_NCCL(ncclCommInitRank(&world_, world, world_id, rank));
     try {
-      replicas_ = group("replicas", topology_.stage(), topology_.replica(), topology_.replicas);
-      pipeline_ = group("pipeline", topology_.replica(), topology_.stage(), topology_.stages);
+      const Topology& t = topology_;
+      // Every split is made by every rank, in this order (ncclCommSplit is collective over the world).
+      replicas_ = group("replicas", t.stage() * t.tensor + t.tensor_rank(), t.replica(), t.replicas);
+      pipeline_ = group("pipeline", t.replica() * t.tensor + t.tensor_rank(), t.stage(), t.stages);
+      if (t.tensor > 1) tensor_ = group("tensor", t.stage() * t.replicas + t.replica(), t.tensor_rank(), t.tensor);
       CUPIPE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(double) * scalar_slots));
+      CUPIPE_CHECK_CUDA(cudaMemset(scalar_, 0, sizeof(double) * scalar_slots));
+      headers_.emplace();
       make_channels();
       connect_channels();
-      void* pinned = nullptr;
-      CUPIPE_CHECK_CUDA(cudaMallocHost(&pinned, 2 * sizeof(Header)));
-      headers_ = static_cast<Header*>(pinned);
+      connect_collectives();
     } catch (...) {
       destroy(false);
       throw;
@@ -118,11 +135,12 @@ class NcclCommunicator final : public Communicator {
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
-  ~NcclCommunicator() override { destroy(!pending_.empty() || aborted_); }
+  ~NcclCommunicator() override { destroy(!pending_.empty() || aborted_ || sums_started_); }
 
 #if defined(CUPIPE_HAS_MPI)
   /// Every rank of `comm` calls this: rank 0 makes the world's unique id and MPI broadcasts it.
-  static std::shared_ptr<NcclCommunicator> from_mpi(MPI_Comm comm, int stages, int device) {
+  static std::shared_ptr<NcclCommunicator> from_mpi(MPI_Comm comm, int stages, int device, int tensor = 1,
+                                                    RankOrder order = RankOrder::stages_outermost) {
     int size = 0, rank = 0;
     CUPIPE_REQUIRE(MPI_Comm_size(comm, &size) == MPI_SUCCESS && MPI_Comm_rank(comm, &rank) == MPI_SUCCESS,
                    "NcclCommunicator::from_mpi: MPI_Comm_size/rank failed");
@@ -143,7 +161,7 @@ class NcclCommunicator final : public Communicator {
       }
       return out;
     };
-    return std::make_shared<NcclCommunicator>(size, rank, stages, device, id, std::move(exchange));
+    return std::make_shared<NcclCommunicator>(size, rank, stages, device, id, std::move(exchange), tensor, order);
   }
 #endif
 
@@ -151,7 +169,8 @@ class NcclCommunicator final : public Communicator {
   /// unique id through a file every rank can read, named by CUPIPE_NCCL_ID_FILE. Rank 0 writes it
   /// atomically (remove a stale one before the launch); the others poll until it appears, for at
   /// most CUPIPE_NCCL_ID_TIMEOUT seconds (default 300).
-  static std::shared_ptr<NcclCommunicator> from_environment(int stages, int device) {
+  static std::shared_ptr<NcclCommunicator> from_environment(int stages, int device, int tensor = 1,
+                                                            RankOrder order = RankOrder::stages_outermost) {
     const int rank = environment_int("RANK");
     const int world = environment_int("WORLD_SIZE");
     const char* file = std::getenv("CUPIPE_NCCL_ID_FILE");
@@ -167,7 +186,7 @@ class NcclCommunicator final : public Communicator {
     ncclUniqueId id{};
     if (rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
     id = share_id_through_file(base, rank == 0, id, timeout);
-    return std::make_shared<NcclCommunicator>(world, rank, stages, device, id, std::move(exchange));
+    return std::make_shared<NcclCommunicator>(world, rank, stages, device, id, std::move(exchange), tensor, order);
   }
 
   const Topology& topology() const override { return topology_; }
@@ -177,20 +196,38 @@ class NcclCommunicator final : public Communicator {
   const MemoryTracker& memory() const noexcept { return memory_; }
 
   void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
-            const std::function<std::string()>& describe) override {
+            const std::function<std::string()>& describe, void* stream = nullptr) override {
     check_alive();
     const gpu::DeviceGuard guard(device_);
     reap();
     Channel& channel = channel_for(to_stage, Direction::send, key.flow, describe);
     Send out{gpu::DeviceBuffer<std::byte>(*pool_, index_t(header_bytes + bytes), MemoryTag::workspace),
-              gpu::Event(false), describe(), to_stage};
+             gpu::Event(false), describe(), to_stage};
     std::byte* buffer = out.buffer.data();
-    headers_[0] = Header{std::int32_t(key.flow), key.virtual_stage, key.microbatch, 0, std::int64_t(bytes)};
+    const int slot = headers_->take();
+    *headers_->at(slot) = Header{std::int32_t(key.flow), key.virtual_stage, key.microbatch, 0, std::int64_t(bytes)};
     // The copy runs on its own stream: behind a pending NCCL send it would wait for a receiver.
-    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(buffer, &headers_[0], sizeof(Header), cudaMemcpyHostToDevice, copy_stream_));
-    if (bytes) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(buffer + header_bytes, data, bytes, cudaMemcpyDefault, copy_stream_));
-    copied_.record(copy_stream_);
-    copied_.synchronize();  // the caller may reuse `data` now; the pooled copy is what travels
+    // It starts after the caller's kernels that produce `data` (an event, not a host wait).
+    const auto caller = static_cast<cudaStream_t>(stream);
+    try {
+      if (caller) {
+        ready_.record(caller);  // fails (and says so) if the caller's stream is on another device
+        copy_stream_.wait(ready_);
+      }
+      CUPIPE_CHECK_CUDA(cudaMemcpyAsync(buffer, headers_->at(slot), sizeof(Header), cudaMemcpyHostToDevice, copy_stream_));
+      headers_->mark(slot, copy_stream_);
+      if (bytes) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(buffer + header_bytes, data, bytes, cudaMemcpyDefault, copy_stream_));
+      copied_.record(copy_stream_);
+      // The caller may reuse or free `data` once this returns: its later kernels wait for the copy
+      // (or, without a stream, the host does; a local copy always finishes). The pooled copy travels.
+      if (caller) CUPIPE_CHECK_CUDA(cudaStreamWaitEvent(caller, copied_, 0));
+      else copied_.synchronize();
+      channel.stream.wait(copied_);
+    } catch (...) {
+      // `out`'s block goes back to the pool as this unwinds: the copies into it must be done first.
+      (void)cudaStreamSynchronize(copy_stream_);
+      throw;
+    }
     CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
     CUPIPE_COMM_CHECK_NCCL(ncclSend(buffer, header_bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
     if (bytes) CUPIPE_COMM_CHECK_NCCL(ncclSend(buffer + header_bytes, bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
@@ -205,11 +242,19 @@ class NcclCommunicator final : public Communicator {
   }
 
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
-               const std::function<std::string()>& describe) override {
+               const std::function<std::string()>& describe, void* stream = nullptr) override {
     check_alive();
     const gpu::DeviceGuard guard(device_);
     Channel& channel = channel_for(from_stage, Direction::receive, key.flow, describe);
     gpu::DeviceBuffer<std::byte> header_buffer(*pool_, index_t(header_bytes), MemoryTag::workspace);
+    // `data` may have been in use by the caller's queued kernels: the receive starts after them
+    // (an event on the device, not a host synchronisation before it is posted). The caller's
+    // kernels that read `data` are enqueued after this returns, once the host saw it arrive.
+    const auto caller = static_cast<cudaStream_t>(stream);
+    if (caller) {
+      ready_.record(caller);
+      channel.stream.wait(ready_);
+    }
     // The header tells the payload's size; a message of another size fails the header check, and
     // NCCL itself reports a truncated receive as an error.
     CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
@@ -217,10 +262,14 @@ class NcclCommunicator final : public Communicator {
     if (bytes) CUPIPE_COMM_CHECK_NCCL(ncclRecv(data, bytes, ncclUint8, channel.peer, channel.comm, channel.stream));
     CUPIPE_COMM_CHECK_NCCL(ncclGroupEnd());
     // Pinned, so this copy is asynchronous too: the host must only ever wait in wait(), with the timeout.
-    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(&headers_[1], header_buffer.data(), sizeof(Header), cudaMemcpyDeviceToHost, channel.stream));
+    CUPIPE_CHECK_CUDA(cudaMemcpyAsync(headers_->received(), header_buffer.data(), sizeof(Header), cudaMemcpyDeviceToHost,
+                                      channel.stream));
     channel.received.record(channel.stream);
+    // The deadline is the peer's: it starts once this rank's own queued work is done (that work
+    // never waits on NCCL, so it ends; the wait still stops on interrupt_waits).
+    if (caller) wait(ready_, 0, describe, "not started", true);
     wait(channel.received, timeout_seconds, describe, "not matched", true);
-    const Header header = headers_[1];
+    const Header header = *headers_->received();
     if (header.flow != std::int32_t(key.flow) || header.virtual_stage != key.virtual_stage ||
         header.microbatch != key.microbatch || header.bytes != std::int64_t(bytes))
       CUPIPE_THROW(describe(), ": stage ", from_stage, " sent the ", header.flow == 0 ? "activation" : "gradient",
@@ -231,6 +280,31 @@ class NcclCommunicator final : public Communicator {
 
   void sum_over_replicas(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, replicas_); }
   void sum_over_replicas(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, replicas_); }
+
+  bool all_gathers() const override { return true; }
+  void all_gather_over_replicas(float* data, std::size_t n) override { gather_or_scatter(data, n, ncclFloat32, true); }
+  void all_gather_over_replicas(double* data, std::size_t n) override { gather_or_scatter(data, n, ncclFloat64, true); }
+  bool reduce_scatters() const override { return true; }
+  void reduce_scatter_over_replicas(float* data, std::size_t n) override { gather_or_scatter(data, n, ncclFloat32, false); }
+  void reduce_scatter_over_replicas(double* data, std::size_t n) override {
+    gather_or_scatter(data, n, ncclFloat64, false);
+  }
+
+  /// Started sums take device memory only (the pipeline starts them only where the communicator
+  /// reads the backend's memory); the caller has synchronised the kernels that wrote it.
+  bool starts_sums() const override { return true; }
+  void start_sum_over_replicas(float* data, std::size_t n) override { start_sum(data, n, ncclFloat32); }
+  void start_sum_over_replicas(double* data, std::size_t n) override { start_sum(data, n, ncclFloat64); }
+  void finish_sums() override {
+    if (!sums_started_) return;
+    sums_started_ = false;
+    const gpu::DeviceGuard guard(device_);
+    summed_.record(collective_stream_);
+    wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": started NCCL sums"; },
+         "not finished", false, "collective timeout: another rank stalled or died before reaching them");
+  }
+
+  TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
   void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, pipeline_); }
   void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, pipeline_); }
   double sum_over_stages(double value) override {
@@ -265,12 +339,70 @@ class NcclCommunicator final : public Communicator {
     gpu::Event received{false};
   };
 
-  /// A send in flight: the pooled copy it transmits and the event that marks it done.
+  /// Pinned header slots, allocated once (cudaMallocHost synchronises the device, so never inside
+  /// a step): received() for the receive in progress (the host waits for it), and a ring for the
+  /// sends. A send's slot is read only by its header's host-to-device copy; the slot's event marks
+  /// that copy done, and take() waits for it before the ring comes round again. The copy stream
+  /// waits only for the callers' kernels, never for NCCL, so that wait is short and always ends.
+  class HeaderRing {
+   public:
+    static constexpr int slots = 64;
+    HeaderRing() {
+      void* pinned = nullptr;
+      CUPIPE_CHECK_CUDA(cudaMallocHost(&pinned, sizeof(Header) * (slots + 1)));
+      headers_ = static_cast<Header*>(pinned);
+      copied_.reserve(slots);
+      for (int i = 0; i < slots; ++i) copied_.emplace_back(false);
+    }
+    HeaderRing(const HeaderRing&) = delete;
+    HeaderRing& operator=(const HeaderRing&) = delete;
+    ~HeaderRing() { release(); }
+    /// The next send slot, its previous copy done; mark(slot, stream) after enqueuing its copy.
+    int take() {
+      const int slot = next_;
+      next_ = (next_ + 1) % slots;
+      if (used_[std::size_t(slot)]) copied_[std::size_t(slot)].synchronize();
+      used_[std::size_t(slot)] = false;
+      return slot;
+    }
+    Header* at(int slot) noexcept { return &headers_[slot]; }
+    void mark(int slot, cudaStream_t stream) {
+      copied_[std::size_t(slot)].record(stream);
+      used_[std::size_t(slot)] = true;
+    }
+    Header* received() noexcept { return &headers_[slots]; }
+    void release() noexcept {
+      if (headers_) (void)cudaFreeHost(headers_);
+      headers_ = nullptr;
+    }
+
+   private:
+    Header* headers_ = nullptr;
+    std::vector<gpu::Event> copied_;
+    std::array<bool, slots> used_{};
+    int next_ = 0;
+  };
+
+  /// A send in flight: the pooled copy it transmits, its header's slot and the event that marks it done.
   struct Send {
     gpu::DeviceBuffer<std::byte> buffer;
     gpu::Event done;
     std::string what;
     int to_stage;
+  };
+
+  /// The tensor-parallel group's sums, on the tensor communicator.
+  class TensorSum final : public TensorGroup {
+   public:
+    explicit TensorSum(NcclCommunicator& owner) : owner_(owner) {}
+    int size() const override { return owner_.topology_.tensor; }
+    int rank() const override { return owner_.topology_.tensor_rank(); }
+    bool device_memory() const override { return true; }
+    void sum(float* data, std::size_t n) override { owner_.allreduce(data, n, ncclFloat32, owner_.tensor_); }
+    void sum(double* data, std::size_t n) override { owner_.allreduce(data, n, ncclFloat64, owner_.tensor_); }
+
+   private:
+    NcclCommunicator& owner_;
   };
 
   static int select_device(int rank, int device) {
@@ -355,7 +487,8 @@ class NcclCommunicator final : public Communicator {
         // The pair's rank order: the sender first (key 0), so the peer is 1 - own index.
         const int own = s == sender ? 0 : 1;
         const std::string name = "link" + std::to_string(l) + "c" + std::to_string(c);
-        ncclComm_t comm = group(name, member ? topology_.replica() : -1, member ? own : 0, 2);
+        const int color = topology_.replica() * topology_.tensor + topology_.tensor_rank();  // one pipeline's ranks
+        ncclComm_t comm = group(name, member ? color : -1, member ? own : 0, 2);
         if (!member) continue;
         Channel& channel = channels_[{s == sender ? receiver : sender, s == sender ? Direction::send : Direction::receive, flow}];
         channel.comm = comm;
@@ -400,6 +533,14 @@ class NcclCommunicator final : public Communicator {
              "not connected", false, "collective timeout: is every rank constructing its NcclCommunicator?");
       }
     }
+  }
+
+  /// NCCL may also connect a collective communicator's ranks at its first collective: each sums one
+  /// value here, under the collective timeout, so the first inside a step (a tensor-parallel sum in
+  /// the first forward) does not make the connection.
+  void connect_collectives() {
+    for (ncclComm_t comm : {replicas_, pipeline_, tensor_})
+      if (comm) allreduce(scalar_, 1, ncclFloat64, comm);
   }
 
   Channel& channel_for(int stage, Direction direction, Flow flow, const std::function<std::string()>& describe) {
@@ -450,18 +591,28 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  /// In-place sum of `n` values over `comm`, from device or host memory; returns when done.
-  void allreduce(void* data, std::size_t n, ncclDataType_t type, ncclComm_t comm) {
-    check_alive();
-    if (n == 0) return;
-    const gpu::DeviceGuard guard(device_);
-    const std::size_t bytes = n * (type == ncclFloat64 ? sizeof(double) : sizeof(float));
+  static std::size_t size_of(ncclDataType_t type) { return type == ncclFloat64 ? sizeof(double) : sizeof(float); }
+
+  static bool on_device(const void* data) {
     cudaPointerAttributes attributes{};
     CUPIPE_CHECK_CUDA(cudaPointerGetAttributes(&attributes, data));
-    const bool on_device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  }
+
+  /// Runs `enqueue(device pointer)` on the collective stream over the `bytes` at `data` (device
+  /// memory, or host memory staged through a device buffer both ways) and waits for it under the
+  /// collective timeout. `what` names the collective in errors.
+  template <class Enqueue>
+  void collective(void* data, std::size_t bytes, const char* what, Enqueue enqueue) {
+    check_alive();
+    if (bytes == 0) return;
+    // Started sums may still be pending: this collective queues behind them on the one collective
+    // stream, which every rank fills in the same order, and the wait below covers them too.
+    const gpu::DeviceGuard guard(device_);
+    const bool device = on_device(data);
     void* target = data;
     gpu::DeviceBuffer<std::byte> staging;
-    if (!on_device) {
+    if (!device) {
       if (bytes <= sizeof(double) * scalar_slots) {
         target = scalar_;
       } else {
@@ -470,16 +621,45 @@ class NcclCommunicator final : public Communicator {
       }
       CUPIPE_CHECK_CUDA(cudaMemcpyAsync(target, data, bytes, cudaMemcpyHostToDevice, collective_stream_));
     }
-    CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(target, target, n, type, ncclSum, comm, collective_stream_));
-    if (!on_device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(data, target, bytes, cudaMemcpyDeviceToHost, collective_stream_));
+    enqueue(static_cast<std::byte*>(target));
+    if (!device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(data, target, bytes, cudaMemcpyDeviceToHost, collective_stream_));
     summed_.record(collective_stream_);
-    wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": an NCCL all-reduce"; },
+    wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": an NCCL " + what; },
          "not finished", false, "collective timeout: another rank stalled or died before reaching it");
+  }
+
+  /// In-place sum of `n` values over `comm`, from device or host memory; returns when done.
+  void allreduce(void* data, std::size_t n, ncclDataType_t type, ncclComm_t comm) {
+    collective(data, n * size_of(type), "all-reduce", [&](std::byte* p) {
+      CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(p, p, n, type, ncclSum, comm, collective_stream_));
+    });
+  }
+
+  /// ZeRO-1's in-place collectives over the replicas: `data` holds replicas x `n` values, this
+  /// replica's block at replica() x n (NCCL's in-place layout, the replica being the rank within
+  /// the replicas' communicator). Gather: every block from its replica; scatter: this block summed.
+  void gather_or_scatter(void* data, std::size_t n, ncclDataType_t type, bool gather) {
+    const std::size_t block = n * size_of(type);
+    const std::size_t mine = std::size_t(topology_.replica()) * block;
+    collective(data, block * std::size_t(topology_.replicas), gather ? "all-gather" : "reduce-scatter", [&](std::byte* p) {
+      if (gather) CUPIPE_COMM_CHECK_NCCL(ncclAllGather(p + mine, p, n, type, replicas_, collective_stream_));
+      else CUPIPE_COMM_CHECK_NCCL(ncclReduceScatter(p, p + mine, n, type, ncclSum, replicas_, collective_stream_));
+    });
+  }
+
+  void start_sum(void* data, std::size_t n, ncclDataType_t type) {
+    check_alive();
+    if (n == 0) return;
+    const gpu::DeviceGuard guard(device_);
+    CUPIPE_REQUIRE(on_device(data), "NcclCommunicator::start_sum_over_replicas takes device memory (the pipeline "
+                                    "starts sums only on memory the communicator reads)");
+    CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(data, data, n, type, ncclSum, replicas_, collective_stream_));
+    sums_started_ = true;
   }
 
   std::vector<ncclComm_t> communicators() const {
     std::vector<ncclComm_t> out;
-    for (ncclComm_t c : {world_, pipeline_, replicas_})
+    for (ncclComm_t c : {world_, pipeline_, replicas_, tensor_})
       if (c) out.push_back(c);
     for (const auto& [key, channel] : channels_)
       if (channel.comm) out.push_back(channel.comm);
@@ -490,7 +670,7 @@ class NcclCommunicator final : public Communicator {
     if (aborted_) return;
     aborted_ = true;
     for (ncclComm_t c : communicators()) (void)ncclCommAbort(c);
-    world_ = pipeline_ = replicas_ = nullptr;
+    world_ = pipeline_ = replicas_ = tensor_ = nullptr;
     for (auto& [key, channel] : channels_) channel.comm = nullptr;
   }
 
@@ -512,8 +692,7 @@ class NcclCommunicator final : public Communicator {
     channels_.clear();
     if (scalar_) (void)cudaFree(scalar_);
     scalar_ = nullptr;
-    if (headers_) (void)cudaFreeHost(headers_);
-    headers_ = nullptr;
+    headers_.reset();
   }
 
   Topology topology_;
@@ -522,16 +701,20 @@ class NcclCommunicator final : public Communicator {
   MemoryTracker memory_;
   gpu::Stream copy_stream_;        // send copies
   gpu::Stream collective_stream_;  // all-reduces
+  gpu::Event ready_{false};   // the caller's stream's work so far (send and receive order after it)
   gpu::Event copied_{false};
   gpu::Event summed_{false};
   std::optional<gpu::DevicePool> pool_;
   ncclComm_t world_ = nullptr;
   ncclComm_t pipeline_ = nullptr;
   ncclComm_t replicas_ = nullptr;
+  ncclComm_t tensor_ = nullptr;  ///< with tensor parallelism: this stage's tensor-parallel ranks
+  TensorSum tensor_sum_;
+  bool sums_started_ = false;
   std::map<std::tuple<int, Direction, Flow>, Channel> channels_;
+  std::optional<HeaderRing> headers_;  // made on the device, after select_device
   PendingSends<Send> pending_;
   void* scalar_ = nullptr;
-  Header* headers_ = nullptr;  ///< pinned: [0] the header being sent, [1] the one received
   bool aborted_ = false;
 };
 

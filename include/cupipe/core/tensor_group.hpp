@@ -3,7 +3,7 @@
 // the tensor-parallel layers see them: a size, this rank's place, and an in-place sum. A backend
 // context carries a pointer to one (Host::tensor_group, Cuda::tensor_group); the layers in
 // layers/tensor_parallel.hpp sum through it (tensor_group_sum). comm::MpiCommunicator provides one
-// for host ranks (Communicator::tensor_group()).
+// for host ranks and comm::NcclCommunicator one for device ranks (Communicator::tensor_group()).
 #pragma once
 
 #include <cstddef>
@@ -20,6 +20,9 @@ class TensorGroup {
   /// it with the same count, in the same order.
   virtual void sum(float* data, std::size_t count) = 0;
   virtual void sum(double* data, std::size_t count) = 0;
+  /// Whether sum() also takes device memory (of this rank's device, its kernels synchronised):
+  /// an NCCL group sums device tensors where they are; others take host memory only.
+  virtual bool device_memory() const { return false; }
 };
 
 }  // namespace cupipe

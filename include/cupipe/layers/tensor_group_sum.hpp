@@ -37,7 +37,8 @@ int tensor_group_rank(B& be, const char* layer) {
 }
 
 /// Sums `v` (the backend's memory) in place over the backend's tensor-parallel group, which must
-/// have `Parts` ranks. Device memory is staged through the host for now.
+/// have `Parts` ranks. Device memory goes straight to a group that takes it (NCCL), else through
+/// the host.
 template <int Parts, class B, class T>
 void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
   if constexpr (Parts > 1) {
@@ -45,7 +46,7 @@ void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
     const std::size_t n = std::size_t(v.numel());
     if (n == 0) return;
     be.synchronize();
-    if constexpr (host_accessible<typename B::space>) {
+    if (host_accessible<typename B::space> || group.device_memory()) {
       group.sum(v.data(), n);
     } else {
       std::vector<T> host(n);

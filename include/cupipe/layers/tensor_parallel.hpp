@@ -27,8 +27,8 @@
 // so replicated parameters keep identical gradients without a sum.
 //
 // ColumnParallelLinear and TensorParallelAttention share Linear's and CausalSelfAttention's code (their
-// one-part case). The group: the backend context's `tensor_group` (a TensorGroup, for host ranks
-// comm::MpiCommunicator::tensor_group()). Each tensor's ParamSpec says how the whole tensor is split
+// one-part case). The group: the backend context's `tensor_group` (a TensorGroup: for host ranks
+// comm::MpiCommunicator::tensor_group(), for device ranks comm::NcclCommunicator::tensor_group()). Each tensor's ParamSpec says how the whole tensor is split
 // (TensorSplit), so tensor_parallel::shard and unshard move parameters between the whole model's
 // layout and a rank's, by name: a tensor-parallel model starts from the whole model's initial
 // parameters, sharded (its layers' own init draws part-shaped samples, which are not slices of the

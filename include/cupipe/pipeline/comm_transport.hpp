@@ -39,10 +39,15 @@ class CommTransport final : public Transport<Backend> {
   void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
     if (from == to) return self_.send(from, to, key, data);
     Backend& source = *backends_[std::size_t(from)];
-    source.synchronize();
     const auto describe = [&] { return "sending " + describe_message(key, "to", to); };
     const std::size_t bytes = std::size_t(data.numel()) * sizeof(T);
-    if (direct()) return comm_->send(to, key, data.data(), bytes, describe);
+    if (direct()) {
+      // A device communicator orders the send after the kernels queued on the stream (events); the
+      // host waits for nothing. Host memory has nothing queued.
+      if (void* stream = queue_of(source)) return comm_->send(to, key, data.data(), bytes, describe, stream);
+      source.synchronize();
+      return comm_->send(to, key, data.data(), bytes, describe);
+    }
     std::vector<T> host(static_cast<std::size_t>(data.numel()));
     source.download(data.data(), std::span<T>(host));
     comm_->send(to, key, host.data(), bytes, describe);
@@ -57,7 +62,13 @@ class CommTransport final : public Transport<Backend> {
     try {
       if (direct()) {
         // The block may have come straight back from work still queued on this worker's stream; a
-        // transport writing on its own stream must not start before that work is done.
+        // transport writing on its own stream must not start before that work is done. A device
+        // communicator orders that with an event; the worker's queued kernels keep running while
+        // the host waits for the message (within the transfer timeout).
+        if (void* stream = queue_of(be)) {
+          comm_->receive(peer, key, data.data(), bytes, timeout_, describe, stream);
+          return data;
+        }
         be.synchronize();
         comm_->receive(peer, key, data.data(), bytes, timeout_, describe);
         return data;
@@ -80,6 +91,18 @@ class CommTransport final : public Transport<Backend> {
 
  private:
   bool direct() const { return comm::reads_backend_memory<Backend>(*comm_); }
+
+  /// The backend's CUDA stream, opaque, for a device communicator; null for host memory, and while
+  /// an overlapped F&B pair runs on two streams (the host then synchronises the active one, which
+  /// produced the data, as before). The stream must be on the communicator's device.
+  void* queue_of(Backend& be) const {
+    if constexpr (requires { be.stream(); be.context().overlapping(); }) {
+      if (!comm_->device_memory() || be.context().overlapping()) return nullptr;
+      return static_cast<void*>(be.stream());
+    } else {
+      return (void)be, nullptr;
+    }
+  }
 
   std::shared_ptr<comm::Communicator> comm_;
   std::vector<Backend*> backends_;

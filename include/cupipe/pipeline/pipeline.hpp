@@ -95,7 +95,7 @@ struct PipelineOptions {
   /// all-reduce, as without ZeRO. The weights equal those without it to rounding (the norm and the
   /// tied copies' sums are added in another order; the update itself is element-wise, the gather
   /// copies); the optimizer state per replica falls by R. Flush schedules only, not with post_validation; the
-  /// communicator must gather (MpiCommunicator does). Checkpoints hold the whole state, so they load
+  /// communicator must gather (MpiCommunicator and NcclCommunicator do). Checkpoints hold the whole state, so they load
   /// with or without ZeRO and under another replica count. Without replicas it changes nothing.
   bool zero = false;
 };
@@ -653,7 +653,7 @@ class Pipeline {
                    "the optimizer state to roll back to); leave one of them off");
     if (zero_sharded() && !comm()->all_gathers())
       CUPIPE_THROW("Pipeline: zero gathers the updated parameter shards over the replicas, which this communicator "
-                   "cannot do (MpiCommunicator can); leave zero off");
+                   "cannot do (MpiCommunicator and NcclCommunicator can); leave zero off");
   }
 
   void refuse_non_finite(double norm) {

@@ -45,7 +45,8 @@ class Cuda : public ops::Dispatch {
   MemoryTracker memory;
 
   /// The tensor-parallel group the layers of layers/tensor_parallel.hpp sum over (null: none; such a
-  /// layer then refuses to run). Sums stage through host memory for now. Not owned.
+  /// layer then refuses to run). A group that takes device memory (NCCL's) sums in place; others
+  /// stage through host memory. Not owned.
   TensorGroup* tensor_group = nullptr;
 
   /// Float GEMMs in exact fp32 (the default) or on TF32 tensor cores (opt in; about 1e-3 relative).
