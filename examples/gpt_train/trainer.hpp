@@ -237,15 +237,9 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
              .post_validation = f.post_validation > 0, .zero = f.zero});
+  // With --tp each rank draws its part of the whole model's initialisation (LayerSeq::init), so a
+  // run with --tp starts where the same run without it does.
   configure(pipe);
-  if constexpr (TP > 1) {
-    // Each rank holds its part of the whole model's initialisation (the split layers' own draws are
-    // part-shaped samples), so a run with --tp starts where the same run without it does.
-    using Whole = typename gpt::Model<config>::body;
-    std::vector<T> whole(static_cast<std::size_t>(Whole::param_count));
-    Whole::init(std::span<T>(whole), f.seed);
-    pipe.set_parameters(whole);
-  }
   NanoGptNames<config, Pipe> named{pipe};
   optim::AdamW adamw({.lr = f.lr, .weight_decay = f.weight_decay, .clip_norm = f.clip,
                       .schedule = {f.warmup, f.steps, f.min_lr}});

@@ -4,7 +4,10 @@
 // the test, read back transposed, padded and tied; missing tensors and wrong shapes are named.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <span>
 #include <map>
 #include <string>
 #include <vector>
@@ -129,4 +132,49 @@ TEST_CASE("Hugging Face GPT-2 weights: Conv1D transposed, vocabulary padded, con
   for (const char* f : {"cupipe-hf-gpt2.safetensors", "cupipe-hf-gpt2-prefixed.safetensors", "cupipe-hf-missing.safetensors",
                         "cupipe-hf-wrong.safetensors", "cupipe-hf-vocab.safetensors"})
     std::filesystem::remove(std::filesystem::temp_directory_path() / f);
+}
+
+namespace {
+
+/// Part t of every rank's initialisation of `Part` equals part t of the whole model's (`Whole`), and
+/// the parts differ from one rank to the next where the model splits anything.
+template <class Whole, class Part, int TP>
+void check_parts_of_whole_initialisation(std::uint64_t seed) {
+  std::vector<double> whole(static_cast<std::size_t>(Whole::param_count));
+  Whole::init(std::span<double>(whole), seed);
+  const std::vector<ParamInfo> whole_table = Whole::parameter_table();
+  const std::vector<ParamInfo> part_table = Part::parameter_table();
+  std::vector<std::vector<double>> parts;
+  for (int t = 0; t < TP; ++t) {
+    std::vector<double> mine(static_cast<std::size_t>(Part::param_count));
+    Part::init(std::span<double>(mine), seed, t);
+    const std::vector<double> want =
+        tensor_parallel::shard(whole_table, part_table, std::span<const double>(whole), t);
+    INFO("tensor rank " << t << " of " << TP);
+    CHECK(mine == want);
+    parts.push_back(std::move(mine));
+  }
+  for (int t = 1; t < TP; ++t) CHECK(parts[std::size_t(t)] != parts[0]);
+}
+
+}  // namespace
+
+TEST_CASE("a tensor-parallel model's ranks start with their parts of the whole model's initialisation",
+          "[cpu][layers][tensor_parallel]") {
+  constexpr gpt::Config tied{64, 8, 2, 4, 16};
+  constexpr gpt::Config untied{64, 8, 2, 4, 16, false};
+  check_parts_of_whole_initialisation<gpt::Model<tied>::body, gpt::TensorParallelModel<tied, 2>::body, 2>(4);
+  check_parts_of_whole_initialisation<gpt::Model<tied>::body, gpt::TensorParallelModel<tied, 4>::body, 4>(7);
+  check_parts_of_whole_initialisation<gpt::Model<untied>::body, gpt::TensorParallelModel<untied, 2>::body, 2>(4);
+  // Split Linears straight in a Sequential (the row-parallel one's input width is its part's).
+  using Whole = Sequential<Linear<12, 16>, ReLU, Linear<16, 8>, ReLU, Linear<8, 5>>;
+  using Split = Sequential<Linear<12, 16>, ReLU, ColumnParallelLinear<16, 8, 2>, ReLU, RowParallelLinear<8, 5, 2>>;
+  check_parts_of_whole_initialisation<Whole, Split, 2>(11);
+  // The tied copies of a rank's parts start equal, as the whole model's copies do.
+  using Part = gpt::TensorParallelModel<tied, 2>::body;
+  std::vector<double> mine(static_cast<std::size_t>(Part::param_count));
+  Part::init(std::span<double>(mine), 4, 1);
+  constexpr TiedCopies copies = Part::tied;
+  REQUIRE(copies.count == tied.vocab / 2 * tied.channels);
+  CHECK(std::equal(mine.begin() + copies.first, mine.begin() + copies.first + copies.count, mine.begin() + copies.second));
 }

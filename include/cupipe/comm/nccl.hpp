@@ -299,8 +299,8 @@ class NcclCommunicator final : public Communicator {
     if (!sums_started_) return;
     sums_started_ = false;
     const gpu::DeviceGuard guard(device_);
-    summed_.record(collective_stream_);
-    wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": started NCCL sums"; },
+    main_lane_.done.record(main_lane_.stream);
+    wait(main_lane_.done, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": started NCCL sums"; },
          "not finished", false, "collective timeout: another rank stalled or died before reaching them");
   }
 
@@ -599,16 +599,24 @@ class NcclCommunicator final : public Communicator {
     return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   }
 
-  /// Runs `enqueue(device pointer)` on the collective stream over the `bytes` at `data` (device
-  /// memory, or host memory staged through a device buffer both ways) and waits for it under the
-  /// collective timeout. `what` names the collective in errors.
+  /// A stream for collectives and the event that marks the last one done.
+  struct Lane {
+    gpu::Stream stream;
+    gpu::Event done{false};
+  };
+
+  /// Runs `enqueue(device pointer)` on `lane`'s stream over the `bytes` at `data` (device memory, or
+  /// host memory staged through a device buffer both ways) and waits for it under the collective
+  /// timeout. `what` names the collective in errors.
   template <class Enqueue>
-  void collective(void* data, std::size_t bytes, const char* what, Enqueue enqueue) {
+  void collective(Lane& lane, void* data, std::size_t bytes, const char* what, Enqueue enqueue) {
     check_alive();
     if (bytes == 0) return;
-    // Started sums may still be pending: this collective queues behind them on the one collective
-    // stream, which every rank fills in the same order, and the wait below covers them too.
+    // Started sums may still be pending: a collective on their lane queues behind them (every rank
+    // fills it in the same order) and the wait below covers them too. Tensor-parallel sums have a
+    // lane of their own, so they do not wait for a started sum over the replicas.
     const gpu::DeviceGuard guard(device_);
+    const cudaStream_t stream = lane.stream;
     const bool device = on_device(data);
     void* target = data;
     gpu::DeviceBuffer<std::byte> staging;
@@ -619,20 +627,21 @@ class NcclCommunicator final : public Communicator {
         staging = gpu::DeviceBuffer<std::byte>(*pool_, index_t(bytes), MemoryTag::workspace);
         target = staging.data();
       }
-      CUPIPE_CHECK_CUDA(cudaMemcpyAsync(target, data, bytes, cudaMemcpyHostToDevice, collective_stream_));
+      CUPIPE_CHECK_CUDA(cudaMemcpyAsync(target, data, bytes, cudaMemcpyHostToDevice, stream));
     }
-    enqueue(static_cast<std::byte*>(target));
-    if (!device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(data, target, bytes, cudaMemcpyDeviceToHost, collective_stream_));
-    summed_.record(collective_stream_);
-    wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": an NCCL " + what; },
+    enqueue(static_cast<std::byte*>(target), stream);
+    if (!device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(data, target, bytes, cudaMemcpyDeviceToHost, stream));
+    lane.done.record(stream);
+    wait(lane.done, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": an NCCL " + what; },
          "not finished", false, "collective timeout: another rank stalled or died before reaching it");
   }
 
   /// In-place sum of `n` values over `comm`, from device or host memory; returns when done.
   void allreduce(void* data, std::size_t n, ncclDataType_t type, ncclComm_t comm) {
-    collective(data, n * size_of(type), "all-reduce", [&](std::byte* p) {
-      CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(p, p, n, type, ncclSum, comm, collective_stream_));
-    });
+    collective(comm == tensor_ ? tensor_lane_ : main_lane_, data, n * size_of(type), "all-reduce",
+               [&](std::byte* p, cudaStream_t stream) {
+                 CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(p, p, n, type, ncclSum, comm, stream));
+               });
   }
 
   /// ZeRO-1's in-place collectives over the replicas: `data` holds replicas x `n` values, this
@@ -641,10 +650,11 @@ class NcclCommunicator final : public Communicator {
   void gather_or_scatter(void* data, std::size_t n, ncclDataType_t type, bool gather) {
     const std::size_t block = n * size_of(type);
     const std::size_t mine = std::size_t(topology_.replica()) * block;
-    collective(data, block * std::size_t(topology_.replicas), gather ? "all-gather" : "reduce-scatter", [&](std::byte* p) {
-      if (gather) CUPIPE_COMM_CHECK_NCCL(ncclAllGather(p + mine, p, n, type, replicas_, collective_stream_));
-      else CUPIPE_COMM_CHECK_NCCL(ncclReduceScatter(p, p + mine, n, type, ncclSum, replicas_, collective_stream_));
-    });
+    collective(main_lane_, data, block * std::size_t(topology_.replicas), gather ? "all-gather" : "reduce-scatter",
+               [&](std::byte* p, cudaStream_t stream) {
+                 if (gather) CUPIPE_COMM_CHECK_NCCL(ncclAllGather(p + mine, p, n, type, replicas_, stream));
+                 else CUPIPE_COMM_CHECK_NCCL(ncclReduceScatter(p, p + mine, n, type, ncclSum, replicas_, stream));
+               });
   }
 
   void start_sum(void* data, std::size_t n, ncclDataType_t type) {
@@ -653,7 +663,7 @@ class NcclCommunicator final : public Communicator {
     const gpu::DeviceGuard guard(device_);
     CUPIPE_REQUIRE(on_device(data), "NcclCommunicator::start_sum_over_replicas takes device memory (the pipeline "
                                     "starts sums only on memory the communicator reads)");
-    CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(data, data, n, type, ncclSum, replicas_, collective_stream_));
+    CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(data, data, n, type, ncclSum, replicas_, main_lane_.stream));
     sums_started_ = true;
   }
 
@@ -700,10 +710,10 @@ class NcclCommunicator final : public Communicator {
   IdExchange exchange_;
   MemoryTracker memory_;
   gpu::Stream copy_stream_;        // send copies
-  gpu::Stream collective_stream_;  // all-reduces
+  Lane main_lane_;    // sums over the replicas, the pipeline and the world, ZeRO-1's collectives
+  Lane tensor_lane_;  // the tensor-parallel group's sums
   gpu::Event ready_{false};   // the caller's stream's work so far (send and receive order after it)
   gpu::Event copied_{false};
-  gpu::Event summed_{false};
   std::optional<gpu::DevicePool> pool_;
   ncclComm_t world_ = nullptr;
   ncclComm_t pipeline_ = nullptr;

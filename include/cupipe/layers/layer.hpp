@@ -179,6 +179,17 @@ constexpr int output_parts() {
   else return 1;
 }
 
+/// The unsplit layer a tensor-parallel layer is a part of (ColumnParallelLinear<In, Out, P> is part of
+/// Linear<In, Out>; wrappers map their inner layers): a split layer initialises by drawing the whole
+/// layer's values and keeping its part (LayerSeq::init), so a tensor-parallel model starts exactly
+/// where the whole model does. Every other layer is its own whole.
+template <class L>
+struct whole_layer {
+  using type = L;
+};
+template <class L>
+using whole_layer_t = typename whole_layer<L>::type;
+
 /// Total parameter elements of layer L at input width `in`.
 template <class L>
 constexpr index_t param_elements(index_t in) {

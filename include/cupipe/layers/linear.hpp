@@ -38,8 +38,8 @@ struct OutputSplitLinear {
   static constexpr double forward_flops_per_sample(index_t) { return 2.0 * In * part_out; }
 
   /// PyTorch's reset_parameters: kaiming_uniform_(a = sqrt(5)) gives W ~ U(-1/sqrt(In), 1/sqrt(In));
-  /// the bias is drawn from the same range, after the weights. (Split, this draws a part-shaped
-  /// sample: shard the whole model's parameters instead, see layers/tensor_parallel.hpp.)
+  /// the bias is drawn from the same range, after the weights. (A split layer is initialised as a
+  /// part of the whole Linear's draws instead: LayerSeq::init, whole_layer.)
   template <class T>
   static void init(std::span<T> p, index_t, Rng& rng) {
     const double bound = 1.0 / std::sqrt(double(In));

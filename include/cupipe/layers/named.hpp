@@ -114,6 +114,11 @@ struct Named : L {
   static std::string describe() { return std::string(layer_name) + ": " + L::describe(); }
 };
 
+template <fixed_string Name, class L>
+struct whole_layer<Named<Name, L>> {
+  using type = Named<Name, whole_layer_t<L>>;
+};
+
 /// Whether L is a Named layer.
 template <class L>
 inline constexpr bool is_named = requires { L::layer_name; };

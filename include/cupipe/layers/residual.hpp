@@ -93,4 +93,9 @@ struct Residual {
   }
 };
 
+template <class... Layers>
+struct whole_layer<Residual<Layers...>> {
+  using type = Residual<whole_layer_t<Layers>...>;
+};
+
 }  // namespace cupipe

@@ -63,6 +63,31 @@ template <bool Ok>
 struct checked {};
 }  // namespace detail
 
+namespace tensor_parallel::detail {
+/// Rows and columns of a tensor of `info`'s shape (a 1-D tensor: one column).
+inline index_t rows_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[0] : info.numel; }
+inline index_t cols_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[1] : 1; }
+
+/// Calls copy(part_offset, whole_offset, count) for every run of part t of a tensor split as
+/// `info` says (offsets in elements within the tensor).
+template <class Copy>
+void for_each_run(const ParamInfo& info, int t, Copy&& copy) {
+  const index_t r = rows_of(info), c = cols_of(info), P = info.parts;
+  switch (info.split) {
+    case TensorSplit::none: copy(index_t(0), index_t(0), info.numel); break;
+    case TensorSplit::rows: copy(index_t(0), index_t(t) * r * c, r * c); break;
+    case TensorSplit::cols:
+      for (index_t i = 0; i < r; ++i) copy(i * c, i * c * P + index_t(t) * c, c);
+      break;
+    case TensorSplit::row_thirds: {
+      const index_t third = r / 3;  // this part's rows of each of q, k and v
+      for (index_t k = 0; k < 3; ++k) copy(k * third * c, (k * third * P + index_t(t) * third) * c, third * c);
+      break;
+    }
+  }
+}
+}  // namespace tensor_parallel::detail
+
 /// Layers numbered from FirstIndex (their index in the whole model, for names and initialisation),
 /// with input width InFeatures (any_features: taken from the first layer).
 template <std::size_t FirstIndex, index_t InFeatures, class... Layers>
@@ -218,9 +243,12 @@ struct LayerSeq {
 
   /// Initialises host parameters as PyTorch would. Layer i draws from its own stream derived from
   /// (seed, its index in the model), so a model initialises identically however it is split (a
-  /// layer tied to the input embedding draws from layer 0's, so the copies start equal).
+  /// layer tied to the input embedding draws from layer 0's, so the copies start equal). A layer
+  /// split over tensor-parallel ranks draws its whole layer's values (whole_layer_t) and keeps part
+  /// `part` (the rank's place in its group), so each rank holds its part of the whole model's
+  /// initialisation; only one layer's whole values are ever held.
   template <class T>
-  static void init(std::span<T> params, std::uint64_t seed) {
+  static void init(std::span<T> params, std::uint64_t seed, int part = 0) {
     CUPIPE_REQUIRE(index_t(params.size()) == param_count, "init: ", params.size(), " parameters given, ",
                    param_count, " needed");
     if constexpr (all_layers)
@@ -228,16 +256,18 @@ struct LayerSeq {
         ((void)[&] {
           // A copy of the input embedding draws what the embedding drew: from layer 0's stream.
           Rng rng = Rng::derive(seed, tied_to_input_embedding<layer<I>>() ? 0 : FirstIndex + I);
-          layer<I>::init(params.subspan(param_offsets[I], param_elements<layer<I>>(widths[I])), widths[I], rng);
+          const std::span<T> mine = params.subspan(param_offsets[I], param_elements<layer<I>>(widths[I]));
+          if (splits_parameters<layer<I>>(widths[I])) init_part<layer<I>>(mine, widths[I], rng, part);
+          else layer<I>::init(mine, widths[I], rng);
         }(), ...);
       }(std::make_index_sequence<size>());
   }
 
   /// Initialises parameters as init() does, on the host, and uploads them to `params` in be's memory.
   template <class B, class T>
-  static void init_on(B& be, T* params, std::uint64_t seed) {
+  static void init_on(B& be, T* params, std::uint64_t seed, int part = 0) {
     std::vector<T> host(static_cast<std::size_t>(param_count));
-    init(std::span<T>(host), seed);
+    init(std::span<T>(host), seed, part);
     be.upload(std::span<const T>(host), params);
   }
 
@@ -308,6 +338,43 @@ struct LayerSeq {
   }
 
  private:
+  /// Whether layer L holds a tensor-parallel part of any of its parameters.
+  template <class L>
+  static bool splits_parameters(index_t in) {
+    for (const ParamSpec& spec : L::params(in))
+      if (spec.split != TensorSplit::none) return true;
+    return false;
+  }
+
+  /// Part `part` of the whole layer's initial values (split layer L at input width `in`): the whole
+  /// layer draws from `rng` as it would in the whole model, and each tensor keeps its part's runs.
+  template <class L, class T>
+  static void init_part(std::span<T> mine, index_t in, Rng& rng, int part) {
+    using W = whole_layer_t<L>;
+    const index_t whole_in = W::in_features == any_features ? in : W::in_features;
+    std::vector<T> whole(static_cast<std::size_t>(param_elements<W>(whole_in)));
+    W::init(std::span<T>(whole), whole_in, rng);
+    const auto& parts = L::params(in);
+    const auto& wholes = W::params(whole_in);
+    CUPIPE_REQUIRE(parts.size() == wholes.size(), "init: ", L::describe(), " has ", parts.size(),
+                   " parameter tensors but its whole layer ", wholes.size());
+    index_t at = 0, whole_at = 0;
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const ParamSpec& p = parts[k];
+      const index_t count = p.split == TensorSplit::none ? 1 : p.parts;
+      CUPIPE_REQUIRE(part >= 0 && (p.split == TensorSplit::none || part < count), "init: part ", part, " of ",
+                     L::describe(), "'s '", p.name, "', which is split into ", count);
+      CUPIPE_REQUIRE(wholes[k].numel() == p.numel() * count, "init: ", L::describe(), "'s '", p.name, "' has ",
+                     p.numel(), " values in ", count, " part(s), but ", wholes[k].numel(), " in its whole layer");
+      const ParamInfo info{std::string(p.name), p.shape(), 0, p.numel(), p.split, p.parts};
+      tensor_parallel::detail::for_each_run(info, p.split == TensorSplit::none ? 0 : part, [&](index_t to, index_t from, index_t n) {
+        std::copy_n(whole.begin() + (whole_at + from), n, mine.begin() + (at + to));
+      });
+      at += p.numel();
+      whole_at += wholes[k].numel();
+    }
+  }
+
   template <std::size_t I>
   static void add_params(std::vector<ParamInfo>& table) {
     index_t offset = param_offsets[I];

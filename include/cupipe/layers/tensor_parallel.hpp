@@ -30,9 +30,9 @@
 // one-part case). The group: the backend context's `tensor_group` (a TensorGroup: for host ranks
 // comm::MpiCommunicator::tensor_group(), for device ranks comm::NcclCommunicator::tensor_group()). Each tensor's ParamSpec says how the whole tensor is split
 // (TensorSplit), so tensor_parallel::shard and unshard move parameters between the whole model's
-// layout and a rank's, by name: a tensor-parallel model starts from the whole model's initial
-// parameters, sharded (its layers' own init draws part-shaped samples, which are not slices of the
-// whole model's draws).
+// layout and a rank's, by name. A split layer initialises by drawing its whole layer's values
+// (whole_layer_t) from the whole model's stream and keeping its part, so a tensor-parallel model
+// starts exactly where the whole model does, without the whole model's array on any rank.
 #pragma once
 
 #include <algorithm>
@@ -204,31 +204,28 @@ struct VocabParallelCrossEntropy : Stateless {
   }
 };
 
+// The whole layers the split ones are parts of (see whole_layer).
+template <index_t In, index_t Out, int Parts, bool Bias>
+struct whole_layer<ColumnParallelLinear<In, Out, Parts, Bias>> {
+  using type = Linear<In, Out, Bias>;
+};
+template <index_t In, index_t Out, int Parts, bool Bias>
+struct whole_layer<RowParallelLinear<In, Out, Parts, Bias>> {
+  using type = Linear<In, Out, Bias>;
+};
+template <index_t C, index_t Heads, index_t SeqLen, int Parts>
+struct whole_layer<TensorParallelAttention<C, Heads, SeqLen, Parts>> {
+  using type = CausalSelfAttention<C, Heads, SeqLen>;
+};
+template <index_t Vocab, index_t SeqLen, index_t Dim, int Parts>
+struct whole_layer<VocabParallelTokenPositionEmbedding<Vocab, SeqLen, Dim, Parts>> {
+  using type = TokenPositionEmbedding<Vocab, SeqLen, Dim>;
+};
+
 namespace tensor_parallel {
 
 namespace detail {
-/// Rows and columns of a tensor of `info`'s shape (a 1-D tensor: one column).
-inline index_t rows_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[0] : info.numel; }
-inline index_t cols_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[1] : 1; }
-
-/// Calls copy(part_offset, whole_offset, count) for every run of part t of a tensor split as
-/// `info` says (offsets in elements within the tensor).
-template <class Copy>
-void for_each_run(const ParamInfo& info, int t, Copy&& copy) {
-  const index_t r = rows_of(info), c = cols_of(info), P = info.parts;
-  switch (info.split) {
-    case TensorSplit::none: copy(index_t(0), index_t(0), info.numel); break;
-    case TensorSplit::rows: copy(index_t(0), index_t(t) * r * c, r * c); break;
-    case TensorSplit::cols:
-      for (index_t i = 0; i < r; ++i) copy(i * c, i * c * P + index_t(t) * c, c);
-      break;
-    case TensorSplit::row_thirds: {
-      const index_t third = r / 3;  // this part's rows of each of q, k and v
-      for (index_t k = 0; k < 3; ++k) copy(k * third * c, (k * third * P + index_t(t) * third) * c, third * c);
-      break;
-    }
-  }
-}
+// rows_of, cols_of and for_each_run: layers/sequential.hpp (split layers' initialisation uses them).
 
 /// Elements of the flat array a parameter table describes.
 inline index_t total_of(const std::vector<ParamInfo>& table) {

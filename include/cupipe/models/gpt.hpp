@@ -92,6 +92,21 @@ struct TiedLMHead : Named<"lm_head", HeadLinear<V, C, TP>> {
   static std::string describe() { return "lm_head (tied to wte): " + HeadLinear<V, C, TP>::describe(); }
 };
 
+}  // namespace cupipe::gpt
+
+namespace cupipe {
+template <class L, index_t Layers>
+struct whole_layer<gpt::Init<L, Layers>> {
+  using type = gpt::Init<whole_layer_t<L>, Layers>;
+};
+template <index_t V, index_t C, int TP>
+struct whole_layer<gpt::TiedLMHead<V, C, TP>> {
+  using type = gpt::TiedLMHead<V, C, 1>;
+};
+}  // namespace cupipe
+
+namespace cupipe::gpt {
+
 template <Config c, int TP = 1>
 using Head = std::conditional_t<c.tied, TiedLMHead<c.vocab, c.channels, TP>,
                                 Init<Named<"lm_head", HeadLinear<c.vocab, c.channels, TP>>, c.layers>>;

@@ -220,7 +220,8 @@ class Pipeline {
       Backend& be = *backends_[std::size_t(w)];
       const bool recompute = std::find(options_.recompute.begin(), options_.recompute.end(), K) != options_.recompute.end();
       slot = std::make_unique<std::remove_reference_t<decltype(*slot)>>(be, versions_allowed[std::size_t(w)], recompute);
-      Seq::init_on(be, slot->weights.latest_data(), options_.seed);
+      // With tensor parallelism each rank draws its part of the whole model's initialisation.
+      Seq::init_on(be, slot->weights.latest_data(), options_.seed, tensor_group_ ? tensor_group_->rank() : 0);
       if (zero_sharded()) {
         const comm::Topology& t = comm()->topology();
         slot->shard = pipeline::Shard::of(Seq::param_count, t.replicas, t.replica());
