@@ -4,6 +4,8 @@
 // the test, read back transposed, padded and tied; missing tensors and wrong shapes are named.
 #include <catch2/catch.hpp>
 
+#include "cupipe/cupipe.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -170,6 +172,16 @@ TEST_CASE("a tensor-parallel model's ranks start with their parts of the whole m
   using Whole = Sequential<Linear<12, 16>, ReLU, Linear<16, 8>, ReLU, Linear<8, 5>>;
   using Split = Sequential<Linear<12, 16>, ReLU, ColumnParallelLinear<16, 8, 2>, ReLU, RowParallelLinear<8, 5, 2>>;
   check_parts_of_whole_initialisation<Whole, Split, 2>(11);
+  // A Network of a rank's part, initialised with its place in the group.
+  {
+    Network<gpt::TensorParallelModel<tied, 2>, backend::Host<double>> net(4);
+    net.initialise(4, 1);
+    std::vector<double> whole(static_cast<std::size_t>(gpt::Model<tied>::body::param_count));
+    gpt::Model<tied>::body::init(std::span<double>(whole), 4);
+    CHECK(net.parameters() == tensor_parallel::shard(gpt::Model<tied>::body::parameter_table(),
+                                                     gpt::TensorParallelModel<tied, 2>::body::parameter_table(),
+                                                     std::span<const double>(whole), 1));
+  }
   // The tied copies of a rank's parts start equal, as the whole model's copies do.
   using Part = gpt::TensorParallelModel<tied, 2>::body;
   std::vector<double> mine(static_cast<std::size_t>(Part::param_count));

@@ -27,8 +27,8 @@
 // - Gradient sums run ncclAllReduce on the data-parallel communicator; host values (scalars, the
 //   pipeline's host gathers) go through a device buffer. ZeRO-1's reduce-scatter and all-gather run
 //   ncclReduceScatter / ncclAllGather in place on the same communicator; a started sum
-//   (start_sum_over_replicas) is an all-reduce enqueued on the collective stream that finish_sums()
-//   waits for. Tensor parallelism sums over a third communicator (tensor_group()), which takes
+//   (start_sum_over_replicas) is an all-reduce enqueued on the collective stream (one for every
+//   collective, so they run in the order every rank issues them) that finish_sums() waits for. Tensor parallelism sums over a third communicator (tensor_group()), which takes
 //   device memory as well as host memory.
 // - NCCL connects peers lazily, and a first transfer may wait for its peer: the constructor moves a
 //   byte over every channel (connect_channels), so no pipeline send ever makes the first connection.
@@ -43,6 +43,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -125,6 +126,7 @@ class NcclCommunicator final : public Communicator {
       CUPIPE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(double) * scalar_slots));
       CUPIPE_CHECK_CUDA(cudaMemset(scalar_, 0, sizeof(double) * scalar_slots));
       headers_.emplace();
+      (void)pinned(sizeof(double) * scalar_slots);  // the small host sums never pin memory in a step
       make_channels();
       connect_channels();
       connect_collectives();
@@ -299,8 +301,8 @@ class NcclCommunicator final : public Communicator {
     if (!sums_started_) return;
     sums_started_ = false;
     const gpu::DeviceGuard guard(device_);
-    main_lane_.done.record(main_lane_.stream);
-    wait(main_lane_.done, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": started NCCL sums"; },
+    summed_.record(collective_stream_);
+    wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": started NCCL sums"; },
          "not finished", false, "collective timeout: another rank stalled or died before reaching them");
   }
 
@@ -599,46 +601,60 @@ class NcclCommunicator final : public Communicator {
     return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   }
 
-  /// A stream for collectives and the event that marks the last one done.
-  struct Lane {
-    gpu::Stream stream;
-    gpu::Event done{false};
-  };
+  /// Pinned host memory of at least `bytes` for staging host arrays; it grows (cudaMallocHost,
+  /// which synchronises the device) only when a larger array comes, never for the small sums the
+  /// constructor provides for.
+  std::byte* pinned(std::size_t bytes) {
+    if (bytes > pinned_bytes_) {
+      const std::size_t grown = std::max(bytes, 2 * pinned_bytes_);
+      void* fresh = nullptr;
+      CUPIPE_CHECK_CUDA(cudaMallocHost(&fresh, grown));
+      if (pinned_) (void)cudaFreeHost(pinned_);
+      pinned_ = fresh;
+      pinned_bytes_ = grown;
+    }
+    return static_cast<std::byte*>(pinned_);
+  }
 
-  /// Runs `enqueue(device pointer)` on `lane`'s stream over the `bytes` at `data` (device memory, or
-  /// host memory staged through a device buffer both ways) and waits for it under the collective
-  /// timeout. `what` names the collective in errors.
+  /// Runs `enqueue(device pointer, stream)` on the collective stream over the `bytes` at `data`
+  /// (device memory, or host memory staged through pinned and device buffers both ways) and waits
+  /// for it under the collective timeout. `what` names the collective in errors. Host memory goes
+  /// through pinned memory because a copy into pageable memory blocks the host until the stream
+  /// gets there, outside any deadline.
   template <class Enqueue>
-  void collective(Lane& lane, void* data, std::size_t bytes, const char* what, Enqueue enqueue) {
+  void collective(void* data, std::size_t bytes, const char* what, Enqueue enqueue) {
     check_alive();
     if (bytes == 0) return;
-    // Started sums may still be pending: a collective on their lane queues behind them (every rank
-    // fills it in the same order) and the wait below covers them too. Tensor-parallel sums have a
-    // lane of their own, so they do not wait for a started sum over the replicas.
+    // Started sums may still be pending: this collective queues behind them on the one collective
+    // stream (every rank issues its collectives in the same order) and the wait below covers them.
     const gpu::DeviceGuard guard(device_);
-    const cudaStream_t stream = lane.stream;
+    const cudaStream_t stream = collective_stream_;
     const bool device = on_device(data);
     void* target = data;
+    std::byte* host = nullptr;
     gpu::DeviceBuffer<std::byte> staging;
     if (!device) {
+      host = pinned(bytes);
+      std::memcpy(host, data, bytes);
       if (bytes <= sizeof(double) * scalar_slots) {
         target = scalar_;
       } else {
         staging = gpu::DeviceBuffer<std::byte>(*pool_, index_t(bytes), MemoryTag::workspace);
         target = staging.data();
       }
-      CUPIPE_CHECK_CUDA(cudaMemcpyAsync(target, data, bytes, cudaMemcpyHostToDevice, stream));
+      CUPIPE_CHECK_CUDA(cudaMemcpyAsync(target, host, bytes, cudaMemcpyHostToDevice, stream));
     }
     enqueue(static_cast<std::byte*>(target), stream);
-    if (!device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(data, target, bytes, cudaMemcpyDeviceToHost, stream));
-    lane.done.record(stream);
-    wait(lane.done, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": an NCCL " + what; },
+    if (!device) CUPIPE_CHECK_CUDA(cudaMemcpyAsync(host, target, bytes, cudaMemcpyDeviceToHost, stream));
+    summed_.record(stream);
+    wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": an NCCL " + what; },
          "not finished", false, "collective timeout: another rank stalled or died before reaching it");
+    if (!device) std::memcpy(data, host, bytes);
   }
 
   /// In-place sum of `n` values over `comm`, from device or host memory; returns when done.
   void allreduce(void* data, std::size_t n, ncclDataType_t type, ncclComm_t comm) {
-    collective(comm == tensor_ ? tensor_lane_ : main_lane_, data, n * size_of(type), "all-reduce",
+    collective(data, n * size_of(type), "all-reduce",
                [&](std::byte* p, cudaStream_t stream) {
                  CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(p, p, n, type, ncclSum, comm, stream));
                });
@@ -650,7 +666,7 @@ class NcclCommunicator final : public Communicator {
   void gather_or_scatter(void* data, std::size_t n, ncclDataType_t type, bool gather) {
     const std::size_t block = n * size_of(type);
     const std::size_t mine = std::size_t(topology_.replica()) * block;
-    collective(main_lane_, data, block * std::size_t(topology_.replicas), gather ? "all-gather" : "reduce-scatter",
+    collective(data, block * std::size_t(topology_.replicas), gather ? "all-gather" : "reduce-scatter",
                [&](std::byte* p, cudaStream_t stream) {
                  if (gather) CUPIPE_COMM_CHECK_NCCL(ncclAllGather(p + mine, p, n, type, replicas_, stream));
                  else CUPIPE_COMM_CHECK_NCCL(ncclReduceScatter(p, p + mine, n, type, ncclSum, replicas_, stream));
@@ -663,7 +679,7 @@ class NcclCommunicator final : public Communicator {
     const gpu::DeviceGuard guard(device_);
     CUPIPE_REQUIRE(on_device(data), "NcclCommunicator::start_sum_over_replicas takes device memory (the pipeline "
                                     "starts sums only on memory the communicator reads)");
-    CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(data, data, n, type, ncclSum, replicas_, main_lane_.stream));
+    CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(data, data, n, type, ncclSum, replicas_, collective_stream_));
     sums_started_ = true;
   }
 
@@ -702,6 +718,8 @@ class NcclCommunicator final : public Communicator {
     channels_.clear();
     if (scalar_) (void)cudaFree(scalar_);
     scalar_ = nullptr;
+    if (pinned_) (void)cudaFreeHost(pinned_);
+    pinned_ = nullptr;
     headers_.reset();
   }
 
@@ -710,8 +728,8 @@ class NcclCommunicator final : public Communicator {
   IdExchange exchange_;
   MemoryTracker memory_;
   gpu::Stream copy_stream_;        // send copies
-  Lane main_lane_;    // sums over the replicas, the pipeline and the world, ZeRO-1's collectives
-  Lane tensor_lane_;  // the tensor-parallel group's sums
+  gpu::Stream collective_stream_;  // every collective, in the order this rank issues them
+  gpu::Event summed_{false};
   gpu::Event ready_{false};   // the caller's stream's work so far (send and receive order after it)
   gpu::Event copied_{false};
   std::optional<gpu::DevicePool> pool_;
@@ -725,6 +743,8 @@ class NcclCommunicator final : public Communicator {
   std::optional<HeaderRing> headers_;  // made on the device, after select_device
   PendingSends<Send> pending_;
   void* scalar_ = nullptr;
+  void* pinned_ = nullptr;  ///< host staging for collectives on host memory (pinned)
+  std::size_t pinned_bytes_ = 0;
   bool aborted_ = false;
 };
 

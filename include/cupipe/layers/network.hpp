@@ -45,6 +45,11 @@ class Network {
     zero_grad();
   }
 
+  /// Draws the parameters afresh from `seed`; a model split over tensor-parallel ranks takes the
+  /// rank's place in its group as `part`, and then holds its part of the whole model's draws (the
+  /// constructor draws part 0, which a Network cannot know is wrong).
+  void initialise(std::uint64_t seed, int part = 0) { Body::init_on(backend_, params_.data(), seed, part); }
+
   Backend& backend() noexcept { return backend_; }
   T* parameter_data() noexcept { return params_.data(); }
   T* gradient_data() noexcept { return grads_.data(); }

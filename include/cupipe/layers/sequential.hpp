@@ -257,7 +257,7 @@ struct LayerSeq {
           // A copy of the input embedding draws what the embedding drew: from layer 0's stream.
           Rng rng = Rng::derive(seed, tied_to_input_embedding<layer<I>>() ? 0 : FirstIndex + I);
           const std::span<T> mine = params.subspan(param_offsets[I], param_elements<layer<I>>(widths[I]));
-          if (splits_parameters<layer<I>>(widths[I])) init_part<layer<I>>(mine, widths[I], rng, part);
+          if constexpr (splits_parameters<layer<I>>(widths[I])) init_part<layer<I>>(mine, widths[I], rng, part);
           else layer<I>::init(mine, widths[I], rng);
         }(), ...);
       }(std::make_index_sequence<size>());
@@ -340,7 +340,7 @@ struct LayerSeq {
  private:
   /// Whether layer L holds a tensor-parallel part of any of its parameters.
   template <class L>
-  static bool splits_parameters(index_t in) {
+  static constexpr bool splits_parameters(index_t in) {
     for (const ParamSpec& spec : L::params(in))
       if (spec.split != TensorSplit::none) return true;
     return false;
@@ -351,6 +351,8 @@ struct LayerSeq {
   template <class L, class T>
   static void init_part(std::span<T> mine, index_t in, Rng& rng, int part) {
     using W = whole_layer_t<L>;
+    static_assert(!std::is_same_v<W, L>, "a layer split over tensor-parallel ranks needs a whole_layer specialisation "
+                                         "naming the unsplit layer it is a part of (see layers/layer.hpp)");
     const index_t whole_in = W::in_features == any_features ? in : W::in_features;
     std::vector<T> whole(static_cast<std::size_t>(param_elements<W>(whole_in)));
     W::init(std::span<T>(whole), whole_in, rng);
@@ -361,6 +363,8 @@ struct LayerSeq {
     index_t at = 0, whole_at = 0;
     for (std::size_t k = 0; k < parts.size(); ++k) {
       const ParamSpec& p = parts[k];
+      CUPIPE_REQUIRE(p.name == wholes[k].name, "init: ", L::describe(), "'s parameter ", k, " is '", p.name,
+                     "' but its whole layer's is '", wholes[k].name, "'");
       const index_t count = p.split == TensorSplit::none ? 1 : p.parts;
       CUPIPE_REQUIRE(part >= 0 && (p.split == TensorSplit::none || part < count), "init: part ", part, " of ",
                      L::describe(), "'s '", p.name, "', which is split into ", count);

@@ -74,8 +74,8 @@ struct RowParallelLinear {
   static constexpr bool takes_token_ids = false;
   static constexpr bool is_loss = false;
   static constexpr std::array<ParamSpec, Bias ? 2 : 1> params(index_t) {
-    if constexpr (Bias) return {{{"weight", Out, part_in, TensorSplit::cols, Parts}, {"bias", Out, 0}}};
-    else return {{{"weight", Out, part_in, TensorSplit::cols, Parts}}};
+    if constexpr (Bias) return {{{"weight", Out, part_in, split_over<Parts>(TensorSplit::cols), Parts}, {"bias", Out, 0}}};
+    else return {{{"weight", Out, part_in, split_over<Parts>(TensorSplit::cols), Parts}}};
   }
   static constexpr index_t saved_per_row(index_t) { return 0; }
   static constexpr double forward_flops_per_sample(index_t) { return 2.0 * part_in * Out; }
@@ -219,6 +219,10 @@ struct whole_layer<TensorParallelAttention<C, Heads, SeqLen, Parts>> {
 };
 template <index_t Vocab, index_t SeqLen, index_t Dim, int Parts>
 struct whole_layer<VocabParallelTokenPositionEmbedding<Vocab, SeqLen, Dim, Parts>> {
+  using type = TokenPositionEmbedding<Vocab, SeqLen, Dim>;
+};
+template <index_t Vocab, index_t SeqLen, index_t Dim, int Parts>
+struct whole_layer<detail::VocabSplitTokenPositionEmbedding<Vocab, SeqLen, Dim, Parts>> {
   using type = TokenPositionEmbedding<Vocab, SeqLen, Dim>;
 };
 
