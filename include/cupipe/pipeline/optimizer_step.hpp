@@ -160,27 +160,51 @@ double sharded_flush_norm(States& states, comm::Communicator& comm, const std::v
 /// where it holds neither) in one sum over the stages. Returns this process's share of the sum of
 /// squares to leave out of the gradient norm (the second copy's, where it is held here), so the
 /// shared tensor counts once, as PyTorch counts a tied parameter.
+///
+/// Where one local stage holds both copies and no other process holds a part (one stage, or no
+/// pipeline across processes), the sum stays on that stage's backend: `first += second`, then
+/// `second = first`, as Network::sum_tied_gradients does, bitwise the same as the sum through the
+/// host. Otherwise the copies travel through host memory. On a GPU that matters: GPT-2's tied table
+/// is 154 MB, and the host path drained the device for about 400 ms per step (measured on an H100,
+/// docs/benchmarks.md, 2026-11-26).
 template <class States>
 double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCopies& tied) {
   using T = typename States::T;
+  const auto holds = [&](index_t offset, index_t count, index_t at) { return at >= offset && at + tied.count <= offset + count; };
+  const bool across_processes = comm && comm->topology().stages > 1;
+  double excluded = 0;
+  bool summed_in_place = false;
+  if (!across_processes) {
+    states.for_each([&](auto k, auto& st) {
+      constexpr index_t offset = States::template model_offset<decltype(k)::value>();
+      if (!holds(offset, st.param_count, tied.first) || !holds(offset, st.param_count, tied.second)) return;
+      using B = std::remove_reference_t<decltype(*st.be)>;
+      const ViewOn<B, T> first{st.grads.data() + (tied.first - offset), Shape{tied.count}};
+      const ViewOn<B, T> second{st.grads.data() + (tied.second - offset), Shape{tied.count}};
+      axpy(*st.be, T(1), ConstViewOn<B, T>(second), first);
+      copy(*st.be, ConstViewOn<B, T>(first), second);
+      excluded = sum_of_squares(*st.be, ConstViewOn<B, T>(second));
+      summed_in_place = true;
+    });
+    if (summed_in_place) return excluded;
+  }
   std::vector<T> sum(static_cast<std::size_t>(tied.count), T(0)), part(sum.size());
   auto each_copy = [&](auto&& f) {
     states.for_each([&](auto k, auto& st) {
       constexpr index_t offset = States::template model_offset<decltype(k)::value>();
       for (const index_t at : {tied.first, tied.second})
-        if (at >= offset && at + tied.count <= offset + st.param_count) f(st, st.grads.data() + (at - offset), at == tied.second);
+        if (holds(offset, st.param_count, at)) f(st, st.grads.data() + (at - offset), at == tied.second);
     });
   };
   each_copy([&](auto& st, T* grads, bool) {
     st.be->download(grads, std::span<T>(part));
     for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
   });
-  if (comm && comm->topology().stages > 1) comm->sum_over_stages(sum.data(), sum.size());
-  double excluded = 0;
+  if (across_processes) comm->sum_over_stages(sum.data(), sum.size());
   each_copy([&](auto& st, T* grads, bool second) {
+    using B = std::remove_reference_t<decltype(*st.be)>;
     st.be->upload(std::span<const T>(sum), grads);
-    if (second)
-      for (T g : sum) excluded += double(g) * double(g);
+    if (second) excluded += sum_of_squares(*st.be, ConstViewOn<B, T>{grads, Shape{tied.count}});
   });
   return excluded;
 }
