@@ -18,6 +18,7 @@
 #include "launch.hpp"
 #include "plan_auto.hpp"
 #include "trainer.hpp"
+#include "trainer_schedules.hpp"
 
 using namespace gpt_trainer;
 using cupipe::examples::Launcher;
@@ -160,6 +161,7 @@ int main(int argc, char** argv) {
       CUPIPE_THROW("--backend cuda runs in one process, stages placed with --devices; across processes the trainer "
                    "uses the host backend");
     (void)schedule::find_policy(f.schedule);  // an unknown name fails before the data loads
+    cupipe::examples::require_built_schedule(f.schedule);
     // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
     if (!f.save.empty()) {
       io::check_writable(io::model_file(f.save), "--save");
@@ -199,7 +201,8 @@ int main(int argc, char** argv) {
         }
         if (f.tp == 1) rc = train<gpt::tiny, Schedule, P, backend::Host<T>>(f, corpus, split, launch);
       };
-      if constexpr (Schedule::chunks == 1) with_stage_count<1, 2, 4>(f.stages, run);
+      if constexpr (!cupipe::examples::trainer_builds<Schedule>) cupipe::examples::refuse_unbuilt_schedule<Schedule>();
+      else if constexpr (Schedule::chunks == 1) with_stage_count<1, 2, 4>(f.stages, run);
       else with_stage_count<1, 2>(f.stages, run);
     });
     return rc;

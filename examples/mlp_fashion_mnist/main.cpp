@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "plan_auto.hpp"
+#include "trainer_schedules.hpp"
 
 using namespace fmnist;
 using cupipe::examples::Launcher;
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
     // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
     if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     (void)schedule::find_policy(f.schedule);  // an unknown name fails before the data loads
+    cupipe::examples::require_built_schedule(f.schedule);
     // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
     if (!f.save.empty()) {
       io::check_writable(io::model_file(f.save), "--save");
@@ -134,16 +136,20 @@ int main(int argc, char** argv) {
     // each keeps them from oversubscribing the cores (11x slower on 2 cores otherwise).
     if (!launch.communicator && (f.stages > 1 || !f.plan.empty())) backend::Host<T>::set_blas_threads(1);
     with_policy(f.schedule, [&]<class Schedule>() {
-      with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
-        if constexpr (P * Schedule::chunks > 7) {
-          CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
-                       " model chunks but the MLP has 7 layers; use at most 3 stages");
-        } else {
-          rc = with_optimizer(f, [&](auto optimizer) {
-            return train<Schedule, P, backend::Host<T>>(f, data.train, data.test, optimizer, launch);
-          });
-        }
-      });
+      if constexpr (!cupipe::examples::trainer_builds<Schedule>) {
+        cupipe::examples::refuse_unbuilt_schedule<Schedule>();
+      } else {
+        with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
+          if constexpr (P * Schedule::chunks > 7) {
+            CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
+                         " model chunks but the MLP has 7 layers; use at most 3 stages");
+          } else {
+            rc = with_optimizer(f, [&](auto optimizer) {
+              return train<Schedule, P, backend::Host<T>>(f, data.train, data.test, optimizer, launch);
+            });
+          }
+        });
+      }
     });
     return rc;
   } catch (const cupipe::error& e) {

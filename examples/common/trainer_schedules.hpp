@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+// Which schedules a trainer build compiles. Each schedule x stage count instantiates the whole
+// training loop, which makes the trainers the slowest files of the project to compile. A build
+// configured with -DCUPIPE_TRAINER_SCHEDULES=flush (the sanitizer job in scripts/test.sh, whose
+// checks run 1F1B) compiles only the one-chunk flush schedules: GPipe, 1F1B, ZB-H1 and ZB-H2. It
+// refuses the others with that reason. The default build compiles every schedule.
+#pragma once
+
+#include <string_view>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/schedule/registry.hpp"
+
+namespace cupipe::examples {
+
+#if defined(CUPIPE_TRAINER_FLUSH_SCHEDULES_ONLY) && CUPIPE_TRAINER_FLUSH_SCHEDULES_ONLY
+inline constexpr bool trainer_has_every_schedule = false;
+#else
+inline constexpr bool trainer_has_every_schedule = true;
+#endif
+
+/// Whether this build of the trainers compiles `Schedule`.
+template <class Schedule>
+inline constexpr bool trainer_builds =
+    trainer_has_every_schedule || (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1);
+
+/// The error for a schedule this build left out.
+template <class Schedule>
+[[noreturn]] void refuse_unbuilt_schedule() {
+  CUPIPE_THROW("--schedule ", Schedule::name, " is not in this build, which was configured with "
+               "-DCUPIPE_TRAINER_SCHEDULES=flush and compiles the one-chunk flush schedules only (gpipe, 1f1b, zb-h1, "
+               "zb-h2); configure without it for every schedule");
+}
+
+/// Fails, before any data loads, when `schedule` names a policy this build left out.
+inline void require_built_schedule(std::string_view name) {
+  schedule::with_policy(name, []<class Schedule>() {
+    if constexpr (!trainer_builds<Schedule>) refuse_unbuilt_schedule<Schedule>();
+  });
+}
+
+}  // namespace cupipe::examples
