@@ -161,32 +161,46 @@ double sharded_flush_norm(States& states, comm::Communicator& comm, const std::v
 /// squares to leave out of the gradient norm (the second copy's, where it is held here), so the
 /// shared tensor counts once, as PyTorch counts a tied parameter.
 ///
-/// Where one local stage holds both copies and no other process holds a part (one stage, or no
-/// pipeline across processes), the sum stays on that stage's backend: `first += second`, then
-/// `second = first`, as Network::sum_tied_gradients does, bitwise the same as the sum through the
-/// host. Otherwise the copies travel through host memory. On a GPU that matters: GPT-2's tied table
-/// is 154 MB, and the host path drained the device for about 400 ms per step (measured on an H100,
-/// docs/benchmarks.md, 2026-11-26).
+/// Where this process holds both copies and no other process holds a part (one stage, or no
+/// pipeline across processes), the sum stays on the backends: `first += second`, then `second =
+/// first`, as Network::sum_tied_gradients does, bitwise the same as the sum through the host. When
+/// the copies are on two stages, the second copy travels to the first's backend and back through
+/// transfer(), the stages' hand-over. Otherwise the copies travel through host memory. On a GPU that
+/// matters: GPT-2's tied table is 154 MB, and the host path drained the device for about 400 ms per
+/// step (measured on an H100, docs/benchmarks.md, 2026-11-26).
 template <class States>
 double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCopies& tied) {
   using T = typename States::T;
   const auto holds = [&](index_t offset, index_t count, index_t at) { return at >= offset && at + tied.count <= offset + count; };
   const bool across_processes = comm && comm->topology().stages > 1;
   double excluded = 0;
-  bool summed_in_place = false;
+  bool summed_on_backends = false;
   if (!across_processes) {
-    states.for_each([&](auto k, auto& st) {
-      constexpr index_t offset = States::template model_offset<decltype(k)::value>();
-      if (!holds(offset, st.param_count, tied.first) || !holds(offset, st.param_count, tied.second)) return;
-      using B = std::remove_reference_t<decltype(*st.be)>;
-      const ViewOn<B, T> first{st.grads.data() + (tied.first - offset), Shape{tied.count}};
-      const ViewOn<B, T> second{st.grads.data() + (tied.second - offset), Shape{tied.count}};
-      axpy(*st.be, T(1), ConstViewOn<B, T>(second), first);
-      copy(*st.be, ConstViewOn<B, T>(first), second);
-      excluded = sum_of_squares(*st.be, ConstViewOn<B, T>(second));
-      summed_in_place = true;
+    states.for_each([&](auto k1, auto& a) {  // the stage that holds the first copy
+      constexpr index_t offset_a = States::template model_offset<decltype(k1)::value>();
+      if (summed_on_backends || !holds(offset_a, a.param_count, tied.first)) return;
+      states.for_each([&](auto k2, auto& b) {  // the stage that holds the second (maybe the same)
+        constexpr index_t offset_b = States::template model_offset<decltype(k2)::value>();
+        using B = std::remove_reference_t<decltype(*a.be)>;
+        if constexpr (std::is_same_v<B, std::remove_reference_t<decltype(*b.be)>>) {
+          if (summed_on_backends || !holds(offset_b, b.param_count, tied.second)) return;
+          const ViewOn<B, T> first{a.grads.data() + (tied.first - offset_a), Shape{tied.count}};
+          const ViewOn<B, T> second{b.grads.data() + (tied.second - offset_b), Shape{tied.count}};
+          if (a.be == b.be) {
+            axpy(*a.be, T(1), ConstViewOn<B, T>(second), first);
+          } else {
+            auto theirs = a.be->template allocate<T>(tied.count, MemoryTag::workspace);
+            const ViewOn<B, T> copy_of_second{theirs.data(), Shape{tied.count}};
+            transfer(*b.be, *a.be, ConstViewOn<B, T>(second), copy_of_second);
+            axpy(*a.be, T(1), ConstViewOn<B, T>(copy_of_second), first);
+          }
+          transfer(*a.be, *b.be, ConstViewOn<B, T>(first), second);
+          excluded = sum_of_squares(*b.be, ConstViewOn<B, T>(second));
+          summed_on_backends = true;
+        }
+      });
     });
-    if (summed_in_place) return excluded;
+    if (summed_on_backends) return excluded;
   }
   std::vector<T> sum(static_cast<std::size_t>(tied.count), T(0)), part(sum.size());
   auto each_copy = [&](auto&& f) {
