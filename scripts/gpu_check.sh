@@ -181,6 +181,7 @@ if wants gpt; then
   if bin_ok bench/gpt_step/bench_gpt_step; then
     step gpt_tf32 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
     step gpt_fp32 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
+    step gpt_tf32_tiled "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
   else skip gpt "no bench_gpt_step"; fi
 fi
 if wants torch; then
@@ -211,7 +212,7 @@ fi
     grep -E "tests passed|tests failed|Failed|\*\*\*|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Skipped|Not Run" "$out/$f.log" | head -40
     echo '```'
   done
-  for f in kernels pipeline mlp gpt_tf32 gpt_fp32 torch_eager_tf32 torch_eager_bf16 torch_compile_tf32 torch_compile_bf16; do
+  for f in kernels pipeline mlp gpt_tf32 gpt_fp32 gpt_tf32_tiled torch_eager_tf32 torch_eager_bf16 torch_compile_tf32 torch_compile_bf16; do
     [ -f "$out/$f.log" ] || continue
     echo; echo "## $f"; echo; echo '```'
     case "$f" in
@@ -235,7 +236,7 @@ for key, fname in (("kernels", "kernels.json"), ("pipeline", "pipeline.json")):
     if os.path.exists(p):
         try: res[key] = json.load(open(p))
         except ValueError as e: res[key] = f"unreadable: {e}"
-for name in ("gpt_tf32", "gpt_fp32"):
+for name in ("gpt_tf32", "gpt_fp32", "gpt_tf32_tiled"):
     p = os.path.join(out, name + ".log")
     if os.path.exists(p):
         lines = [l for l in open(p) if l.startswith("{")]

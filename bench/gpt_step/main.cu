@@ -4,7 +4,7 @@
 // the same run (a large square ops::gemm in the same math mode). Model FLOPs per token follow the
 // PaLM/llm.c count: 6 N for the parameters (N counted once for the tied wte/lm_head) plus 6 L C T
 // for causal attention.
-//   bench_gpt_step [--batch B] [--steps N] [--math fp32|tf32] [--microbatches M]
+//   bench_gpt_step [--batch B] [--steps N] [--math fp32|tf32] [--microbatches M] [--attention simple|tiled]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -30,7 +30,7 @@ int run(int argc, char** argv) {
   using Model = gpt::Model<config>;
   using Pipe = Pipeline<partition<Model, 1>, schedule::GPipe, backend::Cuda<float>>;
   int batch = 8, steps = 10, microbatches = 1;
-  std::string math = "fp32";
+  std::string math = "fp32", attention = "simple";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -38,15 +38,20 @@ int run(int argc, char** argv) {
     else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
     else if (arg == "--microbatches" && has_value) microbatches = std::stoi(argv[++i]);
     else if (arg == "--math" && has_value) math = argv[++i];
-    else CUPIPE_THROW("bench_gpt_step: unknown argument '", arg, "' (--batch B, --steps N, --microbatches M, --math fp32|tf32)");
+    else if (arg == "--attention" && has_value) attention = argv[++i];
+    else CUPIPE_THROW("bench_gpt_step: unknown argument '", arg,
+                      "' (--batch B, --steps N, --microbatches M, --math fp32|tf32, --attention simple|tiled)");
   }
   CUPIPE_REQUIRE(math == "fp32" || math == "tf32", "bench_gpt_step: --math must be fp32 or tf32, got '", math, "'");
+  CUPIPE_REQUIRE(attention == "simple" || attention == "tiled",
+                 "bench_gpt_step: --attention must be simple or tiled, got '", attention, "'");
   CUPIPE_REQUIRE(batch > 0 && steps > 0 && microbatches > 0, "bench_gpt_step: --batch, --steps and --microbatches must be positive");
   const gpu::MathMode mode = math == "tf32" ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
 
   const double peak = gpu::measured_gemm_tflops(0, mode);
   Pipe pipe({.microbatches = microbatches, .seed = 1});
   pipe.backend(0).math = mode;
+  pipe.backend(0).attention = attention == "tiled" ? gpu::AttentionKernel::tiled : gpu::AttentionKernel::simple;
   const index_t rows = index_t(batch) * config.context;
   Rng rng(2);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(rows)), next(ids.size());
@@ -64,9 +69,9 @@ int run(int argc, char** argv) {
   const double tokens_per_second = double(rows) / per_step;
   const double flops_per_token = config.flops_per_token();
   const double achieved = tokens_per_second * flops_per_token / 1e12;
-  std::printf("GPT-2 124M shape (V %lld, T %lld, %lld x C %lld, %lld heads), batch %d x %lld tokens, %s GEMMs\n",
+  std::printf("GPT-2 124M shape (V %lld, T %lld, %lld x C %lld, %lld heads), batch %d x %lld tokens, %s GEMMs, %s attention\n",
               (long long)config.vocab, (long long)config.context, (long long)config.layers, (long long)config.channels,
-              (long long)config.heads, batch, (long long)config.context, math.c_str());
+              (long long)config.heads, batch, (long long)config.context, math.c_str(), attention.c_str());
   std::printf("step %.1f ms, %.0f tokens/s, %.1f TFLOP/s achieved; measured %s GEMM peak %.1f TFLOP/s: MFU %.1f%% "
               "(loss %.4f)\n", per_step * 1e3, tokens_per_second, achieved, math.c_str(), peak, 100 * achieved / peak, loss);
   std::printf("{\"tokens_per_second\":%.1f,\"step_ms\":%.3f,\"achieved_tflops\":%.3f,\"peak_tflops\":%.3f,\"mfu\":%.4f}\n",

@@ -282,6 +282,7 @@ void attention(Bench& b, State& state) {
   Gpu& be = b.be;
   const index_t T = state.integer("context"), heads = 12, C = 768, n = 8 * T;
   const std::string pass = state.text("pass");
+  be.attention = state.text("kernel") == "tiled" ? gpu::AttentionKernel::tiled : gpu::AttentionKernel::simple;
   const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};
   auto qkv = be.allocate(n * 3 * C, MemoryTag::activations), out = be.allocate(n * C, MemoryTag::activations);
   auto lse = be.allocate(n * heads, MemoryTag::activations), dout = be.allocate(n * C, MemoryTag::activations);
@@ -300,6 +301,7 @@ void attention(Bench& b, State& state) {
       ops::causal_attention_backward(be, qkv.view(sq), out.view(so), lse.view(sl), dout.view(so), dqkv.view(sq), heads, T);
     });
   }
+  be.attention = gpu::AttentionKernel::simple;
   be.context().pool().trim();
 }
 
@@ -424,8 +426,10 @@ int run(int argc, char** argv) {
   add("adamw", adamw).int_axis("parameters", {124'000'000});
   add("attention", attention)
       .int_axis("context", {quick ? 256 : 1024})
+      .axis("kernel", {"simple", "tiled"})
       .axis("pass", {"forward", "backward"})
-      .note("Hand-written causal attention (flash-style, fp32); cuDNN's fused SDPA takes fp16/bf16/fp8 only, so it is not compared.");
+      .note("Hand-written causal attention (fp32): simple (a warp per query) and tiled (64-row tiles in shared memory); "
+            "cuDNN's fused SDPA takes fp16/bf16/fp8 only, so it is not compared.");
   std::vector<std::string> problems;
   for (const Problem& p : gpt2_problems) problems.emplace_back(p.name);
   add("gemm", gemm)

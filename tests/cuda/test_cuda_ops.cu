@@ -162,11 +162,17 @@ TEST_CASE("layernorm forward and backward match the host", "[gpu][cuda][ops]") {
 }
 
 TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][ops][attention]") {
-  // (heads, head dim, T, sequences): T = 1, odd T, head dims below, at and between the kernels' 32-column steps.
+  // Both kernel choices. (heads, head dim, T, sequences): T = 1, odd T, head dims below, at and between
+  // the simple kernels' 32-column steps; for the tiled kernels (64-row tiles, heads of up to 64
+  // columns) one tile, whole tiles, a ragged last tile, several sequences, and heads above 64, which
+  // fall back to the simple kernels.
+  const auto kernel = GENERATE(gpu::AttentionKernel::simple, gpu::AttentionKernel::tiled);
   const auto [heads, D, T, S] = GENERATE(table<index_t, index_t, index_t, index_t>(
-      {{1, 4, 1, 3}, {2, 32, 7, 2}, {4, 16, 64, 2}, {12, 64, 128, 1}, {2, 96, 33, 1}, {1, 256, 40, 1}}));
+      {{1, 4, 1, 3}, {2, 32, 7, 2}, {4, 16, 64, 2}, {12, 64, 128, 1}, {2, 96, 33, 1}, {1, 256, 40, 1}, {2, 64, 200, 2},
+       {3, 48, 130, 1}, {1, 64, 65, 3}}));
   Rng rng(std::uint64_t(heads * 1000 + D * 10 + T));
   Gpu gpu;
+  gpu.attention = kernel;
   Ref ref;
   const index_t C = heads * D, n = T * S;
   const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};
@@ -178,7 +184,7 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   std::vector<double> rout(std::size_t(n * C)), rlse(std::size_t(n * heads)), rdqkv(std::size_t(n * 3 * C));
   ops::causal_attention_forward(ref, ConstView<double>{qkvd.data(), sq}, TensorView<double>{rout.data(), so},
                                 TensorView<double>{rlse.data(), sl}, heads, T);
-  CAPTURE(heads, D, T, S);
+  CAPTURE(int(kernel), heads, D, T, S);
   CHECK(relative_error(out.download(), rout) <= fp32_tolerance);
   CHECK(relative_error(lse.download(), rlse) <= fp32_tolerance);
   // Backward from the GPU's own forward, against the host's from its own.

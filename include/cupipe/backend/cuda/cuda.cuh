@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -23,6 +24,17 @@
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/tensor_group.hpp"
+
+namespace cupipe::gpu {
+
+/// Which causal-attention kernels a context runs (backend/cuda/kernels/attention*.cuh).
+enum class AttentionKernel : std::uint8_t {
+  simple,  ///< a warp per query or key, K and V read from global memory per query; every head size
+  tiled,   ///< 64-row tiles in shared memory (FlashAttention-2's blocking); fp32, heads of up to 64
+           ///< columns (others run the simple kernels). Not yet run on a GPU: opt in until it has.
+};
+
+}  // namespace cupipe::gpu
 
 namespace cupipe::backend {
 
@@ -51,6 +63,9 @@ class Cuda : public ops::Dispatch {
 
   /// Float GEMMs in exact fp32 (the default) or on TF32 tensor cores (opt in; about 1e-3 relative).
   gpu::MathMode math = gpu::MathMode::fp32;
+
+  /// The causal-attention kernels: simple (the default, tested on an H100) or tiled (opt in).
+  gpu::AttentionKernel attention = gpu::AttentionKernel::simple;
 
   /// When true (the default), ops that can meet bad input on the device (a label or token id out of
   /// range) wait for their kernels and throw at once, naming the row. When false they only record

@@ -27,6 +27,7 @@
 #include "cupipe/backend/cuda/cuda.cuh"
 #include "cupipe/backend/cuda/gemm.cuh"
 #include "cupipe/backend/cuda/kernels/attention.cuh"
+#include "cupipe/backend/cuda/kernels/attention_tiled.cuh"
 #include "cupipe/backend/cuda/kernels/elementwise.cuh"
 #include "cupipe/backend/cuda/kernels/embedding.cuh"
 #include "cupipe/backend/cuda/kernels/layernorm.cuh"
@@ -221,6 +222,13 @@ void causal_attention_forward(backend::Cuda<T>& be, DeviceConstView<T> qkv, Devi
                               index_t heads, index_t seq_len) {
   checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_forward");
+  if constexpr (std::is_same_v<T, float>) {
+    if (be.attention == gpu::AttentionKernel::tiled && gpu::kernels::tiled_attention::takes<T>(qkv.cols() / 3 / heads)) {
+      gpu::kernels::tiled_attention::forward(be.context(), qkv.data(), out.data(), lse.data(), qkv.rows(), qkv.cols() / 3,
+                                             int(heads), seq_len);
+      return;
+    }
+  }
   gpu::kernels::causal_attention_forward(be.context(), qkv.data(), out.data(), lse.data(), qkv.rows(), qkv.cols() / 3,
                                          int(heads), seq_len);
 }
@@ -233,6 +241,13 @@ void causal_attention_backward(backend::Cuda<T>& be, DeviceConstView<T> qkv, Dev
   checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_backward");
   auto delta = be.template allocate<T>(qkv.rows() * heads, MemoryTag::workspace);
+  if constexpr (std::is_same_v<T, float>) {
+    if (be.attention == gpu::AttentionKernel::tiled && gpu::kernels::tiled_attention::takes<T>(qkv.cols() / 3 / heads)) {
+      gpu::kernels::tiled_attention::backward(be.context(), qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(),
+                                              delta.data(), qkv.rows(), qkv.cols() / 3, int(heads), seq_len);
+      return;
+    }
+  }
   gpu::kernels::causal_attention_backward(be.context(), qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(),
                                           delta.data(), qkv.rows(), qkv.cols() / 3, int(heads), seq_len);
 }
