@@ -63,6 +63,7 @@ class Launcher {
  public:
   /// Starts MPI when `dp` or `tp` > 1 or a launcher's environment is present, and checks the process
   /// count (stages x dp x tp). `program` names the binary in the mpirun command a wrong count suggests.
+  /// `stages` 0 (--plan auto): the processes over dp x tp, which must divide them.
   const Launch& start(int& argc, char**& argv, const char* program, int stages, int dp, double timeout, int tp = 1,
                       comm::RankOrder order = comm::RankOrder::stages_outermost) {
 #if CUPIPE_HAS_MPI
@@ -71,6 +72,13 @@ class Launcher {
       mpi_ = std::make_unique<comm::MpiSession>(&argc, &argv);
       int world = 0;
       CUPIPE_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world));
+      if (stages == 0) {
+        if (world % (dp * tp) != 0)
+          CUPIPE_THROW("--plan auto with --dp ", dp, tp > 1 ? " x --tp " + std::to_string(tp) : std::string(),
+                       " plans stages for a multiple of ", dp * tp, " processes, but ", world,
+                       world == 1 ? " was" : " were", " launched");
+        stages = world / (dp * tp);
+      }
       const int needed = stages * dp * tp;
       if (world != needed)
         CUPIPE_THROW("--stages ", stages, " x --dp ", dp, tp > 1 ? " x --tp " + std::to_string(tp) : std::string(), " needs ",

@@ -6,7 +6,9 @@
 // refuses the others with that reason. The default build compiles every schedule.
 #pragma once
 
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/schedule/registry.hpp"
@@ -30,6 +32,15 @@ template <class Schedule>
   CUPIPE_THROW("--schedule ", Schedule::name, " is not in this build, which was configured with "
                "-DCUPIPE_TRAINER_SCHEDULES=flush and compiles the one-chunk flush schedules only (gpipe, 1f1b, zb-h1, "
                "zb-h2); configure without it for every schedule");
+}
+
+/// The schedules --plan auto may choose: every one (empty) or this build's.
+inline std::vector<std::string> built_schedule_names() {
+  std::vector<std::string> names;
+  if constexpr (!trainer_has_every_schedule)
+    for (const schedule::PolicyInfo& p : schedule::policy_table())
+      if (p.update == schedule::UpdateRule::flush && p.default_chunks == 1) names.emplace_back(p.name);
+  return names;
 }
 
 /// Fails, before any data loads, when `schedule` names a policy this build left out.

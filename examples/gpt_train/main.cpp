@@ -31,21 +31,28 @@ namespace {
 /// (every layer, the loss, the optimizer step, one core per worker), plans a run in this process on
 /// f.workers workers with the stage counts and splits this program compiles (partition<> into 1, 2
 /// or 4 virtual stages), prints the report and sets f's schedule, stages and microbatches.
-void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens) {
+///
+/// Under mpirun (`comm`), the processes fix the stages and replicas: the first rank calibrates on its
+/// replica's share of the batch, every rank plans from that (plan_across_ranks), and the planner
+/// chooses the schedule and microbatches.
+void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens, comm::Communicator* comm = nullptr) {
   using Model = gpt::Model<gpt::tiny>;
   constexpr index_t context = gpt::tiny.context;
-  const index_t sequences = std::min<index_t>(f.batch, index_t(tokens.size()) / context);
+  const int replicas = comm ? comm->topology().replicas : 1;
+  const index_t sequences = std::min<index_t>(f.batch / replicas, index_t(tokens.size()) / context);
   CUPIPE_REQUIRE(sequences >= 2, "--plan auto: the planner profiles a batch of at least 2 sequences of ", context,
-                 " tokens, but there are ", sequences);
-  f.workers = cupipe::examples::plan_workers(f.workers);
-  const planner::Layout best = cupipe::examples::plan_in_process(
-      planner::calibrate<Model, backend::Host<T>>(ConstView<std::int32_t>{tokens.data(), Shape{sequences * context, 1}}, 3, context),
-      f.workers, f.batch, {1, 2, 4}, [](int virtual_stages) {
-        std::vector<std::size_t> cuts;
-        if (virtual_stages == 1 || virtual_stages == 2 || virtual_stages == 4)
-          with_stage_count<1, 2, 4>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
-        return cuts;
-      });
+                 " tokens", comm ? " per replica" : "", ", but there are ", sequences);
+  const auto calibrate = [&] {
+    return planner::calibrate<Model, backend::Host<T>>(ConstView<std::int32_t>{tokens.data(), Shape{sequences * context, 1}}, 3,
+                                                       context);
+  };
+  const auto split = [](int virtual_stages) {
+    std::vector<std::size_t> cuts;
+    if (virtual_stages == 1 || virtual_stages == 2 || virtual_stages == 4)
+      with_stage_count<1, 2, 4>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
+    return cuts;
+  };
+  const planner::Layout best = cupipe::examples::plan_auto(comm, calibrate, f.workers, f.batch, {1, 2, 4}, split);
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;
@@ -102,7 +109,7 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
-                               "--microbatches (host backend, one process, --preset tiny)")
+                               "--microbatches (host backend, --preset tiny; under mpirun with --dp, the processes over --dp are the stages)")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
@@ -145,7 +152,7 @@ int main(int argc, char** argv) {
       CUPIPE_THROW("--backend cuda: this trainer was built without CUDA (configure where nvcc is found to build it)");
 #endif
     if (f.plan == "auto" && (f.backend != "host" || f.preset != "tiny"))
-      CUPIPE_THROW("--plan auto plans --preset tiny on the host backend in one process");
+      CUPIPE_THROW("--plan auto plans --preset tiny on the host backend");
     if (f.preset == "gpt2-124m" && f.backend != "cuda")
       CUPIPE_THROW("--preset gpt2-124m (124 M parameters, T 1024) is built for --backend cuda; on the CPU use --preset tiny");
     CUPIPE_REQUIRE(f.held_out < 1, "--held-out must be below 1, got ", f.held_out);
@@ -154,7 +161,8 @@ int main(int argc, char** argv) {
       CUPIPE_THROW("--tp ", f.tp, " runs with --schedule 1f1b and --stages 1 or 2 in this trainer (the tensor-parallel "
                    "model is built for those only), not --schedule ", f.schedule, " --stages ", f.stages);
     const Launch& launch =
-        launcher.start(argc, argv, "gpt_train", f.stages, f.dp, f.timeout, f.tp, comm::parse_rank_order(f.rank_order));
+        launcher.start(argc, argv, "gpt_train", f.plan == "auto" ? 0 : f.stages, f.dp, f.timeout, f.tp,
+                       comm::parse_rank_order(f.rank_order));
     // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
     if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     if (f.backend == "cuda" && launch.communicator)
@@ -189,8 +197,7 @@ int main(int argc, char** argv) {
     // each keeps them from oversubscribing the cores.
     if (!launch.communicator) backend::Host<T>::set_blas_threads(1);
     if (f.plan == "auto") {
-      if (launch.communicator) CUPIPE_THROW("--plan auto plans one process on the host backend; leave out --dp");
-      plan_layout(f, split.train);
+      plan_layout(f, split.train, launch.communicator.get());
     }
     int rc = 1;
     with_policy(f.schedule, [&]<class Schedule>() {

@@ -26,19 +26,27 @@ using cupipe::examples::positive;
 /// layer, the loss and the optimizer step, one core per worker), plans a run in this process on
 /// f.workers workers with the splits this program compiles (partition<>), prints the report and
 /// sets f's schedule, stages and microbatches to the best layout.
-inline void plan_layout(Flags& f, const io::Dataset& train_set) {
-  const index_t rows = index_t(std::min<std::int64_t>(f.batch, train_set.count));
-  CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples, got ", rows);
-  f.workers = cupipe::examples::plan_workers(f.workers);
+///
+/// Under mpirun (`comm`), the processes fix the stages and replicas: the first rank calibrates on its
+/// replica's share of the batch, every rank plans from that (plan_across_ranks), and the planner
+/// chooses the schedule and microbatches.
+inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicator* comm = nullptr) {
+  const int replicas = comm ? comm->topology().replicas : 1;
+  const index_t rows = index_t(std::min<std::int64_t>(f.batch / replicas, train_set.count));
+  CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples", comm ? " per replica" : "",
+                 ", got ", rows);
   backend::Host<T>::set_blas_threads(1);
+  const auto calibrate = [&] {
+    return planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}});
+  };
   // At most 7 virtual stages (the MLP's layers): 8 is refused before the split is asked for.
-  const planner::Layout best = cupipe::examples::plan_in_process(
-      planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}}), f.workers, rows,
-      {1, 2, 3, 4}, [](int virtual_stages) {
-        std::vector<std::size_t> cuts;
-        with_stage_count<1, 2, 3, 4, 5, 6, 7>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
-        return cuts;
-      });
+  const auto split = [](int virtual_stages) {
+    std::vector<std::size_t> cuts;
+    with_stage_count<1, 2, 3, 4, 5, 6, 7>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
+    return cuts;
+  };
+  const index_t batch = index_t(std::min<std::int64_t>(f.batch, train_set.count));
+  const planner::Layout best = cupipe::examples::plan_auto(comm, calibrate, f.workers, batch, {1, 2, 3, 4}, split);
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;
@@ -78,7 +86,7 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
-                               "--microbatches (host backend, one process)")
+                               "--microbatches (host backend; under mpirun with --dp, the processes over --dp are the stages)")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
@@ -100,7 +108,8 @@ int main(int argc, char** argv) {
     if (f.backend == "cuda")
       CUPIPE_THROW("--backend cuda: this trainer was built without CUDA (configure where nvcc is found to build it)");
 #endif
-    const Launch& launch = launcher.start(argc, argv, "mlp_fashion_mnist", f.stages, f.dp, f.timeout);
+    // --plan auto: the stages are the processes over --dp under mpirun (the planner's, alone).
+    const Launch& launch = launcher.start(argc, argv, "mlp_fashion_mnist", f.plan == "auto" ? 0 : f.stages, f.dp, f.timeout);
     // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
     if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     (void)schedule::find_policy(f.schedule);  // an unknown name fails before the data loads
@@ -119,9 +128,8 @@ int main(int argc, char** argv) {
                                                          {"test data", data_fingerprint(data.test)}});
     standardise(data.train, data.test);
     if (f.plan == "auto") {
-      if (launch.communicator || f.backend != "host")
-        CUPIPE_THROW("--plan auto plans one process on the host backend; leave out --dp and --backend cuda");
-      plan_layout(f, data.train);
+      if (f.backend != "host") CUPIPE_THROW("--plan auto plans the host backend; leave out --backend cuda");
+      plan_layout(f, data.train, launch.communicator.get());
     }
     if (f.backend == "cuda") {
       if (launch.communicator)

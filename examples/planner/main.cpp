@@ -25,6 +25,7 @@
 #include "cupipe/cupipe.hpp"
 #include "cupipe/models/gpt.hpp"
 #include "cupipe/planner/calibrate.hpp"
+#include "cupipe/planner/cost_json.hpp"
 #include "cupipe/planner/planner.hpp"
 #if CUPIPE_PLAN_HAS_MPI
 #include <memory>
@@ -67,22 +68,7 @@ planner::CostModel synthetic(int layers) {
   return model;
 }
 
-nlohmann::json to_json(const planner::CostModel& m) {
-  nlohmann::json layers = nlohmann::json::array();
-  for (const planner::LayerCost& l : m.layers)
-    layers.push_back({{"name", l.name}, {"forward", l.forward}, {"backward_input", l.backward_input},
-                      {"backward_weight", l.backward_weight}, {"params", l.params}, {"in", l.in}, {"out", l.out},
-                      {"saved", l.saved}, {"forward_fixed", l.forward_fixed}, {"backward_input_fixed", l.backward_input_fixed},
-                      {"backward_weight_fixed", l.backward_weight_fixed}, {"points", l.points}});
-  return {{"profiled_rows", m.profiled_rows}, {"rows_per_sample", m.rows_per_sample}, {"value_bytes", m.value_bytes},
-          {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
-          {"link_bytes_per_second", m.link_bytes_per_second}, {"allreduce_bytes_per_second", m.allreduce_bytes_per_second},
-          {"update_seconds_per_param", m.update_seconds_per_param}, {"step_overhead_seconds", m.step_overhead_seconds},
-          {"tied", m.tied},
-          {"layers", layers}};
-}
-
-/// Reads a cost model; a missing or mistyped field is an error naming it.
+/// Reads a cost model file (planner::cost_model_from_json names a missing or mistyped field).
 planner::CostModel from_json(const std::string& path) {
   std::ifstream file(path);
   CUPIPE_REQUIRE(file, "cupipe_plan: cannot read the cost model '", path, "'");
@@ -92,38 +78,7 @@ planner::CostModel from_json(const std::string& path) {
   } catch (const std::exception& e) {
     CUPIPE_THROW(path, ": not JSON: ", e.what());
   }
-  const auto field = [&](const nlohmann::json& o, const char* name, const std::string& where) -> const nlohmann::json& {
-    if (!o.is_object() || !o.contains(name)) CUPIPE_THROW(path, ": ", where, name, " is missing");
-    if (!o[name].is_number() && !o[name].is_string()) CUPIPE_THROW(path, ": ", where, name, " must be a number");
-    return o[name];
-  };
-  planner::CostModel m;
-  try {
-    m.profiled_rows = field(j, "profiled_rows", "").get<index_t>();
-    m.rows_per_sample = j.value("rows_per_sample", index_t(1));
-    m.value_bytes = j.value("value_bytes", 4);
-    m.optimizer_slots = j.value("optimizer_slots", 2);
-    m.link_latency = j.value("link_latency", 0.0);
-    m.link_bytes_per_second = j.value("link_bytes_per_second", 0.0);
-    m.allreduce_bytes_per_second = j.value("allreduce_bytes_per_second", 0.0);
-    m.update_seconds_per_param = j.value("update_seconds_per_param", 0.0);
-    m.step_overhead_seconds = j.value("step_overhead_seconds", 0.0);
-    m.tied = j.value("tied", false);
-    if (!j.contains("layers") || !j["layers"].is_array()) CUPIPE_THROW(path, ": layers must be an array");
-    for (std::size_t i = 0; i < j["layers"].size(); ++i) {
-      const nlohmann::json& l = j["layers"][i];
-      const std::string where = "layers[" + std::to_string(i) + "].";
-      m.layers.push_back({l.value("name", "layer" + std::to_string(i)), field(l, "forward", where).get<double>(),
-                          field(l, "backward_input", where).get<double>(), field(l, "backward_weight", where).get<double>(),
-                          field(l, "params", where).get<double>(), field(l, "in", where).get<double>(),
-                          field(l, "out", where).get<double>(), l.value("saved", 0.0), l.value("forward_fixed", 0.0),
-                          l.value("backward_input_fixed", 0.0), l.value("backward_weight_fixed", 0.0),
-                          l.value("points", std::vector<std::array<double, 4>>{})});
-    }
-  } catch (const nlohmann::json::exception& e) {
-    CUPIPE_THROW(path, ": ", e.what());
-  }
-  return m;
+  return planner::cost_model_from_json(j, path);
 }
 
 nlohmann::json layout_json(const planner::Layout& l) {
@@ -227,7 +182,7 @@ int main(int argc, char** argv) {
     if (!write_costs.empty()) {
       std::ofstream out(write_costs);
       CUPIPE_REQUIRE(out, "cupipe_plan: cannot write '", write_costs, "'");
-      out << to_json(request.model).dump(2) << "\n";
+      out << planner::to_json(request.model).dump(2) << "\n";
     }
     request.memory_bytes = memory_gb * 1e9;
     std::stringstream names(schedules);

@@ -26,8 +26,9 @@ inline constexpr std::size_t setting_bytes = 60;  ///< of "name=value" compared 
 inline constexpr std::size_t bytes_per_double = 6;  ///< 48 bits: exact in a double, and in a sum of one
 inline constexpr std::size_t doubles_per_setting = setting_bytes / bytes_per_double;
 
-inline void pack(const std::string& text, double* out) {
-  for (std::size_t d = 0; d < doubles_per_setting; ++d) {
+/// The first `doubles` x 6 bytes of `text` (zero-padded), 6 bytes per double.
+inline void pack(const std::string& text, double* out, std::size_t doubles = doubles_per_setting) {
+  for (std::size_t d = 0; d < doubles; ++d) {
     std::uint64_t word = 0;
     for (std::size_t b = 0; b < bytes_per_double; ++b) {
       const std::size_t i = d * bytes_per_double + b;
@@ -37,9 +38,9 @@ inline void pack(const std::string& text, double* out) {
   }
 }
 
-inline std::string unpack(const double* in) {
+inline std::string unpack(const double* in, std::size_t doubles = doubles_per_setting) {
   std::string text;
-  for (std::size_t d = 0; d < doubles_per_setting; ++d) {
+  for (std::size_t d = 0; d < doubles; ++d) {
     const auto word = std::uint64_t(in[d]);
     for (std::size_t b = 0; b < bytes_per_double; ++b) {
       const char c = char((word >> (8 * (bytes_per_double - 1 - b))) & 0xff);
@@ -78,6 +79,22 @@ inline void require_same_settings(Communicator& comm, const Settings& settings) 
                      " (start every rank with the same command line)");
     }
   }
+}
+
+/// Rank 0's `text` on every rank (the other ranks' `text` is ignored): its length, then its bytes
+/// packed as require_same_settings packs them, in two sums over the world, exact because rank 0 is
+/// the only non-zero contributor. A collective: every rank of `comm` calls it. For what one rank
+/// measured and every rank must use alike (a planner's cost model, as JSON). Text without NUL bytes.
+inline std::string share_from_first(Communicator& comm, const std::string& text) {
+  const bool first = comm.topology().rank == 0;
+  const auto length = std::size_t(comm.sum_over_world(first ? double(text.size()) : 0.0));
+  std::vector<double> packed((length + detail::bytes_per_double - 1) / detail::bytes_per_double, 0.0);
+  if (first) detail::pack(text, packed.data(), packed.size());
+  comm.sum_over_world(packed.data(), packed.size());
+  std::string shared = detail::unpack(packed.data(), packed.size());
+  CUPIPE_REQUIRE(shared.size() == length, "share_from_first: received ", shared.size(), " bytes of ", length,
+                 " (the text holds a NUL byte?)");
+  return shared;
 }
 
 }  // namespace cupipe::comm

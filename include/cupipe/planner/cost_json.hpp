@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+// A cost model as JSON: what `cupipe_plan --write-costs` writes and `--costs` reads, and how a
+// trainer's first rank hands the model it measured to the other ranks (--plan auto under mpirun),
+// so that every rank plans from the same numbers and chooses the same layout. Doubles are written
+// with enough digits to read back exactly.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/planner/planner.hpp"
+
+namespace cupipe::planner {
+
+inline nlohmann::json to_json(const CostModel& m) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerCost& l : m.layers)
+    layers.push_back({{"name", l.name}, {"forward", l.forward}, {"backward_input", l.backward_input},
+                      {"backward_weight", l.backward_weight}, {"params", l.params}, {"in", l.in}, {"out", l.out},
+                      {"saved", l.saved}, {"forward_fixed", l.forward_fixed}, {"backward_input_fixed", l.backward_input_fixed},
+                      {"backward_weight_fixed", l.backward_weight_fixed}, {"points", l.points}});
+  return {{"profiled_rows", m.profiled_rows}, {"rows_per_sample", m.rows_per_sample}, {"value_bytes", m.value_bytes},
+          {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
+          {"link_bytes_per_second", m.link_bytes_per_second}, {"allreduce_bytes_per_second", m.allreduce_bytes_per_second},
+          {"update_seconds_per_param", m.update_seconds_per_param}, {"step_overhead_seconds", m.step_overhead_seconds},
+          {"tied", m.tied},
+          {"layers", layers}};
+}
+
+/// Reads a cost model; a missing or mistyped field is an error naming `source` and the field.
+inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string& source) {
+  const auto field = [&](const nlohmann::json& o, const char* name, const std::string& where) -> const nlohmann::json& {
+    if (!o.is_object() || !o.contains(name)) CUPIPE_THROW(source, ": ", where, name, " is missing");
+    if (!o[name].is_number() && !o[name].is_string()) CUPIPE_THROW(source, ": ", where, name, " must be a number");
+    return o[name];
+  };
+  CostModel m;
+  try {
+    m.profiled_rows = field(j, "profiled_rows", "").get<index_t>();
+    m.rows_per_sample = j.value("rows_per_sample", index_t(1));
+    m.value_bytes = j.value("value_bytes", 4);
+    m.optimizer_slots = j.value("optimizer_slots", 2);
+    m.link_latency = j.value("link_latency", 0.0);
+    m.link_bytes_per_second = j.value("link_bytes_per_second", 0.0);
+    m.allreduce_bytes_per_second = j.value("allreduce_bytes_per_second", 0.0);
+    m.update_seconds_per_param = j.value("update_seconds_per_param", 0.0);
+    m.step_overhead_seconds = j.value("step_overhead_seconds", 0.0);
+    m.tied = j.value("tied", false);
+    if (!j.contains("layers") || !j["layers"].is_array()) CUPIPE_THROW(source, ": layers must be an array");
+    for (std::size_t i = 0; i < j["layers"].size(); ++i) {
+      const nlohmann::json& l = j["layers"][i];
+      const std::string where = "layers[" + std::to_string(i) + "].";
+      m.layers.push_back({l.value("name", "layer" + std::to_string(i)), field(l, "forward", where).get<double>(),
+                          field(l, "backward_input", where).get<double>(), field(l, "backward_weight", where).get<double>(),
+                          field(l, "params", where).get<double>(), field(l, "in", where).get<double>(),
+                          field(l, "out", where).get<double>(), l.value("saved", 0.0), l.value("forward_fixed", 0.0),
+                          l.value("backward_input_fixed", 0.0), l.value("backward_weight_fixed", 0.0),
+                          l.value("points", std::vector<std::array<double, 4>>{})});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    CUPIPE_THROW(source, ": ", e.what());
+  }
+  return m;
+}
+
+}  // namespace cupipe::planner
