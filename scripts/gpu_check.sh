@@ -139,7 +139,7 @@ bin_ok() { [ -x "$build/$1" ]; }
 if wants test; then
   if bin_ok tests/cuda/test_cuda_ops; then
     # Serially: a GPU test that times two streams against one kernel alone wants the GPU to itself.
-    step test ctest --test-dir "$build" --output-on-failure --timeout 600 -L "gpu|multi_gpu" -LE headers
+    step test ctest --test-dir "$build" --output-on-failure --timeout 300 -L "gpu|multi_gpu" -LE headers
   else skip test "the build did not produce the test programs"; fi
 fi
 
@@ -167,21 +167,21 @@ fi
 repeats=(); [ $quick = 1 ] && repeats=(--quick)
 if wants kernels; then
   if bin_ok bench/kernels/bench_kernels; then
-    step kernels "$build/bench/kernels/bench_kernels" --json "$out/kernels.json" "${repeats[@]}"
+    step kernels timeout 300 "$build/bench/kernels/bench_kernels" --json "$out/kernels.json" "${repeats[@]}"
   else skip kernels "no bench_kernels"; fi
 fi
 if wants pipeline; then
   if bin_ok bench/pipeline_throughput/pipeline_throughput; then
-    step pipeline "$build/bench/pipeline_throughput/pipeline_throughput" --models mlp,wide --stages 2,4 \
+    step pipeline timeout 300 "$build/bench/pipeline_throughput/pipeline_throughput" --models mlp,wide --stages 2,4 \
       --microbatches 8,16,32 --json "$out/pipeline.json"
   else skip pipeline "no pipeline_throughput"; fi
 fi
 gpt_steps=20; [ $quick = 1 ] && gpt_steps=5
 if wants gpt; then
   if bin_ok bench/gpt_step/bench_gpt_step; then
-    step gpt_tf32 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
-    step gpt_fp32 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
-    step gpt_tf32_tiled "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
+    step gpt_tf32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
+    step gpt_fp32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
+    step gpt_tf32_tiled timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
   else skip gpt "no bench_gpt_step"; fi
 fi
 if wants torch; then

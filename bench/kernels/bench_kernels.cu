@@ -283,6 +283,10 @@ void attention(Bench& b, State& state) {
   const index_t T = state.integer("context"), heads = 12, C = 768, n = 8 * T;
   const std::string pass = state.text("pass");
   be.attention = state.text("kernel") == "tiled" ? gpu::AttentionKernel::tiled : gpu::AttentionKernel::simple;
+  struct Restore {  // the other benches' context runs the default kernels, also after a throw
+    Gpu& be;
+    ~Restore() { be.attention = gpu::AttentionKernel::simple; }
+  } restore{be};
   const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};
   auto qkv = be.allocate(n * 3 * C, MemoryTag::activations), out = be.allocate(n * C, MemoryTag::activations);
   auto lse = be.allocate(n * heads, MemoryTag::activations), dout = be.allocate(n * C, MemoryTag::activations);
@@ -301,7 +305,6 @@ void attention(Bench& b, State& state) {
       ops::causal_attention_backward(be, qkv.view(sq), out.view(so), lse.view(sl), dout.view(so), dqkv.view(sq), heads, T);
     });
   }
-  be.attention = gpu::AttentionKernel::simple;
   be.context().pool().trim();
 }
 

@@ -2,7 +2,7 @@
 // --plan auto, shared by the trainers' main.cpp (host code only: trainer.hpp, which nvcc also
 // compiles, does not include it): plan a run from a cost model measured here, print the report, and
 // hand back the best layout. In one process the planner chooses the stages too; under mpirun the
-// launch fixes stages x replicas and the planner chooses the schedule, microbatches and split.
+// launch fixes stages x replicas and the planner chooses the schedule and microbatches.
 #pragma once
 
 #include <algorithm>
@@ -52,8 +52,9 @@ planner::Layout plan_in_process(planner::CostModel model, int workers, index_t b
 }
 
 /// --plan auto under mpirun or srun: the launch fixes the stages and the replicas (the processes are
-/// stages x replicas), and the planner chooses the schedule, the microbatch count and the split for
-/// `batch` samples per step over all replicas.
+/// stages x replicas; the stage count must be one of `stage_counts`, the trainer's), and the planner
+/// chooses the schedule, the microbatch count and, among the splits the trainer compiles (`split`),
+/// the one for that stage count and schedule, for `batch` samples per step over all replicas.
 /// - Every rank takes part in measuring the hand-over between stages and the gradient sum over
 ///   replicas (planner::rank_link, replica_sum_bandwidth).
 /// - The first rank alone profiles the model (`calibrate()` returns its cost model). It hands the
@@ -61,10 +62,16 @@ planner::Layout plan_in_process(planner::CostModel model, int workers, index_t b
 ///   layout; the ranks check that they did.
 /// - The first rank prints the report.
 template <class Calibrate, class Split>
-planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrate, index_t batch, Split split,
-                                  std::vector<std::string> schedules = {}) {
+planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrate, index_t batch,
+                                  const std::vector<int>& stage_counts, Split split, std::vector<std::string> schedules = {}) {
   const comm::Topology& topology = comm.topology();
   CUPIPE_REQUIRE(topology.tensor == 1, "--plan auto plans pipeline stages and replicas; leave out --tp");
+  if (std::find(stage_counts.begin(), stage_counts.end(), topology.stages) == stage_counts.end()) {
+    std::string counts;
+    for (const int p : stage_counts) counts += (counts.empty() ? "" : ", ") + std::to_string(p);
+    CUPIPE_THROW("--plan auto: ", topology.world, " processes over --dp ", topology.replicas, " are ", topology.stages,
+                 " stages, but this trainer runs ", counts, " stages");
+  }
   planner::LinkCost link;
   if (topology.stages >= 2) {
     backend::Host<float> host;  // the hand-over's buffers, in host memory as CommTransport stages them
@@ -79,7 +86,18 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
     model.allreduce_bytes_per_second = sum_bandwidth;
     measured = planner::to_json(model).dump();
   }
-  const std::string shared = comm::share_from_first(comm, measured);
+  // The other ranks wait here while the first profiles (seconds for these models, more for larger
+  // ones): the collectives' deadline is raised to at least 15 minutes for this one exchange.
+  const double collective_timeout = comm.collective_timeout();
+  if (collective_timeout > 0) comm.set_collective_timeout(std::max(collective_timeout, 900.0));
+  std::string shared;
+  try {
+    shared = comm::share_from_first(comm, measured);
+  } catch (...) {
+    comm.set_collective_timeout(collective_timeout);
+    throw;
+  }
+  comm.set_collective_timeout(collective_timeout);
   planner::Request request;
   request.model = planner::cost_model_from_json(nlohmann::json::parse(shared), "--plan auto: the first rank's cost model");
   request.devices = topology.world;
@@ -110,7 +128,9 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
 template <class Calibrate, class Split>
 planner::Layout plan_auto(comm::Communicator* comm, Calibrate&& calibrate, int& workers, index_t batch,
                           std::vector<int> stage_counts, Split split) {
-  if (comm) return plan_across_ranks(*comm, calibrate, batch, std::move(split), built_schedule_names());
+  // Under a launcher even one process has a communicator, whose topology fixes the stages.
+  if (comm)
+    return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), built_schedule_names());
   workers = plan_workers(workers);
   return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), built_schedule_names());
 }

@@ -2,7 +2,7 @@
 // Which schedules a trainer build compiles. Each schedule x stage count instantiates the whole
 // training loop, which makes the trainers the slowest files of the project to compile. A build
 // configured with -DCUPIPE_TRAINER_SCHEDULES=flush (the sanitizer job in scripts/test.sh, whose
-// checks run 1F1B) compiles only the one-chunk flush schedules: GPipe, 1F1B, ZB-H1 and ZB-H2. It
+// checks run 1F1B or what --plan auto picks among these) compiles only the one-chunk flush schedules: GPipe, 1F1B, ZB-H1 and ZB-H2. It
 // refuses the others with that reason. The default build compiles every schedule.
 #pragma once
 

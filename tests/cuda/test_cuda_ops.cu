@@ -173,6 +173,8 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   Rng rng(std::uint64_t(heads * 1000 + D * 10 + T));
   Gpu gpu;
   gpu.attention = kernel;
+  // The tiled choice runs the tiled kernels exactly where they take the head (else the simple ones).
+  CHECK(gpu::kernels::tiled_attention::takes<float>(D) == (D <= 64));
   Ref ref;
   const index_t C = heads * D, n = T * S;
   const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};

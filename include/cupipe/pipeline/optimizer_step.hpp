@@ -163,7 +163,8 @@ double sharded_flush_norm(States& states, comm::Communicator& comm, const std::v
 ///
 /// Where this process holds both copies and no other process holds a part (one stage, or no
 /// pipeline across processes), the sum stays on the backends: `first += second`, then `second =
-/// first`, as Network::sum_tied_gradients does, bitwise the same as the sum through the host. When
+/// first`, as Network::sum_tied_gradients does: each element a + b in T, as through the host
+/// (tested bitwise on the host backend; the CUDA path has not run on a GPU yet). When
 /// the copies are on two stages, the second copy travels to the first's backend and back through
 /// transfer(), the stages' hand-over. Otherwise the copies travel through host memory. On a GPU that
 /// matters: GPT-2's tied table is 154 MB, and the host path drained the device for about 400 ms per
@@ -174,33 +175,35 @@ double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCo
   const auto holds = [&](index_t offset, index_t count, index_t at) { return at >= offset && at + tied.count <= offset + count; };
   const bool across_processes = comm && comm->topology().stages > 1;
   double excluded = 0;
-  bool summed_on_backends = false;
   if (!across_processes) {
-    states.for_each([&](auto k1, auto& a) {  // the stage that holds the first copy
-      constexpr index_t offset_a = States::template model_offset<decltype(k1)::value>();
-      if (summed_on_backends || !holds(offset_a, a.param_count, tied.first)) return;
-      states.for_each([&](auto k2, auto& b) {  // the stage that holds the second (maybe the same)
-        constexpr index_t offset_b = States::template model_offset<decltype(k2)::value>();
-        using B = std::remove_reference_t<decltype(*a.be)>;
-        if constexpr (std::is_same_v<B, std::remove_reference_t<decltype(*b.be)>>) {
-          if (summed_on_backends || !holds(offset_b, b.param_count, tied.second)) return;
-          const ViewOn<B, T> first{a.grads.data() + (tied.first - offset_a), Shape{tied.count}};
-          const ViewOn<B, T> second{b.grads.data() + (tied.second - offset_b), Shape{tied.count}};
-          if (a.be == b.be) {
-            axpy(*a.be, T(1), ConstViewOn<B, T>(second), first);
-          } else {
-            auto theirs = a.be->template allocate<T>(tied.count, MemoryTag::workspace);
-            const ViewOn<B, T> copy_of_second{theirs.data(), Shape{tied.count}};
-            transfer(*b.be, *a.be, ConstViewOn<B, T>(second), copy_of_second);
-            axpy(*a.be, T(1), ConstViewOn<B, T>(copy_of_second), first);
-          }
-          transfer(*a.be, *b.be, ConstViewOn<B, T>(first), second);
-          excluded = sum_of_squares(*b.be, ConstViewOn<B, T>(second));
-          summed_on_backends = true;
-        }
-      });
+    // Where each copy is held here (one pass over the stages, so one instantiation per stage).
+    using B = typename States::backend_type;
+    B *holder_first = nullptr, *holder_second = nullptr;
+    T *first_data = nullptr, *second_data = nullptr;
+    states.for_each([&](auto k, auto& st) {
+      constexpr index_t offset = States::template model_offset<decltype(k)::value>();
+      if (holds(offset, st.param_count, tied.first)) {
+        holder_first = st.be;
+        first_data = st.grads.data() + (tied.first - offset);
+      }
+      if (holds(offset, st.param_count, tied.second)) {
+        holder_second = st.be;
+        second_data = st.grads.data() + (tied.second - offset);
+      }
     });
-    if (summed_on_backends) return excluded;
+    if (holder_first && holder_second) {
+      const ViewOn<B, T> first{first_data, Shape{tied.count}}, second{second_data, Shape{tied.count}};
+      if (holder_first == holder_second) {
+        axpy(*holder_first, T(1), ConstViewOn<B, T>(second), first);
+      } else {
+        auto theirs = holder_first->template allocate<T>(tied.count, MemoryTag::workspace);
+        const ViewOn<B, T> copy_of_second{theirs.data(), Shape{tied.count}};
+        transfer(*holder_second, *holder_first, ConstViewOn<B, T>(second), copy_of_second);
+        axpy(*holder_first, T(1), ConstViewOn<B, T>(copy_of_second), first);
+      }
+      transfer(*holder_first, *holder_second, ConstViewOn<B, T>(first), second);
+      return sum_of_squares(*holder_second, ConstViewOn<B, T>(second));
+    }
   }
   std::vector<T> sum(static_cast<std::size_t>(tied.count), T(0)), part(sum.size());
   auto each_copy = [&](auto&& f) {

@@ -26,6 +26,7 @@ class StageStates {
 
  public:
   using T = typename Backend::value_type;
+  using backend_type = Backend;
   static constexpr int size = int(Stages::size);
   static constexpr index_t param_count = Stages::model::body::param_count;
 
