@@ -2,8 +2,9 @@
 // Which schedules a trainer build compiles. Each schedule x stage count instantiates the whole
 // training loop, which makes the trainers the slowest files of the project to compile. A build
 // configured with -DCUPIPE_TRAINER_SCHEDULES=flush (the sanitizer job in scripts/test.sh, whose
-// checks run 1F1B or what --plan auto picks among these) compiles only the one-chunk flush schedules: GPipe, 1F1B, ZB-H1 and ZB-H2. It
-// refuses the others with that reason. The default build compiles every schedule.
+// checks run 1F1B or what --plan auto picks among these) compiles only the one-chunk flush
+// schedules: GPipe, 1F1B, ZB-H1 and ZB-H2. It refuses the others with that reason. The default
+// build compiles every schedule.
 #pragma once
 
 #include <string>
@@ -39,7 +40,9 @@ inline std::vector<std::string> built_schedule_names() {
   std::vector<std::string> names;
   if constexpr (!trainer_has_every_schedule)
     for (const schedule::PolicyInfo& p : schedule::policy_table())
-      if (p.update == schedule::UpdateRule::flush && p.default_chunks == 1) names.emplace_back(p.name);
+      schedule::with_policy(p.name, [&]<class Schedule>() {
+        if constexpr (trainer_builds<Schedule>) names.emplace_back(p.name);
+      });
   return names;
 }
 
