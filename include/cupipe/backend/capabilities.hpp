@@ -22,6 +22,7 @@ template <class B>
 concept Backend = requires(B& be, const typename B::value_type* from, typename B::value_type* to, index_t n,
                            std::span<typename B::value_type> host, std::span<const typename B::value_type> chost) {
   typename B::value_type;
+  typename B::compute_type;
   typename B::template buffer<typename B::value_type>;
   typename B::space;
   { B::name } -> std::convertible_to<std::string_view>;

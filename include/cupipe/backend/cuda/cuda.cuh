@@ -46,6 +46,7 @@ class Cuda : public ops::Dispatch {
 
  public:
   using value_type = T;
+  using compute_type = T;  ///< Cuda<T> computes in its storage type (bf16 storage: issue #12)
   using space = DeviceSpace;
   static constexpr std::string_view name = "cuda";
 

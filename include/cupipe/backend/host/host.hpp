@@ -1,6 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// backend::Host<T>: the CPU backend. It is the reference every other backend is checked against, and
-// the training path for CI and GPU-less users. One context per pipeline stage (per worker thread).
+// backend::Host<Storage, Compute>: the CPU backend. It is the reference every other backend is checked
+// against, and the training path for CI and GPU-less users. One context per pipeline stage (per
+// worker thread).
+//
+// Storage is the element type of parameters in use, activations and messages; Compute that of
+// gradients, master weights, optimizer state and reductions. Host<float> and Host<double> compute in
+// their storage type. Host<bfloat16, float> stores bf16 and computes in fp32 the way a GPU does: every
+// op reads bf16, computes in float and rounds its result to nearest even on the store
+// (backend/host/ops_bf16.hpp), so it is the CPU oracle of the device's bf16 path.
 #pragma once
 
 #include <cblas.h>
@@ -9,18 +16,25 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+#include <type_traits>
 
 #include "cupipe/backend/op_checks.hpp"
 #include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/dtype.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/tensor_group.hpp"
 
 namespace cupipe::backend {
 
-template <class T>
+template <class S, class C = S>
 struct Host : ops::Dispatch {
-  using value_type = T;
+  static_assert((std::is_same_v<S, C> && (std::is_same_v<S, float> || std::is_same_v<S, double>)) ||
+                    (std::is_same_v<S, bfloat16> && std::is_same_v<C, float>),
+                "backend::Host<Storage, Compute>: the precisions are Host<float>, Host<double> and "
+                "Host<bfloat16, float>");
+  using value_type = S;    ///< storage: parameters in use, activations, messages
+  using compute_type = C;  ///< gradients, master weights, optimizer state, reductions, the loss
   using space = HostSpace;
   static constexpr std::string_view name = "host";
 
@@ -49,7 +63,7 @@ struct Host : ops::Dispatch {
 #endif
   }
 
-  template <class U = T>
+  template <class U = S>
   buffer<U> allocate(index_t count, MemoryTag tag) {
     return buffer<U>(count, &memory, tag);
   }
@@ -66,6 +80,18 @@ struct Host : ops::Dispatch {
   }
   /// Waits for all work issued on this context (host work is synchronous).
   void synchronize() {}
+
+  /// A compute-precision context beside a reduced-precision one: the bf16 ops widen their inputs
+  /// to float and run the float op through it (the float ops do not touch their context).
+  Host<C>& widened() noexcept
+    requires(!std::is_same_v<S, C>)
+  {
+    return wide_;
+  }
+
+ private:
+  struct NoWide {};
+  [[no_unique_address]] std::conditional_t<std::is_same_v<S, C>, NoWide, Host<C>> wide_;
 };
 
 }  // namespace cupipe::backend
@@ -75,8 +101,8 @@ namespace cupipe::ops {
 /// The pipeline's stage-to-stage hand-over: copies `src` (in `from`'s memory) into `dst` (in
 /// `to`'s). Host memory is shared, so a plain copy; device backends overload it to copy without
 /// waiting on the host (backend/cuda/transfer.cuh).
-template <class T>
-void transfer(backend::Host<T>&, backend::Host<T>&, ConstView<T> src, TensorView<T> dst) {
+template <class S, class C, class T>
+void transfer(backend::Host<S, C>&, backend::Host<S, C>&, ConstView<T> src, TensorView<T> dst) {
   checks::transfer(src, dst);
   std::copy_n(src.data(), src.numel(), dst.data());
 }

@@ -497,3 +497,6 @@ void adamw_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, Ten
 }
 
 }  // namespace cupipe::ops
+
+// bf16 storage with float compute (backend::Host<bfloat16, float>).
+#include "cupipe/backend/host/ops_bf16.hpp"
