@@ -78,6 +78,11 @@ int main(int argc, char** argv) {
   app.add_option("--test-limit", f.test_limit, "use only the first N test samples (0: all)")->check(non_negative);
   app.add_option("--max-steps", f.max_steps, "stop (and save) after this many steps in total (0: no limit)")->check(non_negative);
   app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--precision", f.precision,
+                 "fp32, or bf16: weights in use, activations and messages in bfloat16, master weights, gradients, "
+                 "optimizer state and the loss in fp32 (host backend; gpipe, 1f1b, zb-h1, zb-h2)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--devices", f.devices, "GPU of each stage, e.g. 0,0,1,1 (with --backend cuda)");
   app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")->capture_default_str()->check(positive);
   app.add_option("--timeout", f.timeout,
@@ -127,6 +132,10 @@ int main(int argc, char** argv) {
       comm::require_same_settings(*launch.communicator, {{"training data", data_fingerprint(data.train)},
                                                          {"test data", data_fingerprint(data.test)}});
     standardise(data.train, data.test);
+    if (f.precision == "bf16" && f.backend != "host")
+      CUPIPE_THROW("--precision bf16 runs on the host backend for now (the CUDA backend's bf16 storage is not built yet)");
+    if (f.precision == "bf16" && f.plan == "auto")
+      CUPIPE_THROW("--plan auto calibrates and plans fp32 runs; give --schedule, --stages and --microbatches with --precision bf16");
     if (f.plan == "auto") {
       if (f.backend != "host") CUPIPE_THROW("--plan auto plans the host backend; leave out --backend cuda");
       plan_layout(f, data.train, launch.communicator.get());
@@ -143,6 +152,7 @@ int main(int argc, char** argv) {
     // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
     // each keeps them from oversubscribing the cores (11x slower on 2 cores otherwise).
     if (!launch.communicator && (f.stages > 1 || !f.plan.empty())) backend::Host<T>::set_blas_threads(1);
+    if (f.precision == "bf16") return train_bf16(f, data.train, data.test, launch);
     with_policy(f.schedule, [&]<class Schedule>() {
       if constexpr (!cupipe::examples::trainer_builds<Schedule>) {
         cupipe::examples::refuse_unbuilt_schedule<Schedule>();

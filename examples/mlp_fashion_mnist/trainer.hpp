@@ -53,6 +53,7 @@ struct Flags {
   std::int64_t max_steps = 0;
   std::string progress = "auto";
   std::string backend = "host";
+  std::string precision = "fp32";     ///< "bf16": bf16 storage, fp32 master weights (host backend)
   std::string devices;
   int dp = 1;
   double timeout = comm::Communicator::default_collective_timeout_seconds;
@@ -73,7 +74,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--weight-decay", real(f.weight_decay)}, {"--warmup-epochs", real(f.warmup_epochs)},
           {"--seed", std::to_string(f.seed)},  {"--train-limit", std::to_string(f.train_limit)},
           {"--test-limit", std::to_string(f.test_limit)}, {"--max-steps", std::to_string(f.max_steps)},
-          {"--backend", f.backend},            {"--save", f.save},
+          {"--backend", f.backend},            {"--precision", f.precision}, {"--save", f.save},
           {"--resume", f.resume}};
 }
 
@@ -137,18 +138,31 @@ class Progress {
   int last_decile_ = -1;
 };
 
+/// Images (float) into the storage precision S of a backend: a copy for float, else each value
+/// rounded to nearest (bf16).
+template <class S>
+void to_storage(const T* from, std::size_t count, S* to) {
+  if constexpr (std::is_same_v<S, T>) std::copy_n(from, count, to);
+  else
+    for (std::size_t i = 0; i < count; ++i) to[i] = S(from[i]);
+}
+
 template <class Pipe>
 double accuracy(Pipe& pipe, const io::Dataset& data) {
+  using S = typename Pipe::T;  // the storage precision: inputs and logits
   constexpr index_t chunk = 1000;
-  std::vector<T> logits;
+  std::vector<S> logits, images;
   std::int64_t correct = 0;
   for (index_t first = 0; first < data.count; first += chunk) {
     const index_t rows = std::min(chunk, data.count - first);
     logits.resize(std::size_t(rows * 10));
-    pipe.predict(ConstView<T>{data.images.data() + first * 784, Shape{rows, 784}}, TensorView<T>{logits.data(), Shape{rows, 10}});
+    images.resize(std::size_t(rows * 784));
+    to_storage(data.images.data() + first * 784, images.size(), images.data());
+    pipe.predict(ConstView<S>{images.data(), Shape{rows, 784}}, TensorView<S>{logits.data(), Shape{rows, 10}});
     for (index_t r = 0; r < rows; ++r) {
-      const T* row = logits.data() + r * 10;
-      correct += std::max_element(row, row + 10) - row == data.labels[std::size_t(first + r)];
+      const S* row = logits.data() + r * 10;
+      const auto less = [](const S& a, const S& b) { return float(a) < float(b); };
+      correct += std::max_element(row, row + 10, less) - row == data.labels[std::size_t(first + r)];
     }
   }
   return double(correct) / double(data.count);
@@ -158,6 +172,7 @@ template <class Schedule, int P, class Backend, class Optimizer>
 int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer, const Launch& launch) {
   using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
+  using S = typename Backend::value_type;  // inputs in the storage precision
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
              .post_validation = f.post_validation > 0});
@@ -171,9 +186,10 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   optimizer.options.schedule = {std::int64_t(f.warmup_epochs * double(batches_per_epoch)),
                                 std::int64_t(f.epochs) * batches_per_epoch, 0.0};
 
-  say("cupipe %s: %s, %d stages x %d chunk(s), %d microbatches, batch %d, %s lr %g, backend %s\n", version_string,
-      std::string(Schedule::name).c_str(), P, Schedule::chunks, f.microbatches, f.batch, std::string(Optimizer::name).c_str(),
-      f.lr, f.backend.c_str());
+  say("cupipe %s: %s, %d stages x %d chunk(s), %d microbatches, batch %d, %s lr %g, backend %s, precision %s\n",
+      version_string, std::string(Schedule::name).c_str(), P, Schedule::chunks, f.microbatches, f.batch,
+      std::string(Optimizer::name).c_str(), f.lr, f.backend.c_str(),
+      std::is_same_v<S, T> ? "fp32" : "bf16 (fp32 master weights, gradients and optimizer state)");
   if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
   for (int k = 0; k < int(Stages::size); ++k) say("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
 
@@ -194,7 +210,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   // With --post-validation N, N batches go to one train_steps call, which overlaps their steps.
   const std::int64_t window = std::max(1, f.post_validation);
-  std::vector<std::vector<T>> xs(std::size_t(window), std::vector<T>(std::size_t(f.batch) * 784));
+  std::vector<std::vector<S>> xs(std::size_t(window), std::vector<S>(std::size_t(f.batch) * 784));
   std::vector<std::vector<std::int32_t>> ys(std::size_t(window), std::vector<std::int32_t>(std::size_t(f.batch)));
   std::vector<typename Pipe::Batch> group;
   std::vector<std::int64_t> group_rows;
@@ -227,14 +243,14 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
         // normalised by the whole batch, so the replicas together take exactly one batch's step.
         const std::int64_t share_first = rows * launch.replica / launch.replicas;
         const std::int64_t share_rows = rows * (launch.replica + 1) / launch.replicas - share_first;
-        std::vector<T>& x = xs[std::size_t(k)];
+        std::vector<S>& x = xs[std::size_t(k)];
         std::vector<std::int32_t>& y = ys[std::size_t(k)];
         for (std::int64_t r = 0; r < share_rows; ++r) {
           const std::int64_t i = order[std::size_t(first + share_first + r)];
-          std::copy_n(train_set.images.data() + i * 784, 784, x.data() + r * 784);
+          to_storage(train_set.images.data() + i * 784, 784, x.data() + r * 784);
           y[std::size_t(r)] = train_set.labels[std::size_t(i)];
         }
-        group.push_back({ConstView<T>{x.data(), Shape{share_rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{share_rows}}});
+        group.push_back({ConstView<S>{x.data(), Shape{share_rows, 784}}, ConstView<std::int32_t>{y.data(), Shape{share_rows}}});
         group_rows.push_back(rows);
       }
       const auto step_start = std::chrono::steady_clock::now();
@@ -301,7 +317,9 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   if (f.rebalance && launch.leader()) {
     // One microbatch of real images, timed on a fresh context of the same backend (device 0 for CUDA).
     const index_t rows = std::max<index_t>(1, std::min<std::int64_t>(n, f.batch) / f.microbatches);
-    const auto profile = profile_layers<typename Model::body, Backend>(ConstView<T>{train_set.images.data(), Shape{rows, 784}}, 3);
+    std::vector<S> images(std::size_t(rows * 784));
+    to_storage(train_set.images.data(), images.size(), images.data());
+    const auto profile = profile_layers<typename Model::body, Backend>(ConstView<S>{images.data(), Shape{rows, 784}}, 3);
     std::printf("%s", describe(rebalance(pipe.plan(), profile, stage_cuts<Stages>())).c_str());
   }
 
@@ -326,6 +344,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
                             {"stages", f.stages},
                             {"microbatches", f.microbatches},
                             {"data_parallel", launch.replicas},
+                            {"precision", f.precision},
                             {"step_seconds_measured", median_step}};
   if (f.post_validation > 0) summary["post_validation_rollbacks"] = rollbacks;
   if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
@@ -340,6 +359,9 @@ int with_optimizer(const Flags& f, Run&& run) {
   if (f.optimizer == "sgd") return run(optim::SGD({.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay}));
   return run(optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}));
 }
+
+/// --precision bf16 on the host backend (defined in train_bf16.cpp).
+int train_bf16(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
 
 /// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
 int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set,

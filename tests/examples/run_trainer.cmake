@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs mlp_fashion_mnist and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation -P run_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16 -P run_trainer.cmake
 # learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key.
 # resume: 5 steps, save, resume for 5 more, save; against 10 straight steps, save: the two final
 #         model files must hold the same tensor bytes (bit-exact resume through the command line).
 # plan: --plan auto picks a layout for 2 workers and reports its predicted and measured step times.
 # post_validation: 10 steps in groups of 4, 4 and 2 with --post-validation 4 (ZB-H1, steps overlap)
 #         against 10 plain steps: the saved model and optimizer tensors must be bitwise equal.
+# bf16: --precision bf16 learns (one epoch, test_accuracy >= 0.6), resumes bit-exactly from its own
+#         fp32 checkpoint (master weights and optimizer state), and an fp32 run resumes from it.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
 cmake_minimum_required(VERSION 3.19)
 if(NOT IS_DIRECTORY "${DATA_DIR}")
@@ -66,11 +68,32 @@ elseif(MODE STREQUAL "plan")
     message(FATAL_ERROR "--plan auto --workers 2 chose ${stages} stages: ${summary}")
   endif()
   message("planned: ${summary}")
+elseif(MODE STREQUAL "bf16")
+  run_trainer(--epochs 1 --precision bf16)
+  string(JSON accuracy GET "${summary}" test_accuracy)
+  string(JSON precision GET "${summary}" precision)
+  if(NOT precision STREQUAL "bf16")
+    message(FATAL_ERROR "the summary reports precision '${precision}', expected bf16: ${summary}")
+  endif()
+  if(NOT accuracy GREATER_EQUAL 0.6)
+    message(FATAL_ERROR "bf16: test_accuracy ${accuracy} after one epoch on 4000 samples; expected at least 0.6")
+  endif()
+  run_trainer(--epochs 1 --precision bf16 --max-steps 5 --save "${WORK_DIR}/first")
+  run_trainer(--epochs 1 --precision bf16 --max-steps 10 --resume "${WORK_DIR}/first" --save "${WORK_DIR}/resumed")
+  run_trainer(--epochs 1 --precision bf16 --max-steps 10 --save "${WORK_DIR}/straight")
+  expect_same_tensors("${WORK_DIR}/resumed" "${WORK_DIR}/straight")
+  # The checkpoint holds fp32 master weights: an fp32 run takes it up.
+  run_trainer(--epochs 1 --max-steps 10 --resume "${WORK_DIR}/first")
+  string(JSON fp32_precision GET "${summary}" precision)
+  if(NOT fp32_precision STREQUAL "fp32")
+    message(FATAL_ERROR "resuming in fp32 reported precision '${fp32_precision}'")
+  endif()
+  message("bf16 learned (test_accuracy ${accuracy}), resumed bit-exactly, and its checkpoint loaded into an fp32 run")
 elseif(MODE STREQUAL "post_validation")
   set(common --data "${DATA_DIR}" --schedule zb-h1 --stages 2 --microbatches 4 --train-limit 4000 --test-limit 500
              --progress none --epochs 1 --max-steps 10)
   expect_post_validation_bitwise(train_loss)
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, plan or post_validation, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, plan, post_validation or bf16, got '${MODE}'")
 endif()
 file(REMOVE_RECURSE "${WORK_DIR}")

@@ -90,6 +90,9 @@ template <class T, class Space = HostSpace> using ConstView = std::type_identity
 /// Views of backend B's memory (B::space): what layers and the runtime pass to B's ops. ViewOn
 /// deduces T (from a view of exactly that type); ConstViewOn, like ConstView, does not.
 template <class B, class T> using ViewOn = TensorView<T, typename B::space>;
+/// The element type of gradients, master weights and optimizer state on backend B: its compute type
+/// (float for bf16 storage; the storage type itself otherwise).
+template <class B> using grad_t = typename B::compute_type;
 template <class B, class T> using ConstViewOn = std::type_identity_t<TensorView<const T, typename B::space>>;
 /// Views of a device's memory: what the CUDA backend's ops take.
 template <class T> using DeviceView = TensorView<T, DeviceSpace>;

@@ -88,15 +88,16 @@ struct HeadSplitAttention {
   }
 
   /// From the dqkv that backward_input kept: dc_proj += dy^T att, dc_attn += dqkv^T x, biases likewise.
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, T* g) {
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, grad_t<B>* g) {
+    using G = grad_t<B>;
     const Parts_<B, T> s(saved.data(), x.rows());
     gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), x, T(1),
-         ViewOn<B, T>{g, Shape{3 * width, C}});
-    bias_backward(be, ConstViewOn<B, T>(s.dqkv), ViewOn<B, T>{g + 3 * width * C, Shape{3 * width}});
-    T* gp = g + 3 * width * C + 3 * width;
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>(s.att), T(1), ViewOn<B, T>{gp, Shape{C, width}});
-    bias_backward(be, dy, ViewOn<B, T>{gp + C * width, Shape{C}});
+         ViewOn<B, G>{g, Shape{3 * width, C}});
+    bias_backward(be, ConstViewOn<B, T>(s.dqkv), ViewOn<B, G>{g + 3 * width * C, Shape{3 * width}});
+    G* gp = g + 3 * width * C + 3 * width;
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>(s.att), T(1), ViewOn<B, G>{gp, Shape{C, width}});
+    bias_backward(be, dy, ViewOn<B, G>{gp + C * width, Shape{C}});
   }
 
  private:

@@ -40,9 +40,9 @@ struct Embedding {
   // The ids have no gradient.
   template <class B, class T>
   static void backward_input(B&, const T*, ConstViewOn<B, std::int32_t>, ConstViewOn<B, T>, ConstViewOn<B, T>, ViewOn<B, T>) {}
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
-    embedding_backward(be, ids, dy, ViewOn<B, T>{g, Shape{Vocab, Dim}});
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, grad_t<B>* g) {
+    embedding_backward(be, ids, dy, ViewOn<B, grad_t<B>>{g, Shape{Vocab, Dim}});
   }
 
  private:
@@ -96,13 +96,13 @@ struct VocabSplitTokenPositionEmbedding {
   template <class B, class T>
   static void backward_input(B&, const T*, ConstViewOn<B, std::int32_t>, ConstViewOn<B, T>, ConstViewOn<B, T>, ViewOn<B, T>) {}
   /// dwte[id] += dy (this part's ids);  dwpe[position] += dy, over every sequence.
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, grad_t<B>* g) {
     check_sequences(ids.numel());
-    embedding_backward(be, ids, dy, ViewOn<B, T>{g, Shape{part_vocab, Dim}}, part(be));
+    embedding_backward(be, ids, dy, ViewOn<B, grad_t<B>>{g, Shape{part_vocab, Dim}}, part(be));
     for (index_t s = 0; s < ids.numel(); s += SeqLen)
       axpy(be, T(1), ConstViewOn<B, T>{dy.data() + s * Dim, Shape{SeqLen, Dim}},
-           ViewOn<B, T>{g + part_vocab * Dim, Shape{SeqLen, Dim}});
+           ViewOn<B, grad_t<B>>{g + part_vocab * Dim, Shape{SeqLen, Dim}});
   }
 
  private:

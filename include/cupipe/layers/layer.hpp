@@ -87,6 +87,7 @@ namespace detail {
 /// A backend without ops, to check a layer's signatures in requires-expressions; nothing runs on it.
 struct SignatureProbe : ops::Dispatch {
   using value_type = float;
+  using compute_type = float;
   using space = HostSpace;
 };
 /// What a layer reads: token ids for an Embedding, else the backend's values.
@@ -206,8 +207,8 @@ struct Stateless {
   static constexpr index_t saved_per_row(index_t) { return 0; }
   template <class T>
   static void init(std::span<T>, index_t, Rng&) {}
-  template <class B, class T>
-  static void backward_weight(B&, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T>, T*) {}
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B&, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T>, grad_t<B>*) {}
 };
 
 }  // namespace cupipe

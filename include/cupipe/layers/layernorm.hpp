@@ -41,11 +41,11 @@ struct LayerNorm {
     layernorm_backward_input(be, x, ConstViewOn<B, T>{p, Shape{N}}, ConstViewOn<B, T>{saved.data(), Shape{n}},
                                   ConstViewOn<B, T>{saved.data() + n, Shape{n}}, dy, dx);
   }
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T> saved, ConstViewOn<B, T> dy, T* g) {
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T> saved, ConstViewOn<B, T> dy, grad_t<B>* g) {
     const index_t n = x.rows();
     layernorm_backward_weight(be, x, ConstViewOn<B, T>{saved.data(), Shape{n}}, ConstViewOn<B, T>{saved.data() + n, Shape{n}},
-                                   dy, ViewOn<B, T>{g, Shape{N}}, ViewOn<B, T>{g + N, Shape{N}});
+                                   dy, ViewOn<B, grad_t<B>>{g, Shape{N}}, ViewOn<B, grad_t<B>>{g + N, Shape{N}});
   }
 };
 

@@ -60,10 +60,10 @@ struct OutputSplitLinear {
     tensor_group_sum<Parts>(be, dx, "ColumnParallelLinear");
   }
   // dW += dy^T x;  db += sum over rows of dy (with a bias)
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{part_out, In}});
-    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, T>{g + part_out * In, Shape{part_out}});
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, grad_t<B>* g) {
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, grad_t<B>>{g, Shape{part_out, In}});
+    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, grad_t<B>>{g + part_out * In, Shape{part_out}});
   }
 
  private:

@@ -16,8 +16,8 @@ namespace cupipe {
 
 namespace detail {
 /// Throws, naming `loss_layer` and the shapes, when a loss is not finite.
-template <class T, class Space>
-void check_loss_finite(const std::string& loss_layer, T loss, TensorView<const T, Space> logits,
+template <class L, class T, class Space>
+void check_loss_finite(const std::string& loss_layer, L loss, TensorView<const T, Space> logits,
                        TensorView<const std::int32_t, Space> labels) {
   if (!std::isfinite(double(loss)))
     CUPIPE_THROW(loss_layer, ": the loss is not finite (", double(loss), ") for logits ", logits.shape(), " and labels ",
@@ -34,10 +34,12 @@ struct SoftmaxCrossEntropy : Stateless {
   static constexpr double forward_flops_per_sample(index_t) { return 5.0 * Classes; }
   static std::string describe() { return "SoftmaxCrossEntropy<" + std::to_string(Classes) + ">"; }
 
-  /// Writes the loss to `loss` (1,) in the backend's memory.
-  template <class B, class T>
-  static void forward(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels, ViewOn<B, T> loss, index_t normalizer) {
-    check<T>(logits, labels);
+  /// Writes the loss to `loss` (1,) in the backend's memory: logits in the storage precision, the
+  /// loss in the compute precision (the same type, except for bf16 storage).
+  template <class B, class L>
+  static void forward(B& be, ConstViewOn<B, typename B::value_type> logits, ConstViewOn<B, std::int32_t> labels, ViewOn<B, L> loss,
+                      index_t normalizer) {
+    check<typename B::value_type>(logits, labels);
     softmax_cross_entropy_forward(be, logits, labels, loss, normalizer);
   }
   template <class B, class T>
@@ -48,8 +50,8 @@ struct SoftmaxCrossEntropy : Stateless {
   }
 
   /// Throws when a loss computed from `logits` and `labels` is not finite.
-  template <class T, class Space>
-  static void check_finite(T loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
+  template <class L, class T, class Space>
+  static void check_finite(L loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
     detail::check_loss_finite(describe(), loss, logits, labels);
   }
 
@@ -62,13 +64,14 @@ struct SoftmaxCrossEntropy : Stateless {
   }
 };
 
-/// The loss of `logits` against `labels`, divided by `normalizer`, as a host value: runs Loss::forward
-/// on `be` and reads the result back. With check_finite, a loss that is not finite throws, naming the
-/// shapes. The one place a pipeline stage and Network evaluate a loss.
+/// The loss of `logits` against `labels`, divided by `normalizer`, as a host value in the backend's
+/// compute precision: runs Loss::forward on `be` and reads the result back. With check_finite, a loss
+/// that is not finite throws, naming the shapes. The one place a pipeline stage and Network evaluate
+/// a loss.
 template <class Loss, class B>
-typename B::value_type loss_value(B& be, ConstViewOn<B, typename B::value_type> logits,
-                                  ConstViewOn<B, std::int32_t> labels, index_t normalizer, bool check_finite) {
-  using T = typename B::value_type;
+grad_t<B> loss_value(B& be, ConstViewOn<B, typename B::value_type> logits, ConstViewOn<B, std::int32_t> labels,
+                     index_t normalizer, bool check_finite) {
+  using T = grad_t<B>;
   auto loss = be.template allocate<T>(1, MemoryTag::workspace);
   Loss::forward(be, logits, labels, ViewOn<B, T>{loss.data(), Shape{1}}, normalizer);
   T value{};

@@ -81,12 +81,12 @@ struct Residual {
   static void backward_input(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     const index_t n = x.rows();
     T* record = saved.data();
-    Inner::backward(be, p, x, record, dy, dx, static_cast<T*>(nullptr), record + Inner::record_elements(n), false);
+    Inner::backward(be, p, x, record, dy, dx, static_cast<grad_t<B>*>(nullptr), record + Inner::record_elements(n), false);
     if (!dx.empty()) axpy(be, T(1), dy, dx);
   }
 
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, T* g) {
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ViewOn<B, T> saved, ConstViewOn<B, T> dy, grad_t<B>* g) {
     const index_t n = x.rows();
     const T* record = saved.data();
     Inner::backward_weight(be, x, record, dy, record + Inner::record_elements(n), g);

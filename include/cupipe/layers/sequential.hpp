@@ -310,7 +310,7 @@ struct LayerSeq {
   /// - grad_record (grad_record_elements(rows)) receives the per-layer output gradients W needs.
   template <class B, class T>
   static void backward(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, const T* record, ConstViewOn<B, T> dy, ViewOn<B, T> dx,
-                       T* grads, T* grad_record, bool with_weight_grads) {
+                       grad_t<B>* grads, T* grad_record, bool with_weight_grads) {
     const index_t rows = x0.rows();
     check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
     if (!dx.empty()) check_view(dx, Shape{rows, in_features}, describe_layer<0>(), "input gradient");
@@ -326,7 +326,8 @@ struct LayerSeq {
 
   /// Accumulates parameter gradients from a grad record that backward(..., false) filled.
   template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, input_t<T>> x0, const T* record, ConstViewOn<B, T> dy, const T* grad_record, T* grads) {
+  static void backward_weight(B& be, ConstViewOn<B, input_t<T>> x0, const T* record, ConstViewOn<B, T> dy, const T* grad_record,
+                              grad_t<B>* grads) {
     const index_t rows = x0.rows();
     check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
     CUPIPE_REQUIRE(record != nullptr && (grad_record != nullptr || size == 1) && (grads != nullptr || param_count == 0),
@@ -408,7 +409,7 @@ struct LayerSeq {
 
   template <std::size_t I, class B, class T>
   static void backward_layer(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, const T* record, index_t rows, ConstViewOn<B, T> dy,
-                             ViewOn<B, T> dx, T* grads, T* grad_record, bool with_weight_grads) {
+                             ViewOn<B, T> dx, grad_t<B>* grads, T* grad_record, bool with_weight_grads) {
     using L = layer<I>;
     T* rec = const_cast<T*>(record);
     const ConstViewOn<B, T> g = I + 1 == size ? dy : ConstViewOn<B, T>(output_grad<typename B::space>(grad_record, rows, I));
@@ -429,7 +430,7 @@ struct LayerSeq {
 
   template <std::size_t I, class B, class T>
   static void weight_layer(B& be, ConstViewOn<B, input_t<T>> x0, const T* record, index_t rows, ConstViewOn<B, T> dy,
-                           const T* grad_record, T* grads) {
+                           const T* grad_record, grad_t<B>* grads) {
     using L = layer<I>;
     if constexpr (param_elements<L>(widths[I]) > 0) {
       T* rec = const_cast<T*>(record);

@@ -100,10 +100,10 @@ struct RowParallelLinear {
   static void backward_input(B& be, const T* p, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     if (!dx.empty()) gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, ConstViewOn<B, T>{p, Shape{Out, part_in}}, T(0), dx);
   }
-  template <class B, class T>
-  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, T* g) {
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, T>{g, Shape{Out, part_in}});
-    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, T>{g + Out * part_in, Shape{Out}});
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T> dy, grad_t<B>* g) {
+    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dy, x, T(1), ViewOn<B, grad_t<B>>{g, Shape{Out, part_in}});
+    if constexpr (Bias) bias_backward(be, dy, ViewOn<B, grad_t<B>>{g + Out * part_in, Shape{Out}});
   }
 };
 

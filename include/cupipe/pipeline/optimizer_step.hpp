@@ -25,7 +25,7 @@ namespace cupipe::pipeline {
 template <class Optimizer, class St>
 void prepare_slots(St& st) {
   using B = std::remove_reference_t<decltype(*st.be)>;
-  using T = typename B::value_type;
+  using T = grad_t<B>;
   if (st.slots_for == Optimizer::name && st.slots.size() == Optimizer::slot_names.size()) return;
   st.slots.clear();
   const index_t n = st.shard.size();
@@ -38,16 +38,22 @@ void prepare_slots(St& st) {
 
 /// Updates the stage's shard of `params` (one of its weight versions; the whole of them without
 /// ZeRO-1) from its gradients scaled by `grad_scale`, then zeroes the gradients. The update is
-/// element-wise, so a shard's values are bitwise those of the whole update.
+/// element-wise, so a shard's values are bitwise those of the whole update. With master weights
+/// (bf16 storage) the optimizer updates them in float and `params` becomes their rounding.
 template <class Optimizer, class St, class T>
 void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_scale) {
   using B = std::remove_reference_t<decltype(*st.be)>;
+  using G = grad_t<B>;
   const index_t begin = st.shard.begin, n = st.shard.size();
   if (n > 0) {
-    std::vector<ViewOn<B, T>> slots;
+    G* target = nullptr;
+    if constexpr (St::master_weights) target = st.master.data();
+    else target = params;
+    std::vector<ViewOn<B, G>> slots;
     for (auto& s : st.slots) slots.push_back({s.data(), Shape{n}});
-    optimizer.update(*st.be, ViewOn<B, T>{params + begin, Shape{n}}, ConstViewOn<B, T>{st.grads.data() + begin, Shape{n}},
-                     std::span<const ViewOn<B, T>>(slots), st.updates, grad_scale);
+    optimizer.update(*st.be, ViewOn<B, G>{target + begin, Shape{n}}, ConstViewOn<B, G>{st.grads.data() + begin, Shape{n}},
+                     std::span<const ViewOn<B, G>>(slots), st.updates, grad_scale);
+    st.publish_master(params, begin, begin + n);
   }
   st.zero_grads();
   ++st.updates;
@@ -71,17 +77,21 @@ std::vector<T> gather_shards(comm::Communicator& comm, St& st, const T* shard_va
 template <class St>
 void gather_updated_weights(comm::Communicator* comm, St& st) {
   if (!comm || !st.shard.sharded()) return;
-  using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
-  T* weights = st.weights.latest_data();
-  const std::vector<T> all = gather_shards(*comm, st, weights + st.shard.begin);
-  st.be->upload(std::span<const T>(all), weights);
+  if constexpr (St::master_weights) {
+    CUPIPE_THROW("ZeRO-1 with bf16 storage: not supported (the Pipeline refuses it when it is built)");
+  } else {
+    using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
+    T* weights = st.weights.latest_data();
+    const std::vector<T> all = gather_shards(*comm, st, weights + st.shard.begin);
+    st.be->upload(std::span<const T>(all), weights);
+  }
 }
 
 /// Sum of squares of a stage's gradients.
 template <class St>
 double gradient_sum_of_squares(St& st) {
   using B = std::remove_reference_t<decltype(*st.be)>;
-  return sum_of_squares(*st.be, ConstViewOn<B, typename B::value_type>(st.grad_view()));
+  return sum_of_squares(*st.be, ConstViewOn<B, grad_t<B>>(st.grad_view()));
 }
 
 /// Sums a stage's gradients over its replicas (through host memory unless the communicator takes
@@ -90,7 +100,7 @@ template <class St>
 void sum_over_replicas(comm::Communicator* comm, St& st) {
   if (!comm || comm->topology().replicas == 1) return;
   using Backend = std::remove_reference_t<decltype(*st.be)>;
-  using T = typename Backend::value_type;
+  using T = grad_t<Backend>;
   st.be->synchronize();
   if (comm::reads_backend_memory<Backend>(*comm)) {
     comm->sum_over_replicas(st.grads.data(), std::size_t(st.param_count));
@@ -107,7 +117,7 @@ void sum_over_replicas(comm::Communicator* comm, St& st) {
 /// replica's own, unsummed values, which nothing reads before update_stage zeroes them.
 template <class St>
 void reduce_scatter_over_replicas(comm::Communicator& comm, St& st) {
-  using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
+  using T = grad_t<std::remove_reference_t<decltype(*st.be)>>;
   std::vector<T> host(static_cast<std::size_t>(st.shard.stride * st.shard.replicas), T(0));
   st.be->synchronize();
   st.be->download(st.grads.data(), std::span<T>(host.data(), std::size_t(st.param_count)));
@@ -134,7 +144,7 @@ inline bool split_at(const std::vector<ParamInfo>& table, index_t at) {
 template <class States>
 double sharded_flush_norm(States& states, comm::Communicator& comm, const std::vector<ParamInfo>& table,
                           const TiedCopies& tied = {}) {
-  using T = typename States::T;
+  using T = typename States::G;
   const bool counts_replicated = comm.topology().tensor_rank() == 0;
   const bool tied_split = tied.count > 0 && split_at(table, tied.second);
   double sum = 0;
@@ -171,7 +181,7 @@ double sharded_flush_norm(States& states, comm::Communicator& comm, const std::v
 /// step (measured on an H100, docs/benchmarks.md, 2026-11-26).
 template <class States>
 double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCopies& tied) {
-  using T = typename States::T;
+  using T = typename States::G;
   const auto holds = [&](index_t offset, index_t count, index_t at) { return at >= offset && at + tied.count <= offset + count; };
   const bool across_processes = comm && comm->topology().stages > 1;
   double excluded = 0;
@@ -262,12 +272,12 @@ bool update_stands(const Optimizer& optimizer, double norm) {
   return std::isfinite(norm) && optim::clip_factor(norm, optimizer.clip_norm()) == 1.0;
 }
 
-/// Copies a stage's weights, gradients and optimizer slots (and its update count) aside, so that
-/// restore() can undo the update that follows.
+/// Copies a stage's (master) weights, gradients and optimizer slots (and its update count) aside, so
+/// that restore() can undo the update that follows.
 template <class St>
 void save_for_rollback(St& st) {
   using B = std::remove_reference_t<decltype(*st.be)>;
-  using T = typename B::value_type;
+  using T = grad_t<B>;
   const std::size_t arrays = 2 + st.slots.size();
   if (st.saved.size() != arrays) {
     st.saved.clear();
@@ -278,7 +288,7 @@ void save_for_rollback(St& st) {
   }
   const Shape shape{st.param_count};
   auto save = [&](const T* from, std::size_t i) { copy(*st.be, ConstViewOn<B, T>{from, shape}, ViewOn<B, T>{st.saved[i].data(), shape}); };
-  save(st.weights.latest_data(), 0);
+  save(st.master_data(), 0);
   save(st.grads.data(), 1);
   for (std::size_t i = 0; i < st.slots.size(); ++i) save(st.slots[i].data(), 2 + i);
   st.saved_updates = st.updates;
@@ -288,11 +298,12 @@ void save_for_rollback(St& st) {
 template <class St>
 void restore(St& st) {
   using B = std::remove_reference_t<decltype(*st.be)>;
-  using T = typename B::value_type;
+  using T = grad_t<B>;
   CUPIPE_REQUIRE(st.saved.size() == 2 + st.slots.size(), "post-validation: a stage has nothing saved to roll back to");
   const Shape shape{st.param_count};
   auto load = [&](T* to, std::size_t i) { copy(*st.be, ConstViewOn<B, T>{st.saved[i].data(), shape}, ViewOn<B, T>{to, shape}); };
-  load(st.weights.latest_data(), 0);
+  load(st.master_data(), 0);
+  st.publish_master(st.weights.latest_data());
   load(st.grads.data(), 1);
   for (std::size_t i = 0; i < st.slots.size(); ++i) load(st.slots[i].data(), 2 + i);
   st.updates = st.saved_updates;

@@ -122,7 +122,9 @@ class Pipeline {
   using caps = backend::capabilities<Backend>;
 
  public:
-  using T = typename Backend::value_type;
+  using T = typename Backend::value_type;  ///< storage: weights in use, activations, messages
+  /// Compute: gradients, master weights, optimizer state; what parameters() and the setters move.
+  using G = grad_t<Backend>;
   using space = typename Backend::space;
   using Model = typename Stages::model;
   using Loss = typename Stages::loss;
@@ -221,7 +223,8 @@ class Pipeline {
       const bool recompute = std::find(options_.recompute.begin(), options_.recompute.end(), K) != options_.recompute.end();
       slot = std::make_unique<std::remove_reference_t<decltype(*slot)>>(be, versions_allowed[std::size_t(w)], recompute);
       // With tensor parallelism each rank draws its part of the whole model's initialisation.
-      Seq::init_on(be, slot->weights.latest_data(), options_.seed, tensor_group_ ? tensor_group_->rank() : 0);
+      Seq::init_on(be, slot->master_data(), options_.seed, tensor_group_ ? tensor_group_->rank() : 0);
+      slot->publish_master(slot->weights.latest_data());
       if (zero_sharded()) {
         const comm::Topology& t = comm()->topology();
         slot->shard = pipeline::Shard::of(Seq::param_count, t.replicas, t.replica());
@@ -387,7 +390,14 @@ class Pipeline {
     }
     transport_->finish_step();
     if constexpr (output_parts > 1) tensor_group_->sum(host.data(), host.size());
-    comm()->sum_over_stages(host.data(), host.size());
+    if constexpr (std::is_same_v<T, G>) {
+      comm()->sum_over_stages(host.data(), host.size());
+    } else {  // bf16 outputs travel as float: exact, since one rank holds each value and the others add zeros
+      std::vector<G> wide(host.size());
+      for (std::size_t i = 0; i < host.size(); ++i) wide[i] = G(host[i]);
+      comm()->sum_over_stages(wide.data(), wide.size());
+      for (std::size_t i = 0; i < host.size(); ++i) host[i] = T(wide[i]);
+    }
   }
   /// The same with x in the first stage's worker's memory and `out` in the last stage's (device
   /// backends, in one process).
@@ -402,29 +412,30 @@ class Pipeline {
     be.synchronize();
   }
 
-  /// The whole model's parameters, in the unsplit model's flat layout (latest versions); with
-  /// tensor parallelism gathered over the group too.
-  std::vector<T> parameters() { return whole(gather([](auto& st) { return st.weights.latest_data(); })); }
+  /// The whole model's parameters, in the unsplit model's flat layout (latest versions; the float
+  /// master weights with bf16 storage); with tensor parallelism gathered over the group too.
+  std::vector<G> parameters() { return whole(gather([](auto& st) { return st.master_data(); })); }
   /// The accumulated gradients, same layout, summed over the replicas (across processes a
   /// collective: every rank calls it).
-  std::vector<T> gradients() {
+  std::vector<G> gradients() {
     reduce_gradients();
     return whole(gather([](auto& st) { return st.grads.data(); }));
   }
-  void set_parameters(std::span<const T> values) {
-    const std::vector<T> mine = part(values);
-    states_.scatter(tensor_group_ ? std::span<const T>(mine) : values, [](auto& st) { return st.weights.latest_data(); });
+  void set_parameters(std::span<const G> values) {
+    const std::vector<G> mine = part(values);
+    states_.scatter(tensor_group_ ? std::span<const G>(mine) : values, [](auto& st) { return st.master_data(); });
+    states_.for_each([](auto, auto& st) { st.publish_master(st.weights.latest_data()); });
   }
   /// Optimizer state slot `slot` (e.g. 0 = exp_avg for AdamW), same layout; empty before the first
   /// update. With ZeRO-1 the replicas' shards are gathered first (a collective over the replicas).
-  std::vector<T> optimizer_state(std::size_t slot) {
+  std::vector<G> optimizer_state(std::size_t slot) {
     bool prepared = true;
     states_.for_each([&](auto, auto& st) { prepared = prepared && st.slots.size() > slot; });
     if (!prepared) return {};
     if (!zero_sharded()) return whole(gather([slot](auto& st) { return st.slots[slot].data(); }));
-    std::vector<T> out(static_cast<std::size_t>(States::param_count), T(0));
+    std::vector<G> out(static_cast<std::size_t>(States::param_count), G(0));
     states_.for_each([&](auto k, auto& st) {
-      const std::vector<T> whole = pipeline::gather_shards(*comm(), st, st.slots[slot].data());
+      const std::vector<G> whole = pipeline::gather_shards(*comm(), st, st.slots[slot].data());
       std::copy(whole.begin(), whole.end(), out.begin() + States::template model_offset<decltype(k)::value>());
     });
     comm()->sum_over_stages(out.data(), out.size());
@@ -433,16 +444,16 @@ class Pipeline {
   /// Restores optimizer state and the update count (for checkpoints); slots must be prepared for
   /// `optimizer` first.
   template <optim::Optimizer Optimizer>
-  void set_optimizer_state(const Optimizer&, std::size_t slot, std::span<const T> values, std::int64_t updates) {
+  void set_optimizer_state(const Optimizer&, std::size_t slot, std::span<const G> values, std::int64_t updates) {
     prepare_slots<Optimizer>();
     CUPIPE_REQUIRE(slot < Optimizer::slot_names.size(), "set_optimizer_state: ", Optimizer::name, " has ",
                    Optimizer::slot_names.size(), " state slots, not ", slot + 1);
     if (!zero_sharded()) {
-      const std::vector<T> mine = part(values);
-      states_.scatter(tensor_group_ ? std::span<const T>(mine) : values, [slot](auto& st) { return st.slots[slot].data(); });
+      const std::vector<G> mine = part(values);
+      states_.scatter(tensor_group_ ? std::span<const G>(mine) : values, [slot](auto& st) { return st.slots[slot].data(); });
     } else {
-      const std::vector<T> mine = part(values);
-      const std::span<const T> local = tensor_group_ ? std::span<const T>(mine) : values;
+      const std::vector<G> mine = part(values);
+      const std::span<const G> local = tensor_group_ ? std::span<const G>(mine) : values;
       CUPIPE_REQUIRE(index_t(local.size()) == States::param_count, "Pipeline: got ", values.size(),
                      " values for a model of ", States::param_count, " parameters");
       states_.for_each([&](auto k, auto& st) {
@@ -456,13 +467,13 @@ class Pipeline {
  private:
   /// With tensor parallelism, the whole model's values from this rank's part (a collective over the
   /// group); else `values` as they are.
-  std::vector<T> whole(std::vector<T> values) {
+  std::vector<G> whole(std::vector<G> values) {
     if (!tensor_group_) return values;
-    return tensor_parallel::unshard(parameter_table(), Model::parameter_table(), std::span<const T>(values), *tensor_group_);
+    return tensor_parallel::unshard(parameter_table(), Model::parameter_table(), std::span<const G>(values), *tensor_group_);
   }
   /// With tensor parallelism, this rank's part of the whole model's `values`; else nothing (the
   /// caller uses `values`).
-  std::vector<T> part(std::span<const T> values) const {
+  std::vector<G> part(std::span<const G> values) const {
     if (!tensor_group_) return {};
     return tensor_parallel::shard(parameter_table(), Model::parameter_table(), values, tensor_group_->rank());
   }
@@ -499,7 +510,7 @@ class Pipeline {
       constexpr index_t offset = States::template model_offset<decltype(k)::value>();
       for (const ParamInfo& p : table) {
         if (p.offset < offset || p.offset >= offset + st.param_count) continue;
-        const double s = sum_of_squares(*st.be, ConstViewOn<Backend, T>{st.grads.data() + (p.offset - offset), Shape{p.numel}});
+        const double s = sum_of_squares(*st.be, ConstViewOn<Backend, G>{st.grads.data() + (p.offset - offset), Shape{p.numel}});
         (p.split == TensorSplit::none ? replicated : split) += s;
       }
     });
@@ -510,8 +521,8 @@ class Pipeline {
 
   /// Across processes, a sum over the pipeline in which every other rank contributes zeros.
   template <class Pointer>
-  std::vector<T> gather(Pointer pointer) {
-    std::vector<T> out = states_.gather(pointer);
+  std::vector<G> gather(Pointer pointer) {
+    std::vector<G> out = states_.gather(pointer);
     if (comm()) comm()->sum_over_stages(out.data(), out.size());
     return out;
   }
@@ -646,6 +657,9 @@ class Pipeline {
 
   /// PipelineOptions::zero's conditions, checked before anything runs.
   void check_zero() const {
+    if constexpr (!std::is_same_v<T, G>)
+      CUPIPE_THROW("Pipeline: zero with bf16 storage is not supported yet (each replica would update only its shard of "
+                   "the float master weights); leave zero off");
     if (update_rule != schedule::UpdateRule::flush)
       CUPIPE_THROW("Pipeline: zero shards the optimizer state of a flush update over the replicas, but ", Schedule::name,
                    " updates each stage inside the step (use a flush schedule, or leave zero off)");

@@ -84,7 +84,7 @@ LayerProfile profile_layers(ConstView<typename Body::template input_t<typename B
   Backend be;
   const index_t rows = x_host.rows();
   auto params = be.template allocate<T>(Body::param_count, MemoryTag::weights);
-  auto grads = be.template allocate<T>(Body::param_count, MemoryTag::gradients);
+  auto grads = be.template allocate<grad_t<Backend>>(Body::param_count, MemoryTag::gradients);
   Body::init_on(be, params.data(), 0);
   backend::Staging<Backend, typename Body::template input_t<T>> staging;
   const auto x = staging(be, x_host);

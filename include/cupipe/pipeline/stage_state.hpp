@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cupipe/core/memory.hpp"
@@ -37,8 +38,12 @@ struct Shard {
 
 template <class Seq, class Backend, int MaxVersions>
 struct StageState {
-  using T = typename Backend::value_type;
+  using T = typename Backend::value_type;  ///< storage: weights in use, activations, messages
+  using G = grad_t<Backend>;               ///< compute: gradients, master weights, optimizer state
   using buffer = typename Backend::template buffer<T>;
+  using grad_buffer = typename Backend::template buffer<G>;
+  /// Whether the weights in use are a rounding of float master weights (bf16 storage).
+  static constexpr bool master_weights = !std::is_same_v<T, G>;
   static constexpr index_t param_count = Seq::param_count;
 
   /// What a microbatch leaves on the stage between its forward and its backward (or W).
@@ -54,24 +59,40 @@ struct StageState {
   StageState(Backend& backend, int allowed_versions, bool recompute_)
       : be(&backend),
         weights(backend, param_count, allowed_versions),
-        grads(backend.template allocate<T>(param_count, MemoryTag::gradients)),
+        grads(backend.template allocate<G>(param_count, MemoryTag::gradients)),
+        master(backend.template allocate<G>(master_weights ? param_count : 0, MemoryTag::weights)),
         recompute(recompute_) {
     zero_grads();
   }
 
-  ViewOn<Backend, T> grad_view() { return {grads.data(), Shape{param_count}}; }
-  void zero_grads() { fill(*be, grad_view(), T(0)); }
+  ViewOn<Backend, G> grad_view() { return {grads.data(), Shape{param_count}}; }
+  void zero_grads() { fill(*be, grad_view(), G(0)); }
+
+  /// The weights an optimizer updates and a checkpoint stores: the float master weights with bf16
+  /// storage, else the latest version itself.
+  G* master_data() {
+    if constexpr (master_weights) return master.data();
+    else return weights.latest_data();
+  }
+  /// Values [begin, end) of the weights at `to` become the master weights' rounding (nearest even);
+  /// nothing to do without master weights.
+  void publish_master(T* to, index_t begin = 0, index_t end = param_count) {
+    if constexpr (master_weights)
+      if (end > begin)
+        convert(*be, ConstViewOn<Backend, G>{master.data() + begin, Shape{end - begin}}, ViewOn<Backend, T>{to + begin, Shape{end - begin}});
+  }
 
   Backend* be;
   VersionedWeights<Backend, MaxVersions> weights;
-  buffer grads;
+  grad_buffer grads;
+  grad_buffer master;  ///< empty unless master_weights
   Shard shard = Shard::whole(param_count);  ///< the parameters this replica's optimizer state covers
-  std::vector<buffer> slots;  ///< optimizer state, one array per slot, shard.size() values each
+  std::vector<grad_buffer> slots;  ///< optimizer state, one array per slot, shard.size() values each
   std::string slots_for;      ///< the optimizer the slots belong to
   std::int64_t updates = 0;
-  /// Post-validation: weights, gradients and slots before the last update made without the global
-  /// norm, and the update count then (pipeline::save_for_rollback); empty otherwise.
-  std::vector<buffer> saved;
+  /// Post-validation: master weights, gradients and slots before the last update made without the
+  /// global norm, and the update count then (pipeline::save_for_rollback); empty otherwise.
+  std::vector<grad_buffer> saved;
   std::int64_t saved_updates = 0;
   bool recompute = false;     ///< keep only the input after F; B recomputes the record
   std::map<int, InFlight> in_flight;

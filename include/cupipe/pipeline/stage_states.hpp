@@ -26,6 +26,7 @@ class StageStates {
 
  public:
   using T = typename Backend::value_type;
+  using G = grad_t<Backend>;  ///< what gather and scatter move: master weights, gradients, slots
   using backend_type = Backend;
   static constexpr int size = int(Stages::size);
   static constexpr index_t param_count = Stages::model::body::param_count;
@@ -63,16 +64,16 @@ class StageStates {
   /// The whole model's flat array from each local stage's slice (`pointer(state)`); slices of stages
   /// in other processes stay zero.
   template <class Pointer>
-  std::vector<T> gather(Pointer pointer) {
-    std::vector<T> out(static_cast<std::size_t>(param_count), T(0));
+  std::vector<G> gather(Pointer pointer) {
+    std::vector<G> out(static_cast<std::size_t>(param_count), G(0));
     for_each([&](auto k, auto& st) {
       constexpr int K = decltype(k)::value;
-      st.be->download(pointer(st), std::span<T>(out.data() + model_offset<K>(), std::size_t(st.param_count)));
+      st.be->download(pointer(st), std::span<G>(out.data() + model_offset<K>(), std::size_t(st.param_count)));
     });
     return out;
   }
   template <class Pointer>
-  void scatter(std::span<const T> values, Pointer pointer) {
+  void scatter(std::span<const G> values, Pointer pointer) {
     CUPIPE_REQUIRE(index_t(values.size()) == param_count, "Pipeline: got ", values.size(), " values for a model of ",
                    param_count, " parameters");
     for_each([&](auto k, auto& st) {

@@ -135,6 +135,11 @@ inline void axpy(HostBf16& be, ComputeScalar alpha, ConstView<bfloat16> x, Tenso
 inline void axpy(HostBf16& be, ComputeScalar alpha, ConstView<float> x, TensorView<float> y) {
   axpy(be.widened(), alpha.value, x, y);
 }
+/// y (float, a gradient) += alpha x (bf16, an activation gradient).
+inline void axpy(HostBf16& be, ComputeScalar alpha, ConstView<bfloat16> x, TensorView<float> y) {
+  auto wx = detail::in(x, "axpy", "x");
+  axpy(be.widened(), alpha.value, wx.view(), y);
+}
 /// A copy moves bits: no rounding happens.
 inline void copy(HostBf16&, ConstView<bfloat16> from, TensorView<bfloat16> to) {
   checks::copy(from, to);

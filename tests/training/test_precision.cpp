@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+// Precision as a type (issue #12): backend::Host<bfloat16, float> stores parameters in use and
+// activations in bf16 and keeps gradients, master weights, optimizer state and the loss in float.
+// Oracles: the float64 model on the same bf16-rounded weights and inputs (to bf16 accuracy), the
+// float model (the bf16 run must differ from it: otherwise nothing was rounded), and the unpipelined
+// Network in the same precision for every synchronous schedule (bit for bit: same arithmetic order).
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cupipe/models/gpt.hpp"
+#include "gradcheck.hpp"
+#include "training_test_support.hpp"
+
+using namespace cupipe;
+using namespace cupipe::test;
+
+namespace {
+
+// OpenBLAS's cblas.h declares a ::bfloat16 of its own, so cupipe's is named in full.
+using BF = cupipe::bfloat16;
+using Bf16 = backend::Host<BF, float>;
+
+using cupipe::testing::relative_error;
+
+template <class T>
+std::vector<double> widen(const std::vector<T>& v) {
+  std::vector<double> out;
+  out.reserve(v.size());
+  for (const T& x : v) out.push_back(double(x));
+  return out;
+}
+
+/// The master weights rounded to bf16, as the bf16 model uses them, in another precision.
+template <class T>
+std::vector<T> rounded(const std::vector<float>& master) {
+  std::vector<T> out;
+  out.reserve(master.size());
+  for (float x : master) out.push_back(T(float(BF(x))));
+  return out;
+}
+
+std::vector<BF> to_bf16(const std::vector<float>& v) {
+  std::vector<BF> out;
+  for (float x : v) out.push_back(BF(x));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 storage: the MLP's loss and gradients are float64's on the same rounded weights, to bf16 accuracy",
+          "[cpu][training][bf16]") {
+  Network<Mlp, Bf16> net16(5);
+  Network<Mlp, backend::Host<double>> net64(0);
+  Network<Mlp, backend::Host<float>> net32(0);
+  const std::vector<float> master = net16.parameters();
+  net64.set_parameters(rounded<double>(master));
+  net32.set_parameters(rounded<float>(master));
+
+  const auto batch = make_batch<float>(64, 21);
+  const std::vector<BF> x16 = to_bf16(batch.x);
+  std::vector<double> x64;
+  std::vector<float> x32;
+  for (const BF& v : x16) x64.push_back(double(float(v))), x32.push_back(float(v));
+  const Shape xs{batch.rows, mlp_in};
+
+  const double loss16 = net16.forward_backward(ConstView<BF>{x16.data(), xs}, batch.targets());
+  const double loss64 = net64.forward_backward(ConstView<double>{x64.data(), xs}, batch.targets());
+  const double loss32 = net32.forward_backward(ConstView<float>{x32.data(), xs}, batch.targets());
+  CHECK(std::abs(loss16 - loss64) <= 1e-2 * loss64);
+  const std::vector<double> g16 = widen(net16.gradients()), g64 = widen(net64.gradients()), g32 = widen(net32.gradients());
+  const double error16 = relative_error(g16, g64), error32 = relative_error(g32, g64);
+  CAPTURE(loss16, loss64, loss32, error16, error32);
+  CHECK(error16 <= 3e-2);
+  CHECK(error32 <= 1e-5);
+  CHECK(error16 > 100 * error32);  // the bf16 run rounded its activations: it is not the float run
+}
+
+TEST_CASE("bf16 storage: a GPT's loss and gradients (LayerNorm, attention, tied embedding) to bf16 accuracy",
+          "[cpu][training][bf16][gpt]") {
+  constexpr gpt::Config c{64, 16, 2, 2, 32};  // vocab, context, layers, heads, channels
+  using Model = gpt::Model<c>;
+  Network<Model, Bf16> net16(3);
+  Network<Model, backend::Host<double>> net64(0);
+  net64.set_parameters(rounded<double>(net16.parameters()));
+  Rng rng(9);
+  const index_t rows = 2 * c.context;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows)), labels(ids.size());
+  for (auto& v : ids) v = std::int32_t(rng.below(c.vocab));
+  for (auto& v : labels) v = std::int32_t(rng.below(c.vocab));
+  const ConstView<std::int32_t> x{ids.data(), Shape{rows, 1}}, y{labels.data(), Shape{rows}};
+
+  const double loss16 = net16.forward_backward(x, y), loss64 = net64.forward_backward(x, y);
+  net16.sum_tied_gradients();
+  net64.sum_tied_gradients();
+  const double error = relative_error(widen(net16.gradients()), widen(net64.gradients()));
+  CAPTURE(loss16, loss64, error);
+  CHECK(std::abs(loss16 - loss64) <= 1e-2 * loss64);
+  CHECK(error <= 5e-2);
+  CHECK(error > 1e-4);
+}
+
+TEST_CASE("bf16 storage: AdamW on float master weights trains the MLP along the float run's loss curve",
+          "[cpu][training][bf16]") {
+  Network<Mlp, Bf16> net16(8);
+  Network<Mlp, backend::Host<float>> net32(0);
+  net32.set_parameters(net16.parameters());  // the same master weights; the bf16 run uses their rounding
+  constexpr index_t count = Mlp::body::param_count;
+  const optim::AdamW adamw({.lr = 1e-2});
+  std::vector<std::vector<float>> slots16(2, std::vector<float>(std::size_t(count))), slots32 = slots16;
+  const auto update = [&](auto& net, std::vector<std::vector<float>>& slots, int step) {
+    std::vector<TensorView<float>> views{{slots[0].data(), Shape{count}}, {slots[1].data(), Shape{count}}};
+    adamw.update(net.backend(), TensorView<float>{net.master_data(), Shape{count}},
+                 ConstView<float>{net.gradient_data(), Shape{count}}, std::span<const TensorView<float>>(views), step, 1.0);
+    net.publish_master();
+  };
+  const auto batch = make_batch<float>(96, 4);
+  const std::vector<BF> x16 = to_bf16(batch.x);
+  const Shape xs{batch.rows, mlp_in};
+  double first = 0, last16 = 0, last32 = 0;
+  for (int step = 0; step < 40; ++step) {
+    net16.zero_grad();
+    net32.zero_grad();
+    last16 = net16.forward_backward(ConstView<BF>{x16.data(), xs}, batch.targets());
+    last32 = net32.forward_backward(batch.inputs(), batch.targets());
+    if (step == 0) first = last32;
+    INFO("step " << step << ": bf16 " << last16 << ", float " << last32);
+    CHECK(std::abs(last16 - last32) <= 0.03 * last32 + 0.01);
+    update(net16, slots16, step);
+    update(net32, slots32, step);
+  }
+  CHECK(last32 < 0.8 * first);  // it learned something, so tracking the curve means something
+  // The parameters in use are the master weights' rounding.
+  const std::vector<float> master = net16.parameters();
+  std::vector<BF> in_use(master.size());
+  net16.backend().download(net16.parameter_data(), std::span<BF>(in_use));
+  int mismatched = 0;
+  for (std::size_t i = 0; i < master.size(); ++i) mismatched += in_use[i].bits != BF(master[i]).bits;
+  CHECK(mismatched == 0);
+}
+
+namespace {
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+PipelineOptions options_for(int microbatches, std::uint64_t seed) {
+  PipelineOptions options;
+  options.microbatches = microbatches;
+  options.seed = seed;
+  return options;
+}
+
+/// The flush update of a bf16 pipeline, by hand on a Network: AdamW (no clipping) on the float
+/// master weights, then the weights in use become their rounding.
+template <class Net>
+void network_adamw_step(Net& net, const optim::AdamW& adamw, std::vector<std::vector<float>>& slots, int step) {
+  constexpr index_t count = Net::Body::param_count;
+  if (slots.empty()) slots.assign(2, std::vector<float>(std::size_t(count)));
+  std::vector<TensorView<float>> views{{slots[0].data(), Shape{count}}, {slots[1].data(), Shape{count}}};
+  adamw.update(net.backend(), TensorView<float>{net.master_data(), Shape{count}},
+               ConstView<float>{net.gradient_data(), Shape{count}}, std::span<const TensorView<float>>(views), step, 1.0);
+  net.publish_master();
+}
+
+/// A pipeline in bf16 storage against the unpipelined Network in the same precision: one
+/// forward_backward (loss and gradients), then three AdamW steps on the float master weights. With
+/// one microbatch the arithmetic is the Network's, op for op, so everything agrees bit for bit; with
+/// four the float gradients add up in another order (float accuracy).
+template <class Policy, int Units>
+void check_bf16_pipeline_against_network() {
+  using Pipe = Pipeline<partition<Mlp, Units>, Policy, Bf16>;
+  const optim::AdamW adamw({.lr = 1e-2});
+  for (const int m : {1, 4}) {
+    INFO(Policy::name << " with " << m << " microbatch(es)");
+    if (!schedule::check<Policy>({Pipe::stages, m, Pipe::chunks, 1}).empty()) continue;
+    const PipelineOptions options = options_for(m, 31);
+    Pipe pipe(options);
+    Network<Mlp, Bf16> net(31);
+    REQUIRE(same_bits(pipe.parameters(), net.parameters()));
+
+    const auto batch = make_batch<float>(16, 40 + std::uint64_t(m));
+    const std::vector<BF> x = to_bf16(batch.x);
+    const ConstView<BF> xs{x.data(), Shape{batch.rows, mlp_in}};
+    const StepStats stats = pipe.forward_backward(xs, batch.targets());
+    const double loss = net.forward_backward(xs, batch.targets());
+    if (m == 1) {
+      CHECK(stats.loss == loss);
+      CHECK(same_bits(pipe.gradients(), net.gradients()));
+    } else {
+      CHECK(std::abs(stats.loss - loss) <= 1e-6 * loss);
+      CHECK(relative_error(widen(pipe.gradients()), widen(net.gradients())) <= 1e-5);
+    }
+
+    Pipe trained(options);
+    Network<Mlp, Bf16> reference(31);
+    std::vector<std::vector<float>> slots;
+    for (int step = 0; step < 3; ++step) {
+      const auto b = make_batch<float>(16, 70 + std::uint64_t(step));
+      const std::vector<BF> bx = to_bf16(b.x);
+      const ConstView<BF> bxs{bx.data(), Shape{b.rows, mlp_in}};
+      trained.train_step(bxs, b.targets(), adamw);
+      reference.zero_grad();
+      reference.forward_backward(bxs, b.targets());
+      network_adamw_step(reference, adamw, slots, step);
+    }
+    if (m == 1) {
+      CHECK(same_bits(trained.parameters(), reference.parameters()));
+      CHECK(same_bits(trained.optimizer_state(1), slots[1]));
+    } else {
+      CHECK(relative_error(widen(trained.parameters()), widen(reference.parameters())) <= 1e-4);
+    }
+  }
+}
+
+}  // namespace
+
+// One schedule of each kind: fused B (GPipe, 1F1B), chunks interleaved on each worker, split B and
+// W (ZB-H1), and the V placement (ZBV). Precision is orthogonal to the action order; the float and
+// double suites run every schedule.
+TEST_CASE("bf16 storage: pipelines under GPipe, 1F1B, Interleaved, ZB-H1 and ZBV are the bf16 Network",
+          "[cpu][training][bf16][pipeline]") {
+  check_bf16_pipeline_against_network<schedule::GPipe, 2>();
+  check_bf16_pipeline_against_network<schedule::OneFOneB, 4>();
+  check_bf16_pipeline_against_network<schedule::Interleaved<2>, 4>();
+  check_bf16_pipeline_against_network<schedule::ZeroBubbleH1, 4>();
+  check_bf16_pipeline_against_network<schedule::ZeroBubbleV, 4>();
+}
+
+TEST_CASE("bf16 storage: ZeRO-1 is refused with a sentence", "[cpu][training][bf16][errors]") {
+  PipelineOptions options;
+  options.microbatches = 2;
+  options.zero = true;
+  using Pipe = Pipeline<partition<Mlp, 2>, schedule::OneFOneB, Bf16>;
+  CHECK_THROWS_WITH(Pipe(options), Catch::Contains("zero with bf16 storage is not supported"));
+}
+
+TEST_CASE("bf16 storage: a GPT pipeline (tied wte and lm_head on two stages) is the bf16 Network",
+          "[cpu][training][bf16][pipeline][gpt]") {
+  constexpr gpt::Config c{64, 16, 2, 2, 32};
+  using Model = gpt::Model<c>;
+  using Pipe = Pipeline<partition<Model, 2>, schedule::OneFOneB, Bf16>;
+  const optim::AdamW adamw({.lr = 3e-3, .weight_decay = 0.1});
+  Rng rng(17);
+  const auto tokens = [&](index_t sequences) {
+    std::vector<std::int32_t> v(static_cast<std::size_t>(sequences * c.context));
+    for (auto& id : v) id = std::int32_t(rng.below(c.vocab));
+    return v;
+  };
+  for (const int m : {1, 2}) {
+    INFO(m << " microbatch(es)");
+    Pipe pipe(options_for(m, 5));
+    Network<Model, Bf16> net(5);
+    REQUIRE(same_bits(pipe.parameters(), net.parameters()));
+    std::vector<std::vector<float>> slots;
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<std::int32_t> ids = tokens(2), labels = tokens(2);
+      const index_t rows = index_t(ids.size());
+      const ConstView<std::int32_t> x{ids.data(), Shape{rows, 1}}, y{labels.data(), Shape{rows}};
+      const StepStats stats = pipe.train_step(x, y, adamw);
+      net.zero_grad();
+      const double loss = net.forward_backward(x, y);
+      net.sum_tied_gradients();
+      network_adamw_step(net, adamw, slots, step);
+      if (m == 1) CHECK(stats.loss == loss);
+      else CHECK(std::abs(stats.loss - loss) <= 1e-5 * loss);
+    }
+    if (m == 1) CHECK(same_bits(pipe.parameters(), net.parameters()));
+    else CHECK(relative_error(widen(pipe.parameters()), widen(net.parameters())) <= 1e-4);
+  }
+}
