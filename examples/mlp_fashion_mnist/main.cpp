@@ -119,6 +119,19 @@ int main(int argc, char** argv) {
     if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     (void)schedule::find_policy(f.schedule);  // an unknown name fails before the data loads
     cupipe::examples::require_built_schedule(f.schedule);
+#if !CUPIPE_TRAINER_HAS_BF16
+    if (f.precision == "bf16")
+      CUPIPE_THROW("--precision bf16 is not in this build, which was configured with -DCUPIPE_TRAINER_SCHEDULES=flush; "
+                   "configure without it for bf16 training");
+#endif
+    if (f.precision == "bf16" && f.backend != "host")
+      CUPIPE_THROW("--precision bf16 runs on the host backend for now (the CUDA backend's bf16 storage is not built yet)");
+    if (f.precision == "bf16" && f.plan == "auto")
+      CUPIPE_THROW("--plan auto calibrates and plans fp32 runs; give --schedule, --stages and --microbatches with --precision bf16");
+    if (const schedule::PolicyInfo p = schedule::find_policy(f.schedule);
+        f.precision == "bf16" && (p.update != schedule::UpdateRule::flush || p.default_chunks != 1))
+      CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "
+                   "trainer, not ", f.schedule, " (the others are compiled in fp32 only, to keep the build short)");
     // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
     if (!f.save.empty()) {
       io::check_writable(io::model_file(f.save), "--save");
@@ -132,10 +145,6 @@ int main(int argc, char** argv) {
       comm::require_same_settings(*launch.communicator, {{"training data", data_fingerprint(data.train)},
                                                          {"test data", data_fingerprint(data.test)}});
     standardise(data.train, data.test);
-    if (f.precision == "bf16" && f.backend != "host")
-      CUPIPE_THROW("--precision bf16 runs on the host backend for now (the CUDA backend's bf16 storage is not built yet)");
-    if (f.precision == "bf16" && f.plan == "auto")
-      CUPIPE_THROW("--plan auto calibrates and plans fp32 runs; give --schedule, --stages and --microbatches with --precision bf16");
     if (f.plan == "auto") {
       if (f.backend != "host") CUPIPE_THROW("--plan auto plans the host backend; leave out --backend cuda");
       plan_layout(f, data.train, launch.communicator.get());
@@ -152,7 +161,9 @@ int main(int argc, char** argv) {
     // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
     // each keeps them from oversubscribing the cores (11x slower on 2 cores otherwise).
     if (!launch.communicator && (f.stages > 1 || !f.plan.empty())) backend::Host<T>::set_blas_threads(1);
+#if CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16") return train_bf16(f, data.train, data.test, launch);
+#endif
     with_policy(f.schedule, [&]<class Schedule>() {
       if constexpr (!cupipe::examples::trainer_builds<Schedule>) {
         cupipe::examples::refuse_unbuilt_schedule<Schedule>();

@@ -219,16 +219,19 @@ void check_bf16_pipeline_against_network() {
 
 }  // namespace
 
-// One schedule of each kind: fused B (GPipe, 1F1B), chunks interleaved on each worker, split B and
-// W (ZB-H1), and the V placement (ZBV). Precision is orthogonal to the action order; the float and
-// double suites run every schedule.
-TEST_CASE("bf16 storage: pipelines under GPipe, 1F1B, Interleaved, ZB-H1 and ZBV are the bf16 Network",
-          "[cpu][training][bf16][pipeline]") {
+// Every synchronous schedule of the registry (the MLP has 4 Linear layers: 4 virtual stages, so
+// chunked schedules run on 2 workers).
+TEST_CASE("bf16 storage: pipelines under every synchronous schedule are the bf16 Network", "[cpu][training][bf16][pipeline]") {
   check_bf16_pipeline_against_network<schedule::GPipe, 2>();
   check_bf16_pipeline_against_network<schedule::OneFOneB, 4>();
   check_bf16_pipeline_against_network<schedule::Interleaved<2>, 4>();
+  check_bf16_pipeline_against_network<schedule::BreadthFirst<2>, 4>();
   check_bf16_pipeline_against_network<schedule::ZeroBubbleH1, 4>();
+  check_bf16_pipeline_against_network<schedule::ZeroBubbleH2, 4>();
   check_bf16_pipeline_against_network<schedule::ZeroBubbleV, 4>();
+  check_bf16_pipeline_against_network<schedule::VHalf, 4>();
+  check_bf16_pipeline_against_network<schedule::VMin, 4>();
+  check_bf16_pipeline_against_network<schedule::DualPipeV, 4>();
 }
 
 TEST_CASE("bf16 storage: ZeRO-1 is refused with a sentence", "[cpu][training][bf16][errors]") {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "cupipe/core/error.hpp"
@@ -42,6 +43,9 @@ int tensor_group_rank(B& be, const char* layer) {
 template <int Parts, class B, class T>
 void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
   if constexpr (Parts > 1) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                  "tensor parallelism sums float or double activations: bf16 storage (Host<bfloat16, float>) does "
+                  "not split layers over a tensor-parallel group yet (issue #12)");
     TensorGroup& group = tensor_group_of<Parts>(be, layer);
     const std::size_t n = std::size_t(v.numel());
     if (n == 0) return;
