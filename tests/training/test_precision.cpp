@@ -276,3 +276,69 @@ TEST_CASE("bf16 storage: a GPT pipeline (tied wte and lm_head on two stages) is 
     else CHECK(relative_error(widen(pipe.parameters()), widen(net.parameters())) <= 1e-4);
   }
 }
+
+namespace {
+
+/// The weights in use are the master weights' rounding: the pipeline's predictions (which run the
+/// weights in use) equal a bf16 Network's given the pipeline's master weights, bit for bit.
+template <class Pipe>
+void check_weights_in_use_are_the_master_rounding(Pipe& pipe) {
+  constexpr index_t rows = 12, classes = Mlp::body::out_features;
+  Network<Mlp, Bf16> net(0);
+  net.set_parameters(pipe.parameters());
+  const auto batch = make_batch<float>(rows, 99);
+  const std::vector<BF> x = to_bf16(batch.x);
+  std::vector<BF> predicted(static_cast<std::size_t>(rows * classes)), expected(predicted.size());
+  pipe.predict(ConstView<BF>{x.data(), Shape{rows, mlp_in}}, TensorView<BF>{predicted.data(), Shape{rows, classes}});
+  net.forward(ConstView<BF>{x.data(), Shape{rows, mlp_in}}, TensorView<BF>{expected.data(), Shape{rows, classes}});
+  CHECK(same_bits(predicted, expected));
+}
+
+template <class Schedule>
+void train_three_steps_then_check(PipelineOptions options, const optim::AdamW& adamw) {
+  Pipeline<partition<Mlp, 2>, Schedule, Bf16> pipe(options);
+  for (int step = 0; step < 3; ++step) {
+    const auto b = make_batch<float>(16, 200 + std::uint64_t(step));
+    const std::vector<BF> x = to_bf16(b.x);
+    pipe.train_step(ConstView<BF>{x.data(), Shape{b.rows, mlp_in}}, b.targets(), adamw);
+  }
+  CHECK(pipe.updates() > 0);
+  check_weights_in_use_are_the_master_rounding(pipe);
+}
+
+}  // namespace
+
+TEST_CASE("bf16 storage: asynchronous updates keep the weights in use the master weights' rounding",
+          "[cpu][training][bf16][pipeline]") {
+  const optim::AdamW adamw({.lr = 1e-2});
+  SECTION("PipeDream (an update per microbatch, stashed versions)") {
+    train_three_steps_then_check<schedule::PipeDream>(options_for(4, 3), adamw);
+  }
+  SECTION("PipeDream-2BW (an update per batch, two versions)") {
+    train_three_steps_then_check<schedule::PipeDream2BW>(options_for(4, 3), adamw);
+  }
+}
+
+TEST_CASE("bf16 storage: a post-validation rollback restores the master weights and their rounding",
+          "[cpu][training][bf16][pipeline]") {
+  // A clip norm far below the gradients' makes every update made without the global norm stand
+  // corrected: each is rolled back (master weights, gradients, slots) and redone with the clip.
+  const optim::AdamW clipping({.lr = 1e-2, .clip_norm = 1e-3});
+  PipelineOptions options = options_for(2, 4);
+  options.post_validation = true;
+  using Pipe = Pipeline<partition<Mlp, 2>, schedule::OneFOneB, Bf16>;
+  Pipe pipe(options);
+  std::vector<std::vector<BF>> xs;
+  std::vector<Batch<float>> batches;
+  for (int k = 0; k < 3; ++k) {
+    batches.push_back(make_batch<float>(16, 300 + std::uint64_t(k)));
+    xs.push_back(to_bf16(batches.back().x));
+  }
+  std::vector<Pipe::Batch> group;
+  for (int k = 0; k < 3; ++k) group.push_back({ConstView<BF>{xs[std::size_t(k)].data(), Shape{16, mlp_in}}, batches[std::size_t(k)].targets()});
+  const std::vector<StepStats> stats = pipe.train_steps(std::span<const Pipe::Batch>(group), clipping);
+  int rolled_back = 0;
+  for (const StepStats& s : stats) rolled_back += s.rolled_back ? 1 : 0;
+  CHECK(rolled_back > 0);
+  check_weights_in_use_are_the_master_rounding(pipe);
+}

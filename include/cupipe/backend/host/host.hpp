@@ -7,7 +7,8 @@
 // gradients, master weights, optimizer state and reductions. Host<float> and Host<double> compute in
 // their storage type. Host<bfloat16, float> stores bf16 and computes in fp32 the way a GPU does: every
 // op reads bf16, computes in float and rounds its result to nearest even on the store
-// (backend/host/ops_bf16.hpp), so it is the CPU oracle of the device's bf16 path.
+// (backend/host/ops_bf16.hpp): a reference for the device's bf16 path (the statistics layers save,
+// LayerNorm's and attention's, are bf16 here: docs/architecture.md, "Precision is a type").
 #pragma once
 
 #include <cblas.h>

@@ -3,7 +3,9 @@
 // widens its bf16 inputs to float (exactly), runs the float op of backend/host/ops.hpp through the
 // context's float twin, and rounds each result to the nearest bf16 (ties to even) when it stores it.
 // A device kernel that reads bf16, computes in float and rounds on its store gives the same values up
-// to the order of its float additions, so this backend is the CPU oracle of the device's bf16 path.
+// to the order of its float additions, so this backend is a reference for the device's bf16 path.
+// One difference: statistics a layer saves for its backward (LayerNorm's mean and rstd, attention's
+// log-sum-exp) live in its record, in bf16 here, where fused GPU kernels keep them in fp32.
 //
 // Gradients, master weights, optimizer state and the loss are float (the compute type): the ops that
 // write them (gemm into a float c, bias_backward, layernorm_backward_weight, embedding_backward,
