@@ -48,6 +48,18 @@ std::vector<BF> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
+
+/// The flush update of a pipeline, by hand on a Network: AdamW (no clipping) on the float master
+/// weights, then the weights in use become their rounding (nothing to do in fp32).
+template <class Net>
+void network_adamw_step(Net& net, const optim::AdamW& adamw, std::vector<std::vector<float>>& slots, int step) {
+  constexpr index_t count = Net::Body::param_count;
+  if (slots.empty()) slots.assign(2, std::vector<float>(std::size_t(count)));
+  std::vector<TensorView<float>> views{{slots[0].data(), Shape{count}}, {slots[1].data(), Shape{count}}};
+  adamw.update(net.backend(), TensorView<float>{net.master_data(), Shape{count}},
+               ConstView<float>{net.gradient_data(), Shape{count}}, std::span<const TensorView<float>>(views), step, 1.0);
+  net.publish_master();
+}
 }  // namespace
 
 TEST_CASE("bf16 storage: the MLP's loss and gradients are float64's on the same rounded weights, to bf16 accuracy",
@@ -107,15 +119,8 @@ TEST_CASE("bf16 storage: AdamW on float master weights trains the MLP along the 
   Network<Mlp, Bf16> net16(8);
   Network<Mlp, backend::Host<float>> net32(0);
   net32.set_parameters(net16.parameters());  // the same master weights; the bf16 run uses their rounding
-  constexpr index_t count = Mlp::body::param_count;
   const optim::AdamW adamw({.lr = 1e-2});
-  std::vector<std::vector<float>> slots16(2, std::vector<float>(std::size_t(count))), slots32 = slots16;
-  const auto update = [&](auto& net, std::vector<std::vector<float>>& slots, int step) {
-    std::vector<TensorView<float>> views{{slots[0].data(), Shape{count}}, {slots[1].data(), Shape{count}}};
-    adamw.update(net.backend(), TensorView<float>{net.master_data(), Shape{count}},
-                 ConstView<float>{net.gradient_data(), Shape{count}}, std::span<const TensorView<float>>(views), step, 1.0);
-    net.publish_master();
-  };
+  std::vector<std::vector<float>> slots16, slots32;
   const auto batch = make_batch<float>(96, 4);
   const std::vector<BF> x16 = to_bf16(batch.x);
   const Shape xs{batch.rows, mlp_in};
@@ -128,8 +133,8 @@ TEST_CASE("bf16 storage: AdamW on float master weights trains the MLP along the 
     if (step == 0) first = last32;
     INFO("step " << step << ": bf16 " << last16 << ", float " << last32);
     CHECK(std::abs(last16 - last32) <= 0.03 * last32 + 0.01);
-    update(net16, slots16, step);
-    update(net32, slots32, step);
+    network_adamw_step(net16, adamw, slots16, step);
+    network_adamw_step(net32, adamw, slots32, step);
   }
   CHECK(last32 < 0.8 * first);  // it learned something, so tracking the curve means something
   // The parameters in use are the master weights' rounding.
@@ -155,17 +160,6 @@ PipelineOptions options_for(int microbatches, std::uint64_t seed) {
   return options;
 }
 
-/// The flush update of a bf16 pipeline, by hand on a Network: AdamW (no clipping) on the float
-/// master weights, then the weights in use become their rounding.
-template <class Net>
-void network_adamw_step(Net& net, const optim::AdamW& adamw, std::vector<std::vector<float>>& slots, int step) {
-  constexpr index_t count = Net::Body::param_count;
-  if (slots.empty()) slots.assign(2, std::vector<float>(std::size_t(count)));
-  std::vector<TensorView<float>> views{{slots[0].data(), Shape{count}}, {slots[1].data(), Shape{count}}};
-  adamw.update(net.backend(), TensorView<float>{net.master_data(), Shape{count}},
-               ConstView<float>{net.gradient_data(), Shape{count}}, std::span<const TensorView<float>>(views), step, 1.0);
-  net.publish_master();
-}
 
 /// A pipeline in bf16 storage against the unpipelined Network in the same precision: one
 /// forward_backward (loss and gradients), then three AdamW steps on the float master weights. With
