@@ -62,6 +62,61 @@ void network_adamw_step(Net& net, const optim::AdamW& adamw, std::vector<std::ve
 }
 }  // namespace
 
+TEST_CASE("bf16 storage: LayerNorm and attention keep their statistics in float, aligned, as the float ops compute them",
+          "[cpu][training][bf16]") {
+  // Activations of 3 + 3 + 3 + 3 + 5 = 17 per row and 3 rows: an odd number of bf16 elements before
+  // the saved areas, which Sequential rounds up so that a float statistic is aligned.
+  using Body = Sequential<Linear<4, 3>, GELU, LayerNorm<3>, CausalSelfAttention<3, 3, 3>, Linear<3, 5>>;
+  static_assert(Body::act_offsets[Body::size] % 2 == 1 && Body::saved_base % stat_slots == 0);
+  constexpr index_t rows = 3;
+  Bf16 be;
+  backend::Host<float> f32;
+  std::vector<BF> params(std::size_t(Body::param_count)), x(std::size_t(rows * 4));
+  Body::init(std::span<BF>(params), 3);
+  Rng rng{4};
+  for (BF& v : x) v = BF(float(2 * rng.uniform() - 1));
+  std::vector<BF> record(std::size_t(Body::record_elements(rows)));
+  Body::forward(be, params.data(), ConstView<BF>{x.data(), Shape{rows, 4}}, record.data());
+
+  const auto widened = [](TensorView<BF> v) {
+    std::vector<float> out;
+    for (index_t i = 0; i < v.numel(); ++i) out.push_back(float(v.data()[i]));
+    return out;
+  };
+  const auto aligned = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0; };
+
+  // LayerNorm (layer 2): mean and rstd are the float op's on the stored (bf16) input, bit for bit.
+  const float* ln = stats_at<Bf16>(Body::saved(record.data(), rows, 2).data());
+  REQUIRE(aligned(ln));
+  const std::vector<float> ln_in = widened(Body::activation(record.data(), rows, 2));
+  std::vector<float> gamma(3, 1.f), beta(3, 0.f), y(9), mean(3), rstd(3);
+  ops::layernorm_forward(f32, ConstView<float>{ln_in.data(), Shape{rows, 3}}, ConstView<float>{gamma.data(), Shape{3}},
+                         ConstView<float>{beta.data(), Shape{3}}, TensorView<float>{y.data(), Shape{rows, 3}},
+                         TensorView<float>{mean.data(), Shape{rows}}, TensorView<float>{rstd.data(), Shape{rows}}, 1e-5);
+  for (index_t r = 0; r < rows; ++r) {
+    CAPTURE(r);
+    CHECK(ln[r] == mean[std::size_t(r)]);
+    CHECK(ln[rows + r] == rstd[std::size_t(r)]);
+  }
+  // The rounding the statistics no longer get: some of them are not bf16 values.
+  bool any_unrounded = false;
+  for (index_t r = 0; r < rows; ++r) any_unrounded |= float(BF(rstd[std::size_t(r)])) != rstd[std::size_t(r)];
+  CHECK(any_unrounded);
+
+  // Attention (layer 3): the log-sum-exp per head is the float op's on the stored qkv, bit for bit.
+  const TensorView<BF> saved = Body::saved(record.data(), rows, 3);
+  const float* lse = stats_at<Bf16>(saved.data());
+  REQUIRE(aligned(lse));
+  const std::vector<float> qkv = widened(TensorView<BF>{saved.data() + rows * stat_slots * 3, Shape{rows, 9}});
+  std::vector<float> out(9), want(9);
+  ops::causal_attention_forward(f32, ConstView<float>{qkv.data(), Shape{rows, 9}}, TensorView<float>{out.data(), Shape{rows, 3}},
+                                TensorView<float>{want.data(), Shape{rows, 3}}, 3, 3);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CHECK(lse[i] == want[i]);
+  }
+}
+
 TEST_CASE("bf16 storage: the MLP's loss and gradients are float64's on the same rounded weights, to bf16 accuracy",
           "[cpu][training][bf16]") {
   Network<Mlp, Bf16> net16(5);

@@ -114,9 +114,9 @@ void transfer(TensorView<const T, S> src, const TensorView<T, S>& dst) {
 
 // ---- LayerNorm --------------------------------------------------------------------------------
 
-template <class T, class S>
+template <class T, class S, class M>
 void layernorm_forward(TensorView<const T, S> x, TensorView<const T, S> gamma, TensorView<const T, S> beta,
-                       const TensorView<T, S>& y, const TensorView<T, S>& mean, const TensorView<T, S>& rstd) {
+                       const TensorView<T, S>& y, const TensorView<M, S>& mean, const TensorView<M, S>& rstd) {
   const index_t rows = x.rows(), n = x.cols();
   check_view(x, x.shape(), "layernorm_forward", "x");
   check_view(gamma, Shape{n}, "layernorm_forward", "gamma");
@@ -126,9 +126,9 @@ void layernorm_forward(TensorView<const T, S> x, TensorView<const T, S> gamma, T
   check_view(rstd, Shape{rows}, "layernorm_forward", "rstd");
 }
 
-template <class T, class S>
-void layernorm_backward_input(TensorView<const T, S> x, TensorView<const T, S> gamma, TensorView<const T, S> mean,
-                              TensorView<const T, S> rstd, TensorView<const T, S> dy, const TensorView<T, S>& dx) {
+template <class T, class S, class M>
+void layernorm_backward_input(TensorView<const T, S> x, TensorView<const T, S> gamma, TensorView<const M, S> mean,
+                              TensorView<const M, S> rstd, TensorView<const T, S> dy, const TensorView<T, S>& dx) {
   const index_t rows = x.rows(), n = x.cols();
   check_view(x, x.shape(), "layernorm_backward_input", "x");
   check_view(gamma, Shape{n}, "layernorm_backward_input", "gamma");
@@ -138,9 +138,9 @@ void layernorm_backward_input(TensorView<const T, S> x, TensorView<const T, S> g
   check_view(dx, x.shape(), "layernorm_backward_input", "dx");
 }
 
-template <class T, class S>
-void layernorm_backward_weight(TensorView<const T, S> x, TensorView<const T, S> mean, TensorView<const T, S> rstd,
-                               TensorView<const T, S> dy, const TensorView<T, S>& dgamma, const TensorView<T, S>& dbeta) {
+template <class T, class S, class M, class G>
+void layernorm_backward_weight(TensorView<const T, S> x, TensorView<const M, S> mean, TensorView<const M, S> rstd,
+                               TensorView<const T, S> dy, const TensorView<G, S>& dgamma, const TensorView<G, S>& dbeta) {
   const index_t rows = x.rows(), n = x.cols();
   check_view(x, x.shape(), "layernorm_backward_weight", "x");
   check_view(mean, Shape{rows}, "layernorm_backward_weight", "mean");
@@ -258,16 +258,16 @@ void attention_shapes(std::string_view op, TensorView<const T, S> qkv, index_t h
                  " tokens (a microbatch holds whole sequences)");
 }
 
-template <class T, class S>
-void causal_attention_forward(TensorView<const T, S> qkv, const TensorView<T, S>& out, const TensorView<T, S>& lse,
+template <class T, class S, class M>
+void causal_attention_forward(TensorView<const T, S> qkv, const TensorView<T, S>& out, const TensorView<M, S>& lse,
                               index_t heads, index_t seq_len) {
   attention_shapes("causal_attention_forward", qkv, heads, seq_len);
   check_view(out, Shape{qkv.rows(), qkv.cols() / 3}, "causal_attention_forward", "out");
   check_view(lse, Shape{qkv.rows(), heads}, "causal_attention_forward", "lse");
 }
 
-template <class T, class S>
-void causal_attention_backward(TensorView<const T, S> qkv, TensorView<const T, S> out, TensorView<const T, S> lse,
+template <class T, class S, class M>
+void causal_attention_backward(TensorView<const T, S> qkv, TensorView<const T, S> out, TensorView<const M, S> lse,
                                TensorView<const T, S> dout, const TensorView<T, S>& dqkv, index_t heads, index_t seq_len) {
   attention_shapes("causal_attention_backward", qkv, heads, seq_len);
   check_view(out, Shape{qkv.rows(), qkv.cols() / 3}, "causal_attention_backward", "out");

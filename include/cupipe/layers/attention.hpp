@@ -42,10 +42,10 @@ struct HeadSplitAttention {
              {"c_proj.weight", C, width, split_over<Parts>(TensorSplit::cols), Parts},
              {"c_proj.bias", C, 0}}};
   }
-  /// Per row: qkv (3C), the attention output (C), its log-sum-exp per head, and dqkv (3C), which
-  /// backward_input writes for backward_weight (the zero-bubble W pass runs after B); this rank's
-  /// share of each when split.
-  static constexpr index_t saved_per_row(index_t) { return 7 * width + heads; }
+  /// Per row: the log-sum-exp per head (in the compute precision, stat_slots elements each), qkv
+  /// (3C), the attention output (C), and dqkv (3C), which backward_input writes for backward_weight
+  /// (the zero-bubble W pass runs after B); this rank's share of each when split.
+  static constexpr index_t saved_per_row(index_t) { return stat_slots * heads + 7 * width; }
   /// Two GEMMs (2 * 3C * C + 2 * C * C) and, on average over a causal sequence, (T + 1) / 2 keys per
   /// query for scores and values (2 * 2 * C each); this rank's share when split.
   static constexpr double forward_flops_per_sample(index_t) {
@@ -80,7 +80,7 @@ struct HeadSplitAttention {
     auto datt = be.template allocate<T>(n * width, MemoryTag::workspace);
     const ViewOn<B, T> datt_view{datt.data(), Shape{n, width}};
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, w_proj<B>(p), T(0), datt_view);
-    causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, T>(s.lse),
+    causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, grad_t<B>>(s.lse),
                               ConstViewOn<B, T>(datt_view), s.dqkv, heads, SeqLen);
     if (dx.empty()) return;
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), w_attn<B>(p), T(0), dx);
@@ -101,16 +101,17 @@ struct HeadSplitAttention {
   }
 
  private:
-  /// The saved area of n rows, split: qkv (n, 3C), att (n, C), lse (n, Heads), dqkv (n, 3C) (this
-  /// rank's share of each).
+  /// The saved area of n rows, split: lse (n, Heads) first, where the saved area's alignment holds
+  /// for the compute type, then qkv (n, 3C), att (n, C), dqkv (n, 3C) (this rank's share of each).
   template <class B, class T>
   struct Parts_ {
-    ViewOn<B, T> qkv, att, lse, dqkv;
+    ViewOn<B, grad_t<B>> lse;
+    ViewOn<B, T> qkv, att, dqkv;
     Parts_(T* base, index_t n)
-        : qkv{base, Shape{n, 3 * width}},
-          att{base + n * 3 * width, Shape{n, width}},
-          lse{base + n * 4 * width, Shape{n, heads}},
-          dqkv{base + n * (4 * width + heads), Shape{n, 3 * width}} {}
+        : lse{stats_at<B>(base), Shape{n, heads}},
+          qkv{base + n * stat_slots * heads, Shape{n, 3 * width}},
+          att{base + n * (stat_slots * heads + 3 * width), Shape{n, width}},
+          dqkv{base + n * (stat_slots * heads + 4 * width), Shape{n, 3 * width}} {}
   };
   template <class B, class T>
   static ConstViewOn<B, T> w_attn(const T* p) { return {p, Shape{3 * width, C}}; }

@@ -8,7 +8,8 @@
 //   out_features_for(in)        per-sample output width for input width `in`
 //   takes_token_ids, is_loss    an Embedding reads int32 ids; a loss layer ends a model
 //   params(in)                  std::array<ParamSpec, N>: PyTorch names and shapes, in storage order
-//   saved_per_row(in)           values per row the forward saves beyond the layer's input
+//   saved_per_row(in)           values per row the forward saves beyond the layer's input (a
+//                               statistic kept in the compute precision counts stat_slots)
 //   forward_flops_per_sample(in)  for the cost model used by partition<> and the simulator
 //   describe()                  "Linear<784, 512>"
 //   init(params, in, rng)       PyTorch's default initialisation, on host memory
@@ -46,6 +47,29 @@ namespace cupipe {
 
 /// Width of a layer that adopts its neighbour's (ReLU, GELU).
 inline constexpr index_t any_features = -1;
+
+/// Storage slots one statistic takes in a layer's saved area. Statistics (LayerNorm's mean and rstd,
+/// attention's log-sum-exp per head) are kept in the compute precision, as fused GPU kernels keep
+/// them: rounding an lse of 10 to bf16 would scale a row's recomputed probabilities by up to 2%. Two
+/// slots hold an fp32 value in bf16 storage; float and double storage use the first of the two.
+/// Sequential starts every saved area at a multiple of stat_slots elements, so a statistic placed at
+/// an even offset inside it is aligned for its type.
+inline constexpr index_t stat_slots = 2;
+
+/// `elements` rounded up to a whole number of stat_slots.
+constexpr index_t round_up_to_stat_slots(index_t elements) { return (elements + stat_slots - 1) / stat_slots * stat_slots; }
+
+/// The compute-precision statistics at `at`, a place in a saved area at a multiple of stat_slots
+/// elements from its start (const when `at` is).
+template <class B, class T>
+auto stats_at(T* at) {
+  using G = grad_t<B>;
+  static_assert(sizeof(G) <= std::size_t(stat_slots) * sizeof(T) && alignof(G) <= std::size_t(stat_slots) * alignof(T),
+                "stats_at: a statistic in the compute type must fit in stat_slots storage elements");
+  if constexpr (std::is_same_v<G, std::remove_const_t<T>>) return at;
+  else if constexpr (std::is_const_v<T>) return reinterpret_cast<const G*>(at);
+  else return reinterpret_cast<G*>(at);
+}
 
 /// How tensor parallelism (Megatron's scheme) splits a parameter tensor over a group of `parts`
 /// ranks; rank t of the group holds part t. ParamSpec's rows and cols are the part's shape.

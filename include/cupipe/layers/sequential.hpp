@@ -163,7 +163,7 @@ struct LayerSeq {
   template <std::size_t... I>
   static constexpr std::array<index_t, size + 1> saved_offsets_impl(std::index_sequence<I...>) {
     std::array<index_t, size + 1> o{};
-    ((o[I + 1] = o[I] + layer<I>::saved_per_row(widths[I])), ...);
+    ((o[I + 1] = o[I] + round_up_to_stat_slots(layer<I>::saved_per_row(widths[I]))), ...);
     return o;
   }
 
@@ -178,8 +178,11 @@ struct LayerSeq {
     for (std::size_t i = 0; i < size; ++i) o[i + 1] = o[i] + widths[i + 1];
     return o;
   }();
+  /// Per-row offsets of the layers' saved areas, from saved_base; each area is a whole number of
+  /// stat_slots, and so is saved_base, so a saved area starts aligned for a statistic.
   static constexpr std::array<index_t, size + 1> saved_offsets = saved_offsets_impl(std::make_index_sequence<size>());
-  static constexpr index_t record_per_row = act_offsets[size] + saved_offsets[size];
+  static constexpr index_t saved_base = saved_offsets[size] > 0 ? round_up_to_stat_slots(act_offsets[size]) : act_offsets[size];
+  static constexpr index_t record_per_row = saved_base + saved_offsets[size];
   /// Output gradients g_0..g_{L-2}, per row.
   static constexpr index_t grad_record_per_row = act_offsets[size - 1];
 
@@ -279,7 +282,7 @@ struct LayerSeq {
   }
   template <class Space = HostSpace, class T>
   static TensorView<T, Space> saved(T* record, index_t rows, std::size_t i) {
-    return {record + rows * (act_offsets[size] + saved_offsets[i]), Shape{rows * (saved_offsets[i + 1] - saved_offsets[i])}};
+    return {record + rows * (saved_base + saved_offsets[i]), Shape{rows * (saved_offsets[i + 1] - saved_offsets[i])}};
   }
   template <class Space = HostSpace, class T>
   static TensorView<T, Space> output(T* record, index_t rows) { return activation<Space>(record, rows, size); }

@@ -99,11 +99,16 @@ struct layer_sizes {
     StageFootprint f;
     f.in = k == 0 ? 0.0 : double(Body::widths[first]);
     f.out = double(Body::widths[last]);
+    // As Sequential lays a record out: the activations, then the saved areas, each a whole number
+    // of stat_slots from a start rounded up to one.
+    index_t activations = 0, saved_total = 0;
     for (std::size_t l = first; l < last; ++l) {
       f.params += params[l];
-      f.record += double(Body::widths[l + 1]) + saved[l];
+      activations += Body::widths[l + 1];
+      saved_total += round_up_to_stat_slots(index_t(saved[l]));
       if (l + 1 < last) f.grad_record += double(Body::widths[l + 1]);
     }
+    f.record = double((saved_total > 0 ? round_up_to_stat_slots(activations) : activations) + saved_total);
     return f;
   }
 };

@@ -238,12 +238,18 @@ double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCo
 
 /// The global gradient norm of a flush update: the tied copies' gradients summed, then the sum of
 /// squares over every stage (and process), the second tied copy left out.
+/// The same bits however the stages are spread over processes: every rank fills its own entries of
+/// one vector (the second tied copy's squares, then one sum per virtual stage) and leaves the others
+/// zero, the pipeline sums the vectors (exact: each entry has one non-zero term, whatever order MPI
+/// adds them in) and each rank adds the entries up in stage order, as one process does.
 template <class States>
 double flush_norm(States& states, comm::Communicator* comm, const TiedCopies& tied = {}) {
+  std::vector<double> terms(std::size_t(States::size) + 1, 0.0);
+  if (tied.count > 0) terms[0] = -sum_tied_gradients(states, comm, tied);
+  states.for_each([&](auto k, auto& st) { terms[std::size_t(decltype(k)::value) + 1] = gradient_sum_of_squares(st); });
+  if (comm && comm->topology().stages > 1) comm->sum_over_stages(terms.data(), terms.size());  // replicas hold the same sums
   double sum = 0;
-  if (tied.count > 0) sum -= sum_tied_gradients(states, comm, tied);
-  states.for_each([&](auto, auto& st) { sum += gradient_sum_of_squares(st); });
-  if (comm) sum = comm->sum_over_stages(sum);  // replicas hold the same summed gradients
+  for (const double t : terms) sum += t;
   return std::sqrt(sum);
 }
 

@@ -4,8 +4,9 @@
 // context's float twin, and rounds each result to the nearest bf16 (ties to even) when it stores it.
 // A device kernel that reads bf16, computes in float and rounds on its store gives the same values up
 // to the order of its float additions, so this backend is a reference for the device's bf16 path.
-// One difference: statistics a layer saves for its backward (LayerNorm's mean and rstd, attention's
-// log-sum-exp) live in its record, in bf16 here, where fused GPU kernels keep them in fp32.
+// Statistics a layer saves for its backward (LayerNorm's mean and rstd, attention's log-sum-exp) are
+// float views: the layer keeps them in its record in float (layers/layer.hpp, stat_slots), as fused
+// GPU kernels do, so they are never rounded.
 //
 // Gradients, master weights, optimizer state and the loss are float (the compute type): the ops that
 // write them (gemm into a float c, bias_backward, layernorm_backward_weight, embedding_backward,
@@ -166,34 +167,29 @@ inline void convert(HostBf16&, ConstView<bfloat16> from, TensorView<float> to) {
   for (index_t i = 0; i < from.numel(); ++i) to.data()[i] = static_cast<float>(from.data()[i]);
 }
 
-// ---- LayerNorm: statistics in float, stored (like every activation) in bf16 ----
+// ---- LayerNorm: statistics in float, kept in float (as a fused GPU kernel keeps them) ----
 
 inline void layernorm_forward(HostBf16& be, ConstView<bfloat16> x, ConstView<bfloat16> gamma, ConstView<bfloat16> beta,
-                              TensorView<bfloat16> y, TensorView<bfloat16> mean, TensorView<bfloat16> rstd, double eps) {
+                              TensorView<bfloat16> y, TensorView<float> mean, TensorView<float> rstd, double eps) {
   auto wx = detail::in(x, "layernorm_forward", "x"), wg = detail::in(gamma, "layernorm_forward", "gamma");
   auto wb = detail::in(beta, "layernorm_forward", "beta");
-  auto wy = detail::out(y, "layernorm_forward", "y"), wm = detail::out(mean, "layernorm_forward", "mean");
-  auto wr = detail::out(rstd, "layernorm_forward", "rstd");
-  layernorm_forward(be.widened(), wx.view(), wg.view(), wb.view(), wy.view(), wm.view(), wr.view(), eps);
+  auto wy = detail::out(y, "layernorm_forward", "y");
+  layernorm_forward(be.widened(), wx.view(), wg.view(), wb.view(), wy.view(), mean, rstd, eps);
   wy.store(y);
-  wm.store(mean);
-  wr.store(rstd);
 }
-inline void layernorm_backward_input(HostBf16& be, ConstView<bfloat16> x, ConstView<bfloat16> gamma, ConstView<bfloat16> mean,
-                                     ConstView<bfloat16> rstd, ConstView<bfloat16> dy, TensorView<bfloat16> dx) {
+inline void layernorm_backward_input(HostBf16& be, ConstView<bfloat16> x, ConstView<bfloat16> gamma, ConstView<float> mean,
+                                     ConstView<float> rstd, ConstView<bfloat16> dy, TensorView<bfloat16> dx) {
   constexpr std::string_view op = "layernorm_backward_input";
-  auto wx = detail::in(x, op, "x"), wg = detail::in(gamma, op, "gamma"), wm = detail::in(mean, op, "mean");
-  auto wr = detail::in(rstd, op, "rstd"), wdy = detail::in(dy, op, "dy");
+  auto wx = detail::in(x, op, "x"), wg = detail::in(gamma, op, "gamma"), wdy = detail::in(dy, op, "dy");
   auto wdx = detail::out(dx, op, "dx");
-  layernorm_backward_input(be.widened(), wx.view(), wg.view(), wm.view(), wr.view(), wdy.view(), wdx.view());
+  layernorm_backward_input(be.widened(), wx.view(), wg.view(), mean, rstd, wdy.view(), wdx.view());
   wdx.store(dx);
 }
-inline void layernorm_backward_weight(HostBf16& be, ConstView<bfloat16> x, ConstView<bfloat16> mean, ConstView<bfloat16> rstd,
+inline void layernorm_backward_weight(HostBf16& be, ConstView<bfloat16> x, ConstView<float> mean, ConstView<float> rstd,
                                       ConstView<bfloat16> dy, TensorView<float> dgamma, TensorView<float> dbeta) {
   constexpr std::string_view op = "layernorm_backward_weight";
-  auto wx = detail::in(x, op, "x"), wm = detail::in(mean, op, "mean"), wr = detail::in(rstd, op, "rstd");
-  auto wdy = detail::in(dy, op, "dy");
-  layernorm_backward_weight(be.widened(), wx.view(), wm.view(), wr.view(), wdy.view(), dgamma, dbeta);
+  auto wx = detail::in(x, op, "x"), wdy = detail::in(dy, op, "dy");
+  layernorm_backward_weight(be.widened(), wx.view(), mean, rstd, wdy.view(), dgamma, dbeta);
 }
 
 // ---- softmax cross-entropy: bf16 logits, the loss in float ----
@@ -231,22 +227,21 @@ inline void embedding_backward(HostBf16& be, ConstView<std::int32_t> ids, ConstV
   embedding_backward(be, ids, dy, dtable, VocabPart{0, dtable.rows()});
 }
 
-// ---- causal attention: scores, softmax and sums in float; out and lse stored in bf16 ----
+// ---- causal attention: scores, softmax and sums in float; out and dqkv stored in bf16, lse in float ----
 
-inline void causal_attention_forward(HostBf16& be, ConstView<bfloat16> qkv, TensorView<bfloat16> out, TensorView<bfloat16> lse,
+inline void causal_attention_forward(HostBf16& be, ConstView<bfloat16> qkv, TensorView<bfloat16> out, TensorView<float> lse,
                                      index_t heads, index_t seq_len) {
   constexpr std::string_view op = "causal_attention_forward";
-  auto wq = detail::in(qkv, op, "qkv"), wo = detail::out(out, op, "out"), wl = detail::out(lse, op, "lse");
-  causal_attention_forward(be.widened(), wq.view(), wo.view(), wl.view(), heads, seq_len);
+  auto wq = detail::in(qkv, op, "qkv"), wo = detail::out(out, op, "out");
+  causal_attention_forward(be.widened(), wq.view(), wo.view(), lse, heads, seq_len);
   wo.store(out);
-  wl.store(lse);
 }
-inline void causal_attention_backward(HostBf16& be, ConstView<bfloat16> qkv, ConstView<bfloat16> out, ConstView<bfloat16> lse,
+inline void causal_attention_backward(HostBf16& be, ConstView<bfloat16> qkv, ConstView<bfloat16> out, ConstView<float> lse,
                                       ConstView<bfloat16> dout, TensorView<bfloat16> dqkv, index_t heads, index_t seq_len) {
   constexpr std::string_view op = "causal_attention_backward";
-  auto wq = detail::in(qkv, op, "qkv"), wo = detail::in(out, op, "out"), wl = detail::in(lse, op, "lse");
+  auto wq = detail::in(qkv, op, "qkv"), wo = detail::in(out, op, "out");
   auto wd = detail::in(dout, op, "dout"), wdq = detail::out(dqkv, op, "dqkv");
-  causal_attention_backward(be.widened(), wq.view(), wo.view(), wl.view(), wd.view(), wdq.view(), heads, seq_len);
+  causal_attention_backward(be.widened(), wq.view(), wo.view(), lse, wd.view(), wdq.view(), heads, seq_len);
   wdq.store(dqkv);
 }
 
