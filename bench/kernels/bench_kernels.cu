@@ -28,6 +28,7 @@ using bench::CudaTimer;
 using bench::State;
 using ops::Transpose;
 using Gpu = backend::Cuda<float>;
+using Bf16Gpu = backend::Cuda<cupipe::bfloat16, float>;  // bf16 storage, fp32 compute
 
 namespace {
 
@@ -41,8 +42,8 @@ std::string shape_text(std::initializer_list<index_t> extents) {
 }
 
 /// Fills a device array with uniform values in [low, high), never zeros: GPUs run cooler and faster on zeros.
-template <class U>
-void fill_random(Gpu& be, U* device, index_t n, std::uint64_t seed, double low = -1, double high = 1) {
+template <class B, class U>
+void fill_random(B& be, U* device, index_t n, std::uint64_t seed, double low = -1, double high = 1) {
   Rng rng(seed);
   std::vector<U> host(static_cast<std::size_t>(n));
   for (U& v : host) v = U(float(rng.uniform(low, high)));
@@ -66,7 +67,20 @@ struct Bench {
   Gpu& be;
   CudaTimer& timer;
   Ceilings& ceilings;
+  Bf16Gpu& be16;       ///< a bf16-storage context on the same device, with its own stream
+  CudaTimer& timer16;  ///< timing be16's stream
 };
+
+/// Runs `body(be, timer)` on the float context or, for state.text("precision") == "bf16", on the
+/// bf16-storage one.
+template <class Body>
+void on_precision(Bench& b, State& state, Body&& body) {
+  const std::string precision = state.text("precision");
+  CUPIPE_REQUIRE(precision == "fp32" || precision == "bf16", "bench_kernels: precision '", precision,
+                 "' is not fp32 or bf16");
+  if (precision == "bf16") body(b.be16, b.timer16);
+  else body(b.be, b.timer);
+}
 
 // --- ceilings -----------------------------------------------------------------------------------
 
@@ -175,73 +189,84 @@ void gemm_ceiling(Bench& b, State& state, index_t size) {
 
 constexpr index_t rows = 8192;  // B * T
 
+/// LayerNorm over (rows, width): activations in the storage type, statistics and weight gradients in
+/// the compute type (as the layer keeps them).
 void layernorm(Bench& b, State& state) {
-  Gpu& be = b.be;
-  const index_t cols = state.integer("width");
-  const std::string pass = state.text("pass");
-  const Shape s{rows, cols}, c{cols}, r{rows};
-  auto x = be.allocate(rows * cols, MemoryTag::activations), y = be.allocate(rows * cols, MemoryTag::activations);
-  auto dy = be.allocate(rows * cols, MemoryTag::activations), dx = be.allocate(rows * cols, MemoryTag::activations);
-  auto gamma = be.allocate(cols, MemoryTag::weights), beta = be.allocate(cols, MemoryTag::weights);
-  auto dgamma = be.allocate(cols, MemoryTag::gradients), dbeta = be.allocate(cols, MemoryTag::gradients);
-  auto mean = be.allocate(rows, MemoryTag::activations), rstd = be.allocate(rows, MemoryTag::activations);
-  fill_random(be, x.data(), rows * cols, 3);
-  fill_random(be, dy.data(), rows * cols, 4);
-  fill_random(be, gamma.data(), cols, 5, 0.5, 1.5);
-  fill_random(be, beta.data(), cols, 6);
-  fill_random(be, dgamma.data(), cols, 7);
-  fill_random(be, dbeta.data(), cols, 8);
-  // The statistics the backward passes read.
-  ops::layernorm_forward(be, x.view(s), gamma.view(c), beta.view(c), y.view(s), mean.view(r), rstd.view(r), 1e-5);
-  const double f = sizeof(float), rc = double(rows * cols);
-  state.summary("shape", "shape", shape_text({rows, cols}));
-  if (pass == "forward") {
-    state.add_reads(f * (rc + 2.0 * cols));   // x, gamma, beta
-    state.add_writes(f * (rc + 2.0 * rows));  // y, mean, rstd
-    state.exec(b.timer, [&] {
-      ops::layernorm_forward(be, x.view(s), gamma.view(c), beta.view(c), y.view(s), mean.view(r), rstd.view(r), 1e-5);
-    });
-  } else if (pass == "backward input") {
-    state.add_reads(f * (2 * rc + double(cols) + 2.0 * rows));  // x, dy, gamma, mean, rstd
-    state.add_writes(f * rc);                                   // dx
-    state.exec(b.timer, [&] {
-      ops::layernorm_backward_input(be, x.view(s), gamma.view(c), mean.view(r), rstd.view(r), dy.view(s), dx.view(s));
-    });
-  } else {
-    CUPIPE_REQUIRE(pass == "backward weight", "bench_kernels: layernorm pass '", pass, "' is not one of forward, "
-                   "backward input, backward weight");
-    state.add_reads(f * (2 * rc + 2.0 * rows + 2.0 * cols));  // x, dy, mean, rstd, dgamma, dbeta
-    state.add_writes(f * 2.0 * cols);                         // dgamma, dbeta
-    state.exec(b.timer, [&] {
-      ops::layernorm_backward_weight(be, x.view(s), mean.view(r), rstd.view(r), dy.view(s), dgamma.view(c), dbeta.view(c));
-    });
-  }
-  against_copy(state, b.ceilings);
-  be.context().pool().trim();
+  on_precision(b, state, [&]<class B>(B& be, CudaTimer& timer) {
+    using T = typename B::value_type;
+    using C = typename B::compute_type;
+    const index_t cols = state.integer("width");
+    const std::string pass = state.text("pass");
+    const Shape s{rows, cols}, c{cols}, r{rows};
+    auto x = be.template allocate<T>(rows * cols, MemoryTag::activations), y = be.template allocate<T>(rows * cols, MemoryTag::activations);
+    auto dy = be.template allocate<T>(rows * cols, MemoryTag::activations), dx = be.template allocate<T>(rows * cols, MemoryTag::activations);
+    auto gamma = be.template allocate<T>(cols, MemoryTag::weights), beta = be.template allocate<T>(cols, MemoryTag::weights);
+    auto dgamma = be.template allocate<C>(cols, MemoryTag::gradients), dbeta = be.template allocate<C>(cols, MemoryTag::gradients);
+    auto mean = be.template allocate<C>(rows, MemoryTag::activations), rstd = be.template allocate<C>(rows, MemoryTag::activations);
+    fill_random(be, x.data(), rows * cols, 3);
+    fill_random(be, dy.data(), rows * cols, 4);
+    fill_random(be, gamma.data(), cols, 5, 0.5, 1.5);
+    fill_random(be, beta.data(), cols, 6);
+    fill_random(be, dgamma.data(), cols, 7);
+    fill_random(be, dbeta.data(), cols, 8);
+    const auto cv = [](auto& buffer, Shape shape) {
+      return DeviceConstView<typename std::remove_reference_t<decltype(buffer)>::value_type>(buffer.view(shape));
+    };
+    // The statistics the backward passes read.
+    ops::layernorm_forward(be, cv(x, s), cv(gamma, c), cv(beta, c), y.view(s), mean.view(r), rstd.view(r), 1e-5);
+    const double t = sizeof(T), f = sizeof(C), rc = double(rows * cols);
+    state.summary("shape", "shape", shape_text({rows, cols}));
+    if (pass == "forward") {
+      state.add_reads(t * (rc + 2.0 * cols));          // x, gamma, beta
+      state.add_writes(t * rc + f * 2.0 * rows);       // y, mean, rstd
+      state.exec(timer, [&] {
+        ops::layernorm_forward(be, cv(x, s), cv(gamma, c), cv(beta, c), y.view(s), mean.view(r), rstd.view(r), 1e-5);
+      });
+    } else if (pass == "backward input") {
+      state.add_reads(t * (2 * rc + double(cols)) + f * 2.0 * rows);  // x, dy, gamma, mean, rstd
+      state.add_writes(t * rc);                                       // dx
+      state.exec(timer, [&] {
+        ops::layernorm_backward_input(be, cv(x, s), cv(gamma, c), cv(mean, r), cv(rstd, r), cv(dy, s), dx.view(s));
+      });
+    } else {
+      CUPIPE_REQUIRE(pass == "backward weight", "bench_kernels: layernorm pass '", pass, "' is not one of forward, "
+                     "backward input, backward weight");
+      state.add_reads(t * 2 * rc + f * (2.0 * rows + 2.0 * cols));  // x, dy, mean, rstd, dgamma, dbeta
+      state.add_writes(f * 2.0 * cols);                             // dgamma, dbeta
+      state.exec(timer, [&] {
+        ops::layernorm_backward_weight(be, cv(x, s), cv(mean, r), cv(rstd, r), cv(dy, s), dgamma.view(c), dbeta.view(c));
+      });
+    }
+    against_copy(state, b.ceilings);
+    be.context().pool().trim();
+  });
 }
 
 void gelu(Bench& b, State& state) {
-  Gpu& be = b.be;
-  // The MLP's hidden activation: (B*T, 4C).
-  const index_t cols = 4 * state.integer("width"), n = rows * cols;
-  const Shape s{rows, cols};
-  auto x = be.allocate(n, MemoryTag::activations), y = be.allocate(n, MemoryTag::activations);
-  auto dy = be.allocate(n, MemoryTag::activations);
-  fill_random(be, x.data(), n, 9, -3, 3);
-  fill_random(be, dy.data(), n, 10);
-  const double f = sizeof(float);
-  state.summary("shape", "shape", shape_text({rows, cols}));
-  if (state.text("pass") == "forward") {
-    state.add_reads(f * double(n));
-    state.add_writes(f * double(n));
-    state.exec(b.timer, [&] { ops::gelu_forward(be, x.view(s), y.view(s)); });
-  } else {
-    state.add_reads(2 * f * double(n));
-    state.add_writes(f * double(n));
-    state.exec(b.timer, [&] { ops::gelu_backward(be, x.view(s), dy.view(s), y.view(s)); });
-  }
-  against_copy(state, b.ceilings);
-  be.context().pool().trim();
+  on_precision(b, state, [&]<class B>(B& be, CudaTimer& timer) {
+    using T = typename B::value_type;
+    // The MLP's hidden activation: (B*T, 4C).
+    const index_t cols = 4 * state.integer("width"), n = rows * cols;
+    const Shape s{rows, cols};
+    auto x = be.template allocate<T>(n, MemoryTag::activations), y = be.template allocate<T>(n, MemoryTag::activations);
+    auto dy = be.template allocate<T>(n, MemoryTag::activations);
+    fill_random(be, x.data(), n, 9, -3, 3);
+    fill_random(be, dy.data(), n, 10);
+    const DeviceConstView<T> xs = x.view(s), dys = dy.view(s);
+    const double t = sizeof(T);
+    state.summary("shape", "shape", shape_text({rows, cols}));
+    if (state.text("pass") == "forward") {
+      state.add_reads(t * double(n));
+      state.add_writes(t * double(n));
+      state.exec(timer, [&] { ops::gelu_forward(be, xs, y.view(s)); });
+    } else {
+      state.add_reads(2 * t * double(n));
+      state.add_writes(t * double(n));
+      state.exec(timer, [&] { ops::gelu_backward(be, xs, dys, y.view(s)); });
+    }
+    against_copy(state, b.ceilings);
+    be.context().pool().trim();
+  });
 }
 
 void softmax_xent(Bench& b, State& state) {
@@ -277,7 +302,7 @@ void softmax_xent(Bench& b, State& state) {
 /// Causal attention at GPT-2 small's shape: 8 sequences of T tokens, 12 heads of 64 columns. FLOPs
 /// counted as the algorithm's: forward 2 products (QK^T, PV), backward 5 (S again, dP, dV, dQ, dK), each
 /// 2 * T (T + 1) / 2 * D per sequence and head. cuDNN's fused SDPA takes fp16, bf16 or fp8 tensors only,
-/// and cupipe computes in fp32, so there is no cuDNN row (bf16 is issue #12).
+/// and these rows are fp32, so there is no cuDNN row.
 void attention(Bench& b, State& state) {
   Gpu& be = b.be;
   const index_t T = state.integer("context"), heads = 12, C = 768, n = 8 * T;
@@ -408,8 +433,10 @@ int run(int argc, char** argv) {
   std::printf("Device: %s (sm_%d%d, %d SMs, %d MiB L2)\n\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
   CudaTimer timer(be.stream(), std::size_t(prop.l2CacheSize));
+  Bf16Gpu be16(0);
+  CudaTimer timer16(be16.stream(), std::size_t(prop.l2CacheSize));
   Ceilings ceilings;
-  Bench b{be, timer, ceilings};
+  Bench b{be, timer, ceilings, be16, timer16};
   // Every kernel benchmark: 3 warm-up runs, median of 20 (--warmup, --repeats override).
   auto add = [&](std::string name, void (*body)(Bench&, State&)) -> bench::Benchmark& {
     return harness.add(std::move(name), [&b, body](State& state) { body(b, state); }).runs(3, 20);
@@ -422,8 +449,16 @@ int run(int argc, char** argv) {
       .runs(3, 20)
       .axis("precision", std::vector<std::string>{"fp32", "tf32", "bf16"})
       .note("Large square GEMM; the ceiling is the faster of ops::gemm and the best cuBLASLt heuristic candidate.");
-  add("layernorm", layernorm).int_axis("width", widths).axis("pass", {"forward", "backward input", "backward weight"});
-  add("gelu", gelu).int_axis("width", widths).axis("pass", {"forward", "backward"}).note("The MLP's hidden activation, (B*T, 4C).");
+  add("layernorm", layernorm)
+      .axis("precision", {"fp32", "bf16"})
+      .int_axis("width", widths)
+      .axis("pass", {"forward", "backward input", "backward weight"})
+      .note("bf16: activations in bf16, mean, rstd and the weight gradients in fp32 (Cuda<bfloat16, float>).");
+  add("gelu", gelu)
+      .axis("precision", {"fp32", "bf16"})
+      .int_axis("width", widths)
+      .axis("pass", {"forward", "backward"})
+      .note("The MLP's hidden activation, (B*T, 4C).");
   add("embedding_backward", embedding_backward).int_axis("width", widths);
   add("softmax_xent", softmax_xent).int_axis("vocab", {quick ? 8192 : 50257}).axis("pass", {"forward", "backward"});
   add("adamw", adamw).int_axis("parameters", {124'000'000});

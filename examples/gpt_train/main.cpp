@@ -119,7 +119,9 @@ int main(int argc, char** argv) {
   app.add_option("--trace", f.trace, "write a Chrome trace (measured vs simulated) of the last step here");
   app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--devices", f.devices, "GPU of each stage, e.g. 0,0,1,1 (with --backend cuda)");
-  app.add_option("--math", f.math, "GEMM arithmetic on CUDA: fp32 or tf32")->capture_default_str()->check(CLI::IsMember({"fp32", "tf32"}));
+  CLI::Option* math = app.add_option("--math", f.math, "GEMM arithmetic on CUDA: tf32 (tensor cores) or fp32 (exact)")
+                          ->capture_default_str()
+                          ->check(CLI::IsMember({"fp32", "tf32"}));
   app.add_flag("--zero", f.zero,
                "ZeRO-1: each of the --dp replicas keeps the AdamW state of 1/dp of the parameters and the updated "
                "shards are gathered (the weights are those without it, to rounding)");
@@ -145,7 +147,7 @@ int main(int argc, char** argv) {
 
   Launcher launcher;  // outside the try: the catch ends every rank through it
   try {
-    if (f.backend != "cuda" && (!f.devices.empty() || f.math != "fp32"))
+    if (f.backend != "cuda" && (!f.devices.empty() || math->count() > 0))
       CUPIPE_THROW(f.devices.empty() ? "--math" : "--devices", " applies to GPUs and needs --backend cuda");
 #if !CUPIPE_TRAINER_HAS_CUDA
     if (f.backend == "cuda")

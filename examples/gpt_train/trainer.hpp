@@ -62,7 +62,7 @@ struct Flags {
   std::string progress = "auto";
   std::string backend = "host";
   std::string devices;
-  std::string math = "fp32";
+  std::string math = "tf32";
   int dp = 1;
   double timeout = comm::Communicator::default_collective_timeout_seconds;
   std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The trainer on backend::Cuda<float>: stages in one process, placed on GPUs with --devices. Each
-// schedule x stage count is a template instantiation that nvcc compiles for every GPU architecture,
-// so this file instantiates the registry's one-chunk flush schedules only, at 1, 2 and 4 stages.
+// The trainer on backend::Cuda<float>, and with --precision bf16 on backend::Cuda<bfloat16, float>:
+// stages in one process, placed on GPUs with --devices. Each schedule x stage count is a template
+// instantiation that nvcc compiles for every GPU architecture, so this file instantiates the
+// registry's one-chunk flush schedules only, at 1, 2 and 4 stages (in bf16: 1F1B and GPipe).
+#include <type_traits>
+
 #include "cupipe/cupipe.cuh"
 #include "trainer.hpp"
 
@@ -13,7 +16,14 @@ int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
     if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1) {
       with_stage_count<1, 2, 4>(f.stages, [&]<int P>() {
         rc = with_optimizer(f, [&](auto optimizer) {
-          return train<Schedule, P, backend::Cuda<T>>(f, train_set, test_set, optimizer, launch);
+          if (f.precision != "bf16") return train<Schedule, P, backend::Cuda<T>>(f, train_set, test_set, optimizer, launch);
+          if constexpr (std::is_same_v<Schedule, schedule::OneFOneB> || std::is_same_v<Schedule, schedule::GPipe>) {
+            using Bf16 = backend::Cuda<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
+            return train<Schedule, P, Bf16>(f, train_set, test_set, optimizer, launch);
+          } else {
+            CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b or gpipe in this build, not ", Schedule::name,
+                         " (each schedule is compiled per GPU architecture; see examples/mlp_fashion_mnist/trainer_cuda.cu)");
+          }
         });
       });
     } else {

@@ -13,6 +13,13 @@
 
 namespace cupipe::testing {
 
+/// The CUDA tests compare with the host backend to fp32 accuracy, so their contexts compute float
+/// GEMMs in exact fp32 unless a test asks for TF32 (the library's default) by name.
+inline const bool exact_fp32_gemms = [] {
+  gpu::set_default_math(gpu::MathMode::fp32);
+  return true;
+}();
+
 /// Tolerances on ||out - ref|| / ||ref|| by arithmetic.
 inline constexpr double fp32_tolerance = 1e-5;
 inline constexpr double tf32_tolerance = 1e-3;

@@ -110,13 +110,14 @@ elseif(MODE STREQUAL "data_parallel")
   message("2 replicas = one process: held-out loss ${dp_held_out} and ${one_held_out}")
 elseif(MODE STREQUAL "cuda")
   set(flags --batch 8 --steps 20 --warmup 5 --eval-every 0 --eval-batches 2 --sample 0)
-  execute_process(COMMAND "${TRAINER}" ${common} ${flags} --backend cuda RESULT_VARIABLE rc OUTPUT_VARIABLE out
+  # Exact fp32 GEMMs for the comparison with the host (the CUDA default is TF32).
+  execute_process(COMMAND "${TRAINER}" ${common} ${flags} --backend cuda --math fp32 RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err)
   if(NOT rc EQUAL 0 AND err MATCHES "cudaErrorNoDevice|cudaErrorInsufficientDriver|no CUDA-capable device")
     message("SKIPPED: no usable GPU: ${err}")
     return()
   endif()
-  run_trainer(${flags} --backend cuda)
+  run_trainer(${flags} --backend cuda --math fp32)
   string(JSON cuda_held_out GET "${summary}" held_out_loss)
   string(JSON mfu GET "${summary}" mfu)
   if(NOT mfu GREATER 0 OR NOT mfu LESS 1)

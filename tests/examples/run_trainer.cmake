@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs mlp_fashion_mnist and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16 -P run_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16|bf16_cuda -P run_trainer.cmake
 # learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key.
 # resume: 5 steps, save, resume for 5 more, save; against 10 straight steps, save: the two final
 #         model files must hold the same tensor bytes (bit-exact resume through the command line).
@@ -9,6 +9,8 @@
 #         against 10 plain steps: the saved model and optimizer tensors must be bitwise equal.
 # bf16: --precision bf16 learns (one epoch, test_accuracy >= 0.6), resumes bit-exactly from its own
 #         fp32 checkpoint (master weights and optimizer state), and an fp32 run resumes from it.
+# bf16_cuda: --precision bf16 --backend cuda (Cuda<bfloat16, float>) learns in one epoch; prints
+#         "SKIPPED: ..." without a usable GPU.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
 cmake_minimum_required(VERSION 3.19)
 if(NOT IS_DIRECTORY "${DATA_DIR}")
@@ -93,7 +95,22 @@ elseif(MODE STREQUAL "post_validation")
   set(common --data "${DATA_DIR}" --schedule zb-h1 --stages 2 --microbatches 4 --train-limit 4000 --test-limit 500
              --progress none --epochs 1 --max-steps 10)
   expect_post_validation_bitwise(train_loss)
+elseif(MODE STREQUAL "bf16_cuda")
+  execute_process(COMMAND "${TRAINER}" ${common} --epochs 1 --precision bf16 --backend cuda RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 AND err MATCHES "cudaErrorNoDevice|cudaErrorInsufficientDriver|no CUDA-capable device")
+    message("SKIPPED: no usable GPU: ${err}")
+    return()
+  endif()
+  run_trainer(--epochs 1 --precision bf16 --backend cuda)
+  string(JSON precision GET "${summary}" precision)
+  string(JSON accuracy GET "${summary}" test_accuracy)
+  if(NOT precision STREQUAL "bf16" OR NOT accuracy GREATER_EQUAL 0.6)
+    message(FATAL_ERROR "bf16 on CUDA: precision '${precision}', test_accuracy ${accuracy} after one epoch on 4000 "
+                        "samples; expected bf16 and at least 0.6")
+  endif()
+  message("bf16 on CUDA learned: test_accuracy ${accuracy}")
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, plan, post_validation or bf16, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, plan, post_validation, bf16 or bf16_cuda, got '${MODE}'")
 endif()
 file(REMOVE_RECURSE "${WORK_DIR}")

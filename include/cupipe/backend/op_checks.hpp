@@ -49,8 +49,8 @@ void bias_add(const TensorView<T, S>& y, TensorView<const T, S> bias) {
   check_view(bias, Shape{y.cols()}, "bias_add", "bias");
 }
 
-template <class T, class S>
-void bias_backward(TensorView<const T, S> dy, const TensorView<T, S>& dbias) {
+template <class T, class S, class G>
+void bias_backward(TensorView<const T, S> dy, const TensorView<G, S>& dbias) {
   check_view(dy, dy.shape(), "bias_backward", "dy");
   check_view(dbias, Shape{dy.cols()}, "bias_backward", "dbias");
 }
@@ -88,8 +88,8 @@ void residual_add(TensorView<const T, S> a, TensorView<const T, S> b, const Tens
   check_view(y, a.shape(), "residual_add", "y");
 }
 
-template <class T, class S>
-void axpy(TensorView<const T, S> x, const TensorView<T, S>& y) {
+template <class T, class S, class Y>
+void axpy(TensorView<const T, S> x, const TensorView<Y, S>& y) {
   check_view(x, x.shape(), "axpy", "x");
   check_view(y, x.shape(), "axpy", "y");
 }
@@ -152,9 +152,9 @@ void layernorm_backward_weight(TensorView<const T, S> x, TensorView<const M, S> 
 
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
-template <class T, class S>
+template <class T, class S, class L>
 void softmax_cross_entropy_forward(TensorView<const T, S> logits, TensorView<const std::int32_t, S> labels,
-                                   const TensorView<T, S>& loss, index_t normalizer) {
+                                   const TensorView<L, S>& loss, index_t normalizer) {
   check_view(logits, logits.shape(), "softmax_cross_entropy_forward", "logits");
   check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_forward", "labels");
   check_view(loss, Shape{1}, "softmax_cross_entropy_forward", "loss");
@@ -225,8 +225,8 @@ void embedding_forward(TensorView<const std::int32_t, S> ids, TensorView<const T
   vocab_part("embedding_forward", part, table.rows());
 }
 
-template <class T, class S>
-void embedding_backward(TensorView<const std::int32_t, S> ids, TensorView<const T, S> dy, const TensorView<T, S>& dtable,
+template <class T, class S, class G>
+void embedding_backward(TensorView<const std::int32_t, S> ids, TensorView<const T, S> dy, const TensorView<G, S>& dtable,
                         const ops::VocabPart& part) {
   check_view(dtable, dtable.shape(), "embedding_backward", "dtable");
   check_view(dy, Shape{ids.numel(), dtable.cols()}, "embedding_backward", "dy");

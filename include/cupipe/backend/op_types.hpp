@@ -4,12 +4,24 @@
 
 #include <cstdint>
 
+#include "cupipe/core/dtype.hpp"
+
 namespace cupipe::ops {
 
 /// Every backend context derives from this empty type. That makes cupipe::ops an associated
 /// namespace of every backend, so layers call ops unqualified (`gemm(be, ...)`) and argument-dependent
 /// lookup finds the overload for their backend wherever it was declared, before or after the layer.
 struct Dispatch {};
+
+/// A scalar argument of a bf16 op (host or CUDA): layers pass their storage type (bfloat16(1)), callers in the
+/// compute precision a float or double; the op computes with its float value.
+struct ComputeScalar {
+  float value;
+  ComputeScalar(float v) : value(v) {}                          // NOLINT(google-explicit-constructor)
+  ComputeScalar(double v) : value(static_cast<float>(v)) {}     // NOLINT(google-explicit-constructor)
+  ComputeScalar(int v) : value(static_cast<float>(v)) {}        // NOLINT(google-explicit-constructor)
+  ComputeScalar(bfloat16 v) : value(static_cast<float>(v)) {}   // NOLINT(google-explicit-constructor)
+};
 
 /// The tanh-form GELU (Hendrycks & Gimpel, as in GPT-2) of every backend:
 ///   gelu(x) = 0.5 x (1 + tanh(gelu_k (x + gelu_c x^3))).

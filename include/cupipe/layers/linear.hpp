@@ -16,6 +16,13 @@
 namespace cupipe {
 namespace detail {
 
+/// Whether backend B adds a Linear's bias inside its GEMM (an op gemm_bias(be, ta, tb, alpha, x, w,
+/// bias, y), found by argument-dependent lookup as every op is).
+template <class B, class T>
+concept fuses_bias = requires(B& be, ConstViewOn<B, T> a, ViewOn<B, T> y) {
+  gemm_bias(be, ops::Transpose::no, ops::Transpose::yes, T(1), a, a, a, y);
+};
+
 /// Rows [t Out/Parts, (t+1) Out/Parts) of Linear<In, Out>'s W and b on tensor-parallel rank t: the
 /// input is whole, the output this rank's slice of features, and the input gradient a partial sum,
 /// summed over the group (nothing to sum with one part).
@@ -46,11 +53,16 @@ struct OutputSplitLinear {
     for (T& w : p) w = T(rng.uniform(-bound, bound));
   }
 
-  // x (n, In) -> y (n, Out / Parts)
+  // x (n, In) -> y (n, Out / Parts). A backend with gemm_bias (CUDA: cuBLASLt's bias epilogue) adds
+  // the bias inside the GEMM, in one launch and without a second pass over y.
   template <class B, class T>
   static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
-    gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, weight<B>(p), T(0), y);
-    if constexpr (Bias) bias_add(be, y, bias<B>(p));
+    if constexpr (Bias && fuses_bias<B, T>) {
+      gemm_bias(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, weight<B>(p), bias<B>(p), y);
+    } else {
+      gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, weight<B>(p), T(0), y);
+      if constexpr (Bias) bias_add(be, y, bias<B>(p));
+    }
   }
   // dx (n, In) = dy (n, Out / Parts) W (Out / Parts, In), summed over the group
   template <class B, class T>

@@ -20,6 +20,7 @@
 #include "cupipe/backend/cuda/memory_pool.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
 #include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
@@ -38,15 +39,19 @@ enum class AttentionKernel : std::uint8_t {
 
 namespace cupipe::backend {
 
-template <class T>
+/// Storage T (weights in use, activations, messages) and compute C (gradients, master weights,
+/// optimizer state, statistics, the loss): Cuda<float>, Cuda<double>, or Cuda<bfloat16, float>,
+/// whose kernels read bf16, compute in fp32 and round each stored value to the nearest bf16 (ties to
+/// even), as backend::Host<bfloat16, float> does on the CPU.
+template <class T, class C = T>
 class Cuda : public ops::Dispatch {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "backend::Cuda<T> computes in float or double; bf16 storage goes through the bf16 GEMM and "
-                "adamw_update_master entry points");
+  static_assert((std::is_same_v<T, float> || std::is_same_v<T, double>) ? std::is_same_v<C, T>
+                                                                          : std::is_same_v<T, bfloat16> && std::is_same_v<C, float>,
+                "backend::Cuda<Storage, Compute>: Cuda<float>, Cuda<double> or Cuda<bfloat16, float>");
 
  public:
   using value_type = T;
-  using compute_type = T;  ///< Cuda<T> computes in its storage type (bf16 storage: issue #12)
+  using compute_type = C;
   using space = DeviceSpace;
   static constexpr std::string_view name = "cuda";
 
@@ -62,8 +67,10 @@ class Cuda : public ops::Dispatch {
   /// stage through host memory. Not owned.
   TensorGroup* tensor_group = nullptr;
 
-  /// Float GEMMs in exact fp32 (the default) or on TF32 tensor cores (opt in; about 1e-3 relative).
-  gpu::MathMode math = gpu::MathMode::fp32;
+  /// Float GEMMs on TF32 tensor cores (about 1e-3 relative; 8x the fp32 rate on an H100) or in exact
+  /// fp32. From gpu::default_math() when the context is made: TF32 unless the program changed it.
+  /// Set MathMode::fp32 here (pipe.backend(k).math) or with gpu::set_default_math for bitwise work.
+  gpu::MathMode math = gpu::default_math();
 
   /// The causal-attention kernels: simple (the default, tested on an H100) or tiled (opt in).
   gpu::AttentionKernel attention = gpu::AttentionKernel::simple;
@@ -164,17 +171,17 @@ namespace cupipe::backend {
 
 /// The CUDA backend times actions with events on its stream, names them in NVTX and runs an
 /// overlapped F&B pair on two streams.
-template <class T>
-struct capabilities<Cuda<T>> {
-  static std::unique_ptr<Cuda<T>> make(int device) { return std::make_unique<Cuda<T>>(device); }
+template <class T, class C>
+struct capabilities<Cuda<T, C>> {
+  static std::unique_ptr<Cuda<T, C>> make(int device) { return std::make_unique<Cuda<T, C>>(device); }
   static constexpr bool device_timeline = true;
-  static void timeline_start(Cuda<T>& be) { be.timeline_start(); }
-  static int timeline_mark(Cuda<T>& be) { return be.timeline_mark(); }
-  static double timeline_seconds(Cuda<T>& be, int mark) { return be.timeline_seconds(mark); }
-  static gpu::NvtxRange annotate(Cuda<T>& be, const char* label) { return be.annotate(label); }
-  static void overlap_begin(Cuda<T>& be) { be.overlap_begin(); }
-  static void overlap_end(Cuda<T>& be) { be.overlap_end(); }
-  static void overlap_join(Cuda<T>& be) { be.overlap_join(); }
+  static void timeline_start(Cuda<T, C>& be) { be.timeline_start(); }
+  static int timeline_mark(Cuda<T, C>& be) { return be.timeline_mark(); }
+  static double timeline_seconds(Cuda<T, C>& be, int mark) { return be.timeline_seconds(mark); }
+  static gpu::NvtxRange annotate(Cuda<T, C>& be, const char* label) { return be.annotate(label); }
+  static void overlap_begin(Cuda<T, C>& be) { be.overlap_begin(); }
+  static void overlap_end(Cuda<T, C>& be) { be.overlap_end(); }
+  static void overlap_join(Cuda<T, C>& be) { be.overlap_join(); }
 };
 
 }  // namespace cupipe::backend

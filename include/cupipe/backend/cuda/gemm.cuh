@@ -37,8 +37,8 @@ template <> inline constexpr cudaDataType_t cuda_type<double> = CUDA_R_64F;
 template <> inline constexpr cudaDataType_t cuda_type<bfloat16> = CUDA_R_16BF;
 
 /// One product through a cached plan: c = alpha op(a) op(b) + beta c, with `epilogue` applied.
-template <class T, class AB, class C, class S>
-void lt_matmul(backend::Cuda<T>& be, Transpose ta, Transpose tb, S alpha, const AB* a, index_t lda, const AB* b,
+template <class T, class BC, class AB, class C, class S>
+void lt_matmul(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, S alpha, const AB* a, index_t lda, const AB* b,
                index_t ldb, S beta, C* c, index_t m, index_t n, index_t k, gpu::GemmEpilogue epilogue,
                const C* bias = nullptr, C* aux = nullptr) {
   gpu::Context& ctx = be.context();
@@ -68,8 +68,8 @@ void lt_matmul(backend::Cuda<T>& be, Transpose ta, Transpose tb, S alpha, const 
 }
 
 /// The shared body of every GEMM entry point, after the host's shape checks; bias and pre may be null.
-template <class T, class AB, class C, class S>
-void gemm_impl(backend::Cuda<T>& be, std::string_view op, Transpose ta, Transpose tb, S alpha, DeviceConstView<AB> a,
+template <class T, class BC, class AB, class C, class S>
+void gemm_impl(backend::Cuda<T, BC>& be, std::string_view op, Transpose ta, Transpose tb, S alpha, DeviceConstView<AB> a,
                DeviceConstView<AB> b, S beta, DeviceView<C> c, const C* bias, bool gelu, C* pre) {
   const auto [m, n, k] = checks::gemm<AB, C>(op, ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
@@ -109,16 +109,18 @@ template <class T>
 void gemm(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, DeviceConstView<T> a, DeviceConstView<T> b,
           Scalar<T> beta, DeviceView<T> c) {
   gpu::NvtxRange range("cupipe::gemm");
-  cuda_detail::gemm_impl<T, T, T, T>(be, "gemm", ta, tb, alpha, a, b, beta, c, nullptr, false, nullptr);
+  cuda_detail::gemm_impl<T, T, T, T, T>(be, "gemm", ta, tb, alpha, a, b, beta, c, nullptr, false, nullptr);
 }
 
-/// bf16 a and b with fp32 accumulation and fp32 scalars; c is float or bfloat16.
-template <class T, class C>
+/// bf16 a and b with fp32 accumulation and fp32 scalars; c is float (a gradient accumulates there)
+/// or bfloat16 (rounded once, to nearest even). On any context: Cuda<bfloat16, float>'s layers call
+/// it with their storage type's scalars (bfloat16(1)).
+template <class T, class BC, class C>
   requires(std::is_same_v<C, float> || std::is_same_v<C, bfloat16>)
-void gemm(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<float> alpha, DeviceConstView<bfloat16> a,
-          DeviceConstView<bfloat16> b, Scalar<float> beta, DeviceView<C> c) {
+void gemm(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, ComputeScalar alpha, DeviceConstView<bfloat16> a,
+          DeviceConstView<bfloat16> b, ComputeScalar beta, DeviceView<C> c) {
   gpu::NvtxRange range("cupipe::gemm_bf16");
-  cuda_detail::gemm_impl<T, bfloat16, C, float>(be, "gemm", ta, tb, alpha, a, b, beta, c, nullptr, false, nullptr);
+  cuda_detail::gemm_impl<T, BC, bfloat16, C, float>(be, "gemm", ta, tb, alpha.value, a, b, beta.value, c, nullptr, false, nullptr);
 }
 
 /// y (m, n) = alpha * op(a) * op(b) + bias (n): Linear's forward in one launch.
@@ -127,7 +129,17 @@ void gemm_bias(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha
                DeviceConstView<T> bias, DeviceView<T> y) {
   gpu::NvtxRange range("cupipe::gemm_bias");
   check_view(bias, Shape{y.cols()}, "gemm_bias", "bias");
-  cuda_detail::gemm_impl<T, T, T, T>(be, "gemm_bias", ta, tb, alpha, a, b, T(0), y, bias.data(), false, nullptr);
+  cuda_detail::gemm_impl<T, T, T, T, T>(be, "gemm_bias", ta, tb, alpha, a, b, T(0), y, bias.data(), false, nullptr);
+}
+
+/// The same on bf16: fp32 accumulation, the bias added in fp32 in the epilogue, y rounded once.
+template <class BC>
+void gemm_bias(backend::Cuda<bfloat16, BC>& be, Transpose ta, Transpose tb, ComputeScalar alpha, DeviceConstView<bfloat16> a,
+               DeviceConstView<bfloat16> b, DeviceConstView<bfloat16> bias, DeviceView<bfloat16> y) {
+  gpu::NvtxRange range("cupipe::gemm_bias_bf16");
+  check_view(bias, Shape{y.cols()}, "gemm_bias", "bias");
+  cuda_detail::gemm_impl<bfloat16, BC, bfloat16, bfloat16, float>(be, "gemm_bias", ta, tb, alpha.value, a, b, 0.0f, y,
+                                                                  bias.data(), false, nullptr);
 }
 
 /// y = gelu(alpha * op(a) * op(b) + bias), tanh-form GELU. `pre` (same shape as y, or empty) receives
@@ -138,7 +150,7 @@ void gemm_bias_gelu(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> 
   gpu::NvtxRange range("cupipe::gemm_bias_gelu");
   check_view(bias, Shape{y.cols()}, "gemm_bias_gelu", "bias");
   if (!pre.empty()) check_view(pre, y.shape(), "gemm_bias_gelu", "pre");
-  cuda_detail::gemm_impl<T, T, T, T>(be, "gemm_bias_gelu", ta, tb, alpha, a, b, T(0), y, bias.data(), true,
+  cuda_detail::gemm_impl<T, T, T, T, T>(be, "gemm_bias_gelu", ta, tb, alpha, a, b, T(0), y, bias.data(), true,
                                      pre.empty() ? nullptr : pre.data());
 }
 

@@ -11,6 +11,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,6 +36,20 @@ enum class GemmEpilogue : std::uint8_t {
 
 /// Arithmetic of float GEMMs: exact fp32, or TF32 tensor cores (about 1e-3 relative error).
 enum class MathMode : std::uint8_t { fp32, tf32 };
+
+namespace detail {
+inline std::atomic<MathMode>& default_math_mode() noexcept {
+  static std::atomic<MathMode> mode{MathMode::tf32};
+  return mode;
+}
+}  // namespace detail
+
+/// The arithmetic a new backend::Cuda<float> context gives its float GEMMs: TF32 tensor cores unless
+/// a program says otherwise (PyTorch's torch.backends.cuda.matmul.allow_tf32, for one process). A
+/// context's own `math` member overrides it; contexts made before a change keep theirs. Work that
+/// must match the host backend bit for bit, or to fp32 accuracy, sets MathMode::fp32.
+inline void set_default_math(MathMode mode) noexcept { detail::default_math_mode().store(mode); }
+inline MathMode default_math() noexcept { return detail::default_math_mode().load(); }
 
 /// Largest power of two (at most 16) dividing the address: what cuBLASLt may assume for vector loads.
 inline std::uint8_t alignment_of(const void* ptr) noexcept {

@@ -52,8 +52,8 @@ using gpu::kernels::device_ptr;
 /// Enters an op: names it for profilers and makes the context's device current until the op returns.
 class OpScope {
  public:
-  template <class T>
-  OpScope(backend::Cuda<T>& be, const char* name) : range_(name), device_(be.device()) {}
+  template <class T, class C>
+  OpScope(backend::Cuda<T, C>& be, const char* name) : range_(name), device_(be.device()) {}
 
  private:
   gpu::NvtxRange range_;
@@ -68,90 +68,144 @@ auto cptr(const V& view) {
 }  // namespace cuda_detail
 
 // ---------------------------------------------------------------------------------------------
+// Storage and compute types. On Cuda<float> and Cuda<double> both are T. On Cuda<bfloat16, float>
+// activations are bf16 (the kernels read bf16, compute in float and round each store to nearest
+// even) while the ops that write gradients (bias_backward, layernorm_backward_weight,
+// embedding_backward, gemm into a float c), statistics (LayerNorm's mean and rstd, attention's lse)
+// and the loss take float views, as on backend::Host<bfloat16, float>. The optimizer ops, copy, fill,
+// axpy and sum_of_squares take views of either type.
+
+namespace cuda_detail {
+
+/// The element types ops on Cuda<T, C> accept where either precision is meant.
+template <class V, class T, class C>
+concept either_precision = std::is_same_v<std::remove_const_t<V>, T> || std::is_same_v<std::remove_const_t<V>, C>;
+
+/// A scalar argument in the arithmetic of the element type V (float for bf16).
+template <class V, class S>
+gpu::kernels::acc_t<gpu::kernels::device_t<V>> acc(S value) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<S>, bfloat16>) return gpu::kernels::acc_t<gpu::kernels::device_t<V>>(float(value));
+  else return gpu::kernels::acc_t<gpu::kernels::device_t<V>>(value);
+}
+
+template <class T>
+using dev_t = gpu::kernels::device_t<T>;
+
+/// `value` as V's device type (bf16: rounded to nearest even on the host).
+template <class V, class A>
+dev_t<V> device_value(A value) {
+  if constexpr (std::is_same_v<V, bfloat16>) {
+    __nv_bfloat16_raw raw;
+    raw.x = bfloat16(float(value)).bits;
+    return raw;
+  } else {
+    return V(value);
+  }
+}
+
+}  // namespace cuda_detail
+
+// ---------------------------------------------------------------------------------------------
 // Elementwise and broadcast ops.
 
 /// y (rows, n) += bias (n) on every row.
-template <class T>
-void bias_add(backend::Cuda<T>& be, DeviceView<T> y, DeviceConstView<T> bias) {
+template <class T, class C>
+void bias_add(backend::Cuda<T, C>& be, DeviceView<T> y, DeviceConstView<T> bias) {
   checks::bias_add(y, bias);
   const cuda_detail::OpScope scope(be, "cupipe::bias_add");
-  gpu::kernels::bias_add(be.context(), y.data(), bias.data(), y.rows(), y.cols());
+  gpu::kernels::bias_add(be.context(), cuda_detail::device_ptr(y.data()), cuda_detail::device_ptr(bias.data()), y.rows(), y.cols());
 }
 
-/// dbias (n) += column sums of dy (rows, n).
-template <class T>
-void bias_backward(backend::Cuda<T>& be, DeviceConstView<T> dy, DeviceView<T> dbias) {
+/// dbias (n) += column sums of dy (rows, n), accumulated in the compute type.
+template <class T, class C>
+void bias_backward(backend::Cuda<T, C>& be, DeviceConstView<T> dy, DeviceView<C> dbias) {
   checks::bias_backward(dy, dbias);
   const cuda_detail::OpScope scope(be, "cupipe::bias_backward");
-  gpu::kernels::column_sums<1, T>(be.context(), dy.rows(), dy.cols(), gpu::kernels::ColumnValue<T>{dy.data(), dy.cols()},
+  using DT = cuda_detail::dev_t<T>;
+  gpu::kernels::column_sums<1, C>(be.context(), dy.rows(), dy.cols(), gpu::kernels::ColumnValue<DT>{cuda_detail::device_ptr(dy.data()), dy.cols()},
                                    dbias.data());
 }
 
-template <class T>
-void relu_forward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceView<T> y) {
+template <class T, class C>
+void relu_forward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> y) {
   checks::relu_forward(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::relu_forward");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluForwardOp<T>{}, x.data(), y.data());
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluForwardOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(x.data()),
+                           cuda_detail::device_ptr(y.data()));
 }
 
 /// dx = dy where x > 0, else 0 (x is the forward input).
-template <class T>
-void relu_backward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> dy, DeviceView<T> dx) {
+template <class T, class C>
+void relu_backward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceConstView<T> dy, DeviceView<T> dx) {
   checks::relu_backward(x, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::relu_backward");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluBackwardOp<T>{}, x.data(), dy.data(), dx.data());
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluBackwardOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(x.data()),
+                           cuda_detail::device_ptr(dy.data()), cuda_detail::device_ptr(dx.data()));
 }
 
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-template <class T>
-void gelu_forward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceView<T> y) {
+template <class T, class C>
+void gelu_forward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> y) {
   checks::gelu_forward(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::gelu_forward");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluForwardOp<T>{}, x.data(), y.data());
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluForwardOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(x.data()),
+                           cuda_detail::device_ptr(y.data()));
 }
 
-template <class T>
-void gelu_backward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> dy, DeviceView<T> dx) {
+template <class T, class C>
+void gelu_backward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceConstView<T> dy, DeviceView<T> dx) {
   checks::gelu_backward(x, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::gelu_backward");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluBackwardOp<T>{}, x.data(), dy.data(), dx.data());
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluBackwardOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(x.data()),
+                           cuda_detail::device_ptr(dy.data()), cuda_detail::device_ptr(dx.data()));
 }
 
 /// y = a + b (the residual connection); y may alias a or b.
-template <class T>
-void residual_add(backend::Cuda<T>& be, DeviceConstView<T> a, DeviceConstView<T> b, DeviceView<T> y) {
+template <class T, class C>
+void residual_add(backend::Cuda<T, C>& be, DeviceConstView<T> a, DeviceConstView<T> b, DeviceView<T> y) {
   checks::residual_add(a, b, y);
   const cuda_detail::OpScope scope(be, "cupipe::residual_add");
-  gpu::kernels::transform(be.context(), a.numel(), gpu::kernels::AddOp<T>{}, a.data(), b.data(), y.data());
+  gpu::kernels::transform(be.context(), a.numel(), gpu::kernels::AddOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(a.data()),
+                           cuda_detail::device_ptr(b.data()), cuda_detail::device_ptr(y.data()));
 }
 
-/// y += alpha * x.
-template <class T>
-void axpy(backend::Cuda<T>& be, Scalar<T> alpha, DeviceConstView<T> x, DeviceView<T> y) {
+/// y += alpha * x, in y's arithmetic. x and y are each of the storage or the compute type (a bf16
+/// gradient may be added into a float one, not the other way round).
+template <class T, class C, class X, class Y, class S>
+  requires(cuda_detail::either_precision<X, T, C> && cuda_detail::either_precision<Y, T, C> && sizeof(X) <= sizeof(Y))
+void axpy(backend::Cuda<T, C>& be, S alpha, TensorView<X, DeviceSpace> x_view, DeviceView<Y> y) {
+  const DeviceConstView<std::remove_const_t<X>> x = x_view;
   checks::axpy(x, y);
   const cuda_detail::OpScope scope(be, "cupipe::axpy");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::AxpyOp<T>{alpha}, x.data(), y.data());
+  using DX = cuda_detail::dev_t<std::remove_const_t<X>>;
+  using DY = cuda_detail::dev_t<Y>;
+  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::AxpyOp<DX, DY>{cuda_detail::acc<Y>(alpha)}, cuda_detail::device_ptr(x.data()),
+                           cuda_detail::device_ptr(y.data()));
 }
 
-template <class T>
-void copy(backend::Cuda<T>& be, DeviceConstView<T> from, DeviceView<T> to) {
+template <class T, class C, class V>
+  requires cuda_detail::either_precision<V, T, C>
+void copy(backend::Cuda<T, C>& be, DeviceConstView<V> from, DeviceView<V> to) {
   checks::copy(from, to);
   if (from.numel() == 0 || from.data() == to.data()) return;
   const cuda_detail::OpScope scope(be, "cupipe::copy");
-  CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to.data(), from.data(), std::size_t(from.numel()) * sizeof(T),
+  CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to.data(), from.data(), std::size_t(from.numel()) * sizeof(V),
                                     cudaMemcpyDeviceToDevice, be.stream()));
 }
 
-template <class T>
-void fill(backend::Cuda<T>& be, DeviceView<T> y, Scalar<T> value) {
+template <class T, class C, class V, class S>
+  requires cuda_detail::either_precision<V, T, C>
+void fill(backend::Cuda<T, C>& be, DeviceView<V> y, S value) {
   checks::fill(y);
   const cuda_detail::OpScope scope(be, "cupipe::fill");
-  gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<T>{value}, y.data());
+  using DV = cuda_detail::dev_t<V>;
+  const DV v = cuda_detail::device_value<V>(cuda_detail::acc<V>(value));
+  gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<DV>{v}, cuda_detail::device_ptr(y.data()));
 }
 
 /// Fills y with quiet NaN, so a test sees every element an op fails to write. Any float type.
-template <class T, class U>
-void poison(backend::Cuda<T>& be, DeviceView<U> y) {
+template <class T, class C, class U>
+void poison(backend::Cuda<T, C>& be, DeviceView<U> y) {
   static_assert(std::is_floating_point_v<U> || std::is_same_v<U, bfloat16>, "poison: NaN needs a floating-point type");
   check_view(y, y.shape(), "poison", "y");
   const cuda_detail::OpScope scope(be, "cupipe::poison");
@@ -169,8 +223,8 @@ void poison(backend::Cuda<T>& be, DeviceView<U> y) {
 
 /// Element type conversion (float, double, bfloat16; bf16 rounds to nearest even). `from` may be a
 /// const or mutable view (its element type is deduced).
-template <class T, class From, class To>
-void convert(backend::Cuda<T>& be, DeviceView<From> from, DeviceView<To> to) {
+template <class T, class C, class From, class To>
+void convert(backend::Cuda<T, C>& be, DeviceView<From> from, DeviceView<To> to) {
   check_view(from, from.shape(), "convert", "source");
   check_view(to, from.shape(), "convert", "destination");
   const cuda_detail::OpScope scope(be, "cupipe::convert");
@@ -181,44 +235,46 @@ void convert(backend::Cuda<T>& be, DeviceView<From> from, DeviceView<To> to) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// LayerNorm over the last axis (see host/ops.hpp for the formulas); mean and rstd are saved.
+// LayerNorm over the last axis (see host/ops.hpp for the formulas); mean and rstd are saved, in the
+// compute type.
 
-template <class T>
-void layernorm_forward(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> gamma, DeviceConstView<T> beta, DeviceView<T> y,
-                       DeviceView<T> mean, DeviceView<T> rstd, double eps) {
+template <class T, class C>
+void layernorm_forward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceConstView<T> gamma, DeviceConstView<T> beta,
+                       DeviceView<T> y, DeviceView<C> mean, DeviceView<C> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_forward(x, gamma, beta, y, mean, rstd);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_forward");
-  gpu::kernels::layernorm_forward(be.context(), x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
-                                   rows, n, eps);
+  gpu::kernels::layernorm_forward(be.context(), cuda_detail::device_ptr(x.data()), cuda_detail::device_ptr(gamma.data()), cuda_detail::device_ptr(beta.data()),
+                                   cuda_detail::device_ptr(y.data()), mean.data(), rstd.data(), rows, n, eps);
 }
 
-template <class T>
-void layernorm_backward_input(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> gamma, DeviceConstView<T> mean,
-                              DeviceConstView<T> rstd, DeviceConstView<T> dy, DeviceView<T> dx) {
+template <class T, class C>
+void layernorm_backward_input(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceConstView<T> gamma, DeviceConstView<C> mean,
+                              DeviceConstView<C> rstd, DeviceConstView<T> dy, DeviceView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_input(x, gamma, mean, rstd, dy, dx);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_input");
-  gpu::kernels::layernorm_backward_input(be.context(), x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(),
-                                          dx.data(), rows, n);
+  gpu::kernels::layernorm_backward_input(be.context(), cuda_detail::device_ptr(x.data()), cuda_detail::device_ptr(gamma.data()), mean.data(), rstd.data(),
+                                          cuda_detail::device_ptr(dy.data()), cuda_detail::device_ptr(dx.data()), rows, n);
 }
 
 /// dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy (deterministic).
-template <class T>
-void layernorm_backward_weight(backend::Cuda<T>& be, DeviceConstView<T> x, DeviceConstView<T> mean, DeviceConstView<T> rstd,
-                               DeviceConstView<T> dy, DeviceView<T> dgamma, DeviceView<T> dbeta) {
+template <class T, class C>
+void layernorm_backward_weight(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceConstView<C> mean, DeviceConstView<C> rstd,
+                               DeviceConstView<T> dy, DeviceView<C> dgamma, DeviceView<C> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_weight(x, mean, rstd, dy, dgamma, dbeta);
   const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_weight");
-  gpu::kernels::layernorm_backward_weight(be.context(), x.data(), mean.data(), rstd.data(), dy.data(), dgamma.data(),
-                                           dbeta.data(), rows, n);
+  gpu::kernels::layernorm_backward_weight(be.context(), cuda_detail::device_ptr(x.data()), mean.data(), rstd.data(), cuda_detail::device_ptr(dy.data()),
+                                           dgamma.data(), dbeta.data(), rows, n);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Causal self-attention (layout in op_checks.hpp), flash-style kernels (kernels/attention.cuh).
+// Causal self-attention (layout in op_checks.hpp), flash-style kernels (kernels/attention.cuh); the
+// log-sum-exp per row and head is in the compute type.
 
-template <class T>
-void causal_attention_forward(backend::Cuda<T>& be, DeviceConstView<T> qkv, DeviceView<T> out, DeviceView<T> lse,
+template <class T, class C>
+void causal_attention_forward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, DeviceView<T> out, DeviceView<C> lse,
                               index_t heads, index_t seq_len) {
   checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_forward");
@@ -229,18 +285,17 @@ void causal_attention_forward(backend::Cuda<T>& be, DeviceConstView<T> qkv, Devi
       return;
     }
   }
-  gpu::kernels::causal_attention_forward(be.context(), qkv.data(), out.data(), lse.data(), qkv.rows(), qkv.cols() / 3,
-                                         int(heads), seq_len);
+  gpu::kernels::causal_attention_forward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()), lse.data(), qkv.rows(),
+                                         qkv.cols() / 3, int(heads), seq_len);
 }
 
 /// dqkv (overwritten) from dout, with the probabilities recomputed from the saved log-sum-exp.
-template <class T>
-void causal_attention_backward(backend::Cuda<T>& be, DeviceConstView<T> qkv, DeviceConstView<T> out, DeviceConstView<T> lse,
+template <class T, class C>
+void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, DeviceConstView<T> out, DeviceConstView<C> lse,
                                DeviceConstView<T> dout, DeviceView<T> dqkv, index_t heads, index_t seq_len) {
-  static_assert(std::is_same_v<gpu::kernels::acc_t<T>, T>, "causal_attention_backward: float or double");
   checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_backward");
-  auto delta = be.template allocate<T>(qkv.rows() * heads, MemoryTag::workspace);
+  auto delta = be.template allocate<C>(qkv.rows() * heads, MemoryTag::workspace);
   if constexpr (std::is_same_v<T, float>) {
     if (be.attention == gpu::AttentionKernel::tiled && gpu::kernels::tiled_attention::takes<T>(qkv.cols() / 3 / heads)) {
       gpu::kernels::tiled_attention::backward(be.context(), qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(),
@@ -248,8 +303,9 @@ void causal_attention_backward(backend::Cuda<T>& be, DeviceConstView<T> qkv, Dev
       return;
     }
   }
-  gpu::kernels::causal_attention_backward(be.context(), qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(),
-                                          delta.data(), qkv.rows(), qkv.cols() / 3, int(heads), seq_len);
+  gpu::kernels::causal_attention_backward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()), lse.data(),
+                                          cuda_detail::device_ptr(dout.data()), cuda_detail::device_ptr(dqkv.data()), delta.data(), qkv.rows(),
+                                          qkv.cols() / 3, int(heads), seq_len);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -258,8 +314,8 @@ void causal_attention_backward(backend::Cuda<T>& be, DeviceConstView<T> qkv, Dev
 
 namespace cuda_detail {
 
-template <class T>
-void check_reported_labels(backend::Cuda<T>& be, std::string_view op, const Shape& logits, index_t classes = -1) {
+template <class T, class C>
+void check_reported_labels(backend::Cuda<T, C>& be, std::string_view op, const Shape& logits, index_t classes = -1) {
   if (!be.check_inputs) return;
   const gpu::DeviceError found = be.context().take_device_error();
   if (found.code == gpu::label_out_of_range)
@@ -269,8 +325,8 @@ void check_reported_labels(backend::Cuda<T>& be, std::string_view op, const Shap
                  ", value ", found.value, ")");
 }
 
-template <class T>
-void check_reported_ids(backend::Cuda<T>& be, std::string_view op, index_t vocab) {
+template <class T, class C>
+void check_reported_ids(backend::Cuda<T, C>& be, std::string_view op, index_t vocab) {
   if (!be.check_inputs) return;
   const gpu::DeviceError found = be.context().take_device_error();
   if (found.code == gpu::token_id_out_of_range)
@@ -282,29 +338,34 @@ void check_reported_ids(backend::Cuda<T>& be, std::string_view op, index_t vocab
 
 }  // namespace cuda_detail
 
-/// loss (1,) = sum over rows of (logsumexp(z_r) - z_r[label_r]) / normalizer, in device memory.
-template <class T>
-void softmax_cross_entropy_forward(backend::Cuda<T>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
-                                   DeviceView<T> loss, index_t normalizer) {
+/// loss (1,) = sum over rows of (logsumexp(z_r) - z_r[label_r]) / normalizer, in device memory, in
+/// the compute type.
+template <class T, class C>
+void softmax_cross_entropy_forward(backend::Cuda<T, C>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
+                                   DeviceView<C> loss, index_t normalizer) {
   checks::softmax_cross_entropy_forward(logits, labels, loss, normalizer);
   const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_forward");
-  gpu::kernels::softmax_cross_entropy_forward(be.context(), logits.data(), labels.data(), loss.data(), logits.rows(),
+  gpu::kernels::softmax_cross_entropy_forward(be.context(), cuda_detail::device_ptr(logits.data()), labels.data(), loss.data(), logits.rows(),
                                                logits.cols(), normalizer);
   cuda_detail::check_reported_labels(be, "softmax_cross_entropy_forward", logits.shape());
 }
 
 /// dlogits = (softmax(z) - onehot(label)) * dloss / normalizer.
-template <class T>
-void softmax_cross_entropy_backward(backend::Cuda<T>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
-                                    DeviceView<T> dlogits, index_t normalizer, Scalar<T> dloss = T(1)) {
+template <class T, class C, class S = C>
+void softmax_cross_entropy_backward(backend::Cuda<T, C>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
+                                    DeviceView<T> dlogits, index_t normalizer, S dloss = S(1)) {
   checks::softmax_cross_entropy_backward(logits, labels, dlogits, normalizer);
   const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_backward");
-  gpu::kernels::softmax_cross_entropy_backward(be.context(), logits.data(), labels.data(), dlogits.data(),
-                                                logits.rows(), logits.cols(), T(dloss / T(normalizer)));
+  using A = gpu::kernels::acc_t<cuda_detail::dev_t<T>>;
+  // As the host op: dloss / normalizer in the arithmetic type (float for bf16 storage).
+  const A scale = cuda_detail::acc<T>(dloss) / A(normalizer);
+  gpu::kernels::softmax_cross_entropy_backward(be.context(), cuda_detail::device_ptr(logits.data()), labels.data(), cuda_detail::device_ptr(dlogits.data()),
+                                                logits.rows(), logits.cols(), scale);
   cuda_detail::check_reported_labels(be, "softmax_cross_entropy_backward", logits.shape());
 }
 
-/// Vocabulary-parallel cross-entropy's statistics (host ops.hpp): stats (rows, 3).
+/// Vocabulary-parallel cross-entropy's statistics (host ops.hpp): stats (rows, 3). Float and double
+/// storage only, as on the host.
 template <class T>
 void softmax_cross_entropy_part_stats(backend::Cuda<T>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
                                       DeviceView<T> stats, VocabPart part) {
@@ -331,59 +392,63 @@ void softmax_cross_entropy_part_backward(backend::Cuda<T>& be, DeviceConstView<T
 // Embedding: y (rows, dim) = table[ids]; the backward is deterministic (kernels/embedding.cuh). With
 // a VocabPart the table is rows [first, first + rows) of the whole vocabulary's (host ops.hpp).
 
-template <class T>
-void embedding_forward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> table, DeviceView<T> y,
+template <class T, class C>
+void embedding_forward(backend::Cuda<T, C>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> table, DeviceView<T> y,
                        VocabPart part) {
   checks::embedding_forward(ids, table, y, part);
   const cuda_detail::OpScope scope(be, "cupipe::embedding_forward");
-  gpu::kernels::embedding_forward(be.context(), ids.data(), table.data(), y.data(), ids.numel(), table.cols(), part.first,
-                                   table.rows(), part.whole);
+  gpu::kernels::embedding_forward(be.context(), ids.data(), cuda_detail::device_ptr(table.data()), cuda_detail::device_ptr(y.data()), ids.numel(),
+                                   table.cols(), part.first, table.rows(), part.whole);
   cuda_detail::check_reported_ids(be, "embedding_forward", part.whole);
 }
 
-template <class T>
-void embedding_forward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> table, DeviceView<T> y) {
+template <class T, class C>
+void embedding_forward(backend::Cuda<T, C>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> table, DeviceView<T> y) {
   embedding_forward(be, ids, table, y, VocabPart{0, table.rows()});
 }
 
-template <class T>
-void embedding_backward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> dy, DeviceView<T> dtable,
+/// dtable[id] += dy rows, accumulated in the compute type.
+template <class T, class C>
+void embedding_backward(backend::Cuda<T, C>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> dy, DeviceView<C> dtable,
                         VocabPart part) {
   checks::embedding_backward(ids, dy, dtable, part);
   const cuda_detail::OpScope scope(be, "cupipe::embedding_backward");
-  gpu::kernels::embedding_backward(be.context(), ids.data(), dy.data(), dtable.data(), ids.numel(), dtable.cols(),
+  gpu::kernels::embedding_backward(be.context(), ids.data(), cuda_detail::device_ptr(dy.data()), dtable.data(), ids.numel(), dtable.cols(),
                                     part.first, dtable.rows(), part.whole);
   cuda_detail::check_reported_ids(be, "embedding_backward", part.whole);
 }
 
-template <class T>
-void embedding_backward(backend::Cuda<T>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> dy, DeviceView<T> dtable) {
+template <class T, class C>
+void embedding_backward(backend::Cuda<T, C>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> dy, DeviceView<C> dtable) {
   embedding_backward(be, ids, dy, dtable, VocabPart{0, dtable.rows()});
 }
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer updates and reductions.
 
-/// Sum of squares of all elements, accumulated in double by a fixed two-phase reduction. Waits for
-/// the result.
-template <class T>
-double sum_of_squares(backend::Cuda<T>& be, DeviceConstView<T> x) {
+/// Sum of squares of all elements (storage or compute type), accumulated in double by a fixed
+/// two-phase reduction. Waits for the result.
+template <class T, class C, class V>
+  requires cuda_detail::either_precision<V, T, C>
+double sum_of_squares(backend::Cuda<T, C>& be, TensorView<V, DeviceSpace> x_view) {
+  const DeviceConstView<std::remove_const_t<V>> x = x_view;
   checks::sum_of_squares(x);
   if (x.numel() == 0) return 0.0;
   const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares");
   auto* result = static_cast<double*>(
       be.context().scratch(std::size_t(1 + gpu::kernels::squares_max_blocks) * sizeof(double)));
-  gpu::kernels::sum_of_squares(be.context(), x.data(), x.numel(), result);
+  gpu::kernels::sum_of_squares(be.context(), cuda_detail::device_ptr(x.data()), x.numel(), result);
   return be.context().read_scalar(result);
 }
 
-template <class T>
-void sgd_update(backend::Cuda<T>& be, DeviceView<T> param, DeviceConstView<T> grad, DeviceView<T> velocity, const SgdHyper& h,
-                Scalar<T> grad_scale) {
+/// On compute-type views (float master weights where the storage is bf16).
+template <class T, class C, class S>
+void sgd_update(backend::Cuda<T, C>& be, DeviceView<C> param, DeviceConstView<C> grad, DeviceView<C> velocity, const SgdHyper& h,
+                S grad_scale) {
   checks::sgd_update(param, grad, velocity);
   const cuda_detail::OpScope scope(be, "cupipe::sgd_update");
-  using A = gpu::kernels::acc_t<T>;
-  const gpu::kernels::SgdOp<T> op{A(T(h.lr)), A(T(h.momentum)), A(T(h.weight_decay)), A(grad_scale), h.nesterov};
+  using A = gpu::kernels::acc_t<C>;
+  const gpu::kernels::SgdOp<C> op{A(C(h.lr)), A(C(h.momentum)), A(C(h.weight_decay)), A(cuda_detail::acc<C>(grad_scale)), h.nesterov};
   gpu::kernels::transform(be.context(), param.numel(), op, param.data(), grad.data(), velocity.data());
 }
 
@@ -404,22 +469,23 @@ gpu::kernels::AdamWScalars<A> adamw_scalars(const AdamWHyper& h, std::int64_t st
 }
 }  // namespace cuda_detail
 
-/// `step` counts from 1 (the first update uses step 1 for the bias corrections).
-template <class T>
-void adamw_update(backend::Cuda<T>& be, DeviceView<T> param, DeviceConstView<T> grad, DeviceView<T> m, DeviceView<T> v,
-                  const AdamWHyper& h, std::int64_t step, Scalar<T> grad_scale) {
+/// `step` counts from 1 (the first update uses step 1 for the bias corrections). On compute-type
+/// views (float master weights where the storage is bf16).
+template <class T, class C, class S>
+void adamw_update(backend::Cuda<T, C>& be, DeviceView<C> param, DeviceConstView<C> grad, DeviceView<C> m, DeviceView<C> v,
+                  const AdamWHyper& h, std::int64_t step, S grad_scale) {
   checks::adamw_update(param, grad, m, v, step);
-  const auto scalars = cuda_detail::adamw_scalars<T>(h, step, grad_scale);
+  const auto scalars = cuda_detail::adamw_scalars<C>(h, step, C(cuda_detail::acc<C>(grad_scale)));
   const cuda_detail::OpScope scope(be, "cupipe::adamw_update");
-  gpu::kernels::transform(be.context(), param.numel(), gpu::kernels::AdamWOp<T>{scalars}, param.data(), grad.data(),
-                           m.data(), v.data());
+  gpu::kernels::transform(be.context(), param.numel(), gpu::kernels::AdamWOp<C>{scalars}, param.data(), grad.data(), m.data(),
+                           v.data());
 }
 
 /// AdamW for bf16 parameters with fp32 master weights: master, m and v are updated in fp32 and the
 /// parameter is rewritten as master rounded to bf16. The gradient is a (const) float or bfloat16 view.
-template <class T, class G>
+template <class T, class C, class G>
   requires(std::is_same_v<std::remove_const_t<G>, float> || std::is_same_v<std::remove_const_t<G>, bfloat16>)
-void adamw_update_master(backend::Cuda<T>& be, DeviceView<float> master, DeviceView<bfloat16> param, DeviceView<G> grad,
+void adamw_update_master(backend::Cuda<T, C>& be, DeviceView<float> master, DeviceView<bfloat16> param, DeviceView<G> grad,
                          DeviceView<float> m, DeviceView<float> v, const AdamWHyper& h, std::int64_t step,
                          float grad_scale) {
   check_view(master, master.shape(), "adamw_update_master", "master");

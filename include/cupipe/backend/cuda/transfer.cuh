@@ -30,14 +30,14 @@ namespace cupipe::ops {
 
 /// Copies `src` (in `from`'s memory) into `dst` (a buffer of `to`), ordered after `from`'s work so
 /// far and before `to`'s work from now on. Returns without waiting for the copy.
-template <class T>
-void transfer(backend::Cuda<T>& from, backend::Cuda<T>& to, DeviceConstView<T> src, DeviceView<T> dst) {
+template <class T, class C, class U>
+void transfer(backend::Cuda<T, C>& from, backend::Cuda<T, C>& to, DeviceConstView<U> src, DeviceView<U> dst) {
   checks::transfer(src, dst);
   if (src.numel() == 0) return;
   const gpu::NvtxRange range("cupipe::transfer");
   // The copy is enqueued from the sender's device; the thread's own current device is restored on return.
   const gpu::DeviceGuard device(from.device());
-  const std::size_t bytes = std::size_t(src.numel()) * sizeof(T);
+  const std::size_t bytes = std::size_t(src.numel()) * sizeof(U);
   if (from.device() != to.device()) from.context().enable_peer_access(to.device());
   if (&from != &to)
     if (cudaEvent_t fence = to.context().pool().reuse_fence(dst.data()))

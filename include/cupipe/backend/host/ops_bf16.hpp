@@ -31,16 +31,6 @@ namespace cupipe::ops {
 
 using HostBf16 = backend::Host<bfloat16, float>;
 
-/// A scalar argument of a bf16 op: layers pass their storage type (bfloat16(1)), callers in the
-/// compute precision a float or double; the op computes with its float value.
-struct ComputeScalar {
-  float value;
-  ComputeScalar(float v) : value(v) {}                          // NOLINT(google-explicit-constructor)
-  ComputeScalar(double v) : value(static_cast<float>(v)) {}     // NOLINT(google-explicit-constructor)
-  ComputeScalar(int v) : value(static_cast<float>(v)) {}        // NOLINT(google-explicit-constructor)
-  ComputeScalar(bfloat16 v) : value(static_cast<float>(v)) {}   // NOLINT(google-explicit-constructor)
-};
-
 namespace detail {
 
 /// A float copy of a bf16 tensor (or a float tensor of its shape, to be rounded into it afterwards).

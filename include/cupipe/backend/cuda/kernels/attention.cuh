@@ -59,7 +59,7 @@ __device__ __forceinline__ A dot_row(const A* shared_row, const T* row, index_t 
 // grid (ceil(T / warps), H, S); out (n, C), lse (n, H)
 template <int J, class T>
 __global__ void __launch_bounds__(32 * attention_warps)
-    causal_attention_forward_kernel(const T* qkv, T* out, T* lse, index_t C, int H, index_t Tn, acc_t<T> scale) {
+    causal_attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, index_t C, int H, index_t Tn, acc_t<T> scale) {
   using A = acc_t<T>;
   __shared__ A q_rows[attention_warps][32 * J];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y;
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(32 * attention_warps)
 #pragma unroll
   for (int j = 0; j < J; ++j)
     if (lane + 32 * j < D) o_row[lane + 32 * j] = from_acc<T>(o[j] / l);
-  if (lane == 0) lse[(s0 + t) * H + h] = from_acc<T>(m + dev_log(l));
+  if (lane == 0) lse[(s0 + t) * H + h] = m + dev_log(l);
 }
 
 // delta (n, H) = sum over the head's columns of dout * out; one warp per (row, head)
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(32 * attention_warps)
 // dq: one warp per query t, over its keys u <= t. grid as forward.
 template <int J, class T>
 __global__ void __launch_bounds__(32 * attention_warps)
-    attention_dq_kernel(const T* qkv, const T* lse, const T* dout, const acc_t<T>* delta, T* dqkv, index_t C, int H,
+    attention_dq_kernel(const T* qkv, const acc_t<T>* lse, const T* dout, const acc_t<T>* delta, T* dqkv, index_t C, int H,
                         index_t Tn, acc_t<T> scale) {
   using A = acc_t<T>;
   __shared__ A rows_q[attention_warps][32 * J], rows_g[attention_warps][32 * J];
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(32 * attention_warps)
   A *q = rows_q[warp], *g = rows_g[warp];
   load_row(q, qkv_at(qkv, rt, 0, h, C, D), D, lane);
   load_row(g, dout + rt * C + h * D, D, lane);
-  const A l = to_acc(lse[rt * H + h]), dl = delta[rt * H + h];
+  const A l = lse[rt * H + h], dl = delta[rt * H + h];
   A dq[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) dq[j] = 0;
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(32 * attention_warps)
 // dk, dv: one warp per key u, over the queries t >= u. grid as forward (x over keys).
 template <int J, class T>
 __global__ void __launch_bounds__(32 * attention_warps)
-    attention_dkv_kernel(const T* qkv, const T* lse, const T* dout, const acc_t<T>* delta, T* dqkv, index_t C, int H,
+    attention_dkv_kernel(const T* qkv, const acc_t<T>* lse, const T* dout, const acc_t<T>* delta, T* dqkv, index_t C, int H,
                          index_t Tn, acc_t<T> scale) {
   using A = acc_t<T>;
   __shared__ A rows_k[attention_warps][32 * J], rows_v[attention_warps][32 * J];
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(32 * attention_warps)
     A p = 0, ds = 0;
     if (t < Tn) {
       const index_t rt = s0 + t;
-      p = dev_exp(dot_row(k, qkv_at(qkv, rt, 0, h, C, D), D) * scale - to_acc(lse[rt * H + h]));
+      p = dev_exp(dot_row(k, qkv_at(qkv, rt, 0, h, C, D), D) * scale - lse[rt * H + h]);
       ds = p * (dot_row(v, dout + rt * C + h * D, D) - delta[rt * H + h]) * scale;
     }
     const index_t last = Tn - 1 - t0 < 31 ? Tn - 1 - t0 : 31;
@@ -212,7 +212,7 @@ void with_head_columns(index_t D, F&& f) {
 }
 
 template <class T>
-void causal_attention_forward(Context& ctx, const T* qkv, T* out, T* lse, index_t rows, index_t C, int H, index_t Tn) {
+void causal_attention_forward(Context& ctx, const T* qkv, T* out, acc_t<T>* lse, index_t rows, index_t C, int H, index_t Tn) {
   if (rows == 0) return;
   const dim3 grid(unsigned((Tn + attention_warps - 1) / attention_warps), unsigned(H), unsigned(rows / Tn));
   const acc_t<T> scale = acc_t<T>(1) / std::sqrt(acc_t<T>(C / H));  // as the host op
@@ -224,7 +224,7 @@ void causal_attention_forward(Context& ctx, const T* qkv, T* out, T* lse, index_
 
 /// dqkv (overwritten) from dout; `delta` is a workspace of rows * H accumulation values.
 template <class T>
-void causal_attention_backward(Context& ctx, const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv,
+void causal_attention_backward(Context& ctx, const T* qkv, const T* out, const acc_t<T>* lse, const T* dout, T* dqkv,
                                acc_t<T>* delta, index_t rows, index_t C, int H, index_t Tn) {
   if (rows == 0) return;
   const unsigned delta_blocks = unsigned((rows * H + attention_warps - 1) / attention_warps);

@@ -106,10 +106,11 @@ struct AddOp {
   __device__ void operator()(const T& a, const T& b, T& y) const { y = from_acc<T>(to_acc(a) + to_acc(b)); }
 };
 
-template <class T>
+/// y += alpha x in y's arithmetic; x may be narrower (a bf16 gradient into a float accumulator).
+template <class X, class Y = X>
 struct AxpyOp {
-  acc_t<T> alpha;
-  __device__ void operator()(const T& x, T& y) const { y = from_acc<T>(to_acc(y) + alpha * to_acc(x)); }
+  acc_t<Y> alpha;
+  __device__ void operator()(const X& x, Y& y) const { y = from_acc<Y>(to_acc(y) + alpha * acc_t<Y>(to_acc(x))); }
 };
 
 // --- bias add: a row-broadcast, so it has its own kernel ------------------------------------------

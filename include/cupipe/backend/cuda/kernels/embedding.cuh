@@ -83,11 +83,12 @@ __global__ void embedding_keys_kernel(const std::int32_t* ids, std::uint32_t* ke
   }
 }
 
-/// One block per run of equal ids: dtable[id] += dy[rows of the run], in row order.
-template <int N, class T>
+/// One block per run of equal ids: dtable[id] += dy[rows of the run], in row order. G: the table
+/// gradient's type (the accumulation type for bf16 dy).
+template <int N, class T, class G>
 __global__ void embedding_accumulate_kernel(const std::uint32_t* unique_ids, const std::int32_t* run_lengths,
                                             const std::int32_t* run_starts, const std::int32_t* run_count,
-                                            const std::int32_t* sorted_rows, const T* dy, T* dtable, index_t cols,
+                                            const std::int32_t* sorted_rows, const T* dy, G* dtable, index_t cols,
                                             index_t vocab) {
   using A = acc_t<T>;
   const std::int32_t runs = *run_count;
@@ -95,7 +96,7 @@ __global__ void embedding_accumulate_kernel(const std::uint32_t* unique_ids, con
     const std::uint32_t id = unique_ids[run];
     if (id >= vocab) continue;  // bad ids (already reported) and other parts' ids
     const std::int32_t start = run_starts[run], length = run_lengths[run];
-    T* out = dtable + index_t(id) * cols;
+    G* out = dtable + index_t(id) * cols;
     for (index_t c = index_t(threadIdx.x) * N; c < cols; c += index_t(blockDim.x) * N) {
       const auto current = load_pack<N>(out + c);
       A acc[N];
@@ -106,9 +107,9 @@ __global__ void embedding_accumulate_kernel(const std::uint32_t* unique_ids, con
 #pragma unroll
         for (int j = 0; j < N; ++j) acc[j] += to_acc(d.v[j]);
       }
-      Pack<T, N> result;
+      Pack<G, N> result;
 #pragma unroll
-      for (int j = 0; j < N; ++j) result.v[j] = from_acc<T>(acc[j]);
+      for (int j = 0; j < N; ++j) result.v[j] = from_acc<G>(acc[j]);
       store_pack<N>(out + c, result);
     }
   }
@@ -152,8 +153,8 @@ struct EmbeddingScratch {
   std::size_t temp_bytes = 0, array_bytes = 0, bytes = 0;
 };
 
-template <class T>
-void embedding_backward(Context& ctx, const std::int32_t* ids, const T* dy, T* dtable, index_t rows, index_t cols,
+template <class T, class G>
+void embedding_backward(Context& ctx, const std::int32_t* ids, const T* dy, G* dtable, index_t rows, index_t cols,
                         index_t first, index_t table_rows, index_t whole) {
   if (rows == 0 || cols == 0) return;
   CUPIPE_REQUIRE(rows <= 0x7fffffff && table_rows < 0x7fffffff, "embedding_backward: ", rows, " rows or vocabulary ", table_rows,
@@ -187,7 +188,7 @@ void embedding_backward(Context& ctx, const std::int32_t* ids, const T* dy, T* d
   temp_bytes = layout.temp_bytes;
   CUPIPE_CHECK_CUDA(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, lengths, starts, n, stream));
 
-  constexpr int width = pack_width<T>;
+  constexpr int width = pack_width<T, G>;
   const int threads = int(std::clamp<index_t>((cols / width + 31) / 32 * 32, 32, 256));
   const unsigned blocks = unsigned(std::min<index_t>(rows, index_t(ctx.sm_count()) * 32));
   if (cols % width == 0 && packs_aligned(width, dy, dtable))

@@ -19,7 +19,7 @@ inline constexpr int layernorm_rows_per_block = 4;  // warps per block
 // x, y (rows, cols); gamma, beta (cols); mean, rstd (rows)
 template <int N, class T>
 __global__ void __launch_bounds__(32 * layernorm_rows_per_block)
-    layernorm_forward_kernel(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, index_t rows,
+    layernorm_forward_kernel(const T* x, const T* gamma, const T* beta, T* y, acc_t<T>* mean, acc_t<T>* rstd, index_t rows,
                              index_t cols, acc_t<T> eps) {
   using A = acc_t<T>;
   const index_t row = index_t(blockIdx.x) * layernorm_rows_per_block + threadIdx.x / 32;
@@ -54,22 +54,22 @@ __global__ void __launch_bounds__(32 * layernorm_rows_per_block)
     store_pack<N>(yr + c, out);
   }
   if (lane == 0) {
-    mean[row] = from_acc<T>(mu);
-    rstd[row] = from_acc<T>(rs);
+    mean[row] = mu;
+    rstd[row] = rs;
   }
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma
 template <int N, class T>
 __global__ void __launch_bounds__(32 * layernorm_rows_per_block)
-    layernorm_backward_input_kernel(const T* x, const T* gamma, const T* mean, const T* rstd, const T* dy, T* dx,
+    layernorm_backward_input_kernel(const T* x, const T* gamma, const acc_t<T>* mean, const acc_t<T>* rstd, const T* dy, T* dx,
                                     index_t rows, index_t cols) {
   using A = acc_t<T>;
   const index_t row = index_t(blockIdx.x) * layernorm_rows_per_block + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   const T *xr = x + row * cols, *dyr = dy + row * cols;
-  const A mu = to_acc(mean[row]), rs = to_acc(rstd[row]);
+  const A mu = mean[row], rs = rstd[row];
   A sum_g = 0, sum_gx = 0;
   for (index_t c = index_t(lane) * N; c < cols; c += 32 * N) {
     const auto xp = load_pack<N>(xr + c);
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(32 * layernorm_rows_per_block)
 }
 
 template <class T>
-void layernorm_forward(Context& ctx, const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, index_t rows,
+void layernorm_forward(Context& ctx, const T* x, const T* gamma, const T* beta, T* y, acc_t<T>* mean, acc_t<T>* rstd, index_t rows,
                        index_t cols, double eps) {
   if (rows == 0) return;
   const unsigned blocks = unsigned((rows + layernorm_rows_per_block - 1) / layernorm_rows_per_block);
@@ -116,7 +116,7 @@ void layernorm_forward(Context& ctx, const T* x, const T* gamma, const T* beta, 
 }
 
 template <class T>
-void layernorm_backward_input(Context& ctx, const T* x, const T* gamma, const T* mean, const T* rstd, const T* dy,
+void layernorm_backward_input(Context& ctx, const T* x, const T* gamma, const acc_t<T>* mean, const acc_t<T>* rstd, const T* dy,
                               T* dx, index_t rows, index_t cols) {
   if (rows == 0) return;
   const unsigned blocks = unsigned((rows + layernorm_rows_per_block - 1) / layernorm_rows_per_block);
@@ -132,19 +132,22 @@ void layernorm_backward_input(Context& ctx, const T* x, const T* gamma, const T*
 /// dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy.
 template <class T>
 struct LayerNormWeightValue {
-  const T *x, *mean, *rstd, *dy;
+  const T* x;
+  const acc_t<T>*mean, *rstd;
+  const T* dy;
   index_t cols;
   __device__ void operator()(index_t r, index_t c, acc_t<T> (&sums)[2]) const {
     const acc_t<T> d = to_acc(dy[r * cols + c]);
-    sums[0] += d * (to_acc(x[r * cols + c]) - to_acc(mean[r])) * to_acc(rstd[r]);
+    sums[0] += d * (to_acc(x[r * cols + c]) - mean[r]) * rstd[r];
     sums[1] += d;
   }
 };
 
-template <class T>
-void layernorm_backward_weight(Context& ctx, const T* x, const T* mean, const T* rstd, const T* dy, T* dgamma,
-                               T* dbeta, index_t rows, index_t cols) {
-  column_sums<2, T>(ctx, rows, cols, LayerNormWeightValue<T>{x, mean, rstd, dy, cols}, dgamma, dbeta);
+/// G: the gradients' type (the accumulation type for bf16 storage).
+template <class T, class G>
+void layernorm_backward_weight(Context& ctx, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* dy, G* dgamma,
+                               G* dbeta, index_t rows, index_t cols) {
+  column_sums<2, G>(ctx, rows, cols, LayerNormWeightValue<T>{x, mean, rstd, dy, cols}, dgamma, dbeta);
 }
 
 }  // namespace cupipe::gpu::kernels

@@ -71,13 +71,13 @@ __global__ void xent_forward_kernel(const T* logits, const std::int32_t* labels,
 /// loss[0] = sum of row_loss / normalizer, summed by one block in a fixed order.
 template <class T>
 __global__ void __launch_bounds__(256) xent_sum_kernel(const acc_t<T>* row_loss, index_t rows, acc_t<T> normalizer,
-                                                       T* loss) {
+                                                       acc_t<T>* loss) {
   using A = acc_t<T>;
   __shared__ A shared[32];
   A sum = 0;
   for (index_t r = threadIdx.x; r < rows; r += blockDim.x) sum += row_loss[r];
   sum = block_sum(sum, shared);
-  if (threadIdx.x == 0) *loss = from_acc<T>(sum / normalizer);
+  if (threadIdx.x == 0) *loss = sum / normalizer;
 }
 
 // stats (rows, 3) = (max, sum of exp(z - max), z[label - first] or 0 for another part's label)
@@ -132,13 +132,13 @@ __global__ void xent_backward_kernel(const T* logits, const std::int32_t* labels
   }
 }
 
-/// Needs scratch for `rows` accumulators.
+/// Needs scratch for `rows` accumulators. The loss is in the accumulation type (float for bf16 logits).
 template <class T>
-void softmax_cross_entropy_forward(Context& ctx, const T* logits, const std::int32_t* labels, T* loss, index_t rows,
+void softmax_cross_entropy_forward(Context& ctx, const T* logits, const std::int32_t* labels, acc_t<T>* loss, index_t rows,
                                    index_t cols, index_t normalizer) {
   using A = acc_t<T>;
   if (rows == 0) {
-    CUPIPE_CHECK_CUDA(cudaMemsetAsync(loss, 0, sizeof(T), ctx.stream()));
+    CUPIPE_CHECK_CUDA(cudaMemsetAsync(loss, 0, sizeof(A), ctx.stream()));
     return;
   }
   CUPIPE_REQUIRE(rows <= 0x7fffffff, "softmax_cross_entropy_forward: too many rows (", rows, ")");
@@ -152,7 +152,7 @@ void softmax_cross_entropy_forward(Context& ctx, const T* logits, const std::int
                                                                                       ctx.device_error());
   }
   CUPIPE_CHECK_LAUNCH();
-  xent_sum_kernel<<<1, 256, 0, ctx.stream()>>>(row_loss, rows, A(T(normalizer)), loss);
+  xent_sum_kernel<T><<<1, 256, 0, ctx.stream()>>>(row_loss, rows, A(normalizer), loss);
   CUPIPE_CHECK_LAUNCH();
 }
 
@@ -160,7 +160,7 @@ void softmax_cross_entropy_forward(Context& ctx, const T* logits, const std::int
 /// row's whole log-sum-exp in `lse`.
 template <class T>
 void softmax_cross_entropy_backward(Context& ctx, const T* logits, const std::int32_t* labels, T* dlogits, index_t rows,
-                                    index_t cols, T scale, const T* lse = nullptr, index_t first = 0, index_t whole = -1) {
+                                    index_t cols, acc_t<T> scale, const T* lse = nullptr, index_t first = 0, index_t whole = -1) {
   if (rows == 0) return;
   CUPIPE_REQUIRE(rows <= 0x7fffffff, "softmax_cross_entropy_backward: too many rows (", rows, ")");
   if (whole < 0) whole = cols;

@@ -1,0 +1,288 @@
+// SPDX-License-Identifier: Apache-2.0
+// backend::Cuda<bfloat16, float> against its host oracle, backend::Host<bfloat16, float> (issue #12):
+// every op a bf16 pipeline runs, on the same bf16 inputs, and whole pipelines (an MLP with GELU and
+// LayerNorm, a tied GPT) trained for three AdamW steps. Both read bf16, compute in fp32 and round each
+// stored value to the nearest bf16; only the order of their fp32 sums differs, which can move a
+// stored value to the neighbouring bf16. So: stored outputs within one bf16 ulp of the host's
+// (2^-7 relative) plus fp32 noise, compute-precision outputs (gradients, statistics, the loss)
+// within 1e-5 relative.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cuda_test_support.hpp"
+#include "cupipe/models/gpt.hpp"
+
+using namespace cupipe;
+using namespace cupipe::testing;
+using ops::Transpose;
+
+namespace {
+
+// OpenBLAS's cblas.h declares a ::bfloat16 of its own, so cupipe's is named in full.
+using BF = cupipe::bfloat16;
+using Gpu = backend::Cuda<BF, float>;
+using Cpu = backend::Host<BF, float>;
+
+std::vector<BF> random_bf16(Rng& rng, index_t n, double low = -1.0, double high = 1.0) {
+  std::vector<BF> out(static_cast<std::size_t>(n));
+  for (BF& v : out) v = BF(float(rng.uniform(low, high)));
+  return out;
+}
+
+std::vector<double> widen(const std::vector<BF>& v) {
+  std::vector<double> out;
+  for (const BF& x : v) out.push_back(double(float(x)));
+  return out;
+}
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+/// Every element within `ulps` bf16 ulps of the host's (2^-8 relative each) plus 1e-6 of the largest.
+bool within_bf16(const std::vector<BF>& got, const std::vector<BF>& want, double ulps = 2) {
+  if (got.size() != want.size()) return false;
+  const std::vector<double> g = widen(got), w = widen(want);
+  double scale = 0;
+  for (double x : w) scale = std::max(scale, std::abs(x));
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (!std::isfinite(g[i]) || std::abs(g[i] - w[i]) > ulps * std::ldexp(std::abs(w[i]), -8) + 1e-6 * scale) {
+      UNSCOPED_INFO("element " << i << ": " << g[i] << " against " << w[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("Cuda<bfloat16, float>: GEMMs, bias and activations match the bf16 host backend", "[gpu][cuda][bf16]") {
+  Rng rng(41);
+  const index_t m = 37, k = 96, n = 24;
+  Gpu gpu;
+  Cpu cpu;
+  const auto a = random_bf16(rng, m * k), w = random_bf16(rng, n * k), bias = random_bf16(rng, n);
+  const auto dy = random_bf16(rng, m * n);
+  DeviceArray<BF, Gpu> da(gpu, a), dw(gpu, w), dbias(gpu, bias), ddy(gpu, dy);
+  const Shape as{m, k}, ws{n, k}, ys{m, n};
+
+  // y = a w^T (bf16 out), then + bias, and the fused gemm_bias.
+  std::vector<BF> y_cpu(static_cast<std::size_t>(m * n));
+  ops::gemm(cpu, Transpose::no, Transpose::yes, BF(1.0f), ConstView<BF>{a.data(), as}, ConstView<BF>{w.data(), ws}, BF(0.0f),
+            TensorView<BF>{y_cpu.data(), ys});
+  auto y = poisoned<BF>(gpu, m * n);
+  ops::gemm(gpu, Transpose::no, Transpose::yes, BF(1.0f), da.cview(as), dw.cview(ws), BF(0.0f), y.view(ys));
+  CHECK(within_bf16(y.download(), y_cpu));
+
+  std::vector<BF> yb_cpu = y_cpu;
+  ops::bias_add(cpu, TensorView<BF>{yb_cpu.data(), ys}, ConstView<BF>{bias.data(), Shape{n}});
+  auto fused = poisoned<BF>(gpu, m * n);
+  ops::gemm_bias(gpu, Transpose::no, Transpose::yes, BF(1.0f), da.cview(as), dw.cview(ws), dbias.cview(Shape{n}), fused.view(ys));
+  // The epilogue adds the bias before its one rounding, the host after rounding the product: two roundings apart.
+  CHECK(within_bf16(fused.download(), yb_cpu, 3));
+
+  // dW += dy^T a into float gradients, and the bias gradient.
+  std::vector<float> g_cpu(static_cast<std::size_t>(n * k), 0.25f), gb_cpu(static_cast<std::size_t>(n), -0.5f);
+  ops::gemm(cpu, Transpose::yes, Transpose::no, BF(1.0f), ConstView<BF>{dy.data(), ys}, ConstView<BF>{a.data(), as}, BF(1.0f),
+            TensorView<float>{g_cpu.data(), ws});
+  ops::bias_backward(cpu, ConstView<BF>{dy.data(), ys}, TensorView<float>{gb_cpu.data(), Shape{n}});
+  DeviceArray<float, Gpu> g(gpu, std::vector<float>(static_cast<std::size_t>(n * k), 0.25f)), gb(gpu, std::vector<float>(static_cast<std::size_t>(n), -0.5f));
+  ops::gemm(gpu, Transpose::yes, Transpose::no, BF(1.0f), ddy.cview(ys), da.cview(as), BF(1.0f), g.view(ws));
+  ops::bias_backward(gpu, ddy.cview(ys), gb.view(Shape{n}));
+  CHECK(relative_error(g.download(), g_cpu) <= fp32_tolerance);
+  CHECK(relative_error(gb.download(), gb_cpu) <= fp32_tolerance);
+
+  // GELU forward and backward, and a bf16 gradient added into a float one.
+  std::vector<BF> act_cpu(static_cast<std::size_t>(m * n)), dact_cpu(act_cpu.size());
+  ops::gelu_forward(cpu, ConstView<BF>{y_cpu.data(), ys}, TensorView<BF>{act_cpu.data(), ys});
+  ops::gelu_backward(cpu, ConstView<BF>{y_cpu.data(), ys}, ConstView<BF>{dy.data(), ys}, TensorView<BF>{dact_cpu.data(), ys});
+  DeviceArray<BF, Gpu> dy_host_y(gpu, y_cpu);
+  auto act = poisoned<BF>(gpu, m * n), dact = poisoned<BF>(gpu, m * n);
+  ops::gelu_forward(gpu, dy_host_y.cview(ys), act.view(ys));
+  ops::gelu_backward(gpu, dy_host_y.cview(ys), ddy.cview(ys), dact.view(ys));
+  CHECK(within_bf16(act.download(), act_cpu));
+  CHECK(within_bf16(dact.download(), dact_cpu));
+
+  std::vector<float> acc_cpu(static_cast<std::size_t>(m * n), 1.0f);
+  ops::axpy(cpu, BF(1.0f), ConstView<BF>{dy.data(), ys}, TensorView<float>{acc_cpu.data(), ys});
+  DeviceArray<float, Gpu> acc(gpu, std::vector<float>(static_cast<std::size_t>(m * n), 1.0f));
+  ops::axpy(gpu, BF(1.0f), ddy.cview(ys), acc.view(ys));
+  CHECK(acc.download() == acc_cpu);  // one float addition of exact values: the same bits
+  CHECK(ops::sum_of_squares(gpu, ddy.cview(ys)) == Approx(ops::sum_of_squares(cpu, ConstView<BF>{dy.data(), ys})).epsilon(1e-12));
+}
+
+TEST_CASE("Cuda<bfloat16, float>: LayerNorm keeps float statistics and matches the bf16 host backend", "[gpu][cuda][bf16]") {
+  Rng rng(42);
+  const index_t rows = 19, n = 72;
+  const Shape s{rows, n};
+  Gpu gpu;
+  Cpu cpu;
+  const auto x = random_bf16(rng, rows * n, -2, 2), gamma = random_bf16(rng, n, 0.5, 1.5), beta = random_bf16(rng, n);
+  const auto dy = random_bf16(rng, rows * n);
+  std::vector<BF> y_cpu(x.size()), dx_cpu(x.size());
+  std::vector<float> mean_cpu(static_cast<std::size_t>(rows)), rstd_cpu(static_cast<std::size_t>(rows)), dg_cpu(static_cast<std::size_t>(n)), db_cpu(static_cast<std::size_t>(n));
+  ops::layernorm_forward(cpu, ConstView<BF>{x.data(), s}, ConstView<BF>{gamma.data(), Shape{n}}, ConstView<BF>{beta.data(), Shape{n}},
+                         TensorView<BF>{y_cpu.data(), s}, TensorView<float>{mean_cpu.data(), Shape{rows}},
+                         TensorView<float>{rstd_cpu.data(), Shape{rows}}, 1e-5);
+  ops::layernorm_backward_input(cpu, ConstView<BF>{x.data(), s}, ConstView<BF>{gamma.data(), Shape{n}},
+                                ConstView<float>{mean_cpu.data(), Shape{rows}}, ConstView<float>{rstd_cpu.data(), Shape{rows}},
+                                ConstView<BF>{dy.data(), s}, TensorView<BF>{dx_cpu.data(), s});
+  ops::layernorm_backward_weight(cpu, ConstView<BF>{x.data(), s}, ConstView<float>{mean_cpu.data(), Shape{rows}},
+                                 ConstView<float>{rstd_cpu.data(), Shape{rows}}, ConstView<BF>{dy.data(), s},
+                                 TensorView<float>{dg_cpu.data(), Shape{n}}, TensorView<float>{db_cpu.data(), Shape{n}});
+
+  DeviceArray<BF, Gpu> dx_in(gpu, x), dgamma(gpu, gamma), dbeta(gpu, beta), ddy(gpu, dy);
+  auto y = poisoned<BF>(gpu, rows * n), dx = poisoned<BF>(gpu, rows * n);
+  auto mean = poisoned<float>(gpu, rows), rstd = poisoned<float>(gpu, rows);
+  DeviceArray<float, Gpu> dg(gpu, std::vector<float>(static_cast<std::size_t>(n))), db(gpu, std::vector<float>(static_cast<std::size_t>(n)));
+  ops::layernorm_forward(gpu, dx_in.cview(s), dgamma.cview(Shape{n}), dbeta.cview(Shape{n}), y.view(s), mean.view(Shape{rows}),
+                         rstd.view(Shape{rows}), 1e-5);
+  ops::layernorm_backward_input(gpu, dx_in.cview(s), dgamma.cview(Shape{n}), mean.cview(Shape{rows}), rstd.cview(Shape{rows}),
+                                ddy.cview(s), dx.view(s));
+  ops::layernorm_backward_weight(gpu, dx_in.cview(s), mean.cview(Shape{rows}), rstd.cview(Shape{rows}), ddy.cview(s),
+                                 dg.view(Shape{n}), db.view(Shape{n}));
+  CHECK(within_bf16(y.download(), y_cpu));
+  CHECK(relative_error(mean.download(), mean_cpu) <= fp32_tolerance);
+  CHECK(relative_error(rstd.download(), rstd_cpu) <= fp32_tolerance);
+  CHECK(within_bf16(dx.download(), dx_cpu));
+  CHECK(relative_error(dg.download(), dg_cpu) <= fp32_tolerance);
+  CHECK(relative_error(db.download(), db_cpu) <= fp32_tolerance);
+}
+
+TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy and embedding match the bf16 host backend", "[gpu][cuda][bf16]") {
+  Rng rng(43);
+  Gpu gpu;
+  Cpu cpu;
+  SECTION("causal attention, lse in float") {
+    const index_t heads = 4, seq = 17, sequences = 3, C = 64, rows = seq * sequences;
+    const auto qkv = random_bf16(rng, rows * 3 * C, -1.5, 1.5), dout = random_bf16(rng, rows * C);
+    std::vector<BF> out_cpu(static_cast<std::size_t>(rows * C)), dqkv_cpu(qkv.size());
+    std::vector<float> lse_cpu(static_cast<std::size_t>(rows * heads));
+    ops::causal_attention_forward(cpu, ConstView<BF>{qkv.data(), Shape{rows, 3 * C}}, TensorView<BF>{out_cpu.data(), Shape{rows, C}},
+                                  TensorView<float>{lse_cpu.data(), Shape{rows, heads}}, heads, seq);
+    ops::causal_attention_backward(cpu, ConstView<BF>{qkv.data(), Shape{rows, 3 * C}}, ConstView<BF>{out_cpu.data(), Shape{rows, C}},
+                                   ConstView<float>{lse_cpu.data(), Shape{rows, heads}}, ConstView<BF>{dout.data(), Shape{rows, C}},
+                                   TensorView<BF>{dqkv_cpu.data(), Shape{rows, 3 * C}}, heads, seq);
+    DeviceArray<BF, Gpu> dq(gpu, qkv), ddout(gpu, dout), dout_cpu(gpu, out_cpu);
+    DeviceArray<float, Gpu> dlse_cpu(gpu, lse_cpu);
+    auto out = poisoned<BF>(gpu, rows * C), dqkv = poisoned<BF>(gpu, rows * 3 * C);
+    auto lse = poisoned<float>(gpu, rows * heads);
+    ops::causal_attention_forward(gpu, dq.cview(Shape{rows, 3 * C}), out.view(Shape{rows, C}), lse.view(Shape{rows, heads}), heads, seq);
+    CHECK(within_bf16(out.download(), out_cpu));
+    CHECK(relative_error(lse.download(), lse_cpu) <= fp32_tolerance);
+    // The backward from the host's forward, so both read the same out and lse.
+    ops::causal_attention_backward(gpu, dq.cview(Shape{rows, 3 * C}), dout_cpu.cview(Shape{rows, C}), dlse_cpu.cview(Shape{rows, heads}),
+                                   ddout.cview(Shape{rows, C}), dqkv.view(Shape{rows, 3 * C}), heads, seq);
+    CHECK(within_bf16(dqkv.download(), dqkv_cpu, 3));
+  }
+  SECTION("softmax cross-entropy, the loss in float") {
+    const index_t rows = 23, classes = 50;
+    const auto z = random_bf16(rng, rows * classes, -6, 6);
+    const auto labels = random_ints(rng, rows, classes);
+    std::vector<float> loss_cpu(1);
+    std::vector<BF> dz_cpu(z.size());
+    ops::softmax_cross_entropy_forward(cpu, ConstView<BF>{z.data(), Shape{rows, classes}},
+                                       ConstView<std::int32_t>{labels.data(), Shape{rows}}, TensorView<float>{loss_cpu.data(), Shape{1}}, 40);
+    ops::softmax_cross_entropy_backward(cpu, ConstView<BF>{z.data(), Shape{rows, classes}},
+                                        ConstView<std::int32_t>{labels.data(), Shape{rows}},
+                                        TensorView<BF>{dz_cpu.data(), Shape{rows, classes}}, 40);
+    DeviceArray<BF, Gpu> dz_in(gpu, z);
+    DeviceArray<std::int32_t, Gpu> dl(gpu, labels);
+    auto loss = poisoned<float>(gpu, 1);
+    auto dz = poisoned<BF>(gpu, rows * classes);
+    ops::softmax_cross_entropy_forward(gpu, dz_in.cview(Shape{rows, classes}), dl.cview(Shape{rows}), loss.view(Shape{1}), 40);
+    ops::softmax_cross_entropy_backward(gpu, dz_in.cview(Shape{rows, classes}), dl.cview(Shape{rows}), dz.view(Shape{rows, classes}), 40);
+    CHECK(relative_error(loss.download(), loss_cpu) <= fp32_tolerance);
+    CHECK(within_bf16(dz.download(), dz_cpu));
+  }
+  SECTION("embedding: an exact gather, float accumulation") {
+    const index_t rows = 41, vocab = 30, dim = 24;
+    const auto table = random_bf16(rng, vocab * dim), dy = random_bf16(rng, rows * dim);
+    const auto ids = random_ints(rng, rows, vocab);
+    std::vector<BF> y_cpu(static_cast<std::size_t>(rows * dim));
+    std::vector<float> dt_cpu(static_cast<std::size_t>(vocab * dim), 0.5f);
+    ops::embedding_forward(cpu, ConstView<std::int32_t>{ids.data(), Shape{rows}}, ConstView<BF>{table.data(), Shape{vocab, dim}},
+                           TensorView<BF>{y_cpu.data(), Shape{rows, dim}});
+    ops::embedding_backward(cpu, ConstView<std::int32_t>{ids.data(), Shape{rows}}, ConstView<BF>{dy.data(), Shape{rows, dim}},
+                            TensorView<float>{dt_cpu.data(), Shape{vocab, dim}});
+    DeviceArray<std::int32_t, Gpu> did(gpu, ids);
+    DeviceArray<BF, Gpu> dtable(gpu, table), ddy(gpu, dy);
+    DeviceArray<float, Gpu> dt(gpu, std::vector<float>(static_cast<std::size_t>(vocab * dim), 0.5f));
+    auto y = poisoned<BF>(gpu, rows * dim);
+    ops::embedding_forward(gpu, did.cview(Shape{rows}), dtable.cview(Shape{vocab, dim}), y.view(Shape{rows, dim}));
+    ops::embedding_backward(gpu, did.cview(Shape{rows}), ddy.cview(Shape{rows, dim}), dt.view(Shape{vocab, dim}));
+    CHECK(widen(y.download()) == widen(y_cpu));  // a gather: the same bits
+    CHECK(relative_error(dt.download(), dt_cpu) <= fp32_tolerance);
+  }
+  SECTION("AdamW on float master weights publishes their rounding") {
+    const index_t n = 1001;
+    std::vector<float> master(static_cast<std::size_t>(n)), grad(static_cast<std::size_t>(n)), zeros(static_cast<std::size_t>(n), 0.0f);
+    for (float& v : master) v = float(rng.uniform(-1, 1));
+    for (float& v : grad) v = float(rng.uniform(-1, 1));
+    std::vector<BF> param(static_cast<std::size_t>(n));
+    std::vector<float> mc = master, m_cpu = zeros, v_cpu = zeros;
+    std::vector<BF> pc(static_cast<std::size_t>(n));
+    DeviceArray<float, Gpu> dm(gpu, master), dg(gpu, grad), d1(gpu, zeros), d2(gpu, zeros);
+    auto dp = poisoned<BF>(gpu, n);
+    const ops::AdamWHyper h{.lr = 0.01, .weight_decay = 0.1};
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      ops::adamw_update_master(cpu, TensorView<float>{mc.data(), Shape{n}}, TensorView<BF>{pc.data(), Shape{n}},
+                               ConstView<float>{grad.data(), Shape{n}}, TensorView<float>{m_cpu.data(), Shape{n}},
+                               TensorView<float>{v_cpu.data(), Shape{n}}, h, step, 1.0f);
+      ops::adamw_update_master(gpu, dm.view(Shape{n}), dp.view(Shape{n}), dg.cview(Shape{n}), d1.view(Shape{n}), d2.view(Shape{n}), h,
+                               step, 1.0f);
+    }
+    CHECK(relative_error(dm.download(), mc) <= fp32_tolerance);
+    const std::vector<float> got_master = dm.download();
+    const std::vector<BF> got_param = dp.download();
+    for (std::size_t i = 0; i < got_param.size(); ++i) REQUIRE(got_param[i].bits == BF(got_master[i]).bits);
+  }
+}
+
+namespace {
+
+using Mlp = Sequential<Linear<24, 64>, GELU, LayerNorm<64>, Linear<64, 64>, ReLU, Linear<64, 10>>;
+
+/// Three AdamW steps of a 2-stage 1F1B pipeline on Cuda<bf16, float> and on Host<bf16, float>.
+template <class Model, class Input>
+void check_pipeline(const std::vector<Input>& x, const std::vector<std::int32_t>& labels, index_t rows, index_t in_cols) {
+  using Stages = partition<Model, 2>;
+  Pipeline<Stages, schedule::OneFOneB, Gpu> gpu({.microbatches = 2, .seed = 9});
+  Pipeline<Stages, schedule::OneFOneB, Cpu> cpu({.microbatches = 2, .seed = 9});
+  REQUIRE(gpu.parameters() == cpu.parameters());  // master weights, initialised on the host
+  const optim::AdamW adamw({.lr = 1e-3, .weight_decay = 0.01, .clip_norm = 1.0});
+  for (int step = 0; step < 3; ++step) {
+    const ConstView<Input> xs{x.data(), Shape{rows, in_cols}};
+    const ConstView<std::int32_t> ys{labels.data(), Shape{rows}};
+    const StepStats g = gpu.train_step(xs, ys, adamw);
+    const StepStats c = cpu.train_step(xs, ys, adamw);
+    CAPTURE(step, g.loss, c.loss, g.grad_norm, c.grad_norm);
+    CHECK(std::abs(g.loss - c.loss) <= 1e-3 * std::abs(c.loss));
+    CHECK(std::abs(g.grad_norm - c.grad_norm) <= 1e-2 * c.grad_norm);
+  }
+  CHECK(relative_error(gpu.parameters(), cpu.parameters()) <= 1e-3);
+}
+
+/// A tied GPT: vocabulary 64, context 16, 2 blocks, 2 heads, 32 channels. A template, as in
+/// test_cuda_pipeline.cu: nvcc's host pass loses a class-type template argument named in a
+/// non-template function.
+template <int Sequences>
+void check_small_gpt(Rng& rng) {
+  constexpr gpt::Config config{64, 16, 2, 2, 32};
+  const index_t rows = Sequences * config.context;
+  check_pipeline<gpt::Model<config>>(random_ints(rng, rows, config.vocab), random_ints(rng, rows, config.vocab), rows, 1);
+}
+
+}  // namespace
+
+TEST_CASE("Cuda<bfloat16, float>: pipelines train as on the bf16 host backend", "[gpu][cuda][bf16][pipeline]") {
+  Rng rng(44);
+  SECTION("MLP with GELU and LayerNorm") {
+    const index_t rows = 32;
+    check_pipeline<Mlp>(random_bf16(rng, rows * 24), random_ints(rng, rows, 10), rows, 24);
+  }
+  SECTION("tied GPT") {
+    check_small_gpt<4>(rng);
+  }
+}
