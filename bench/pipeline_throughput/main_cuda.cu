@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pipeline_throughput: CUDA device %d does not exist (%d present)\n", options.device, count);
       return 2;
     }
+    // Exact fp32 GEMMs, as the figures in docs/benchmarks.md were measured (the library's default is TF32).
+    cupipe::gpu::set_default_math(cupipe::gpu::MathMode::fp32);
     return cupipe::bench::run<cupipe::backend::Cuda<float>>(harness, options, std::string(prop.name));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_throughput: %s\n", e.what());

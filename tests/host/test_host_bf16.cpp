@@ -121,6 +121,27 @@ TEST_CASE("bf16 storage: gemm into bf16 (one rounding) and into float (float acc
   });
 }
 
+TEST_CASE("bf16 storage: gemm_bias adds the bias in float and rounds once, as the CUDA epilogue", "[cpu][host][bf16]") {
+  Rng rng{21};
+  const index_t m = 17, k = 96, n = 12;
+  const Vec a = bf16_exact(std::size_t(m * k), rng), w = bf16_exact(std::size_t(n * k), rng);
+  // Biases near minus the products make the sum cancel, where a rounding before the addition shows.
+  const Vec bias = bf16_exact(std::size_t(n), rng, -3, 3);
+  check_against_float64([&]<class B>(B& be) {
+    using S = typename B::value_type;
+    const auto at = as<S>(a), wt = as<S>(w), bt = as<S>(bias);
+    std::vector<S> y(std::size_t(m * n));
+    if constexpr (std::is_same_v<B, Bf16>) {
+      ops::gemm_bias(be, Transpose::no, Transpose::yes, S(1), cview(at, Shape{m, k}), cview(wt, Shape{n, k}), cview(bt, Shape{n}),
+                     view(y, Shape{m, n}));
+    } else {
+      ops::gemm(be, Transpose::no, Transpose::yes, S(1), cview(at, Shape{m, k}), cview(wt, Shape{n, k}), S(0), view(y, Shape{m, n}));
+      ops::bias_add(be, view(y, Shape{m, n}), cview(bt, Shape{n}));
+    }
+    return Outputs{{to_double(y), true}};
+  });
+}
+
 TEST_CASE("bf16 storage: elementwise ops, bias, residual, axpy, copy and fill round once", "[cpu][host][bf16]") {
   Rng rng{std::uint64_t(GENERATE(3, 4))};
   const index_t rows = 9, n = 37;

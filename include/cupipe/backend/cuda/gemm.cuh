@@ -78,8 +78,10 @@ void gemm_impl(backend::Cuda<T, BC>& be, std::string_view op, Transpose ta, Tran
   auto* dc = gpu::kernels::device_ptr(c.data());
   const index_t lda = std::max<index_t>(a.cols(), 1), ldb = std::max<index_t>(b.cols(), 1);
   // cuBLASLt fuses bias (and GELU) for float scales; its auxiliary matrix needs a leading dimension
-  // divisible by 8.
-  const bool fusable = bias != nullptr && k > 0 && !std::is_same_v<S, double> && (pre == nullptr || n % 8 == 0);
+  // divisible by 8, and a bias under 16-byte alignment can fault in its epilogue (PyTorch falls back
+  // there too). A Linear's bias sits unpadded in the stage's flat parameters, so it often is.
+  const bool fusable = bias != nullptr && k > 0 && !std::is_same_v<S, double> && (pre == nullptr || n % 8 == 0) &&
+                       gpu::alignment_of(bias) >= 16;
   if (fusable) {
     const auto epilogue = !gelu ? gpu::GemmEpilogue::bias
                           : pre ? gpu::GemmEpilogue::bias_gelu_aux

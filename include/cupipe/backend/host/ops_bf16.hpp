@@ -81,6 +81,19 @@ inline void gemm(HostBf16& be, Transpose ta, Transpose tb, ComputeScalar alpha, 
   gemm(be.widened(), ta, tb, alpha.value, wa.view(), wb.view(), beta.value, c);
 }
 
+/// y = alpha op(a) op(b) + bias, the bias added in float and y rounded once: what cuBLASLt's bias
+/// epilogue computes on Cuda<bfloat16, float>, so a Linear (layers/linear.hpp, fuses_bias) rounds
+/// its output once on both backends.
+inline void gemm_bias(HostBf16& be, Transpose ta, Transpose tb, ComputeScalar alpha, ConstView<bfloat16> a,
+                      ConstView<bfloat16> b, ConstView<bfloat16> bias, TensorView<bfloat16> y) {
+  check_view(bias, Shape{y.cols()}, "gemm_bias", "bias");
+  auto wa = detail::in(a, "gemm_bias", "a"), wb = detail::in(b, "gemm_bias", "b"), wbias = detail::in(bias, "gemm_bias", "bias");
+  auto wy = detail::out(y, "gemm_bias", "y");
+  gemm(be.widened(), ta, tb, alpha.value, wa.view(), wb.view(), 0.0f, wy.view());
+  bias_add(be.widened(), wy.view(), wbias.view());
+  wy.store(y);
+}
+
 // ---- elementwise and broadcast ----
 
 inline void bias_add(HostBf16& be, TensorView<bfloat16> y, ConstView<bfloat16> bias) {
