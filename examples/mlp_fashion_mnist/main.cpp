@@ -84,6 +84,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--devices", f.devices, "GPU of each stage, e.g. 0,0,1,1 (with --backend cuda)");
+  CLI::Option* math = app.add_option("--math", f.math, "float GEMMs on CUDA: tf32 (tensor cores) or fp32 (exact)")
+                          ->capture_default_str()
+                          ->check(CLI::IsMember({"fp32", "tf32"}));
   app.add_option("--dp", f.dp, "data-parallel replicas; run under mpirun/srun with stages x dp processes")->capture_default_str()->check(positive);
   app.add_option("--timeout", f.timeout,
                  "seconds a stage waits for another (a transfer, or a sum over ranks) before failing; 0: no limit")
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
   Launcher launcher;  // outside the try: the catch ends every rank through it
   try {
     if (!f.devices.empty() && f.backend != "cuda") CUPIPE_THROW("--devices places stages on GPUs and needs --backend cuda");
+    if (math->count() > 0 && f.backend != "cuda") CUPIPE_THROW("--math sets the GPU's GEMM arithmetic and needs --backend cuda");
 #if !CUPIPE_TRAINER_HAS_CUDA
     if (f.backend == "cuda")
       CUPIPE_THROW("--backend cuda: this trainer was built without CUDA (configure where nvcc is found to build it)");

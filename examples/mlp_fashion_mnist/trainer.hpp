@@ -55,6 +55,7 @@ struct Flags {
   std::string backend = "host";
   std::string precision = "fp32";     ///< "bf16": bf16 storage, fp32 master weights (host backend)
   std::string devices;
+  std::string math = "tf32";          ///< float GEMMs on CUDA: "tf32" (tensor cores) or "fp32" (exact)
   int dp = 1;
   double timeout = comm::Communicator::default_collective_timeout_seconds;
   std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches

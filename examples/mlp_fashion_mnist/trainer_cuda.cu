@@ -11,6 +11,8 @@
 namespace fmnist {
 
 int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
+  // Every context the pipeline makes takes this arithmetic for its float GEMMs (bf16 GEMMs are bf16).
+  gpu::set_default_math(f.math == "fp32" ? gpu::MathMode::fp32 : gpu::MathMode::tf32);
   int rc = 1;
   with_policy(f.schedule, [&]<class Schedule>() {
     if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1) {
