@@ -49,6 +49,10 @@ std::vector<BF> to_bf16(const std::vector<float>& v) {
 }
 
 
+/// The small tied GPT of every GPT case here: vocabulary 64, context 16, 2 blocks, 2 heads, 32 channels.
+constexpr gpt::Config small_gpt{64, 16, 2, 2, 32};
+using SmallGpt = gpt::Model<small_gpt>;
+
 /// The flush update of a pipeline, by hand on a Network: AdamW (no clipping) on the float master
 /// weights, then the weights in use become their rounding (nothing to do in fp32).
 template <class Net>
@@ -147,8 +151,8 @@ TEST_CASE("bf16 storage: the MLP's loss and gradients are float64's on the same 
 
 TEST_CASE("bf16 storage: a GPT's loss and gradients (LayerNorm, attention, tied embedding) to bf16 accuracy",
           "[cpu][training][bf16][gpt]") {
-  constexpr gpt::Config c{64, 16, 2, 2, 32};  // vocab, context, layers, heads, channels
-  using Model = gpt::Model<c>;
+  constexpr gpt::Config c = small_gpt;
+  using Model = SmallGpt;
   Network<Model, Bf16> net16(3);
   Network<Model, backend::Host<double>> net64(0);
   net64.set_parameters(rounded<double>(net16.parameters()));
@@ -268,12 +272,10 @@ void check_bf16_pipeline_against_network() {
 
 }  // namespace
 
-// Every synchronous schedule of the registry (the MLP has 4 Linear layers: 4 virtual stages, so
-// chunked schedules run on 2 workers).
 TEST_CASE("bf16 storage: AdamW on float master weights trains a tied GPT along the float run's loss curve",
           "[cpu][training][bf16][gpt]") {
-  constexpr gpt::Config c{64, 16, 2, 2, 32};  // vocab, context, layers, heads, channels
-  using Model = gpt::Model<c>;
+  constexpr gpt::Config c = small_gpt;
+  using Model = SmallGpt;
   Network<Model, Bf16> net16(6);
   Network<Model, backend::Host<float>> net32(0);
   net32.set_parameters(net16.parameters());
@@ -303,6 +305,8 @@ TEST_CASE("bf16 storage: AdamW on float master weights trains a tied GPT along t
   CHECK(last32 < 0.5 * first);  // it learned the rule, so tracking the curve means something
 }
 
+// Every synchronous schedule of the registry (the MLP has 4 Linear layers: 4 virtual stages, so
+// chunked schedules run on 2 workers).
 TEST_CASE("bf16 storage: pipelines under every synchronous schedule are the bf16 Network", "[cpu][training][bf16][pipeline]") {
   check_bf16_pipeline_against_network<schedule::GPipe, 2>();
   check_bf16_pipeline_against_network<schedule::OneFOneB, 4>();
@@ -326,8 +330,8 @@ TEST_CASE("bf16 storage: ZeRO-1 is refused with a sentence", "[cpu][training][bf
 
 TEST_CASE("bf16 storage: a GPT pipeline (tied wte and lm_head on two stages) is the bf16 Network",
           "[cpu][training][bf16][pipeline][gpt]") {
-  constexpr gpt::Config c{64, 16, 2, 2, 32};
-  using Model = gpt::Model<c>;
+  constexpr gpt::Config c = small_gpt;
+  using Model = SmallGpt;
   using Pipe = Pipeline<partition<Model, 2>, schedule::OneFOneB, Bf16>;
   const optim::AdamW adamw({.lr = 3e-3, .weight_decay = 0.1});
   Rng rng(17);
