@@ -53,6 +53,43 @@ inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicat
   f.predicted_step_seconds = best.step_seconds;
 }
 
+/// --stage-backends: every entry known, one per stage, and a combination this build instantiates
+/// (each is the whole training loop again), refused before any data loads.
+inline void check_stage_backends(const Flags& f) {
+  std::vector<std::string> entries;
+  for (std::size_t at = 0;;) {
+    const std::size_t comma = f.stage_backends.find(',', at);
+    entries.push_back(f.stage_backends.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  for (const std::string& e : entries)
+    if (e != "host" && e != "host:bf16" && e != "cuda")
+      CUPIPE_THROW("--stage-backends: '", e, "' is not a stage backend; each stage is host, host:bf16 or cuda");
+  if (int(entries.size()) != f.stages)
+    CUPIPE_THROW("--stage-backends names ", entries.size(), " backend(s) for --stages ", f.stages, "; give one per stage");
+  if (entries.size() != 2)
+    CUPIPE_THROW("--stage-backends: this build instantiates 2-stage pipelines only (each combination is the whole "
+                 "training loop again); use --stages 2");
+  if (entries[0] == entries[1])
+    CUPIPE_THROW("--stage-backends ", f.stage_backends, " gives every stage the same backend; say it with --backend "
+                 "and --precision");
+  if (f.schedule != "1f1b" && f.schedule != "gpipe")
+    CUPIPE_THROW("--stage-backends trains with 1f1b or gpipe in this build, not ", f.schedule);
+  if (f.post_validation > 0) CUPIPE_THROW("--stage-backends: the pipeline refuses --post-validation with a backend per stage");
+  const bool cuda = entries[0] == "cuda" || entries[1] == "cuda";
+  if (cuda && (entries[0] == "host:bf16" || entries[1] == "host:bf16"))
+    CUPIPE_THROW("--stage-backends: this build pairs cuda with an fp32 host stage (host,cuda or cuda,host)");
+#if !CUPIPE_TRAINER_HAS_CUDA
+  if (cuda) CUPIPE_THROW("--stage-backends ", f.stage_backends, ": this trainer was built without CUDA");
+#endif
+#if !CUPIPE_TRAINER_HAS_BF16
+  if (!cuda)
+    CUPIPE_THROW("--stage-backends ", f.stage_backends, ": host stages of two precisions are not in this build, which "
+                 "was configured with -DCUPIPE_TRAINER_SCHEDULES=flush");
+#endif
+}
+
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Train a 784-1024-512-256-10 MLP on Fashion-MNIST with a pipeline schedule (cupipe, CPU)"};
@@ -83,6 +120,11 @@ int main(int argc, char** argv) {
                  "optimizer state and the loss in fp32 (host: gpipe, 1f1b, zb-h1, zb-h2; cuda: gpipe, 1f1b)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  CLI::Option* stage_backends =
+      app.add_option("--stage-backends", f.stage_backends,
+                     "each stage's backend and precision, one per stage: host, host:bf16 or cuda, e.g. host:bf16,host "
+                     "(this build: 2 stages of gpipe or 1f1b; host with host:bf16, or host with cuda); each "
+                     "hand-over converts between them");
   app.add_option("--devices", f.devices, "GPU of each stage, e.g. 0,0,1,1 (with --backend cuda)");
   CLI::Option* math = app.add_option("--math", f.math, "float GEMMs on CUDA: tf32 (tensor cores) or fp32 (exact)")
                           ->capture_default_str()
@@ -107,6 +149,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(non_negative);
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
+  for (const char* name : {"--backend", "--precision", "--devices", "--plan", "--dp", "--rebalance"})
+    stage_backends->excludes(app.get_option(name));
   CLI11_PARSE(app, argc, argv);
 
   Launcher launcher;  // outside the try: the catch ends every rank through it
@@ -128,6 +172,7 @@ int main(int argc, char** argv) {
       CUPIPE_THROW("--precision bf16 on the host backend is not in this build, which was configured with "
                    "-DCUPIPE_TRAINER_SCHEDULES=flush; configure without it for bf16 training on the CPU");
 #endif
+    if (!f.stage_backends.empty()) check_stage_backends(f);
     if (f.precision == "bf16" && f.backend == "cuda" && f.schedule != "1f1b" && f.schedule != "gpipe")
       CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b or gpipe in this build, not ", f.schedule,
                    " (each schedule is compiled per GPU architecture; see examples/mlp_fashion_mnist/trainer_cuda.cu)");
@@ -166,6 +211,16 @@ int main(int argc, char** argv) {
     // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
     // each keeps them from oversubscribing the cores (11x slower on 2 cores otherwise).
     if (!launch.communicator && (f.stages > 1 || !f.plan.empty())) backend::Host<T>::set_blas_threads(1);
+    if (!f.stage_backends.empty()) {
+      if (f.stage_backends.find("cuda") != std::string::npos) {
+#if CUPIPE_TRAINER_HAS_CUDA
+        return train_mixed_cuda(f, data.train, data.test, launch);
+#endif
+      }
+#if CUPIPE_TRAINER_HAS_BF16
+      return train_mixed(f, data.train, data.test, launch);
+#endif
+    }
 #if CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16") return train_bf16(f, data.train, data.test, launch);
 #endif

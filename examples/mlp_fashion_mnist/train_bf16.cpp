@@ -4,6 +4,8 @@
 // its own translation unit so it compiles beside main.cpp. The one-chunk flush schedules only
 // (gpipe, 1f1b, zb-h1, zb-h2): each schedule x stage count instantiates the whole loop again. A build
 // configured with -DCUPIPE_TRAINER_SCHEDULES=flush leaves this unit out (examples/mlp_fashion_mnist/CMakeLists.txt).
+// --stage-backends host:bf16,host (or host,host:bf16): one stage in bf16, the other in fp32, in one
+// pipeline (backend::PerWorker), under gpipe or 1f1b.
 #include "trainer.hpp"
 
 namespace fmnist {
@@ -27,6 +29,20 @@ int train_bf16(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
     }
   });
   return rc;
+}
+
+int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
+  using F32 = backend::Host<float>;
+  using Bf16 = backend::Host<cupipe::bfloat16, float>;
+  // main.cpp's check_stage_backends let only these through: 2 stages, gpipe or 1f1b.
+  const bool bf16_first = f.stage_backends == "host:bf16,host";
+  const auto run = [&]<class Schedule>() {
+    return with_optimizer(f, [&](auto optimizer) {
+      if (bf16_first) return train<Schedule, 2, backend::PerWorker<Bf16, F32>>(f, train_set, test_set, optimizer, launch);
+      return train<Schedule, 2, backend::PerWorker<F32, Bf16>>(f, train_set, test_set, optimizer, launch);
+    });
+  };
+  return f.schedule == "gpipe" ? run.template operator()<schedule::GPipe>() : run.template operator()<schedule::OneFOneB>();
 }
 
 }  // namespace fmnist

@@ -54,6 +54,7 @@ struct Flags {
   std::string progress = "auto";
   std::string backend = "host";
   std::string precision = "fp32";     ///< "bf16": bf16 storage, fp32 master weights (host backend)
+  std::string stage_backends;         ///< "host:bf16,host": each stage's backend and precision (empty: all alike)
   std::string devices;
   std::string math = "tf32";          ///< float GEMMs on CUDA: "tf32" (tensor cores) or "fp32" (exact)
   int dp = 1;
@@ -75,7 +76,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--weight-decay", real(f.weight_decay)}, {"--warmup-epochs", real(f.warmup_epochs)},
           {"--seed", std::to_string(f.seed)},  {"--train-limit", std::to_string(f.train_limit)},
           {"--test-limit", std::to_string(f.test_limit)}, {"--max-steps", std::to_string(f.max_steps)},
-          {"--backend", f.backend},            {"--precision", f.precision}, {"--save", f.save},
+          {"--backend", f.backend},            {"--precision", f.precision}, {"--stage-backends", f.stage_backends}, {"--save", f.save},
           {"--resume", f.resume}};
 }
 
@@ -150,19 +151,21 @@ void to_storage(const T* from, std::size_t count, S* to) {
 
 template <class Pipe>
 double accuracy(Pipe& pipe, const io::Dataset& data) {
-  using S = typename Pipe::T;  // the storage precision: inputs and logits
+  using S = typename Pipe::input_type;  // the first stage's storage precision
+  using L = typename Pipe::T;           // the last stage's: the logits
   constexpr index_t chunk = 1000;
-  std::vector<S> logits, images;
+  std::vector<L> logits;
+  std::vector<S> images;
   std::int64_t correct = 0;
   for (index_t first = 0; first < data.count; first += chunk) {
     const index_t rows = std::min(chunk, data.count - first);
     logits.resize(std::size_t(rows * 10));
     images.resize(std::size_t(rows * 784));
     to_storage(data.images.data() + first * 784, images.size(), images.data());
-    pipe.predict(ConstView<S>{images.data(), Shape{rows, 784}}, TensorView<S>{logits.data(), Shape{rows, 10}});
+    pipe.predict(ConstView<S>{images.data(), Shape{rows, 784}}, TensorView<L>{logits.data(), Shape{rows, 10}});
     for (index_t r = 0; r < rows; ++r) {
-      const S* row = logits.data() + r * 10;
-      const auto less = [](const S& a, const S& b) { return float(a) < float(b); };
+      const L* row = logits.data() + r * 10;
+      const auto less = [](const L& a, const L& b) { return float(a) < float(b); };
       correct += std::max_element(row, row + 10, less) - row == data.labels[std::size_t(first + r)];
     }
   }
@@ -173,7 +176,7 @@ template <class Schedule, int P, class Backend, class Optimizer>
 int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer, const Launch& launch) {
   using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
-  using S = typename Backend::value_type;  // inputs in the storage precision
+  using S = typename Pipe::input_type;  // inputs in the first stage's storage precision
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
              .post_validation = f.post_validation > 0});
@@ -189,8 +192,9 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
 
   say("cupipe %s: %s, %d stages x %d chunk(s), %d microbatches, batch %d, %s lr %g, backend %s, precision %s\n",
       version_string, std::string(Schedule::name).c_str(), P, Schedule::chunks, f.microbatches, f.batch,
-      std::string(Optimizer::name).c_str(), f.lr, f.backend.c_str(),
-      std::is_same_v<S, T> ? "fp32" : "bf16 (fp32 master weights, gradients and optimizer state)");
+      std::string(Optimizer::name).c_str(), f.lr, Pipe::mixed ? "per stage" : f.backend.c_str(),
+      Pipe::mixed ? ("per stage: " + f.stage_backends).c_str()
+      : std::is_same_v<S, T> ? "fp32" : "bf16 (fp32 master weights, gradients and optimizer state)");
   if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
   for (int k = 0; k < int(Stages::size); ++k) say("  stage %d: %s\n", k, stage_description<Stages>(k).c_str());
 
@@ -315,7 +319,9 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
     std::printf("wrote %s (open it in https://ui.perfetto.dev or chrome://tracing): the last step, measured and "
                 "simulated side by side\n", f.trace.c_str());
   }
-  if (f.rebalance && launch.leader()) {
+  if constexpr (Pipe::mixed) {
+    if (f.rebalance) CUPIPE_THROW("--rebalance profiles one backend; it is refused with --stage-backends");
+  } else if (f.rebalance && launch.leader()) {
     // One microbatch of real images, timed on a fresh context of the same backend (device 0 for CUDA).
     const index_t rows = std::max<index_t>(1, std::min<std::int64_t>(n, f.batch) / f.microbatches);
     std::vector<S> images(std::size_t(rows * 784));
@@ -345,7 +351,7 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
                             {"stages", f.stages},
                             {"microbatches", f.microbatches},
                             {"data_parallel", launch.replicas},
-                            {"precision", f.precision},
+                            {"precision", Pipe::mixed ? f.stage_backends : f.precision},
                             {"step_seconds_measured", median_step}};
   if (f.post_validation > 0) summary["post_validation_rollbacks"] = rollbacks;
   if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
@@ -363,6 +369,11 @@ int with_optimizer(const Flags& f, Run&& run) {
 
 /// --precision bf16 on the host backend (defined in train_bf16.cpp).
 int train_bf16(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
+
+/// --stage-backends with host stages of different precisions (defined in train_bf16.cpp).
+int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
+/// --stage-backends with a host and a CUDA stage (defined in trainer_cuda.cu).
+int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
 
 /// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
 int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set,

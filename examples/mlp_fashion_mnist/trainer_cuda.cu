@@ -3,6 +3,7 @@
 // stages in one process, placed on GPUs with --devices. Each schedule x stage count is a template
 // instantiation that nvcc compiles for every GPU architecture, so this file instantiates the
 // registry's one-chunk flush schedules only, at 1, 2 and 4 stages (in bf16: 1F1B and GPipe).
+// --stage-backends host,cuda (or cuda,host): an fp32 CPU stage and an fp32 GPU stage in one pipeline.
 #include <type_traits>
 
 #include "cupipe/cupipe.cuh"
@@ -34,6 +35,21 @@ int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
     }
   });
   return rc;
+}
+
+int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
+  gpu::set_default_math(f.math == "fp32" ? gpu::MathMode::fp32 : gpu::MathMode::tf32);
+  using Cpu = backend::Host<float>;
+  using Gpu = backend::Cuda<float>;
+  // main.cpp's check_stage_backends let only host,cuda and cuda,host through, 2 stages, gpipe or 1f1b.
+  const bool gpu_first = f.stage_backends == "cuda,host";
+  const auto run = [&]<class Schedule>() {
+    return with_optimizer(f, [&](auto optimizer) {
+      if (gpu_first) return train<Schedule, 2, backend::PerWorker<Gpu, Cpu>>(f, train_set, test_set, optimizer, launch);
+      return train<Schedule, 2, backend::PerWorker<Cpu, Gpu>>(f, train_set, test_set, optimizer, launch);
+    });
+  };
+  return f.schedule == "gpipe" ? run.template operator()<schedule::GPipe>() : run.template operator()<schedule::OneFOneB>();
 }
 
 }  // namespace fmnist

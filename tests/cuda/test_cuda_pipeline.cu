@@ -3,8 +3,8 @@
 // and 4 stages on one GPU (gradients and weights after SGD steps, fp32, 1e-5 relative), the
 // hand-over's buffer reuse under a slow consumer (poison + check, with a control that shows the
 // check can fail), device-side step timing, the V schedules and DualPipeV's F&B pairs on two
-// streams (ordering, held-back blocks, concurrency), the ReLU NaN and null-input contracts, and
-// stages on devices 0,0,1,1 ([multi_gpu]).
+// streams (ordering, held-back blocks, concurrency), the ReLU NaN and null-input contracts, a
+// pipeline of CPU and GPU stages (backend::PerWorker), and stages on devices 0,0,1,1 ([multi_gpu]).
 //
 // Own main: exits 77 (ctest "Skipped") without a device, and with fewer devices than
 // --min-devices (the multi_gpu tests are registered with --min-devices 2).
@@ -358,6 +358,48 @@ TEST_CASE("a hand-over never overwrites a pooled buffer its slow consumer still 
   SECTION("control: an unfenced copy overtakes the slow reader, so the check above can fail") {
     CHECK(std::isnan(run(false)));
   }
+}
+
+TEST_CASE("a CPU stage and a GPU stage in one pipeline (backend::PerWorker) equal the all-host pipeline",
+          "[gpu][pipeline][mixed]") {
+  // Host, then GPU, then host again (1F1B, 3 workers), and the GPU first under a V (worker 0 holds
+  // the first and the last virtual stage): each hand-over between host and device memory goes
+  // through pipeline::hand_over. fp32 on both sides (exact GEMMs), so 1e-5 relative.
+  using Cpu = backend::Host<float>;
+  using Gpu = backend::Cuda<float>;
+  const auto check = [&]<class Stages, class Policy, class Spec>() {
+    using Mixed = Pipeline<Stages, Policy, Spec>;
+    using Plain = Pipeline<Stages, Policy, Cpu>;
+    static_assert(Mixed::mixed);
+    INFO(Policy::name);
+    PipelineOptions options;
+    options.microbatches = 4;
+    options.seed = seed;
+    Mixed mixed(options);
+    Plain plain(options);
+    REQUIRE(relative_error(mixed.parameters(), plain.parameters()) == 0);
+    const HostBatch b = make_batch(8, 17);
+    const StepStats on_mixed = mixed.forward_backward(b.inputs(), b.targets());
+    const StepStats on_plain = plain.forward_backward(b.inputs(), b.targets());
+    CHECK(relative_error(mixed.gradients(), plain.gradients()) <= fp32_tolerance);
+    CHECK(std::abs(on_mixed.loss - on_plain.loss) <= fp32_tolerance * std::abs(on_plain.loss));
+    const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
+    mixed.step(sgd);
+    plain.step(sgd);
+    for (int step = 0; step < 2; ++step) {
+      const HostBatch next = make_batch(8, 200 + std::uint64_t(step));
+      mixed.train_step(next.inputs(), next.targets(), sgd);
+      plain.train_step(next.inputs(), next.targets(), sgd);
+    }
+    CHECK(relative_error(mixed.parameters(), plain.parameters()) <= fp32_tolerance);
+    const HostBatch t = make_batch(8, 999);
+    std::vector<float> want(std::size_t(8 * classes)), got(want.size());
+    plain.predict(t.inputs(), TensorView<float>{want.data(), Shape{8, classes}});
+    mixed.predict(t.inputs(), TensorView<float>{got.data(), Shape{8, classes}});
+    CHECK(relative_error(got, want) <= fp32_tolerance);
+  };
+  check.template operator()<partition<Deep, 3>, schedule::OneFOneB, backend::PerWorker<Cpu, Gpu, Cpu>>();
+  check.template operator()<partition<Deep, 4>, schedule::ZeroBubbleV, backend::PerWorker<Gpu, Cpu>>();
 }
 
 TEST_CASE("CUDA relu_forward propagates NaN like the host op", "[gpu][cuda][ops]") {

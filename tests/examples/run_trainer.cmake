@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs mlp_fashion_mnist and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16|bf16_cuda -P run_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16|bf16_cuda|stage_backends|stage_backends_cuda -P run_trainer.cmake
 # learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key.
 # resume: 5 steps, save, resume for 5 more, save; against 10 straight steps, save: the two final
 #         model files must hold the same tensor bytes (bit-exact resume through the command line).
@@ -11,6 +11,9 @@
 #         fp32 checkpoint (master weights and optimizer state), and an fp32 run resumes from it.
 # bf16_cuda: --precision bf16 --backend cuda (Cuda<bfloat16, float>) learns in one epoch; prints
 #         "SKIPPED: ..." without a usable GPU.
+# stage_backends: --stage-backends host:bf16,host (a bf16 and an fp32 stage in one pipeline) learns,
+#         resumes bit-exactly, and an fp32 run resumes from its checkpoint.
+# stage_backends_cuda: --stage-backends host,cuda learns in one epoch; "SKIPPED: ..." without a GPU.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
 cmake_minimum_required(VERSION 3.19)
 if(NOT IS_DIRECTORY "${DATA_DIR}")
@@ -91,6 +94,37 @@ elseif(MODE STREQUAL "bf16")
     message(FATAL_ERROR "resuming in fp32 reported precision '${fp32_precision}'")
   endif()
   message("bf16 learned (test_accuracy ${accuracy}), resumed bit-exactly, and its checkpoint loaded into an fp32 run")
+elseif(MODE STREQUAL "stage_backends")
+  # One stage in bf16 and the other in fp32, in one pipeline: it learns, resumes bit-exactly, and its
+  # checkpoint (fp32 master weights) loads into an all-fp32 run.
+  run_trainer(--epochs 1 --stage-backends host:bf16,host)
+  string(JSON accuracy GET "${summary}" test_accuracy)
+  string(JSON precision GET "${summary}" precision)
+  if(NOT precision STREQUAL "host:bf16,host" OR NOT accuracy GREATER_EQUAL 0.6)
+    message(FATAL_ERROR "--stage-backends host:bf16,host: precision '${precision}', test_accuracy ${accuracy} after one "
+                        "epoch on 4000 samples; expected host:bf16,host and at least 0.6: ${summary}")
+  endif()
+  run_trainer(--epochs 1 --stage-backends host,host:bf16 --max-steps 5 --save "${WORK_DIR}/first")
+  run_trainer(--epochs 1 --stage-backends host,host:bf16 --max-steps 10 --resume "${WORK_DIR}/first" --save "${WORK_DIR}/resumed")
+  run_trainer(--epochs 1 --stage-backends host,host:bf16 --max-steps 10 --save "${WORK_DIR}/straight")
+  expect_same_tensors("${WORK_DIR}/resumed" "${WORK_DIR}/straight")
+  run_trainer(--epochs 1 --max-steps 10 --resume "${WORK_DIR}/first")
+  message("a bf16 stage beside an fp32 one learned (test_accuracy ${accuracy}), resumed bit-exactly, and its "
+          "checkpoint loaded into an fp32 run")
+elseif(MODE STREQUAL "stage_backends_cuda")
+  execute_process(COMMAND "${TRAINER}" ${common} --epochs 1 --stage-backends host,cuda --max-steps 1 RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 AND err MATCHES "cudaErrorNoDevice|cudaErrorInsufficientDriver|no CUDA-capable device")
+    message("SKIPPED: no usable GPU: ${err}")
+    return()
+  endif()
+  run_trainer(--epochs 1 --stage-backends host,cuda)
+  string(JSON accuracy GET "${summary}" test_accuracy)
+  if(NOT accuracy GREATER_EQUAL 0.6)
+    message(FATAL_ERROR "--stage-backends host,cuda: test_accuracy ${accuracy} after one epoch on 4000 samples; "
+                        "expected at least 0.6: ${summary}")
+  endif()
+  message("a CPU stage and a GPU stage learned together (test_accuracy ${accuracy})")
 elseif(MODE STREQUAL "post_validation")
   set(common --data "${DATA_DIR}" --schedule zb-h1 --stages 2 --microbatches 4 --train-limit 4000 --test-limit 500
              --progress none --epochs 1 --max-steps 10)

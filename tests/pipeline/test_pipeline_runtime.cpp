@@ -228,7 +228,7 @@ TEST_CASE("busy time counts an overlapped F&B pair's shared time once (two strea
                                      {0, ActionKind::W, 0, 1, 5.0, 6.0, false}};
   const std::vector<ActionRecord> w1{{1, ActionKind::F, 0, 0, 0.0, 2.0, false}, {1, ActionKind::B, 0, 0, 2.0, 6.0, false}};
   Host a, b;
-  const StepStats stats = pipeline::measure_step<Host>({&w0, &w1}, {&a, &b}, {1, 1});
+  const StepStats stats = pipeline::measure_step({&w0, &w1}, {&a.memory, &b.memory}, {1, 1});
   CHECK(stats.makespan_seconds == 6.0);
   CHECK(stats.busy_seconds == std::vector<double>{5.0, 6.0});
   CHECK(stats.idle_seconds == std::vector<double>{1.0, 0.0});

@@ -12,12 +12,11 @@
 
 namespace cupipe::pipeline {
 
-/// `records[w]` are worker w's actions, `backends[w]` its context (null: another process ran it, and
-/// its figures are in that process's StepStats, zero here); `peak_versions[w]` the most weight
-/// versions it held.
-template <class Backend>
-StepStats measure_step(const std::vector<const std::vector<ActionRecord>*>& records, const std::vector<Backend*>& backends,
-                       const std::vector<int>& peak_versions) {
+/// `records[w]` are worker w's actions, `memory[w]` its context's allocator counts (null: another
+/// process ran it, and its figures are in that process's StepStats, zero here); `peak_versions[w]`
+/// the most weight versions it held.
+inline StepStats measure_step(const std::vector<const std::vector<ActionRecord>*>& records,
+                              const std::vector<const MemoryTracker*>& memory, const std::vector<int>& peak_versions) {
   StepStats stats;
   double first = 1e300, last = 0;
   for (const auto* per_worker : records)
@@ -29,9 +28,9 @@ StepStats measure_step(const std::vector<const std::vector<ActionRecord>*>& reco
   stats.makespan_seconds = last > first ? last - first : 0;
   double idle_total = 0;
   int measured = 0;
-  for (std::size_t w = 0; w < backends.size(); ++w) {
+  for (std::size_t w = 0; w < memory.size(); ++w) {
     double busy = 0;
-    if (backends[w]) {
+    if (memory[w]) {
       // The time covered by the worker's actions: an overlapped F&B pair on two streams of one device
       // (DualPipeV on CUDA) has intervals that overlap, and that time is counted once.
       std::vector<std::pair<double, double>> spans;
@@ -49,10 +48,10 @@ StepStats measure_step(const std::vector<const std::vector<ActionRecord>*>& reco
       stats.actions.insert(stats.actions.end(), records[w]->begin(), records[w]->end());
     }
     stats.busy_seconds.push_back(busy);
-    stats.idle_seconds.push_back(backends[w] ? stats.makespan_seconds - busy : 0);
-    stats.peak_activation_bytes.push_back(backends[w] ? backends[w]->memory.peak(MemoryTag::activations) : 0);
-    stats.peak_weight_bytes.push_back(backends[w] ? backends[w]->memory.peak(MemoryTag::weights) : 0);
-    stats.peak_weight_versions.push_back(backends[w] ? peak_versions[w] : 0);
+    stats.idle_seconds.push_back(memory[w] ? stats.makespan_seconds - busy : 0);
+    stats.peak_activation_bytes.push_back(memory[w] ? memory[w]->peak(MemoryTag::activations) : 0);
+    stats.peak_weight_bytes.push_back(memory[w] ? memory[w]->peak(MemoryTag::weights) : 0);
+    stats.peak_weight_versions.push_back(memory[w] ? peak_versions[w] : 0);
   }
   stats.bubble_fraction = stats.makespan_seconds > 0 ? idle_total / (measured * stats.makespan_seconds) : 0;
   return stats;

@@ -144,12 +144,12 @@ inline bool split_at(const std::vector<ParamInfo>& table, index_t at) {
 template <class States>
 double sharded_flush_norm(States& states, comm::Communicator& comm, const std::vector<ParamInfo>& table,
                           const TiedCopies& tied = {}) {
-  using T = typename States::G;
   const bool counts_replicated = comm.topology().tensor_rank() == 0;
   const bool tied_split = tied.count > 0 && split_at(table, tied.second);
   double sum = 0;
   states.for_each([&](auto k, auto& st) {
     using B = std::remove_reference_t<decltype(*st.be)>;
+    using T = grad_t<B>;
     const index_t begin = st.shard.begin, end = st.shard.begin + st.shard.size();
     const index_t offset = States::template model_offset<decltype(k)::value>();
     // Squares of [from, to) of the stage's gradients (its own coordinates), within the shard.
@@ -185,34 +185,36 @@ double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCo
   const auto holds = [&](index_t offset, index_t count, index_t at) { return at >= offset && at + tied.count <= offset + count; };
   const bool across_processes = comm && comm->topology().stages > 1;
   double excluded = 0;
-  if (!across_processes) {
-    // Where each copy is held here (one pass over the stages, so one instantiation per stage).
-    using B = typename States::backend_type;
-    B *holder_first = nullptr, *holder_second = nullptr;
-    T *first_data = nullptr, *second_data = nullptr;
-    states.for_each([&](auto k, auto& st) {
-      constexpr index_t offset = States::template model_offset<decltype(k)::value>();
-      if (holds(offset, st.param_count, tied.first)) {
-        holder_first = st.be;
-        first_data = st.grads.data() + (tied.first - offset);
+  if constexpr (States::uniform) {
+    if (!across_processes) {
+      // Where each copy is held here (one pass over the stages, so one instantiation per stage).
+      using B = typename States::backend_type;
+      B *holder_first = nullptr, *holder_second = nullptr;
+      T *first_data = nullptr, *second_data = nullptr;
+      states.for_each([&](auto k, auto& st) {
+        constexpr index_t offset = States::template model_offset<decltype(k)::value>();
+        if (holds(offset, st.param_count, tied.first)) {
+          holder_first = st.be;
+          first_data = st.grads.data() + (tied.first - offset);
+        }
+        if (holds(offset, st.param_count, tied.second)) {
+          holder_second = st.be;
+          second_data = st.grads.data() + (tied.second - offset);
+        }
+      });
+      if (holder_first && holder_second) {
+        const ViewOn<B, T> first{first_data, Shape{tied.count}}, second{second_data, Shape{tied.count}};
+        if (holder_first == holder_second) {
+          axpy(*holder_first, T(1), ConstViewOn<B, T>(second), first);
+        } else {
+          auto theirs = holder_first->template allocate<T>(tied.count, MemoryTag::workspace);
+          const ViewOn<B, T> copy_of_second{theirs.data(), Shape{tied.count}};
+          transfer(*holder_second, *holder_first, ConstViewOn<B, T>(second), copy_of_second);
+          axpy(*holder_first, T(1), ConstViewOn<B, T>(copy_of_second), first);
+        }
+        transfer(*holder_first, *holder_second, ConstViewOn<B, T>(first), second);
+        return sum_of_squares(*holder_second, ConstViewOn<B, T>(second));
       }
-      if (holds(offset, st.param_count, tied.second)) {
-        holder_second = st.be;
-        second_data = st.grads.data() + (tied.second - offset);
-      }
-    });
-    if (holder_first && holder_second) {
-      const ViewOn<B, T> first{first_data, Shape{tied.count}}, second{second_data, Shape{tied.count}};
-      if (holder_first == holder_second) {
-        axpy(*holder_first, T(1), ConstViewOn<B, T>(second), first);
-      } else {
-        auto theirs = holder_first->template allocate<T>(tied.count, MemoryTag::workspace);
-        const ViewOn<B, T> copy_of_second{theirs.data(), Shape{tied.count}};
-        transfer(*holder_second, *holder_first, ConstViewOn<B, T>(second), copy_of_second);
-        axpy(*holder_first, T(1), ConstViewOn<B, T>(copy_of_second), first);
-      }
-      transfer(*holder_first, *holder_second, ConstViewOn<B, T>(first), second);
-      return sum_of_squares(*holder_second, ConstViewOn<B, T>(second));
     }
   }
   std::vector<T> sum(static_cast<std::size_t>(tied.count), T(0)), part(sum.size());
@@ -223,15 +225,16 @@ double sum_tied_gradients(States& states, comm::Communicator* comm, const TiedCo
         if (holds(offset, st.param_count, at)) f(st, st.grads.data() + (at - offset), at == tied.second);
     });
   };
-  each_copy([&](auto& st, T* grads, bool) {
-    st.be->download(grads, std::span<T>(part));
+  // Stages of several compute types (backend::PerWorker) add in the widest, T.
+  each_copy([&](auto& st, auto* grads, bool) {
+    States::download_as(st, grads, std::span<T>(part));
     for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
   });
   if (across_processes) comm->sum_over_stages(sum.data(), sum.size());
-  each_copy([&](auto& st, T* grads, bool second) {
+  each_copy([&](auto& st, auto* grads, bool second) {
     using B = std::remove_reference_t<decltype(*st.be)>;
-    st.be->upload(std::span<const T>(sum), grads);
-    if (second) excluded += sum_of_squares(*st.be, ConstViewOn<B, T>{grads, Shape{tied.count}});
+    States::upload_as(st, std::span<const T>(sum), grads);
+    if (second) excluded += sum_of_squares(*st.be, ConstViewOn<B, grad_t<B>>{grads, Shape{tied.count}});
   });
   return excluded;
 }

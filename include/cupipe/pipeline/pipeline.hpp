@@ -28,6 +28,7 @@
 #include "cupipe/backend/staging.hpp"
 #include "cupipe/comm/agreement.hpp"
 #include "cupipe/comm/communicator.hpp"
+#include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/tensor_parallel.hpp"
@@ -113,19 +114,31 @@ struct stage_count_fits_chunks {
 
 }  // namespace detail
 
-template <class Stages, schedule::SchedulePolicy Schedule, backend::Backend Backend>
+/// `Backend` is one backend for every worker (backend::Host<float>, backend::Cuda<bfloat16, float>,
+/// ...) or backend::PerWorker<one per worker>: then each worker runs its stages in its own precision
+/// and memory space, and each hand-over converts (pipeline/hand_over.hpp). Such a mixed pipeline
+/// runs in one process.
+template <class Stages, schedule::SchedulePolicy Schedule, class Backend>
 class Pipeline {
   // Instantiates the check; it reports on its own, so this line adds no second error.
   static_assert(detail::stage_count_fits_chunks<int(Stages::size), Schedule::chunks>::value || true);
   using Executor = pipeline::StageExecutor<Stages, Schedule, Backend>;
   using States = typename Executor::States;
-  using caps = backend::capabilities<Backend>;
+  using Contexts = typename Executor::Contexts;
+  using FirstBackend = typename Executor::FirstBackend;  ///< the first stage's worker's: where the batch goes
+  using LastBackend = typename Executor::LastBackend;    ///< the last stage's worker's: labels, loss, output
 
  public:
-  using T = typename Backend::value_type;  ///< storage: weights in use, activations, messages
+  /// Whether the workers have backends of different types (backend::PerWorker).
+  static constexpr bool mixed = Contexts::mixed;
+  /// Storage: weights in use, activations, messages; with a backend per worker, the last stage's
+  /// (what predict() writes).
+  using T = typename Executor::output_type;
   /// Compute: gradients, master weights, optimizer state; what parameters() and the setters move.
-  using G = grad_t<Backend>;
-  using space = typename Backend::space;
+  /// With a backend per worker, the widest of theirs (double when any computes in double).
+  using G = typename States::G;
+  /// The first stage's memory space (every stage's, with one backend).
+  using space = typename FirstBackend::space;
   using Model = typename Stages::model;
   using Loss = typename Stages::loss;
   using input_type = typename Executor::input_type;
@@ -158,6 +171,7 @@ class Pipeline {
       CUPIPE_THROW("Pipeline: ", Schedule::name, " flushes after every batch, so batches must be 1, got ", options_.batches);
     CUPIPE_REQUIRE(options_.devices.empty() || int(options_.devices.size()) == stages, "Pipeline: ",
                    options_.devices.size(), " devices given for ", stages, " stages");
+    if constexpr (mixed) check_mixed();
     if (comm()) {
       const comm::Topology& topology = comm()->topology();
       if (topology.stages != stages)
@@ -199,19 +213,23 @@ class Pipeline {
     if (update_rule == schedule::UpdateRule::double_buffered)
       for (int& allowed : versions_allowed) allowed = std::max(allowed, 2);
 
-    for (int w = 0; w < stages; ++w) {
-      owned_backends_.push_back(local(w) ? caps::make(options_.devices.empty() ? 0 : options_.devices[std::size_t(w)])
-                                         : nullptr);
-      backends_.push_back(owned_backends_.back().get());
-      if constexpr (requires(Backend& be) { be.tensor_group; })
-        if (tensor_group_ && backends_.back()) backends_.back()->tensor_group = tensor_group_;
+    for (int w = 0; w < stages; ++w)
+      if (local(w)) workers_.make(w, options_.devices.empty() ? 0 : options_.devices[std::size_t(w)]);
+    workers_.for_each([&](int, auto& be) {
+      if constexpr (requires { be.tensor_group; })
+        if (tensor_group_) be.tensor_group = tensor_group_;
+    });
+    if constexpr (mixed) {
+      transport_ = std::make_unique<typename Executor::TransportType>(workers_, options_.transfer_timeout_seconds);
+    } else {
+      using Uniform = typename Contexts::Backend;
+      if (comm())
+        transport_ = std::make_unique<pipeline::CommTransport<Uniform>>(options_.communicator, workers_.pointers(),
+                                                                        options_.transfer_timeout_seconds);
+      else
+        transport_ = std::make_unique<pipeline::LocalTransport<Uniform>>(workers_.pointers(), options_.transfer_timeout_seconds);
     }
-    if (comm())
-      transport_ = std::make_unique<pipeline::CommTransport<Backend>>(options_.communicator, backends_,
-                                                                      options_.transfer_timeout_seconds);
-    else
-      transport_ = std::make_unique<pipeline::LocalTransport<Backend>>(backends_, options_.transfer_timeout_seconds);
-    runtime_ = std::make_unique<pipeline::WorkerRuntime<Backend>>(backends_);
+    runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(workers_, stages);
     executor_ = std::make_unique<Executor>(plan_, states_, *transport_, *runtime_, comm(), options_.check_finite);
 
     states_.for_each_slot([&](auto k, auto& slot) {
@@ -219,7 +237,7 @@ class Pipeline {
       const int w = worker_of(K);
       if (!local(w)) return;
       using Seq = typename Stages::template stage<K>;
-      Backend& be = *backends_[std::size_t(w)];
+      auto& be = *workers_.template get<worker_of(K)>();
       const bool recompute = std::find(options_.recompute.begin(), options_.recompute.end(), K) != options_.recompute.end();
       slot = std::make_unique<std::remove_reference_t<decltype(*slot)>>(be, versions_allowed[std::size_t(w)], recompute);
       // With tensor parallelism each rank draws its part of the whole model's initialisation.
@@ -236,12 +254,30 @@ class Pipeline {
   Pipeline& operator=(const Pipeline&) = delete;
 
   const schedule::Plan& plan() const noexcept { return plan_; }
-  Backend& backend(int stage) { return *backends_.at(std::size_t(stage)); }
+  /// Worker `stage`'s context (one backend for every worker).
+  decltype(auto) backend(int stage)
+    requires(!mixed)
+  {
+    CUPIPE_REQUIRE(stage >= 0 && stage < stages && workers_.present(stage), "Pipeline::backend: worker ", stage,
+                   " does not run in this process");
+    return workers_[stage];
+  }
+  /// Worker W's context, of its own type (also with a backend per worker).
+  template <int W>
+  auto& backend() {
+    static_assert(W >= 0 && W < stages, "Pipeline::backend<W>: no such worker");
+    CUPIPE_REQUIRE(workers_.present(W), "Pipeline::backend: worker ", W, " does not run in this process");
+    return *workers_.template get<W>();
+  }
+  /// What worker `stage`'s context allocated, by purpose (on any backend).
+  const MemoryTracker& memory(int stage) const {
+    CUPIPE_REQUIRE(stage >= 0 && stage < stages && workers_.present(stage), "Pipeline::memory: worker ", stage,
+                   " does not run in this process");
+    return workers_.memory(stage);
+  }
   /// The worker (physical stage) that runs virtual stage k, from the schedule's placement (which
   /// depends only on the stage and chunk counts).
-  static constexpr int worker_of(int virtual_stage) {
-    return Schedule::placement(schedule::Config{stages, 1, chunks, 1}).worker_of(virtual_stage);
-  }
+  static constexpr int worker_of(int virtual_stage) { return Executor::worker_at(virtual_stage); }
   /// Whether worker (physical stage) w runs in this process.
   bool local(int w) const noexcept { return local_worker_ < 0 || w == local_worker_; }
   comm::Communicator* comm() const noexcept { return options_.communicator.get(); }
@@ -271,8 +307,8 @@ class Pipeline {
   /// The same with the batch already in the backend's memory (device backends): x in the first
   /// stage's worker's, labels in the last stage's.
   template <optim::Optimizer Optimizer>
-    requires(!host_accessible<space>)
-  StepStats train_step(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels,
+    requires(!mixed && !host_accessible<space>)
+  StepStats train_step(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
                        const Optimizer& optimizer) {
     check_batch(x, labels, "Pipeline::train_step");
     return train_resident(x, labels, optimizer);
@@ -284,9 +320,9 @@ class Pipeline {
     check_batch(x, labels, "Pipeline::forward_backward");
     return forward_backward_resident(stage_inputs(x), stage_labels(labels));
   }
-  StepStats forward_backward(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels)
-    requires(!host_accessible<space>)
-  {
+  template <class Space = space>
+    requires(!mixed && !host_accessible<Space>)
+  StepStats forward_backward(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels) {
     check_batch(x, labels, "Pipeline::forward_backward");
     return forward_backward_resident(x, labels);
   }
@@ -336,14 +372,14 @@ class Pipeline {
     if constexpr (update_rule == schedule::UpdateRule::flush) {
       prepare_slots<Optimizer>();
       const std::size_t count = batches.size();
-      std::vector<backend::Staging<Backend, input_type>> x_staging(count);
-      std::vector<backend::Staging<Backend, std::int32_t>> label_staging(count);
+      std::vector<backend::Staging<FirstBackend, input_type>> x_staging(count);
+      std::vector<backend::Staging<LastBackend, std::int32_t>> label_staging(count);
       std::vector<pipeline::StepPlan> plans(count);
       std::vector<typename Executor::Step> steps(count);
       int base = 0;
       states_.for_each([&](auto, auto& st) { base = st.weights.latest(); });
-      Backend& first = *backends_[std::size_t(plan_.placement.worker_of(0))];
-      Backend& last = *backends_[std::size_t(plan_.placement.worker_of(virtual_stages - 1))];
+      auto& first = *workers_.template get<worker_of(0)>();
+      auto& last = *workers_.template get<worker_of(virtual_stages - 1)>();
       for (std::size_t t = 0; t < count; ++t) {
         plans[t] = pipeline::make_step_plan(plan_, executor_->version_offsets(), batches[t].x.rows(), base, 0,
                                             rows_per_sample);
@@ -366,11 +402,11 @@ class Pipeline {
   void predict(ConstView<input_type> x, TensorView<T> out) {
     check_prediction(x, out);
     auto result = predict_resident(stage_inputs(x));
-    const int last = plan_.placement.worker_of(virtual_stages - 1);
+    constexpr int last = worker_of(virtual_stages - 1);
     const std::span<T> host(out.data(), std::size_t(out.numel()));
     if constexpr (output_parts == 1) {
       if (!comm()) {
-        backends_[std::size_t(last)]->download(result.data(), host);
+        workers_.template get<last>()->download(result.data(), host);
         return;
       }
     }
@@ -380,12 +416,12 @@ class Pipeline {
     if (local(last)) {
       if constexpr (output_parts > 1) {
         std::vector<T> part(static_cast<std::size_t>(x.rows() * out_features));
-        backends_[std::size_t(last)]->download(result.data(), std::span<T>(part));
+        workers_.template get<last>()->download(result.data(), std::span<T>(part));
         const index_t first = index_t(tensor_group_->rank()) * out_features;
         for (index_t r = 0; r < x.rows(); ++r)
           std::copy_n(part.begin() + r * out_features, out_features, host.begin() + (r * prediction_features + first));
       } else {
-        backends_[std::size_t(last)]->download(result.data(), host);
+        workers_.template get<last>()->download(result.data(), host);
       }
     }
     transport_->finish_step();
@@ -394,21 +430,21 @@ class Pipeline {
       comm()->sum_over_stages(host.data(), host.size());
     } else {  // bf16 outputs travel as float: exact, since one rank holds each value and the others add zeros
       std::vector<G> wide(host.size());
-      for (std::size_t i = 0; i < host.size(); ++i) wide[i] = G(host[i]);
+      pipeline::convert_values(host.data(), wide.data(), host.size());
       comm()->sum_over_stages(wide.data(), wide.size());
-      for (std::size_t i = 0; i < host.size(); ++i) host[i] = T(wide[i]);
+      pipeline::convert_values(wide.data(), host.data(), host.size());
     }
   }
   /// The same with x in the first stage's worker's memory and `out` in the last stage's (device
   /// backends, in one process).
-  void predict(ConstViewOn<Backend, input_type> x, ViewOn<Backend, T> out)
-    requires(!host_accessible<space>)
-  {
+  template <class Space = space>
+    requires(!mixed && !host_accessible<Space>)
+  void predict(ConstViewOn<FirstBackend, input_type> x, ViewOn<LastBackend, T> out) {
     check_prediction(x, out);
     CUPIPE_REQUIRE(!comm(), "Pipeline::predict: across processes the output is gathered in host memory; pass host views");
     auto result = predict_resident(x);
-    Backend& be = *backends_[std::size_t(plan_.placement.worker_of(virtual_stages - 1))];
-    copy(be, ConstViewOn<Backend, T>{result.data(), out.shape()}, out);
+    auto& be = *workers_.template get<worker_of(virtual_stages - 1)>();
+    copy(be, ConstViewOn<LastBackend, T>{result.data(), out.shape()}, out);
     be.synchronize();
   }
 
@@ -458,7 +494,7 @@ class Pipeline {
                      " values for a model of ", States::param_count, " parameters");
       states_.for_each([&](auto k, auto& st) {
         const std::size_t at = std::size_t(States::template model_offset<decltype(k)::value>() + st.shard.begin);
-        if (st.shard.size() > 0) st.be->upload(local.subspan(at, std::size_t(st.shard.size())), st.slots[slot].data());
+        if (st.shard.size() > 0) States::upload_as(st, local.subspan(at, std::size_t(st.shard.size())), st.slots[slot].data());
       });
     }
     states_.for_each([&](auto, auto& st) { st.updates = updates; });
@@ -510,7 +546,9 @@ class Pipeline {
       constexpr index_t offset = States::template model_offset<decltype(k)::value>();
       for (const ParamInfo& p : table) {
         if (p.offset < offset || p.offset >= offset + st.param_count) continue;
-        const double s = sum_of_squares(*st.be, ConstViewOn<Backend, G>{st.grads.data() + (p.offset - offset), Shape{p.numel}});
+        using St = std::remove_reference_t<decltype(st)>;
+        const double s = sum_of_squares(*st.be, ConstViewOn<typename St::backend_type, typename St::G>{
+                                                    st.grads.data() + (p.offset - offset), Shape{p.numel}});
         (p.split == TensorSplit::none ? replicated : split) += s;
       }
     });
@@ -551,6 +589,41 @@ class Pipeline {
       CUPIPE_THROW("Pipeline: the plan places its virtual stages differently from the pipeline's UserPlan type "
                    "(looped or V-shaped)");
     return p;
+  }
+
+  /// A pipeline with a backend per worker: one process, no post-validation, and tied copies (GPT-2's
+  /// wte and lm_head) only on workers of one backend type.
+  void check_mixed() {
+    if (comm())
+      CUPIPE_THROW("Pipeline: a pipeline with a backend per worker (backend::PerWorker) runs every stage in one "
+                   "process; across processes give every rank the same backend (leave the communicator out)");
+    if (options_.post_validation)
+      CUPIPE_THROW("Pipeline: post_validation is not supported with a backend per worker (backend::PerWorker) yet; "
+                   "leave it off");
+    if constexpr (tied.count > 0) {
+      std::string holders[2];
+      states_.for_each_slot([&](auto k, auto&) {
+        constexpr int K = decltype(k)::value;
+        constexpr index_t offset = States::template model_offset<K>(), count = Stages::template stage<K>::param_count;
+        using B = typename Contexts::template backend<worker_of(K)>;
+        for (int c = 0; c < 2; ++c) {
+          const index_t at = c == 0 ? tied.first : tied.second;
+          if (at >= offset && at + tied.count <= offset + count) holders[c] = backend_label<B>();
+        }
+      });
+      if (holders[0] != holders[1])
+        CUPIPE_THROW("Pipeline: this model ties two copies of a parameter (GPT-2's wte and lm_head), held by workers of "
+                     "different backends (", holders[0], " and ", holders[1], "); their gradients are summed as one "
+                     "tensor, so give those workers one backend, or untie the copies (gpt::Config::tied = false)");
+    }
+  }
+
+  /// "host<bfloat16, float>": a backend's name and precisions, for messages.
+  template <class B>
+  static std::string backend_label() {
+    std::string label = std::string(B::name) + "<" + std::string(name(dtype_v<typename B::value_type>));
+    if constexpr (!std::is_same_v<typename B::value_type, grad_t<B>>) label += ", " + std::string(name(dtype_v<grad_t<B>>));
+    return label + ">";
   }
 
   /// PipelineOptions::post_validation needs a flush schedule, every stage here, and tied copies on one
@@ -624,7 +697,7 @@ class Pipeline {
   /// (which reduce-scatters at the update).
   bool overlaps_gradient_sums() const {
     return update_rule == schedule::UpdateRule::flush && comm() && comm()->topology().replicas > 1 &&
-           comm()->starts_sums() && comm::reads_backend_memory<Backend>(*comm()) && !options_.zero;
+           comm()->starts_sums() && comm::reads_backend_memory<FirstBackend>(*comm()) && !options_.zero;
   }
 
   /// The action after which each virtual stage's gradients are complete for the step: its last
@@ -657,7 +730,7 @@ class Pipeline {
 
   /// PipelineOptions::zero's conditions, checked before anything runs.
   void check_zero() const {
-    if constexpr (!std::is_same_v<T, G>)
+    if constexpr (States::master_weights)
       CUPIPE_THROW("Pipeline: zero with bf16 storage is not supported yet (each replica would update only its shard of "
                    "the float master weights); leave zero off");
     if (update_rule != schedule::UpdateRule::flush)
@@ -699,8 +772,7 @@ class Pipeline {
     const auto optimizer = [&](int t) -> const Optimizer& { return optimizers[std::size_t(first + t)]; };
     const schedule::Plan& plan = repeated_plan(count);
     pipeline::NormLedger ledger(count, virtual_stages, stages, tied.count > 0);
-    for (Backend* be : backends_)
-      if (be) be->memory.reset_peaks();
+    workers_.for_each([](int, auto& be) { be.memory.reset_peaks(); });
     states_.for_each([&](auto, auto& st) {
       st.done.assign(std::size_t(m), 0);
       st.weights.reset_peak();
@@ -841,20 +913,20 @@ class Pipeline {
 
   /// The batch's inputs in the memory of the worker that runs the first stage; where another process
   /// runs it, only the shape (nothing here reads them).
-  ConstViewOn<Backend, input_type> stage_inputs(ConstView<input_type> x) {
-    const int w = plan_.placement.worker_of(0);
+  ConstViewOn<FirstBackend, input_type> stage_inputs(ConstView<input_type> x) {
+    constexpr int w = worker_of(0);
     if (!local(w)) return {nullptr, x.shape()};
-    return input_staging_(*backends_[std::size_t(w)], x);
+    return input_staging_(*workers_.template get<w>(), x);
   }
   /// The labels in the memory of the worker that runs the last stage (the one that computes the loss).
-  ConstViewOn<Backend, std::int32_t> stage_labels(ConstView<std::int32_t> labels) {
-    const int w = plan_.placement.worker_of(virtual_stages - 1);
+  ConstViewOn<LastBackend, std::int32_t> stage_labels(ConstView<std::int32_t> labels) {
+    constexpr int w = worker_of(virtual_stages - 1);
     if (!local(w)) return {nullptr, labels.shape()};
-    return label_staging_(*backends_[std::size_t(w)], labels);
+    return label_staging_(*workers_.template get<w>(), labels);
   }
 
   template <optim::Optimizer Optimizer>
-  StepStats train_resident(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels,
+  StepStats train_resident(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
                            const Optimizer& optimizer) {
     prepare_slots<Optimizer>();
     // The update follows at once, so no more gradients accumulate: each stage's sum over the
@@ -873,21 +945,21 @@ class Pipeline {
     return stats;
   }
 
-  StepStats forward_backward_resident(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels) {
+  StepStats forward_backward_resident(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels) {
     static_assert(update_rule == schedule::UpdateRule::flush,
                   "forward_backward: asynchronous schedules update inside the step; use train_step");
     return run(x, labels, static_cast<const optim::SGD*>(nullptr));
   }
 
   /// The last stage's output for x (empty where another process runs the last stage).
-  typename Backend::template buffer<T> predict_resident(ConstViewOn<Backend, input_type> x) {
+  typename Executor::output_buffer predict_resident(ConstViewOn<FirstBackend, input_type> x) {
     transport_->begin_step(1);
     return executor_->predict(x, pipeline::predict_message_id);
   }
 
   /// One step over a checked batch already in the backend's memory.
   template <class Optimizer>
-  StepStats run(ConstViewOn<Backend, input_type> x, ConstViewOn<Backend, std::int32_t> labels, const Optimizer* optimizer) {
+  StepStats run(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels, const Optimizer* optimizer) {
     const index_t n = x.rows();
     int base = 0;
     states_.for_each([&](auto, auto& st) { base = st.weights.latest(); });
@@ -901,8 +973,7 @@ class Pipeline {
     step.losses.assign(std::size_t(step_plan.microbatches()), 0.0);
 
     const int total = plan_.config.total_microbatches();
-    for (Backend* be : backends_)
-      if (be) be->memory.reset_peaks();
+    workers_.for_each([](int, auto& be) { be.memory.reset_peaks(); });
     states_.for_each([&](auto, auto& st) {
       st.done.assign(std::size_t(total), 0);
       st.done_in_batch.assign(std::size_t(plan_.config.batches), 0);
@@ -978,7 +1049,9 @@ class Pipeline {
       int& peak = peak_versions[std::size_t(plan_.placement.worker_of(decltype(k)::value))];
       peak = std::max(peak, st.weights.peak_live());
     });
-    StepStats stats = pipeline::measure_step(records, backends_, peak_versions);
+    std::vector<const MemoryTracker*> memory(std::size_t(stages), nullptr);
+    workers_.for_each([&](int w, auto& be) { memory[std::size_t(w)] = &be.memory; });
+    StepStats stats = pipeline::measure_step(records, memory, peak_versions);
     stats.samples = samples;
     for (std::size_t j = 0; j < step.losses.size(); ++j)
       stats.loss += step.losses[j] * double(plan.normalizer[j]) / double(samples);
@@ -989,14 +1062,13 @@ class Pipeline {
 
   PipelineOptions options_;
   schedule::Plan plan_;
-  std::vector<std::unique_ptr<Backend>> owned_backends_;
-  std::vector<Backend*> backends_;  ///< [worker], null where another process runs it
+  Contexts workers_;  ///< each worker's context; none where another process runs it
   States states_;
-  std::unique_ptr<pipeline::Transport<Backend>> transport_;
-  std::unique_ptr<pipeline::WorkerRuntime<Backend>> runtime_;
+  std::unique_ptr<typename Executor::TransportType> transport_;
+  std::unique_ptr<pipeline::WorkerRuntime<Contexts>> runtime_;
   std::unique_ptr<Executor> executor_;
-  backend::Staging<Backend, input_type> input_staging_;
-  backend::Staging<Backend, std::int32_t> label_staging_;
+  backend::Staging<FirstBackend, input_type> input_staging_;
+  backend::Staging<LastBackend, std::int32_t> label_staging_;
   std::int64_t batches_done_ = 0;
   index_t global_samples_ = 0;
   bool gradients_unreduced_ = false;  ///< flush schedules: this replica's own sums, not yet over the replicas

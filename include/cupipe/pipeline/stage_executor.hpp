@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -27,42 +28,82 @@
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/network.hpp"
 #include "cupipe/optim/optimizers.hpp"
+#include "cupipe/pipeline/hand_over_transport.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
 #include "cupipe/pipeline/stage_states.hpp"
 #include "cupipe/pipeline/step_plan.hpp"
 #include "cupipe/pipeline/transport.hpp"
 #include "cupipe/pipeline/worker_runtime.hpp"
+#include "cupipe/pipeline/workers.hpp"
 #include "cupipe/schedule/action.hpp"
 #include "cupipe/schedule/weights.hpp"
 
 namespace cupipe::pipeline {
 
-template <class Stages, class Schedule, class Backend>
+namespace detail {
+template <class Contexts, int N, bool Mixed = Contexts::mixed>
+struct transport_for {
+  using type = Transport<typename Contexts::Backend>;
+};
+template <class Contexts, int N>
+struct transport_for<Contexts, N, true> {
+  using type = HandOverTransport<Contexts, N>;
+};
+}  // namespace detail
+
+/// `Spec` is the pipeline's backend argument: one backend, or backend::PerWorker (one per worker).
+template <class Stages, class Schedule, class Spec>
 class StageExecutor {
  public:
-  using T = typename Backend::value_type;
-  using space = typename Backend::space;
-  using buffer = typename Backend::template buffer<T>;
-  using Loss = typename Stages::loss;
-  using input_type = model_input_t<typename Stages::template stage<0>, T>;
   static constexpr int virtual_stages = int(Stages::size);
+  static constexpr int workers = virtual_stages / Schedule::chunks;
+
+ private:
+  static constexpr std::array<int, std::size_t(virtual_stages)> worker_table = [] {
+    std::array<int, std::size_t(virtual_stages)> table{};
+    const schedule::Placement placement = Schedule::placement(schedule::Config{workers, 1, Schedule::chunks, 1});
+    for (int k = 0; k < virtual_stages; ++k) table[std::size_t(k)] = placement.worker_of(k);
+    return table;
+  }();
+
+ public:
+  /// The worker that runs virtual stage k (the placement depends only on the stage and chunk counts).
+  static constexpr int worker_at(int k) { return worker_table[std::size_t(k)]; }
+  using Contexts = Workers<Spec, workers>;
+  /// Virtual stage K's backend: its worker's.
+  template <int K>
+  using stage_backend = typename Contexts::template backend<worker_at(K)>;
+  struct StageBackends {
+    template <int K>
+    using at = stage_backend<K>;
+  };
+  using FirstBackend = stage_backend<0>;
+  using LastBackend = stage_backend<virtual_stages - 1>;
+  /// What the last stage outputs (its storage type), in its worker's memory.
+  using output_type = typename LastBackend::value_type;
+  using output_buffer = typename LastBackend::template buffer<output_type>;
+  using Loss = typename Stages::loss;
+  using input_type = model_input_t<typename Stages::template stage<0>, typename FirstBackend::value_type>;
   static constexpr schedule::UpdateRule update_rule = Schedule::update;
   static constexpr bool split_backward = Schedule::split_backward;
   static constexpr int max_versions = update_rule == schedule::UpdateRule::flush ? 1 : dynamic_versions;
-  using States = StageStates<Stages, Backend, max_versions>;
+  using States = StageStates<Stages, StageBackends, max_versions>;
+  /// A virtual Transport<Backend> (in process or across processes) with one backend; the
+  /// converting HandOverTransport with a backend per worker.
+  using TransportType = typename detail::transport_for<Contexts, workers>::type;
 
   /// One step's inputs and outputs, shared by every worker.
   struct Step {
     const StepPlan* plan = nullptr;
-    ConstViewOn<Backend, input_type> x;
-    ConstViewOn<Backend, std::int32_t> labels;
+    ConstViewOn<FirstBackend, input_type> x;
+    ConstViewOn<LastBackend, std::int32_t> labels;
     std::vector<double> losses;             ///< [microbatch] written by the last virtual stage
     const void* optimizer = nullptr;        ///< asynchronous schedules update inside the step
     std::int64_t batches_before = 0;        ///< batches finished before this step (2BW versions)
   };
 
-  StageExecutor(const schedule::Plan& plan, States& states, Transport<Backend>& transport,
-                WorkerRuntime<Backend>& runtime, comm::Communicator* comm, bool check_finite)
+  StageExecutor(const schedule::Plan& plan, States& states, TransportType& transport,
+                WorkerRuntime<Contexts>& runtime, comm::Communicator* comm, bool check_finite)
       : plan_(plan),
         offsets_(schedule::detail::microbatch_versions(plan)),
         states_(states),
@@ -91,25 +132,26 @@ class StageExecutor {
   /// Inference through this process's virtual stages in order, on the caller's thread, with each
   /// stage's latest weights: x (n, in_features) -> the last stage's output (n, out_features), in the
   /// last worker's memory; empty where the last stage runs in another process.
-  buffer predict(ConstViewOn<Backend, input_type> x, int message_id) {
+  output_buffer predict(ConstViewOn<FirstBackend, input_type> x, int message_id) {
     const index_t rows = x.rows();
-    buffer result;
+    output_buffer result;
     states_.for_each([&](auto k, auto& st) {
       constexpr int K = decltype(k)::value;
       using Seq = typename Stages::template stage<K>;
-      Backend& be = *st.be;
-      buffer input;
-      if constexpr (K > 0)
-        input = transport_.receive(worker_of(K), worker_of(K - 1), {Flow::activation, K, message_id}, rows * Seq::in_features);
+      using B = stage_backend<K>;
+      using T = typename B::value_type;
+      B& be = *st.be;
+      typename B::template buffer<T> input;
+      if constexpr (K > 0) input = receive_message<K>(K - 1, {Flow::activation, K, message_id}, rows * Seq::in_features);
       auto record = be.template allocate<T>(Seq::record_elements(rows), MemoryTag::activations);
       if constexpr (K == 0) Seq::forward(be, st.weights.latest_data(), x, record.data());
-      else Seq::forward(be, st.weights.latest_data(), ConstViewOn<Backend, T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
-      const ConstViewOn<Backend, T> out = Seq::template output<space>(record.data(), rows);
+      else Seq::forward(be, st.weights.latest_data(), ConstViewOn<B, T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
+      const ConstViewOn<B, T> out = Seq::template output<typename B::space>(record.data(), rows);
       if constexpr (K + 1 < virtual_stages) {
-        transport_.send(worker_of(K), worker_of(K + 1), {Flow::activation, K + 1, message_id}, out);
+        send_message<K, K + 1>({Flow::activation, K + 1, message_id}, out);
       } else {
         result = be.template allocate<T>(out.numel(), MemoryTag::activations);
-        copy(be, out, ViewOn<Backend, T>{result.data(), out.shape()});
+        copy(be, out, ViewOn<B, T>{result.data(), out.shape()});
       }
     });
     return result;
@@ -122,11 +164,11 @@ class StageExecutor {
   template <int K, class St>
   auto stage_input(const typename St::InFlight& f, const Step& step, int j) const {
     using Seq = stage_seq<K>;
-    if constexpr (K == 0) return ConstViewOn<Backend, input_type>(step.x.row_slice(step.plan->first[std::size_t(j)], f.rows));
-    else return ConstViewOn<Backend, T>{f.input.data(), Shape{f.rows, Seq::in_features}};
+    if constexpr (K == 0) return ConstViewOn<FirstBackend, input_type>(step.x.row_slice(step.plan->first[std::size_t(j)], f.rows));
+    else return ConstViewOn<stage_backend<K>, typename St::T>{f.input.data(), Shape{f.rows, Seq::in_features}};
   }
 
-  static ConstViewOn<Backend, std::int32_t> microbatch_labels(const Step& step, int j) {
+  static ConstViewOn<LastBackend, std::int32_t> microbatch_labels(const Step& step, int j) {
     return {step.labels.data() + step.plan->first[std::size_t(j)], Shape{step.plan->rows[std::size_t(j)]}};
   }
 
@@ -146,32 +188,48 @@ class StageExecutor {
         const auto found = st.in_flight.find(partner.microbatch);
         if (found == st.in_flight.end()) CUPIPE_THROW("backward before forward for microbatch ", partner.microbatch);
         auto& f = found->second;
-        f.dy = receive(worker_of(K), K + 1, {Flow::gradient, K, partner.microbatch}, f.rows * stage_seq<K>::out_features);
+        f.dy = receive<K>(K + 1, {Flow::gradient, K, partner.microbatch}, f.rows * stage_seq<K>::out_features);
       }
     });
   }
 
-  /// Waits for a message from virtual stage `from`; the action's measured time starts when it arrives.
-  buffer receive(int at, int from, const MessageKey& key, index_t elements) {
-    buffer message = transport_.receive(at, worker_of(from), key, elements);
-    runtime_.input_arrived(at);
+  /// The message `key` for virtual stage K from virtual stage `from`, in K's worker's memory.
+  template <int K>
+  auto receive_message(int from, const MessageKey& key, index_t elements) {
+    if constexpr (Contexts::mixed) return transport_.template receive<worker_at(K)>(worker_of(from), key, elements);
+    else return transport_.receive(worker_at(K), worker_of(from), key, elements);
+  }
+  /// Sends `data` (virtual stage From's output or input gradient) to virtual stage To.
+  template <int From, int To, class U>
+  void send_message(const MessageKey& key, TensorView<const U, typename stage_backend<From>::space> data) {
+    if constexpr (Contexts::mixed) transport_.template send<worker_at(From), worker_at(To)>(key, data);
+    else transport_.send(worker_at(From), worker_at(To), key, data);
+  }
+  /// Waits for a message for virtual stage K from virtual stage `from`; the action's measured time
+  /// starts when it arrives.
+  template <int K>
+  auto receive(int from, const MessageKey& key, index_t elements) {
+    auto message = receive_message<K>(from, key, elements);
+    runtime_.input_arrived(worker_at(K));
     return message;
   }
 
   template <int K, class St>
   void forward(St& st, int j, Step& step, bool overlapped) {
     using Seq = stage_seq<K>;
-    Backend& be = *st.be;
+    using B = stage_backend<K>;
+    using T = typename St::T;
+    B& be = *st.be;
     typename St::InFlight f;
     f.rows = step.plan->rows[std::size_t(j)];
     f.version = step.plan->version[std::size_t(j)];
-    if constexpr (K > 0) f.input = receive(worker_of(K), K - 1, {Flow::activation, K, j}, f.rows * Seq::in_features);
-    if (overlapped) backend::capabilities<Backend>::overlap_begin(be);  // after the input is in, see take_partner_input
+    if constexpr (K > 0) f.input = receive<K>(K - 1, {Flow::activation, K, j}, f.rows * Seq::in_features);
+    if (overlapped) backend::capabilities<B>::overlap_begin(be);  // after the input is in, see take_partner_input
     f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
-    const ConstViewOn<Backend, T> out = Seq::template output<space>(f.record.data(), f.rows);
+    const ConstViewOn<B, T> out = Seq::template output<typename B::space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
-      transport_.send(worker_of(K), worker_of(K + 1), {Flow::activation, K + 1, j}, out);
+      send_message<K, K + 1>({Flow::activation, K + 1, j}, out);
     } else {
       const auto labels = microbatch_labels(step, j);
       step.losses[std::size_t(j)] =
@@ -184,7 +242,11 @@ class StageExecutor {
   template <int K, class Optimizer, class St>
   void backward(St& st, int j, Step& step) {
     using Seq = stage_seq<K>;
-    Backend& be = *st.be;
+    using B = stage_backend<K>;
+    using T = typename St::T;
+    using space = typename B::space;
+    using buffer = typename St::buffer;
+    B& be = *st.be;
     auto it = st.in_flight.find(j);
     if (it == st.in_flight.end()) CUPIPE_THROW("backward before forward for microbatch ", j);
     auto& f = it->second;
@@ -196,20 +258,19 @@ class StageExecutor {
     }
     if constexpr (K + 1 == virtual_stages) {
       f.dy = be.template allocate<T>(f.rows * Seq::out_features, MemoryTag::activations);
-      Loss::backward(be, ConstViewOn<Backend, T>(Seq::template output<space>(f.record.data(), f.rows)), microbatch_labels(step, j),
-                     ViewOn<Backend, T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.plan->normalizer[std::size_t(j)]);
+      Loss::backward(be, ConstViewOn<B, T>(Seq::template output<space>(f.record.data(), f.rows)), microbatch_labels(step, j),
+                     ViewOn<B, T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.plan->normalizer[std::size_t(j)]);
     } else if (f.dy.data() == nullptr) {  // not taken already by an overlapped F before it
-      f.dy = receive(worker_of(K), K + 1, {Flow::gradient, K, j}, f.rows * Seq::out_features);
+      f.dy = receive<K>(K + 1, {Flow::gradient, K, j}, f.rows * Seq::out_features);
     }
     f.grad_record = be.template allocate<T>(Seq::grad_record_elements(f.rows), MemoryTag::activations);
     buffer dx;
     if constexpr (K > 0) dx = be.template allocate<T>(f.rows * Seq::in_features, MemoryTag::activations);
-    Seq::backward(be, params, x0, f.record.data(), ConstViewOn<Backend, T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
-                  K > 0 ? ViewOn<Backend, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<Backend, T>{}, st.grads.data(),
+    Seq::backward(be, params, x0, f.record.data(), ConstViewOn<B, T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
+                  K > 0 ? ViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<B, T>{}, st.grads.data(),
                   f.grad_record.data(), !split_backward);
     if constexpr (K > 0)
-      transport_.send(worker_of(K), worker_of(K - 1), {Flow::gradient, K - 1, j},
-                      ConstViewOn<Backend, T>{dx.data(), Shape{f.rows, Seq::in_features}});
+      send_message<K, K - 1>({Flow::gradient, K - 1, j}, ConstViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}});
     if constexpr (!split_backward) finish<Optimizer>(st, j, step);
   }
 
@@ -220,7 +281,8 @@ class StageExecutor {
     if (it == st.in_flight.end() || it->second.dy.data() == nullptr) CUPIPE_THROW("W before B for microbatch ", j);
     auto& f = it->second;
     Seq::backward_weight(*st.be, stage_input<K, St>(f, step, j), f.record.data(),
-                         ConstViewOn<Backend, T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, f.grad_record.data(), st.grads.data());
+                         ConstViewOn<stage_backend<K>, typename St::T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
+                         f.grad_record.data(), st.grads.data());
     finish<Optimizer>(st, j, step);
   }
 
@@ -240,7 +302,7 @@ class StageExecutor {
       for (std::size_t i = 0; i < st.done.size(); ++i)
         if (!st.done[i]) needed = std::min(needed, step.plan->version[i]);
       st.weights.drop_below(std::min(needed, st.weights.latest()));
-      T* params = needed > st.weights.latest() ? st.weights.advance_in_place() : st.weights.advance();
+      typename St::T* params = needed > st.weights.latest() ? st.weights.advance_in_place() : st.weights.advance();
       sum_over_replicas(comm_, st);  // every replica of this stage runs the same actions, so they meet here
       const auto& optimizer = *static_cast<const Optimizer*>(step.optimizer);
       const double norm = std::sqrt(gradient_sum_of_squares(st));
@@ -251,8 +313,8 @@ class StageExecutor {
   const schedule::Plan& plan_;
   std::vector<int> offsets_;
   States& states_;
-  Transport<Backend>& transport_;
-  WorkerRuntime<Backend>& runtime_;
+  TransportType& transport_;
+  WorkerRuntime<Contexts>& runtime_;
   comm::Communicator* comm_;
   bool check_finite_;
 };

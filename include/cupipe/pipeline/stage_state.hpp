@@ -38,6 +38,7 @@ struct Shard {
 
 template <class Seq, class Backend, int MaxVersions>
 struct StageState {
+  using backend_type = Backend;
   using T = typename Backend::value_type;  ///< storage: weights in use, activations, messages
   using G = grad_t<Backend>;               ///< compute: gradients, master weights, optimizer state
   using buffer = typename Backend::template buffer<T>;

@@ -4,6 +4,7 @@
 // and reads or writes all their parameters in the whole model's flat layout.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -17,17 +18,34 @@
 
 namespace cupipe::pipeline {
 
-template <class Stages, class Backend, int MaxVersions>
+/// `Backends::at<K>` is virtual stage K's backend (its worker's): one type for every stage, or one
+/// per worker with backend::PerWorker.
+template <class Stages, class Backends, int MaxVersions>
 class StageStates {
+  template <std::size_t K>
+  using state_at = StageState<typename Stages::template stage<K>, typename Backends::template at<int(K)>, MaxVersions>;
   template <std::size_t... K>
-  static auto make(std::index_sequence<K...>)
-      -> std::tuple<std::unique_ptr<StageState<typename Stages::template stage<K>, Backend, MaxVersions>>...>;
+  static auto make(std::index_sequence<K...>) -> std::tuple<std::unique_ptr<state_at<K>>...>;
+  template <std::size_t... K>
+  static auto compute(std::index_sequence<K...>) -> std::common_type_t<typename state_at<K>::G...>;
+  template <std::size_t... K>
+  static constexpr bool same_backends(std::index_sequence<K...>) {
+    return (std::is_same_v<typename Backends::template at<0>, typename Backends::template at<int(K)>> && ...);
+  }
   using Tuple = decltype(make(std::make_index_sequence<Stages::size>()));
 
  public:
-  using T = typename Backend::value_type;
-  using G = grad_t<Backend>;  ///< what gather and scatter move: master weights, gradients, slots
-  using backend_type = Backend;
+  /// Whether every stage has the same backend type.
+  static constexpr bool uniform = same_backends(std::make_index_sequence<Stages::size>());
+  /// What gather and scatter move (master weights, gradients, slots): the stages' compute type, or
+  /// with stages of several, the widest (each stage's values convert exactly to it).
+  using G = decltype(compute(std::make_index_sequence<Stages::size>()));
+  /// Whether any stage keeps master weights beside narrower ones in use (bf16 storage).
+  static constexpr bool master_weights = []<std::size_t... K>(std::index_sequence<K...>) {
+    return (state_at<K>::master_weights || ...);
+  }(std::make_index_sequence<Stages::size>());
+  /// The stages' backend type where they share one (void otherwise).
+  using backend_type = std::conditional_t<uniform, typename Backends::template at<0>, void>;
   static constexpr int size = int(Stages::size);
   static constexpr index_t param_count = Stages::model::body::param_count;
 
@@ -61,14 +79,14 @@ class StageStates {
     }(std::make_index_sequence<std::size_t(K)>());
   }
 
-  /// The whole model's flat array from each local stage's slice (`pointer(state)`); slices of stages
-  /// in other processes stay zero.
+  /// The whole model's flat array from each local stage's slice (`pointer(state)`, in the stage's
+  /// compute type); slices of stages in other processes stay zero.
   template <class Pointer>
   std::vector<G> gather(Pointer pointer) {
     std::vector<G> out(static_cast<std::size_t>(param_count), G(0));
     for_each([&](auto k, auto& st) {
-      constexpr int K = decltype(k)::value;
-      st.be->download(pointer(st), std::span<G>(out.data() + model_offset<K>(), std::size_t(st.param_count)));
+      const std::span<G> slice(out.data() + model_offset<decltype(k)::value>(), std::size_t(st.param_count));
+      download_as(st, pointer(st), slice);
     });
     return out;
   }
@@ -77,9 +95,33 @@ class StageStates {
     CUPIPE_REQUIRE(index_t(values.size()) == param_count, "Pipeline: got ", values.size(), " values for a model of ",
                    param_count, " parameters");
     for_each([&](auto k, auto& st) {
-      constexpr int K = decltype(k)::value;
-      st.be->upload(values.subspan(std::size_t(model_offset<K>()), std::size_t(st.param_count)), pointer(st));
+      upload_as(st, values.subspan(std::size_t(model_offset<decltype(k)::value>()), std::size_t(st.param_count)), pointer(st));
     });
+  }
+
+  /// Stage values (`from`, in the stage's memory and compute type) into `to` in host memory as U.
+  template <class St, class U>
+  static void download_as(St& st, const typename St::G* from, std::span<U> to) {
+    if constexpr (std::is_same_v<typename St::G, U>) {
+      st.be->download(from, to);
+    } else {
+      std::vector<typename St::G> own(to.size());
+      st.be->download(from, std::span<typename St::G>(own));
+      std::transform(own.begin(), own.end(), to.begin(), [](auto v) { return U(v); });
+    }
+  }
+  /// Host values as U into stage memory as the stage's compute type (rounded to nearest where it is
+  /// narrower).
+  template <class St, class U>
+  static void upload_as(St& st, std::span<const U> from, typename St::G* to) {
+    using SG = typename St::G;
+    if constexpr (std::is_same_v<SG, U>) {
+      st.be->upload(from, to);
+    } else {
+      std::vector<SG> own(from.size());
+      std::transform(from.begin(), from.end(), own.begin(), [](U v) { return SG(v); });
+      st.be->upload(std::span<const SG>(own), to);
+    }
   }
 
  private:

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,13 +24,14 @@
 
 namespace cupipe::pipeline {
 
-template <class Backend>
+/// `Workers` holds each worker's context (pipeline/workers.hpp); workers of other processes have none.
+template <class Workers>
 class WorkerRuntime {
-  using caps = backend::capabilities<Backend>;
+  template <class B>
+  using caps_of = backend::capabilities<std::remove_cvref_t<B>>;
 
  public:
-  /// `backends[w]` is worker w's context, null for workers of other processes.
-  explicit WorkerRuntime(std::vector<Backend*> backends) : backends_(std::move(backends)), workers_(backends_.size()) {}
+  explicit WorkerRuntime(const Workers& contexts, int count) : contexts_(contexts), workers_(std::size_t(count)) {}
 
   /// Runs every local worker's list of `plan` on its own thread; execute(w, action) does the work
   /// and abort() wakes every waiter after a failure. An execute that throws Aborted stops its worker
@@ -42,17 +44,16 @@ class WorkerRuntime {
     first_step_ = first_step;
     failure_ = nullptr;
     failed_.store(false, std::memory_order_relaxed);
-    for (std::size_t w = 0; w < workers_.size(); ++w) {
-      workers_[w] = Worker{};
-      if (backends_[w]) caps::timeline_start(*backends_[w]);
-    }
+    for (Worker& worker : workers_) worker = Worker{};
+    contexts_.for_each([](int, auto& be) { caps_of<decltype(be)>::timeline_start(be); });
     start_ = origin.value_or(std::chrono::steady_clock::now());
     {
       std::vector<std::jthread> threads;
-      for (int w = 0; w < int(workers_.size()); ++w)
-        if (backends_[std::size_t(w)]) threads.emplace_back([&, w] { walk(plan, w, execute, abort); });
+      contexts_.for_each([&](int w, auto& be) {
+        threads.emplace_back([&, w] { walk(be, plan, w, execute, abort); });
+      });
     }  // joins every worker, also when one failed
-    if (!failure_ && caps::device_timeline) device_times();
+    if (!failure_) device_times();
     return failure_;
   }
 
@@ -60,7 +61,7 @@ class WorkerRuntime {
   void input_arrived(int w) {
     Worker& worker = workers_[std::size_t(w)];
     worker.action_start = now();
-    worker.action_mark = caps::timeline_mark(*backends_[std::size_t(w)]);
+    worker.action_mark = contexts_.visit(w, [](auto& be) { return caps_of<decltype(be)>::timeline_mark(be); });
   }
 
   /// Every action worker w ran in the last step, in order, with measured times.
@@ -76,10 +77,10 @@ class WorkerRuntime {
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
-  template <class Execute, class Abort>
-  void walk(const schedule::Plan& plan, int w, Execute& execute, Abort& abort) {
+  template <class Backend, class Execute, class Abort>
+  void walk(Backend& be, const schedule::Plan& plan, int w, Execute& execute, Abort& abort) {
+    using caps = backend::capabilities<Backend>;
     Worker& worker = workers_[std::size_t(w)];
-    Backend& be = *backends_[std::size_t(w)];
     const auto& actions = plan.actions[std::size_t(w)];
     worker.records.reserve(actions.size());
     struct CloseOverlap {  // an action that fails inside an overlapped pair leaves no overlap open
@@ -142,17 +143,19 @@ class WorkerRuntime {
   /// Device timelines: from each worker's origin event (all recorded together just before the
   /// workers started) to its action marks, so the records show kernels, not enqueueing.
   void device_times() {
-    for (std::size_t w = 0; w < workers_.size(); ++w) {
-      if (!backends_[w]) continue;
-      Worker& worker = workers_[w];
-      for (std::size_t i = 0; i < worker.records.size(); ++i) {
-        worker.records[i].start = caps::timeline_seconds(*backends_[w], worker.marks[i].first);
-        worker.records[i].end = caps::timeline_seconds(*backends_[w], worker.marks[i].second);
+    contexts_.for_each([&](int w, auto& be) {
+      using caps = caps_of<decltype(be)>;
+      if constexpr (caps::device_timeline) {
+        Worker& worker = workers_[std::size_t(w)];
+        for (std::size_t i = 0; i < worker.records.size(); ++i) {
+          worker.records[i].start = caps::timeline_seconds(be, worker.marks[i].first);
+          worker.records[i].end = caps::timeline_seconds(be, worker.marks[i].second);
+        }
       }
-    }
+    });
   }
 
-  std::vector<Backend*> backends_;
+  const Workers& contexts_;
   std::vector<Worker> workers_;
   std::chrono::steady_clock::time_point start_;
   std::mutex failure_mutex_;

@@ -35,7 +35,10 @@ struct UserPlan {
     return c.chunks != V ? "a UserPlan's chunks are fixed by its type (UserPlan<V, ...>)" : "";
   }
   static constexpr Placement placement(const Config& c) {
-    return Shape == PlacementShape::v_shape ? v_shape_placement(c.stages) : looped_placement(c.stages, c.chunks);
+    // Not a conditional expression: GCC 12 frees the chosen Placement's vectors too early when one
+    // is evaluated at compile time (the pipeline reads a stage's worker in a template argument).
+    if constexpr (Shape == PlacementShape::v_shape) return v_shape_placement(c.stages);
+    else return looped_placement(c.stages, c.chunks);
   }
   static constexpr std::vector<std::vector<Action>> actions(const Config&) { return {}; }
 };
