@@ -182,6 +182,7 @@ if wants gpt; then
     step gpt_tf32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
     step gpt_fp32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
     step gpt_tf32_tiled timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
+    step gpt_bf16 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16
   else skip gpt "no bench_gpt_step"; fi
 fi
 if wants torch; then
