@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Run under mpirun: a pipeline spread over processes (MpiCommunicator, host backend, float64) must
 // compute what the same pipeline computes in one process on the whole batch.
-//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt --stages P [--stall] [--zero] [--checkpoint PREFIX]
+//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages P [--stall] [--zero] [--checkpoint PREFIX]
 // World = P stages x D replicas. Each replica trains on its share of one global batch. Rank 0 also
 // runs the single-process reference and compares gradients after one forward/backward and weights
 // after 3 AdamW steps: bitwise for one replica (same arithmetic in the same order), 1e-12 relative
 // with replicas (the replica sum adds the same terms in another order).
 // --schedule gpt runs 1F1B on a small GPT whose lm_head is tied to wte, on different ranks: the tied
 // copies' gradients meet in a sum over the stages, and must stay bitwise equal.
+// --schedule bf16 runs 1F1B with bf16 storage and fp32 master weights (Host<bfloat16, float>).
 // --zero turns ZeRO-1 on (PipelineOptions::zero): the same comparisons must hold, and each replica must
 // hold the optimizer state of its shard only, the replicas' shards adding up to the whole stage.
 // --stall makes the rank whose stage holds the Trap layer stop answering in the middle of the second
@@ -56,11 +57,12 @@ std::string checkpoint;
 template <class Pipe>
 int check_optimizer_shards(Pipe& pipe, comm::Communicator& comm, std::size_t model_params) {
   const comm::Topology& t = comm.topology();
+  constexpr double bytes = sizeof(typename Pipe::G);  // AdamW's slots are in the compute precision
   const double mine = double(pipe.backend(t.stage()).memory.in_use(MemoryTag::optimizer));
   std::vector<double> stage{mine};
   comm.sum_over_replicas(stage.data(), 1);
-  const double world = comm.sum_over_world(mine), whole = 2.0 * 8.0 * double(model_params);
-  const bool ok = world == whole && mine <= stage[0] / t.replicas + 2.0 * 8.0 * Pipe::chunks &&
+  const double world = comm.sum_over_world(mine), whole = 2.0 * bytes * double(model_params);
+  const bool ok = world == whole && mine <= stage[0] / t.replicas + 2.0 * bytes * Pipe::chunks &&
                   (t.replicas == 1 || mine < stage[0]);
   std::printf("rank %d: optimizer state %.0f bytes, its stage's replicas %.0f together (%d replicas), all ranks %.0f "
               "for a model of %.0f: %s\n", t.rank, mine, stage[0], t.replicas, world, whole, ok ? "sharded" : "DIFFERENT");
@@ -241,6 +243,54 @@ int check_gpt(int rank) {
   return verdict_everywhere(failures);
 }
 
+/// bf16 storage (Host<bfloat16, float>) on P stages x D replicas against one process, 3 AdamW steps.
+/// With --zero each replica updates its shard of the fp32 master weights and the shards are
+/// gathered; every replica must then hold all of them, and weights in use that are their rounding.
+/// Bitwise with one replica; with replicas the gradient sums add in another order, and a master
+/// weight that moves across a bf16 rounding boundary changes the next forward by one bf16 ulp, so
+/// 1e-3 of the largest weight (a replica that missed the others' shards is off by about the
+/// learning rate, 1e-2, on most of them).
+template <int P>
+int check_bf16(int rank) {
+  using BF = cupipe::bfloat16;  // in full: OpenBLAS declares a ::bfloat16 too
+  using Bf16 = backend::Host<BF, float>;
+  using Stages = partition<Model, P>;
+  auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, P);
+  const comm::Topology& topo = comm->topology();
+  if (rank == 0) std::printf("%s, bf16 storage%s\n", topo.describe().c_str(), zero ? ", ZeRO-1" : "");
+  constexpr index_t global_batch = 24;
+  const index_t share = global_batch / topo.replicas;
+  std::vector<BF> x(static_cast<std::size_t>(global_batch * 6));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(global_batch));
+  Rng rng(3);
+  for (BF& v : x) v = BF(float(rng.normal()));
+  for (auto& v : y) v = std::int32_t(rng.below(3));
+  const ConstView<BF> mine{x.data() + topo.replica() * share * 6, Shape{share, 6}};
+  const ConstView<std::int32_t> mine_y{y.data() + topo.replica() * share, Shape{share}};
+  Pipeline<Stages, schedule::OneFOneB, Bf16> distributed(
+      {.microbatches = 2, .seed = 11, .transfer_timeout_seconds = 60.0, .communicator = comm, .zero = zero});
+  Pipeline<Stages, schedule::OneFOneB, Bf16> reference({.microbatches = 2 * topo.replicas, .seed = 11});
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.01, .clip_norm = 0.5});
+  for (int s = 0; s < 3; ++s) {
+    distributed.train_step(mine, mine_y, adamw);
+    if (rank == 0)
+      reference.train_step(ConstView<BF>{x.data(), Shape{global_batch, 6}}, ConstView<std::int32_t>{y.data(), Shape{global_batch}},
+                           adamw);
+  }
+  const std::vector<float> weights = distributed.parameters();  // collective: every rank
+  int failures = 0;
+  if (rank == 0) {
+    const std::vector<float> want = reference.parameters();
+    const std::vector<double> got_d(weights.begin(), weights.end()), want_d(want.begin(), want.end());
+    const double r = relative(got_d, want_d);
+    const bool ok = topo.replicas == 1 ? weights == want : r <= 1e-3;
+    std::printf("bf16 master weights after 3 AdamW steps: %s (max relative difference %.3g)\n", ok ? "equal" : "DIFFERENT", r);
+    failures += !ok;
+  }
+  if (zero) failures += check_optimizer_shards(distributed, *comm, weights.size());
+  return verdict_everywhere(failures);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -265,7 +315,8 @@ int main(int argc, char** argv) {
     else if (schedule == "gpipe" && stages == 4) rc = check<partition<Model, 4>, schedule::GPipe>(4, rank);
     else if (schedule == "gpt" && stages == 4) rc = check_gpt<4>(rank);
     else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);
-    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt --stages 2|4\n");
+    else if (schedule == "bf16" && stages == 2) rc = check_bf16<2>(rank);
+    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages 2|4\n");
     return rc;
   });
 }

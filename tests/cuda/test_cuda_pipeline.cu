@@ -364,12 +364,14 @@ TEST_CASE("a CPU stage and a GPU stage in one pipeline (backend::PerWorker) equa
           "[gpu][pipeline][mixed]") {
   // Host, then GPU, then host again (1F1B, 3 workers), and the GPU first under a V (worker 0 holds
   // the first and the last virtual stage): each hand-over between host and device memory goes
-  // through pipeline::hand_over. fp32 on both sides (exact GEMMs), so 1e-5 relative.
+  // through pipeline::hand_over. fp32 on both sides (exact GEMMs), so 1e-5 relative. Then a bf16
+  // GPU stage beside an fp32 host one, against the same layout on two host backends (bf16 on the
+  // host is the device's oracle): the hand-overs convert as well as copy.
   using Cpu = backend::Host<float>;
   using Gpu = backend::Cuda<float>;
-  const auto check = [&]<class Stages, class Policy, class Spec>() {
+  const auto check = [&]<class Stages, class Policy, class Spec, class Reference = Cpu>(double tolerance = fp32_tolerance) {
     using Mixed = Pipeline<Stages, Policy, Spec>;
-    using Plain = Pipeline<Stages, Policy, Cpu>;
+    using Plain = Pipeline<Stages, Policy, Reference>;
     static_assert(Mixed::mixed);
     INFO(Policy::name);
     PipelineOptions options;
@@ -381,8 +383,8 @@ TEST_CASE("a CPU stage and a GPU stage in one pipeline (backend::PerWorker) equa
     const HostBatch b = make_batch(8, 17);
     const StepStats on_mixed = mixed.forward_backward(b.inputs(), b.targets());
     const StepStats on_plain = plain.forward_backward(b.inputs(), b.targets());
-    CHECK(relative_error(mixed.gradients(), plain.gradients()) <= fp32_tolerance);
-    CHECK(std::abs(on_mixed.loss - on_plain.loss) <= fp32_tolerance * std::abs(on_plain.loss));
+    CHECK(relative_error(mixed.gradients(), plain.gradients()) <= tolerance);
+    CHECK(std::abs(on_mixed.loss - on_plain.loss) <= tolerance * std::abs(on_plain.loss));
     const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
     mixed.step(sgd);
     plain.step(sgd);
@@ -391,15 +393,25 @@ TEST_CASE("a CPU stage and a GPU stage in one pipeline (backend::PerWorker) equa
       mixed.train_step(next.inputs(), next.targets(), sgd);
       plain.train_step(next.inputs(), next.targets(), sgd);
     }
-    CHECK(relative_error(mixed.parameters(), plain.parameters()) <= fp32_tolerance);
+    CHECK(relative_error(mixed.parameters(), plain.parameters()) <= tolerance);
     const HostBatch t = make_batch(8, 999);
-    std::vector<float> want(std::size_t(8 * classes)), got(want.size());
-    plain.predict(t.inputs(), TensorView<float>{want.data(), Shape{8, classes}});
-    mixed.predict(t.inputs(), TensorView<float>{got.data(), Shape{8, classes}});
-    CHECK(relative_error(got, want) <= fp32_tolerance);
+    using PT = typename Plain::T;
+    using MT = typename Mixed::T;  // the last stage's storage: bf16 where the GPU stage is
+    std::vector<PT> want(std::size_t(8 * classes));
+    std::vector<MT> got(want.size());
+    plain.predict(t.inputs(), TensorView<PT>{want.data(), Shape{8, classes}});
+    mixed.predict(t.inputs(), TensorView<MT>{got.data(), Shape{8, classes}});
+    std::vector<float> want_f, got_f;
+    for (const PT& v : want) want_f.push_back(float(v));
+    for (const MT& v : got) got_f.push_back(float(v));
+    CHECK(relative_error(got_f, want_f) <= tolerance);
   };
   check.template operator()<partition<Deep, 3>, schedule::OneFOneB, backend::PerWorker<Cpu, Gpu, Cpu>>();
   check.template operator()<partition<Deep, 4>, schedule::ZeroBubbleV, backend::PerWorker<Gpu, Cpu>>();
+  using GpuBf16 = backend::Cuda<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
+  using CpuBf16 = backend::Host<cupipe::bfloat16, float>;
+  check.template operator()<partition<Deep, 2>, schedule::OneFOneB, backend::PerWorker<Cpu, GpuBf16>,
+                            backend::PerWorker<Cpu, CpuBf16>>(1e-2);
 }
 
 TEST_CASE("CUDA relu_forward propagates NaN like the host op", "[gpu][cuda][ops]") {

@@ -231,11 +231,12 @@ class Oracle {
   decltype(make(std::make_index_sequence<std::size_t(V)>())) stages_;
 };
 
-/// Virtual stage K's backend in pipeline Pipe: its worker's.
-template <class Pipe, class Spec>
-struct StageBackendsOf {
+/// Each virtual stage's backend, written out by hand from the schedule's placement (not read from
+/// the pipeline, whose placement table is under test too).
+template <class... Bs>
+struct StageBackends {
   template <int K>
-  using at = typename pipeline::Workers<Spec, Pipe::stages>::template backend<Pipe::worker_of(K)>;
+  using at = std::tuple_element_t<std::size_t(K), std::tuple<Bs...>>;
 };
 
 template <class T>
@@ -253,12 +254,12 @@ std::vector<T> inputs_as(const Batch& b) {
 }
 
 /// Two AdamW steps (the first clipped) of pipeline `Pipe` against the oracle, bit for bit: loss,
-/// gradients, parameters and predictions.
-template <class Stages, class Schedule, class Spec>
+/// gradients, parameters and predictions. `Map` is each virtual stage's backend.
+template <class Stages, class Schedule, class Spec, class Map>
 void check_against_oracle(int microbatches) {
   using Pipe = Pipeline<Stages, Schedule, Spec>;
   static_assert(Pipe::mixed);
-  using Ref = Oracle<Stages, StageBackendsOf<Pipe, Spec>>;
+  using Ref = Oracle<Stages, Map>;
   using X = typename Ref::input_type;
   PipelineOptions options;
   options.microbatches = microbatches;
@@ -291,38 +292,60 @@ void check_against_oracle(int microbatches) {
 
 }  // namespace
 
-TEST_CASE("hand-over conversions: widening is exact, narrowing rounds to nearest even", "[pipeline][mixed]") {
+TEST_CASE("hand-over conversions: widening is exact, narrowing rounds to nearest even, once", "[pipeline][mixed]") {
   using pipeline::convert_value;
   CHECK(convert_value<double>(0.1f) == double(0.1f));
   CHECK(convert_value<float>(0.1) == 0.1f);
-  CHECK(float(convert_value<BF>(1.0 + 1.0 / 256)) == 1.0f);              // halfway between bf16 1 and 1 + 2^-7: even
-  CHECK(float(convert_value<BF>(1.0 + 3.0 / 256)) == 1.0f + 1.0f / 64);  // halfway, rounds up to even
+  CHECK(convert_value<BF>(1.0 + 1.0 / 256).bits == 0x3F80);  // halfway between 1 and 1 + 2^-7: to even, 1
+  CHECK(convert_value<BF>(1.0 + 3.0 / 256).bits == 0x3F82);  // halfway between 1 + 2^-7 and 1 + 2^-6: even
+  // Just above halfway by 2^-30, below float's resolution: through float it would tie and round to 1.
+  CHECK(convert_value<BF>(1.0 + 1.0 / 256 + std::ldexp(1.0, -30)).bits == 0x3F81);
+  CHECK(convert_value<BF>(-(1.0 + 1.0 / 256 + std::ldexp(1.0, -30))).bits == 0xBF81);
+  CHECK(convert_value<BF>(1.0 + 1.0 / 256 - std::ldexp(1.0, -30)).bits == 0x3F80);
   CHECK(convert_value<double>(BF(1.5f)) == 1.5);
   // A float host stage and a bf16 one: the message is converted into the receiver's type.
   F32 a;
   B16 b;
-  const std::vector<float> sent{1.0f + 1.0f / 512, -2.75f, 3.0e-3f};
+  const std::vector<float> sent{1.0f + 1.0f / 512, -2.75f, 1.0f + 3.0f / 256};
+  const std::uint16_t want[] = {0x3F80, 0xC030, 0x3F82};
   std::vector<BF> got(3);
   pipeline::hand_over<F32, B16, float, BF>(a, b, ConstView<float>{sent.data(), Shape{3}}, TensorView<BF>{got.data(), Shape{3}});
-  for (std::size_t i = 0; i < sent.size(); ++i) CHECK(got[i].bits == BF(sent[i]).bits);
+  for (std::size_t i = 0; i < sent.size(); ++i) CHECK(got[i].bits == want[i]);
 }
 
-TEST_CASE("fp32, fp64 and bf16 stages in one pipeline equal the same per-stage precision unpipelined, for every "
-          "synchronous schedule",
+TEST_CASE("fp32, fp64 and bf16 stages in one pipeline equal the same per-stage precision unpipelined, under "
+          "GPipe, 1F1B, ZB-H1, ZB-H2, Interleaved<2>, ZBV, V-Half and DualPipeV",
           "[pipeline][mixed]") {
-  SECTION("GPipe, 3 workers") { check_against_oracle<ThreeStages, schedule::GPipe, backend::PerWorker<F32, F64, B16>>(3); }
-  SECTION("1F1B, 3 workers") { check_against_oracle<ThreeStages, schedule::OneFOneB, backend::PerWorker<B16, F32, F64>>(4); }
-  SECTION("ZB-H1 (B and W split), 3 workers") {
-    check_against_oracle<ThreeStages, schedule::ZeroBubbleH1, backend::PerWorker<F64, B16, F32>>(3);
+  SECTION("GPipe, 3 workers") {
+    check_against_oracle<ThreeStages, schedule::GPipe, backend::PerWorker<F32, F64, B16>, StageBackends<F32, F64, B16>>(3);
   }
-  SECTION("Interleaved<2>: a worker's two virtual stages share its backend") {
-    check_against_oracle<FourStages, schedule::Interleaved<2>, backend::PerWorker<F32, B16>>(4);
+  SECTION("1F1B, 3 workers") {
+    check_against_oracle<ThreeStages, schedule::OneFOneB, backend::PerWorker<B16, F32, F64>, StageBackends<B16, F32, F64>>(4);
+  }
+  SECTION("1F1B: two fp32 workers side by side hand over through transfer(), then to bf16") {
+    check_against_oracle<ThreeStages, schedule::OneFOneB, backend::PerWorker<F32, F32, B16>, StageBackends<F32, F32, B16>>(3);
+  }
+  SECTION("ZB-H1 (B and W split), 3 workers") {
+    check_against_oracle<ThreeStages, schedule::ZeroBubbleH1, backend::PerWorker<F64, B16, F32>, StageBackends<F64, B16, F32>>(3);
+  }
+  SECTION("ZB-H2, 3 workers") {
+    check_against_oracle<ThreeStages, schedule::ZeroBubbleH2, backend::PerWorker<B16, F64, F32>, StageBackends<B16, F64, F32>>(4);
+  }
+  SECTION("Interleaved<2>: a worker's two virtual stages share its backend (k on worker k mod 2)") {
+    check_against_oracle<FourStages, schedule::Interleaved<2>, backend::PerWorker<F32, B16>, StageBackends<F32, B16, F32, B16>>(4);
   }
   SECTION("ZBV (V-shaped): the first and last stages on worker 0's backend") {
-    check_against_oracle<FourStages, schedule::ZeroBubbleV, backend::PerWorker<B16, F64>>(4);
+    check_against_oracle<FourStages, schedule::ZeroBubbleV, backend::PerWorker<B16, F64>, StageBackends<B16, F64, F64, B16>>(4);
   }
-  SECTION("Interleaved<2>, 3 workers of 6 virtual stages") {
-    check_against_oracle<Units, schedule::Interleaved<2>, backend::PerWorker<F64, F32, B16>>(3);
+  SECTION("V-Half (V-shaped)") {
+    check_against_oracle<FourStages, schedule::VHalf, backend::PerWorker<F64, B16>, StageBackends<F64, B16, B16, F64>>(4);
+  }
+  SECTION("DualPipeV (F&B pairs, run back to back on host backends)") {
+    check_against_oracle<FourStages, schedule::DualPipeV, backend::PerWorker<F32, B16>, StageBackends<F32, B16, B16, F32>>(4);
+  }
+  SECTION("Interleaved<2>, 3 workers of 6 virtual stages (k on worker k mod 3)") {
+    check_against_oracle<Units, schedule::Interleaved<2>, backend::PerWorker<F64, F32, B16>,
+                         StageBackends<F64, F32, B16, F64, F32, B16>>(3);
   }
 }
 

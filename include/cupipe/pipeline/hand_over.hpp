@@ -7,6 +7,9 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <cstddef>
 #include <span>
 #include <type_traits>
@@ -18,13 +21,26 @@
 
 namespace cupipe::pipeline {
 
+/// A double rounded to bf16, to nearest even, once. Through float by round-to-odd: the float keeps
+/// the double's value truncated toward zero with its last bit set when inexact, so no tie is made
+/// or broken on the way (float has 16 more bits than bf16), and bfloat16(float) then rounds
+/// correctly. `bfloat16(float(x))` would round twice: 1 + 2^-8 + 2^-30 would become 1, not 1 + 2^-7.
+inline bfloat16 bf16_from_double(double x) noexcept {
+  float f = static_cast<float>(x);
+  if (std::isfinite(f) && static_cast<double>(f) != x) {
+    if (std::abs(static_cast<double>(f)) > std::abs(x)) f = std::nextafter(f, 0.0f);
+    f = std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);
+  }
+  return bfloat16(f);
+}
+
 /// One value of type U in type V. Widening (bf16 to float or double, float to double) is exact;
-/// double to float rounds to nearest even; to bf16 the value goes through float (round to nearest
-/// even at each step: double to bf16 rounds twice, as `bfloat16(float(x))` does in C++).
+/// narrowing (double to float, float or double to bf16) rounds to nearest even, once.
 template <class V, class U>
 V convert_value(U u) noexcept {
   if constexpr (std::is_same_v<U, V>) return u;
   else if constexpr (std::is_same_v<U, bfloat16>) return V(float(u));
+  else if constexpr (std::is_same_v<V, bfloat16> && std::is_same_v<U, double>) return bf16_from_double(u);
   else if constexpr (std::is_same_v<V, bfloat16>) return bfloat16(float(u));
   else return V(u);
 }
@@ -50,7 +66,10 @@ void hand_over(From& from, To& to, TensorView<const U, typename From::space> src
     from.download(src.data(), std::span<U>(sent));
     std::vector<V> received(n);
     convert_values(sent.data(), received.data(), n);
-    to.upload(std::span<const V>(received), dst.data());  // upload and download wait for their copies
+    // Download and upload wait for their copies. The upload runs on the receiver's stream from the
+    // sender's thread and waits for the work queued there: simple, not fast (the pipeline refuses
+    // this with a second stream open, DualPipeV's overlap).
+    to.upload(std::span<const V>(received), dst.data());
   }
 }
 

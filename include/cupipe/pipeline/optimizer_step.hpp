@@ -78,7 +78,14 @@ template <class St>
 void gather_updated_weights(comm::Communicator* comm, St& st) {
   if (!comm || !st.shard.sharded()) return;
   if constexpr (St::master_weights) {
-    CUPIPE_THROW("ZeRO-1 with bf16 storage: not supported (the Pipeline refuses it when it is built)");
+    // bf16 storage: each replica updated the float master weights of its shard (and rounded them into
+    // its weights in use). The master weights travel, not their bf16 rounding: every replica keeps
+    // all of them (checkpoints and parameters() read them), and its weights in use become their
+    // rounding. Twice the bytes of gathering the bf16 weights.
+    using G = typename St::G;
+    const std::vector<G> all = gather_shards(*comm, st, st.master.data() + st.shard.begin);
+    st.be->upload(std::span<const G>(all), st.master.data());
+    st.publish_master(st.weights.latest_data());
   } else {
     using T = typename std::remove_reference_t<decltype(*st.be)>::value_type;
     T* weights = st.weights.latest_data();

@@ -193,6 +193,16 @@ class Pipeline {
     }
     if (const auto verdict = schedule::verify(plan_); !verdict)
       CUPIPE_THROW("Pipeline: the ", Schedule::name, " plan failed verification: ", verdict.message());
+    if constexpr (mixed) {
+      if (!Contexts::host_only)
+        for (const auto& actions : plan_.actions)
+          for (const schedule::Action& a : actions)
+            if (a.overlap)
+              CUPIPE_THROW("Pipeline: ", Schedule::name, " overlaps F&B pairs on a second stream, which a pipeline "
+                           "with a device worker among backends of several types (backend::PerWorker) does not "
+                           "support yet (a hand-over from another backend copies on the receiver's stream from the "
+                           "sender's thread); use another schedule");
+    }
     // Across processes every rank must run the same plan: ranks started with another schedule,
     // microbatch count, seed or plan file fail here, every one of them, naming the setting (rather
     // than waiting on a message that never comes). A collective, before any other.
@@ -320,9 +330,9 @@ class Pipeline {
     check_batch(x, labels, "Pipeline::forward_backward");
     return forward_backward_resident(stage_inputs(x), stage_labels(labels));
   }
-  template <class Space = space>
-    requires(!mixed && !host_accessible<Space>)
-  StepStats forward_backward(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels) {
+  StepStats forward_backward(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels)
+    requires(!host_accessible<space>)
+  {
     check_batch(x, labels, "Pipeline::forward_backward");
     return forward_backward_resident(x, labels);
   }
@@ -437,9 +447,9 @@ class Pipeline {
   }
   /// The same with x in the first stage's worker's memory and `out` in the last stage's (device
   /// backends, in one process).
-  template <class Space = space>
-    requires(!mixed && !host_accessible<Space>)
-  void predict(ConstViewOn<FirstBackend, input_type> x, ViewOn<LastBackend, T> out) {
+  void predict(ConstViewOn<FirstBackend, input_type> x, ViewOn<LastBackend, T> out)
+    requires(!host_accessible<space>)
+  {
     check_prediction(x, out);
     CUPIPE_REQUIRE(!comm(), "Pipeline::predict: across processes the output is gathered in host memory; pass host views");
     auto result = predict_resident(x);
@@ -730,9 +740,6 @@ class Pipeline {
 
   /// PipelineOptions::zero's conditions, checked before anything runs.
   void check_zero() const {
-    if constexpr (States::master_weights)
-      CUPIPE_THROW("Pipeline: zero with bf16 storage is not supported yet (each replica would update only its shard of "
-                   "the float master weights); leave zero off");
     if (update_rule != schedule::UpdateRule::flush)
       CUPIPE_THROW("Pipeline: zero shards the optimizer state of a flush update over the replicas, but ", Schedule::name,
                    " updates each stage inside the step (use a flush schedule, or leave zero off)");

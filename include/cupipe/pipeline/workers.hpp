@@ -17,6 +17,7 @@
 #include "cupipe/backend/capabilities.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
+#include "cupipe/core/tensor.hpp"
 
 namespace cupipe::backend {
 
@@ -67,6 +68,10 @@ class Workers;
 template <class Spec, int N>
   requires(!worker_backends<Spec>::mixed)
 class Workers<Spec, N> {
+  static_assert(worker_backends<Spec>::count == 0 || worker_backends<Spec>::count == std::size_t(N),
+                "Pipeline: backend::PerWorker names one backend per worker (physical stage); its count differs from "
+                "the pipeline's workers");
+
  public:
   using Backend = typename worker_backends<Spec>::uniform;
   template <int W>
@@ -117,11 +122,18 @@ class Workers<Spec, N> {
   static auto tuple_of(std::index_sequence<W...>) -> std::tuple<std::unique_ptr<typename spec::template at<int(W)>>...>;
   template <std::size_t... W>
   static auto compute_of(std::index_sequence<W...>) -> common_compute_t<grad_t<typename spec::template at<int(W)>>...>;
+  // A function, not a lambda in the initialiser: nvcc's host pass loses the lambda's template parameter.
+  template <std::size_t... W>
+  static constexpr bool all_host(std::index_sequence<W...>) {
+    return (host_accessible<typename spec::template at<int(W)>::space> && ...);
+  }
 
  public:
   template <int W>
   using backend = typename spec::template at<W>;
   static constexpr bool mixed = true;
+  /// Whether every worker's memory is host memory (no device backend among them).
+  static constexpr bool host_only = all_host(std::make_index_sequence<std::size_t(N)>());
   using compute_type = decltype(compute_of(std::make_index_sequence<std::size_t(N)>()));
 
   void make(int w, int device) {
