@@ -32,17 +32,9 @@ int train_bf16(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
 }
 
 int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
-  using F32 = backend::Host<float>;
   using Bf16 = backend::Host<cupipe::bfloat16, float>;
-  // main.cpp's check_stage_backends let only these through: 2 stages, gpipe or 1f1b.
-  const bool bf16_first = f.stage_backends == "host:bf16,host";
-  const auto run = [&]<class Schedule>() {
-    return with_optimizer(f, [&](auto optimizer) {
-      if (bf16_first) return train<Schedule, 2, backend::PerWorker<Bf16, F32>>(f, train_set, test_set, optimizer, launch);
-      return train<Schedule, 2, backend::PerWorker<F32, Bf16>>(f, train_set, test_set, optimizer, launch);
-    });
-  };
-  return f.schedule == "gpipe" ? run.template operator()<schedule::GPipe>() : run.template operator()<schedule::OneFOneB>();
+  // main.cpp's check_stage_backends let only host:bf16,host and host,host:bf16 through.
+  return train_two_backends<backend::Host<float>, Bf16>(f, train_set, test_set, launch, f.stage_backends == "host:bf16,host");
 }
 
 }  // namespace fmnist

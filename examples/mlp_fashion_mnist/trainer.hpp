@@ -370,6 +370,20 @@ int with_optimizer(const Flags& f, Run&& run) {
 /// --precision bf16 on the host backend (defined in train_bf16.cpp).
 int train_bf16(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
 
+/// --stage-backends for two stages: `A` then `B`, or `B` then `A` when `b_first`, under gpipe or 1f1b
+/// (main.cpp's check_stage_backends lets no other schedule through).
+template <class A, class B>
+int train_two_backends(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch,
+                       bool b_first) {
+  const auto run = [&]<class Schedule>() {
+    return with_optimizer(f, [&](auto optimizer) {
+      if (b_first) return train<Schedule, 2, backend::PerWorker<B, A>>(f, train_set, test_set, optimizer, launch);
+      return train<Schedule, 2, backend::PerWorker<A, B>>(f, train_set, test_set, optimizer, launch);
+    });
+  };
+  return f.schedule == "gpipe" ? run.template operator()<schedule::GPipe>() : run.template operator()<schedule::OneFOneB>();
+}
+
 /// --stage-backends with host stages of different precisions (defined in train_bf16.cpp).
 int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
 /// --stage-backends with a host and a CUDA stage (defined in trainer_cuda.cu).

@@ -39,17 +39,9 @@ int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
 
 int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
   gpu::set_default_math(f.math == "fp32" ? gpu::MathMode::fp32 : gpu::MathMode::tf32);
-  using Cpu = backend::Host<float>;
-  using Gpu = backend::Cuda<float>;
-  // main.cpp's check_stage_backends let only host,cuda and cuda,host through, 2 stages, gpipe or 1f1b.
-  const bool gpu_first = f.stage_backends == "cuda,host";
-  const auto run = [&]<class Schedule>() {
-    return with_optimizer(f, [&](auto optimizer) {
-      if (gpu_first) return train<Schedule, 2, backend::PerWorker<Gpu, Cpu>>(f, train_set, test_set, optimizer, launch);
-      return train<Schedule, 2, backend::PerWorker<Cpu, Gpu>>(f, train_set, test_set, optimizer, launch);
-    });
-  };
-  return f.schedule == "gpipe" ? run.template operator()<schedule::GPipe>() : run.template operator()<schedule::OneFOneB>();
+  // main.cpp's check_stage_backends let only host,cuda and cuda,host through.
+  return train_two_backends<backend::Host<float>, backend::Cuda<float>>(f, train_set, test_set, launch,
+                                                                        f.stage_backends == "cuda,host");
 }
 
 }  // namespace fmnist

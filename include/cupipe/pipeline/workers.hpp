@@ -27,7 +27,6 @@ namespace cupipe::backend {
 template <Backend... Bs>
 struct PerWorker {
   static_assert(sizeof...(Bs) > 0, "backend::PerWorker<>: name one backend per worker");
-  static constexpr std::size_t size = sizeof...(Bs);
 };
 
 }  // namespace cupipe::backend
@@ -55,11 +54,6 @@ struct worker_backends<backend::PerWorker<B0, Bs...>> {
   using uniform = std::conditional_t<mixed, void, B0>;
 };
 
-/// The compute type every worker's values widen to without loss: what a mixed pipeline's
-/// parameters(), gradients() and checkpoints move (double when any worker computes in double).
-template <class... Gs>
-using common_compute_t = std::common_type_t<Gs...>;
-
 /// The contexts of N workers: null where another process runs the worker.
 template <class Spec, int N>
 class Workers;
@@ -77,7 +71,6 @@ class Workers<Spec, N> {
   template <int W>
   using backend = Backend;
   static constexpr bool mixed = false;
-  using compute_type = grad_t<Backend>;
 
   Workers() : owned_(std::size_t(N)), pointers_(std::size_t(N), nullptr) {}
 
@@ -120,8 +113,6 @@ class Workers<Spec, N> {
                                                "stage); its count differs from the pipeline's workers");
   template <std::size_t... W>
   static auto tuple_of(std::index_sequence<W...>) -> std::tuple<std::unique_ptr<typename spec::template at<int(W)>>...>;
-  template <std::size_t... W>
-  static auto compute_of(std::index_sequence<W...>) -> common_compute_t<grad_t<typename spec::template at<int(W)>>...>;
   // A function, not a lambda in the initialiser: nvcc's host pass loses the lambda's template parameter.
   template <std::size_t... W>
   static constexpr bool all_host(std::index_sequence<W...>) {
@@ -134,7 +125,6 @@ class Workers<Spec, N> {
   static constexpr bool mixed = true;
   /// Whether every worker's memory is host memory (no device backend among them).
   static constexpr bool host_only = all_host(std::make_index_sequence<std::size_t(N)>());
-  using compute_type = decltype(compute_of(std::make_index_sequence<std::size_t(N)>()));
 
   void make(int w, int device) {
     each([&]<int W>(std::integral_constant<int, W>) {
