@@ -124,15 +124,19 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
 
 /// A trainer's --plan auto: across the ranks of `comm` when there is one (plan_across_ranks), else
 /// in this process on `workers` workers (0: plan_workers' default, written back) with
-/// `stage_counts`, for `batch` samples; the schedules are those this build compiles.
+/// `stage_counts`, for `batch` samples; the schedules are `schedules`, or (empty) those this build
+/// compiles.
 template <class Calibrate, class Split>
 planner::Layout plan_auto(comm::Communicator* comm, Calibrate&& calibrate, int& workers, index_t batch,
-                          std::vector<int> stage_counts, Split split) {
+                          std::vector<int> stage_counts, Split split, std::vector<std::string> schedules = {}) {
+  if (schedules.empty()) schedules = built_schedule_names();
   // Under a launcher even one process has a communicator, whose topology fixes the stages.
-  if (comm)
-    return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), built_schedule_names());
+  if (comm) return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), std::move(schedules));
   workers = plan_workers(workers);
-  return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), built_schedule_names());
+  return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), std::move(schedules));
 }
+
+/// The schedules the trainers compile with bf16 storage: the one-chunk flush schedules.
+inline std::vector<std::string> bf16_schedule_names() { return {"gpipe", "1f1b", "zb-h1", "zb-h2"}; }
 
 }  // namespace cupipe::examples

@@ -42,9 +42,13 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
   const index_t sequences = std::min<index_t>(f.batch / replicas, index_t(tokens.size()) / context);
   CUPIPE_REQUIRE(sequences >= 2, "--plan auto: the planner profiles a batch of at least 2 sequences of ", context,
                  " tokens", comm ? " per replica" : "", ", but there are ", sequences);
+  const ConstView<std::int32_t> batch{tokens.data(), Shape{sequences * context, 1}};
+  const bool bf16 = f.precision == "bf16";
+  // The model profiled in the precision it will train in (bf16: Host<bfloat16, float>, 2-byte
+  // activations and messages, 4-byte gradients and optimizer state).
   const auto calibrate = [&] {
-    return planner::calibrate<Model, backend::Host<T>>(ConstView<std::int32_t>{tokens.data(), Shape{sequences * context, 1}}, 3,
-                                                       context);
+    if (bf16) return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(batch, 3, context);
+    return planner::calibrate<Model, backend::Host<T>>(batch, 3, context);
   };
   const auto split = [](int virtual_stages) {
     std::vector<std::size_t> cuts;
@@ -52,7 +56,9 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
       with_stage_count<1, 2, 4>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
     return cuts;
   };
-  const planner::Layout best = cupipe::examples::plan_auto(comm, calibrate, f.workers, f.batch, {1, 2, 4}, split);
+  const planner::Layout best = cupipe::examples::plan_auto(comm, calibrate, f.workers, f.batch, {1, 2, 4}, split,
+                                                           bf16 ? cupipe::examples::bf16_schedule_names()
+                                                                : std::vector<std::string>{});
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;
@@ -109,7 +115,8 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
-                               "--microbatches (host backend, --preset tiny; under mpirun with --dp, the processes over --dp are the stages)")
+                               "--microbatches (host backend, --preset tiny; under mpirun with --dp, the processes over --dp are the stages; "
+                               "with --precision bf16, among the schedules bf16 trains with)")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
@@ -122,6 +129,11 @@ int main(int argc, char** argv) {
   CLI::Option* math = app.add_option("--math", f.math, "GEMM arithmetic on CUDA: tf32 (tensor cores) or fp32 (exact)")
                           ->capture_default_str()
                           ->check(CLI::IsMember({"fp32", "tf32"}));
+  app.add_option("--precision", f.precision,
+                 "fp32, or bf16: weights in use, activations and messages in bfloat16; master weights, gradients, "
+                 "AdamW state, statistics and the loss in fp32 (gpipe, 1f1b, zb-h1, zb-h2 on the host; 1f1b on cuda)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--zero", f.zero,
                "ZeRO-1: each of the --dp replicas keeps the AdamW state of 1/dp of the parameters and the updated "
                "shards are gathered (the weights are those without it, to rounding)");
@@ -153,6 +165,26 @@ int main(int argc, char** argv) {
     if (f.backend == "cuda")
       CUPIPE_THROW("--backend cuda: this trainer was built without CUDA (configure where nvcc is found to build it)");
 #endif
+    if (f.precision == "bf16") {
+#if !CUPIPE_TRAINER_HAS_BF16
+      if (f.backend == "host")
+        CUPIPE_THROW("--precision bf16 on the host backend is not in this build, which was configured with "
+                     "-DCUPIPE_TRAINER_SCHEDULES=flush; configure without it for bf16 training on the CPU");
+#endif
+      if (math->count() > 0)
+        CUPIPE_THROW("--math sets how fp32 GEMMs run on CUDA; with --precision bf16 every GEMM takes bf16 inputs and "
+                     "accumulates in fp32");
+      if (f.tp > 1)
+        CUPIPE_THROW("--tp ", f.tp, " sums fp32 activations over the tensor-parallel ranks; --precision bf16 runs "
+                     "without tensor parallelism");
+      if (const schedule::PolicyInfo p = schedule::find_policy(f.schedule);
+          p.update != schedule::UpdateRule::flush || p.default_chunks != 1)
+        CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "
+                     "trainer, not ", f.schedule, " (the others are compiled in fp32 only, to keep the build short)");
+      if (f.backend == "cuda" && f.schedule != "1f1b")
+        CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b in this build, not ", f.schedule,
+                     " (each schedule is compiled per GPU architecture; see examples/gpt_train/trainer_cuda.cu)");
+    }
     if (f.plan == "auto" && (f.backend != "host" || f.preset != "tiny"))
       CUPIPE_THROW("--plan auto plans --preset tiny on the host backend");
     if (f.preset == "gpt2-124m" && f.backend != "cuda")
@@ -201,6 +233,9 @@ int main(int argc, char** argv) {
     if (f.plan == "auto") {
       plan_layout(f, split.train, launch.communicator.get());
     }
+#if CUPIPE_TRAINER_HAS_BF16
+    if (f.precision == "bf16") return train_bf16(f, corpus, split, launch);
+#endif
     int rc = 1;
     with_policy(f.schedule, [&]<class Schedule>() {
       auto run = [&]<int P>() {

@@ -16,6 +16,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,7 @@ struct Flags {
   std::string backend = "host";
   std::string devices;
   std::string math = "tf32";
+  std::string precision = "fp32";  ///< "bf16": Host<bfloat16, float> or Cuda<bfloat16, float>
   int dp = 1;
   double timeout = comm::Communicator::default_collective_timeout_seconds;
   std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches
@@ -90,7 +92,8 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--resume", f.resume},               {"--max-steps", std::to_string(f.max_steps)},
           {"--max-seconds", real(f.max_seconds)}, {"--backend", f.backend},
           {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt},
-          {"--zero", f.zero ? "on" : "off"}, {"--tp", std::to_string(f.tp)}, {"--rank-order", f.rank_order}};
+          {"--zero", f.zero ? "on" : "off"}, {"--tp", std::to_string(f.tp)}, {"--rank-order", f.rank_order},
+          {"--precision", f.precision}};
 }
 
 /// FNV-1a over a token stream: equal on every rank that loaded the same corpus.
@@ -106,6 +109,7 @@ inline std::string tokens_fingerprint(const std::vector<std::int32_t>& tokens) {
 /// and write, so a nanoGPT GPT module loads the model file with load_state_dict.
 template <gpt::Config config, class Pipe>
 struct NanoGptNames {
+  using T = typename Pipe::G;  // master weights and optimizer state: fp32 in a bf16 run too
   Pipe& pipe;
   std::vector<ParamInfo> parameter_table() const {
     std::vector<ParamInfo> table = Pipe::parameter_table();
@@ -122,6 +126,12 @@ struct NanoGptNames {
   }
 };
 
+/// A logit as a double: float, double or bfloat16 (which converts through float).
+template <class V>
+double widen(V v) {
+  return pipeline::convert_value<double>(v);
+}
+
 /// Mean cross-entropy (nats per token) of the model on `batches` fixed batches of held-out windows.
 /// Logits are computed a few sequences at a time, at most ~64 M values (256 MiB) in host memory: a
 /// GPT-2 vocabulary makes a whole batch's logits gigabytes.
@@ -131,7 +141,7 @@ double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int ba
   const index_t chunk = std::clamp<index_t>((index_t(1) << 26) / (Tn * V), 1, batch);
   io::WindowLoader loader(tokens, Tn, batch);
   std::vector<std::int32_t> x, y;
-  std::vector<T> logits;
+  std::vector<typename Pipe::T> logits;  // the last stage's storage precision
   double total = 0;
   std::int64_t count = 0;
   for (int b = 0; b < batches; ++b) {
@@ -139,13 +149,15 @@ double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int ba
     for (index_t first = 0; first < batch; first += chunk) {
       const index_t rows = std::min<index_t>(chunk, batch - first) * Tn;
       logits.resize(std::size_t(rows * V));
-      pipe.predict(ConstView<std::int32_t>{x.data() + first * Tn, Shape{rows, 1}}, TensorView<T>{logits.data(), Shape{rows, V}});
+      pipe.predict(ConstView<std::int32_t>{x.data() + first * Tn, Shape{rows, 1}},
+                   TensorView<typename Pipe::T>{logits.data(), Shape{rows, V}});
       for (index_t r = 0; r < rows; ++r) {
-        const T* z = logits.data() + r * V;
-        const double max = *std::max_element(z, z + V);
+        const auto* z = logits.data() + r * V;
+        double max = widen(z[0]);
+        for (index_t v = 1; v < V; ++v) max = std::max(max, widen(z[v]));
         double sum = 0;
-        for (index_t v = 0; v < V; ++v) sum += std::exp(double(z[v]) - max);
-        total += max + std::log(sum) - double(z[y[std::size_t(first * Tn + r)]]);
+        for (index_t v = 0; v < V; ++v) sum += std::exp(widen(z[v]) - max);
+        total += max + std::log(sum) - widen(z[y[std::size_t(first * Tn + r)]]);
         ++count;
       }
     }
@@ -171,15 +183,16 @@ std::vector<std::int32_t> generate(Pipe& pipe, std::vector<std::int32_t> text, i
                                    Rng& rng) {
   const index_t Tn = config.context, V = config.vocab;
   std::vector<std::int32_t> window(static_cast<std::size_t>(Tn));
-  std::vector<T> logits(std::size_t(Tn * V));
+  std::vector<typename Pipe::T> logits(std::size_t(Tn * V));
   std::vector<std::pair<double, std::int32_t>> ranked(static_cast<std::size_t>(V));
   for (int i = 0; i < count; ++i) {
     const std::size_t used = std::min<std::size_t>(text.size(), std::size_t(Tn));
     std::fill(window.begin(), window.end(), 0);
     std::copy(text.end() - std::ptrdiff_t(used), text.end(), window.begin());
-    pipe.predict(ConstView<std::int32_t>{window.data(), Shape{Tn, 1}}, TensorView<T>{logits.data(), Shape{Tn, V}});
-    const T* z = logits.data() + (used - 1) * std::size_t(V);
-    for (index_t v = 0; v < V; ++v) ranked[std::size_t(v)] = {double(z[v]) / temperature, std::int32_t(v)};
+    pipe.predict(ConstView<std::int32_t>{window.data(), Shape{Tn, 1}},
+                 TensorView<typename Pipe::T>{logits.data(), Shape{Tn, V}});
+    const auto* z = logits.data() + (used - 1) * std::size_t(V);
+    for (index_t v = 0; v < V; ++v) ranked[std::size_t(v)] = {widen(z[v]) / temperature, std::int32_t(v)};
     const int k = top_k > 0 ? std::min<int>(top_k, int(V)) : int(V);
     std::partial_sort(ranked.begin(), ranked.begin() + k, ranked.end(), [](auto& a, auto& b) { return a.first > b.first; });
     double sum = 0;
@@ -213,7 +226,7 @@ inline std::string printable(const std::vector<std::int32_t>& tokens) {
 /// rate measured at start (0: the host backend, where MFU is not reported).
 struct DeviceRate {
   double peak_tflops = 0;  ///< the sum over the GPUs the stages use
-  std::string math;        ///< "fp32" or "tf32": the GEMMs' mode, in which the peak was measured
+  std::string math;        ///< "fp32", "tf32" or "bf16": the GEMMs' mode, in which the peak was measured
 };
 
 /// Leaves a new pipeline as it is (the host build); the device build sets the GEMMs' math mode.
@@ -253,6 +266,9 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
       version_string, f.preset.c_str(), (long long)config.vocab, (long long)config.context, (long long)config.layers,
       (long long)config.heads, (long long)config.channels, double(config.unique_parameters()) / 1e6,
       config.tied ? "tied to wte" : "untied", f.backend.c_str());
+  if constexpr (!std::is_same_v<typename Pipe::T, typename Pipe::G>)
+    say("precision: weights in use, activations and messages in bf16; master weights, gradients, AdamW state and the "
+        "loss in fp32\n");
   say("%s: %lld files, %zu tokens; %zu train, %zu held out\n", corpus.source.c_str(), (long long)corpus.files,
       corpus.tokens.size(), split.train.size(), split.held_out.size());
   say("%s, %d stages x %d chunk(s)%s%s; %d sequences (%d tokens) a step in %d microbatches; AdamW lr %g\n",
@@ -266,8 +282,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   std::array<double, Stages::size> estimate{};
   if constexpr (Schedule::chunks == 1) {
     const int sequences = (f.batch / launch.replicas + f.microbatches - 1) / f.microbatches;
-    estimate = estimated_stage_bytes<Stages, Schedule>(
-        f.microbatches, MemoryModel{.rows_per_microbatch = index_t(sequences) * config.context, .value_bytes = int(sizeof(T))});
+    estimate = estimated_stage_bytes<Stages, Schedule>(f.microbatches,
+                                                       memory_model_for<Backend>(index_t(sequences) * config.context));
   }
   for (int k = 0; k < int(Stages::size); ++k)
     say("  stage %d: %s%s\n", k, stage_description<Stages>(k).c_str(),
@@ -422,6 +438,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"tokens_per_second", seconds > 0 ? double(steps * f.batch * config.context) / seconds : 0.0},
                             {"bubble_fraction_measured", steps ? bubble_sum / double(steps) : 0.0},
                             {"backend", f.backend},
+                            {"precision", f.precision},
                             {"schedule", f.schedule},
                             {"stages", f.stages},
                             {"data_parallel", launch.replicas},
@@ -448,6 +465,10 @@ inline std::vector<int> devices_in_use(const Flags& f) {
   const std::set<int> distinct(listed.begin(), listed.end());
   return distinct.empty() ? std::vector<int>{0} : std::vector<int>(distinct.begin(), distinct.end());
 }
+
+/// Trains on Host<bfloat16, float> (train_bf16.cpp; left out of builds configured with
+/// -DCUPIPE_TRAINER_SCHEDULES=flush).
+int train_bf16(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch);
 
 /// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
 int train_cuda(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch);

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpt_train on backend::Cuda<float>: stages in one process, placed on GPUs with --devices, GEMMs in
-// fp32 or tf32 (--math). Before training, the GEMM rate of each GPU in use is measured in that math
-// mode (gpu::measured_gemm_tflops): the denominator of the MFU each step prints. Each preset x
-// schedule x stage count is a template instantiation that nvcc compiles for every GPU architecture,
-// so this file instantiates 1F1B, GPipe and the zero-bubble schedules at 1, 2 and 4 stages.
+// fp32 or tf32 (--math); with --precision bf16 on backend::Cuda<bfloat16, float>. Before training,
+// the GEMM rate of each GPU in use is measured in that mode (gpu::measured_gemm_tflops): the
+// denominator of the MFU each step prints. Each preset x schedule x stage count is a template
+// instantiation that nvcc compiles for every GPU architecture, so this file instantiates 1F1B, GPipe
+// and the zero-bubble schedules at 1, 2 and 4 stages (in bf16: 1F1B).
+#include <type_traits>
+
 #include "cupipe/backend/cuda/peak.cuh"
 #include "cupipe/cupipe.cuh"
 #include "trainer.hpp"
@@ -24,7 +27,15 @@ int train_preset(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
   with_policy(f.schedule, [&]<class Schedule>() {
     if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1) {
       with_stage_count<1, 2, 4>(f.stages, [&]<int P>() {
-        rc = train<config, Schedule, P, backend::Cuda<T>>(f, corpus, split, launch, rate, set_math);
+        if (f.precision != "bf16") {
+          rc = train<config, Schedule, P, backend::Cuda<T>>(f, corpus, split, launch, rate, set_math);
+        } else if constexpr (std::is_same_v<Schedule, schedule::OneFOneB>) {
+          using Bf16 = backend::Cuda<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
+          rc = train<config, Schedule, P, Bf16>(f, corpus, split, launch, rate);
+        } else {
+          CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b in this build, not ", Schedule::name,
+                       " (each schedule is compiled per GPU architecture; see examples/gpt_train/trainer_cuda.cu)");
+        }
       });
     } else {
       CUPIPE_THROW("--backend cuda: this build runs the one-chunk flush schedules on CUDA (each schedule is compiled "
@@ -38,8 +49,10 @@ int train_preset(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
 
 int train_cuda(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch) {
   const gpu::MathMode math = f.math == "tf32" ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
-  DeviceRate rate{0, f.math};
-  for (int device : devices_in_use(f)) rate.peak_tflops += gpu::measured_gemm_tflops(device, math);
+  const bool bf16 = f.precision == "bf16";
+  DeviceRate rate{0, bf16 ? "bf16" : f.math};
+  for (int device : devices_in_use(f))
+    rate.peak_tflops += bf16 ? gpu::measured_gemm_tflops<cupipe::bfloat16>(device, math) : gpu::measured_gemm_tflops(device, math);
   // gpt::gpt2_124m and gpt::tiny, spelled out as in bench/gpt_step (the same nvcc quirk).
   if (f.preset == "gpt2-124m") return train_preset<gpt::Config{50304, 1024, 12, 12, 768}>(f, corpus, split, launch, rate, math);
   return train_preset<gpt::Config{256, 64, 4, 4, 128}>(f, corpus, split, launch, rate, math);

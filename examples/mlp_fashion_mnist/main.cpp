@@ -36,7 +36,18 @@ inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicat
   CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples", comm ? " per replica" : "",
                  ", got ", rows);
   backend::Host<T>::set_blas_threads(1);
+  const bool bf16 = f.precision == "bf16";
+  // The model profiled in the precision it will train in: with bf16, on Host<bfloat16, float> and
+  // the batch's pixels rounded to bf16, as the first stage takes them.
+  std::vector<cupipe::bfloat16> rounded;
+  if (bf16) {
+    rounded.resize(std::size_t(rows * 784));
+    pipeline::convert_values(train_set.images.data(), rounded.data(), rounded.size());
+  }
   const auto calibrate = [&] {
+    if (bf16)
+      return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(
+          ConstView<cupipe::bfloat16>{rounded.data(), Shape{rows, 784}});
     return planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}});
   };
   // At most 7 virtual stages (the MLP's layers): 8 is refused before the split is asked for.
@@ -46,7 +57,9 @@ inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicat
     return cuts;
   };
   const index_t batch = index_t(std::min<std::int64_t>(f.batch, train_set.count));
-  const planner::Layout best = cupipe::examples::plan_auto(comm, calibrate, f.workers, batch, {1, 2, 3, 4}, split);
+  const planner::Layout best = cupipe::examples::plan_auto(
+      comm, calibrate, f.workers, batch, {1, 2, 3, 4}, split,
+      bf16 ? cupipe::examples::bf16_schedule_names() : std::vector<std::string>{});
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;
@@ -136,7 +149,8 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
-                               "--microbatches (host backend; under mpirun with --dp, the processes over --dp are the stages)")
+                               "--microbatches (host backend; under mpirun with --dp, the processes over --dp are the stages; with "
+                               "--precision bf16, among the schedules bf16 trains with)")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
@@ -176,8 +190,6 @@ int main(int argc, char** argv) {
     if (f.precision == "bf16" && f.backend == "cuda" && f.schedule != "1f1b" && f.schedule != "gpipe")
       CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b or gpipe in this build, not ", f.schedule,
                    " (each schedule is compiled per GPU architecture; see examples/mlp_fashion_mnist/trainer_cuda.cu)");
-    if (f.precision == "bf16" && f.plan == "auto")
-      CUPIPE_THROW("--plan auto calibrates and plans fp32 runs; give --schedule, --stages and --microbatches with --precision bf16");
     if (const schedule::PolicyInfo p = schedule::find_policy(f.schedule);
         f.precision == "bf16" && (p.update != schedule::UpdateRule::flush || p.default_chunks != 1))
       CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "

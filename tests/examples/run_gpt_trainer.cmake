@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|data_parallel|cuda|plan|post_validation
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|data_parallel|cuda|plan|post_validation|bf16
 #         [-DMPIRUN=<mpirun command line, ;-separated>] -P run_gpt_trainer.cmake
 # learns: 200 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed.
@@ -15,6 +15,8 @@
 # cuda:   20 steps of the tiny preset with --backend cuda, then on the host: losses within 0.5%
 #         (float32 either way, other summation orders), and the summary's MFU in (0, 1). Prints
 #         "SKIPPED: ..." when the CUDA runtime finds no usable GPU.
+# bf16:   --precision bf16 (Host<bfloat16, float>) learns in 200 steps and ends within 5% of the same
+#         run in fp32; it resumes bit-exactly, and an fp32 run resumes from its checkpoint.
 # post_validation: 10 steps of ZBV (tied wte and lm_head on worker 0) with --post-validation 4, an
 #         evaluation after step 5 cutting the groups to 4, 1, 4, 1, against 10 plain steps: the same
 #         tensor bytes and the same held-out loss.
@@ -150,6 +152,40 @@ elseif(MODE STREQUAL "post_validation")
   set(common --data "${DATA_DIR}" --schedule zbv --stages 2 --microbatches 4 --batch 8 --progress none
              --steps 10 --warmup 2 --eval-every 5 --eval-batches 1 --sample 0)
   expect_post_validation_bitwise(held_out_loss)
+elseif(MODE STREQUAL "bf16")
+  # Host<bfloat16, float>: 200 steps learn; the held-out loss lands within 5% of the same 200 steps in
+  # fp32 (the 1,000-step curves of both are in docs/benchmarks.md); 6 + 6 steps resumed equal 12
+  # straight; an fp32 run takes up the bf16 checkpoint (fp32 master weights).
+  set(learn --steps 200 --warmup 20 --lr 3e-3 --eval-every 0 --eval-batches 4 --sample 0)
+  run_trainer(${learn} --precision bf16)
+  string(JSON precision GET "${summary}" precision)
+  string(JSON held_out GET "${summary}" held_out_loss)
+  string(JSON unigram GET "${summary}" unigram_loss)
+  if(NOT precision STREQUAL "bf16")
+    message(FATAL_ERROR "the summary reports precision '${precision}', expected bf16: ${summary}")
+  endif()
+  if(NOT held_out LESS unigram)
+    message(FATAL_ERROR "bf16: held-out loss ${held_out} after 200 steps is not below the unigram baseline ${unigram}")
+  endif()
+  run_trainer(${learn})
+  string(JSON fp32_held_out GET "${summary}" held_out_loss)
+  expect_close("bf16 against fp32 held-out loss after 200 steps" "${held_out}" "${fp32_held_out}" 50000)
+  set(schedule --precision bf16 --steps 12 --warmup 4 --eval-every 0 --eval-batches 1 --sample 0)
+  run_trainer(${schedule} --max-steps 6 --save "${WORK_DIR}/first")
+  run_trainer(${schedule} --resume "${WORK_DIR}/first" --save "${WORK_DIR}/resumed")
+  run_trainer(${schedule} --save "${WORK_DIR}/straight")
+  expect_same_tensors("${WORK_DIR}/resumed" "${WORK_DIR}/straight")
+  run_trainer(--steps 12 --warmup 4 --eval-every 0 --eval-batches 1 --sample 0 --resume "${WORK_DIR}/first")
+  string(JSON fp32_precision GET "${summary}" precision)
+  if(NOT fp32_precision STREQUAL "fp32")
+    message(FATAL_ERROR "resuming in fp32 reported precision '${fp32_precision}'")
+  endif()
+  # --plan auto profiles the bf16 model and chooses among the schedules bf16 trains with.
+  set(common --data "${DATA_DIR}" --batch 8 --progress none)
+  run_trainer(--precision bf16 --plan auto --workers 2 --steps 6 --eval-batches 1 --sample 0)
+  expect_planned_schedule("^(gpipe|1f1b|zb-h1|zb-h2)$")
+  message("bf16 learned (held-out ${held_out}, fp32 ${fp32_held_out}, unigram ${unigram}), resumed bit-exactly, its "
+          "checkpoint loaded into an fp32 run, and --plan auto chose ${planned_schedule}")
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, plan or post_validation, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, plan, post_validation or bf16, got '${MODE}'")
 endif()

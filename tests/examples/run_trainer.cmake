@@ -8,7 +8,8 @@
 # post_validation: 10 steps in groups of 4, 4 and 2 with --post-validation 4 (ZB-H1, steps overlap)
 #         against 10 plain steps: the saved model and optimizer tensors must be bitwise equal.
 # bf16: --precision bf16 learns (one epoch, test_accuracy >= 0.6), resumes bit-exactly from its own
-#         fp32 checkpoint (master weights and optimizer state), and an fp32 run resumes from it.
+#         fp32 checkpoint (master weights and optimizer state), an fp32 run resumes from it, and
+#         --plan auto plans it among the schedules bf16 trains with.
 # bf16_cuda: --precision bf16 --backend cuda (Cuda<bfloat16, float>) learns in one epoch; prints
 #         "SKIPPED: ..." without a usable GPU.
 # stage_backends: --stage-backends host:bf16,host (a bf16 and an fp32 stage in one pipeline) learns,
@@ -93,7 +94,12 @@ elseif(MODE STREQUAL "bf16")
   if(NOT fp32_precision STREQUAL "fp32")
     message(FATAL_ERROR "resuming in fp32 reported precision '${fp32_precision}'")
   endif()
-  message("bf16 learned (test_accuracy ${accuracy}), resumed bit-exactly, and its checkpoint loaded into an fp32 run")
+  # --plan auto profiles the model in bf16 and chooses among the schedules bf16 trains with.
+  set(common --data "${DATA_DIR}" --train-limit 2048 --test-limit 500 --progress none)
+  run_trainer(--epochs 1 --precision bf16 --plan auto --workers 2 --batch 128)
+  expect_planned_schedule("^(gpipe|1f1b|zb-h1|zb-h2)$")
+  message("bf16 learned (test_accuracy ${accuracy}), resumed bit-exactly, its checkpoint loaded into an fp32 run, and "
+          "--plan auto chose ${planned_schedule}")
 elseif(MODE STREQUAL "stage_backends")
   # One stage in bf16 and the other in fp32, in one pipeline: it learns, resumes bit-exactly, and its
   # checkpoint (fp32 master weights) loads into an all-fp32 run.

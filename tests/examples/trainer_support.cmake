@@ -95,3 +95,14 @@ function(expect_post_validation_bitwise loss_key)
   endif()
   message("post-validation is bit-exact: equal model and optimizer tensors, ${loss_key} ${plain_loss}, ${rollbacks} rollbacks")
 endfunction()
+
+# The last summary (run_trainer's) is a --plan auto run's: it names a schedule matching `pattern` and
+# a positive predicted step time; sets planned_schedule in the caller.
+function(expect_planned_schedule pattern)
+  string(JSON planned GET "${summary}" schedule)
+  string(JSON predicted GET "${summary}" step_seconds_predicted)
+  if(NOT planned MATCHES "${pattern}" OR NOT predicted GREATER 0)
+    message(FATAL_ERROR "--plan auto chose '${planned}' (predicted ${predicted} s), expected ${pattern}: ${summary}")
+  endif()
+  set(planned_schedule "${planned}" PARENT_SCOPE)
+endfunction()

@@ -60,4 +60,14 @@ class MemoryTracker {
   Counter total_{};
 };
 
+/// Bytes one parameter holds in a stage: `versions` stored copies (`value_bytes` each), and its
+/// gradient, `optimizer_slots` optimizer values and, where the stored type is narrower than the
+/// compute type, a master copy (`compute_bytes` each; 0 means value_bytes). What the memory plan and
+/// the planner count.
+constexpr double parameter_state_bytes(int value_bytes, int compute_bytes, int optimizer_slots, int versions) noexcept {
+  const int compute = compute_bytes > 0 ? compute_bytes : value_bytes;
+  const int master = compute != value_bytes ? 1 : 0;
+  return double(value_bytes) * double(versions) + double(compute) * double(1 + optimizer_slots + master);
+}
+
 }  // namespace cupipe

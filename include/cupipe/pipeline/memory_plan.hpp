@@ -3,10 +3,13 @@
 // every worker under a budget.
 //
 // A worker running stage k of a one-chunk schedule holds, in values:
-//   parameters x (weight versions + 1 gradient + optimizer slots)
+//   parameters x (weight versions + 1 gradient + optimizer slots [+ 1 master copy])
 //   + in_flight x rows x (input message + record)      microbatches between F and B (W if split)
 //   + rows x (dy + grad_record + dx)                    one backward's buffers
 //   (split backward: dy and grad_record stay until W, so they count per microbatch in flight)
+// Values of parameter state (gradient, optimizer slots, master copy) are of the compute type, the
+// rest of the storage type (MemoryModel::compute_bytes, value_bytes); they are the same type but
+// with bf16 storage.
 // where in_flight and weight versions come from the schedule's plan (schedule::peak_activations,
 // schedule::weight_versions), and a stage's record and grad_record are its Sequential's. This is the
 // allocation pattern of StageExecutor, so the estimate follows the allocator's measured peak (the
@@ -23,6 +26,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/tensor.hpp"
 #include "cupipe/pipeline/stage_list.hpp"
 #include "cupipe/schedule/policy.hpp"
 #include "cupipe/schedule/simulate.hpp"
@@ -31,11 +36,30 @@
 namespace cupipe {
 
 /// What the memory estimate needs to know of a run besides the model and the schedule.
+/// Two precisions (a backend's storage and compute types, e.g. Host<bfloat16, float>): weights in use,
+/// activations and messages take `value_bytes` each; gradients, optimizer slots and the master
+/// weights (kept only when the two differ) take `compute_bytes`. memory_model_for<Backend> fills both.
 struct MemoryModel {
   index_t rows_per_microbatch = 1;  ///< rows of one microbatch (sequences x context for a GPT)
-  int value_bytes = 4;              ///< bytes per value: 4 for float, 8 for double
+  int value_bytes = 4;              ///< bytes per stored value: 4 for float, 8 for double, 2 for bf16
   int optimizer_slots = 2;          ///< arrays per parameter the optimizer keeps: AdamW 2, SGD with momentum 1
+  int compute_bytes = 0;            ///< bytes per gradient, master weight and optimizer value; 0: value_bytes
+
+  /// Bytes of one parameter's state: `versions` stored copies, its gradient, the optimizer's slots,
+  /// and an fp32 master copy where the stored type is narrower.
+  constexpr double state_bytes_per_param(int versions) const {
+    return parameter_state_bytes(value_bytes, compute_bytes, optimizer_slots, versions);
+  }
 };
+
+/// The memory model of a run on `Backend`: its storage and compute types' sizes.
+template <class Backend>
+constexpr MemoryModel memory_model_for(index_t rows_per_microbatch, int optimizer_slots = 2) {
+  return MemoryModel{.rows_per_microbatch = rows_per_microbatch,
+                     .value_bytes = int(sizeof(typename Backend::value_type)),
+                     .optimizer_slots = optimizer_slots,
+                     .compute_bytes = int(sizeof(grad_t<Backend>))};
+}
 
 /// Per-row sizes of one stage, in values (see the file comment).
 struct StageFootprint {
@@ -51,10 +75,10 @@ struct StageFootprint {
 constexpr double footprint_bytes(const StageFootprint& f, int in_flight, int versions, bool split_backward,
                                  const MemoryModel& m) {
   const double rows = double(m.rows_per_microbatch);
-  const double state = f.params * double(versions + 1 + m.optimizer_slots);
   const double per_microbatch = f.in + f.record + (split_backward ? f.out + f.grad_record : 0.0);
   const double one_backward = split_backward ? f.in : f.out + f.grad_record + f.in;
-  return double(m.value_bytes) * (state + double(in_flight) * rows * per_microbatch + rows * one_backward);
+  return f.params * m.state_bytes_per_param(versions) +
+         double(m.value_bytes) * (double(in_flight) * rows * per_microbatch + rows * one_backward);
 }
 
 namespace detail {

@@ -91,19 +91,20 @@ struct LossProfile {
 /// `Backend`, median of `repeats` runs.
 template <class Loss, class Backend>
 LossProfile profile_loss(index_t rows, int repeats = 5) {
-  using T = typename Backend::value_type;
+  using T = typename Backend::value_type;  // the logits and their gradient
+  using G = grad_t<Backend>;               // the loss (fp32 with bf16 storage)
   constexpr index_t classes = Loss::in_features;
   CUPIPE_REQUIRE(rows >= 1, "planner: time the loss on at least one row");
   Backend be;
   Rng rng(3);
   std::vector<T> logits_host(static_cast<std::size_t>(rows * classes));
-  for (T& v : logits_host) v = T(rng.normal());
+  for (T& v : logits_host) v = T(float(rng.normal()));
   std::vector<std::int32_t> labels_host(static_cast<std::size_t>(rows));
   for (auto& l : labels_host) l = std::int32_t(rng.below(std::uint64_t(classes)));
   auto logits = be.template allocate<T>(rows * classes, MemoryTag::activations);
   auto dlogits = be.template allocate<T>(rows * classes, MemoryTag::activations);
   auto labels = be.template allocate<std::int32_t>(rows, MemoryTag::activations);
-  auto loss = be.template allocate<T>(1, MemoryTag::workspace);
+  auto loss = be.template allocate<G>(1, MemoryTag::workspace);
   be.upload(std::span<const T>(logits_host), logits.data());
   be.upload(std::span<const std::int32_t>(labels_host), labels.data());
   const ConstViewOn<Backend, T> x{logits.data(), Shape{rows, classes}};
@@ -111,7 +112,7 @@ LossProfile profile_loss(index_t rows, int repeats = 5) {
   LossProfile out;
   out.rows = rows;
   out.forward = cupipe::detail::median_seconds(repeats, [&] {
-    Loss::forward(be, x, y, ViewOn<Backend, T>{loss.data(), Shape{1}}, rows);
+    Loss::forward(be, x, y, ViewOn<Backend, G>{loss.data(), Shape{1}}, rows);
     be.synchronize();
   });
   out.backward = cupipe::detail::median_seconds(repeats, [&] {
@@ -134,10 +135,11 @@ inline LayerProfile with_loss(LayerProfile profile, const LossProfile& loss) {
 
 /// Measured seconds per parameter of a flush update's work on a fresh context of `Backend`: the
 /// gradients' sum of squares, AdamW's step and zeroing the gradients, over `elements` parameters
-/// (median of `repeats`).
+/// (median of `repeats`). In the compute type: with bf16 storage the optimizer updates the fp32
+/// master weights (their rounding into the weights in use is left out).
 template <class Backend>
 double update_seconds_per_param(index_t elements, int repeats = 5) {
-  using T = typename Backend::value_type;
+  using T = grad_t<Backend>;
   CUPIPE_REQUIRE(elements >= 1, "planner: time the update on at least one parameter");
   Backend be;
   auto param = be.template allocate<T>(elements, MemoryTag::weights);
@@ -366,6 +368,7 @@ CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backe
   };
   const LayerProfile large = profile(x.rows()), small_profile = profile(small);
   CostModel model = cost_model<Body>(large, small_profile, int(sizeof(T)), 2, rows_per_sample);
+  model.compute_bytes = int(sizeof(grad_t<Backend>));
   // A third, smaller size where the batch allows: small microbatches are where times stop being
   // linear (a GEMM of a few rows runs far below its peak), and the points capture it.
   std::vector<LayerProfile> sizes{small_profile, large};

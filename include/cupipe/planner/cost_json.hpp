@@ -25,7 +25,7 @@ inline nlohmann::json to_json(const CostModel& m) {
                       {"saved", l.saved}, {"forward_fixed", l.forward_fixed}, {"backward_input_fixed", l.backward_input_fixed},
                       {"backward_weight_fixed", l.backward_weight_fixed}, {"points", l.points}});
   return {{"profiled_rows", m.profiled_rows}, {"rows_per_sample", m.rows_per_sample}, {"value_bytes", m.value_bytes},
-          {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
+          {"compute_bytes", m.gradient_bytes()}, {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
           {"link_bytes_per_second", m.link_bytes_per_second}, {"allreduce_bytes_per_second", m.allreduce_bytes_per_second},
           {"update_seconds_per_param", m.update_seconds_per_param}, {"step_overhead_seconds", m.step_overhead_seconds},
           {"tied", m.tied},
@@ -44,6 +44,7 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
     m.profiled_rows = field(j, "profiled_rows", "").get<index_t>();
     m.rows_per_sample = j.value("rows_per_sample", index_t(1));
     m.value_bytes = j.value("value_bytes", 4);
+    m.compute_bytes = j.value("compute_bytes", 0);
     m.optimizer_slots = j.value("optimizer_slots", 2);
     m.link_latency = j.value("link_latency", 0.0);
     m.link_bytes_per_second = j.value("link_bytes_per_second", 0.0);

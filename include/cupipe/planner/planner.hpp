@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
 #include "cupipe/core/shape.hpp"
 #include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/simulate.hpp"
@@ -61,8 +62,9 @@ struct CostModel {
   std::vector<LayerCost> layers;
   index_t profiled_rows = 1;    ///< rows of the microbatch the times were measured on
   index_t rows_per_sample = 1;  ///< a sequence's tokens for a transformer
-  int value_bytes = 4;          ///< bytes per value (8 for double)
+  int value_bytes = 4;          ///< bytes per stored value: weights in use, activations, messages (8 for double, 2 for bf16)
   int optimizer_slots = 2;      ///< AdamW: 2
+  int compute_bytes = 0;        ///< bytes per gradient, optimizer and master value (fp32 for bf16 storage); 0: value_bytes
   double link_latency = 0;      ///< seconds per hand-over between stages
   double link_bytes_per_second = 0;       ///< hand-over bandwidth; 0: free
   double allreduce_bytes_per_second = 0;  ///< data-parallel gradient sum bandwidth; 0: free
@@ -73,6 +75,9 @@ struct CostModel {
   /// The model ties a layer to another (GPT-2's lm_head to wte): only a flush update sums the copies,
   /// so the asynchronous schedules cannot train it.
   bool tied = false;
+
+  /// Bytes of one gradient value (what the replicas sum).
+  int gradient_bytes() const { return compute_bytes > 0 ? compute_bytes : value_bytes; }
 };
 
 struct Request {
@@ -310,7 +315,7 @@ inline std::vector<double> state_bytes(const CostModel& model, const schedule::S
   std::vector<double> bytes(params.size());
   for (std::size_t w = 0; w < params.size(); ++w) {
     const int versions = std::max(1, sim.weight_versions[w]);
-    bytes[w] = double(model.value_bytes) * params[w] * double(versions + 1 + model.optimizer_slots);
+    bytes[w] = params[w] * parameter_state_bytes(model.value_bytes, model.compute_bytes, model.optimizer_slots, versions);
   }
   return bytes;
 }
@@ -450,7 +455,7 @@ void search_layouts(const Request& request, int p, int d, Split& split_into, Rep
       const double most_params = *std::max_element(params.begin(), params.end());
       if (d > 1 && model.allreduce_bytes_per_second > 0)
         layout.allreduce_seconds =
-            2.0 * double(d - 1) / double(d) * most_params * model.value_bytes / model.allreduce_bytes_per_second;
+            2.0 * double(d - 1) / double(d) * most_params * model.gradient_bytes() / model.allreduce_bytes_per_second;
       // A flush schedule updates after the step: every worker its own stages at once, or, in one
       // process, the calling thread every stage in turn.
       if (policy.update == schedule::UpdateRule::flush) {

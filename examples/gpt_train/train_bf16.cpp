@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: Apache-2.0
+// gpt_train --precision bf16 on the host: the training loop instantiated for
+// backend::Host<bfloat16, float> (bf16 weights in use, activations and messages; fp32 master weights,
+// gradients, AdamW state, LayerNorm and attention statistics and the loss), in its own translation
+// unit so it compiles beside main.cpp. The one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) at
+// 1, 2 and 4 stages: each schedule x stage count instantiates the whole loop again. A build
+// configured with -DCUPIPE_TRAINER_SCHEDULES=flush leaves this unit out (examples/gpt_train/CMakeLists.txt).
+#include "trainer.hpp"
+
+namespace gpt_trainer {
+
+int train_bf16(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch) {
+  using Bf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
+  int rc = 1;
+  schedule::with_policy(f.schedule, [&]<class Schedule>() {
+    if constexpr (Schedule::update != schedule::UpdateRule::flush || Schedule::chunks != 1) {
+      CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "
+                   "trainer, not ", Schedule::name, " (the others are compiled in fp32 only, to keep the build short)");
+    } else {
+      with_stage_count<1, 2, 4>(f.stages, [&]<int P>() { rc = train<gpt::tiny, Schedule, P, Bf16>(f, corpus, split, launch); });
+    }
+  });
+  return rc;
+}
+
+}  // namespace gpt_trainer
