@@ -3,8 +3,11 @@
 // backend::Host<bfloat16, float> (bf16 weights in use, activations and messages; fp32 master weights,
 // gradients, AdamW state, LayerNorm and attention statistics and the loss), in its own translation
 // unit so it compiles beside main.cpp. The one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) at
-// 1, 2 and 4 stages: each schedule x stage count instantiates the whole loop again. A build
+// 1, 2 and 4 stages, and with --tp 2 or 4 1F1B on 1 or 2 stages: each schedule x stage count x
+// tensor-parallel degree instantiates the whole loop again. A build
 // configured with -DCUPIPE_TRAINER_SCHEDULES=flush leaves this unit out (examples/gpt_train/CMakeLists.txt).
+#include <type_traits>
+
 #include "trainer.hpp"
 
 namespace gpt_trainer {
@@ -17,7 +20,14 @@ int train_bf16(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSpl
       CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "
                    "trainer, not ", Schedule::name, " (the others are compiled in fp32 only, to keep the build short)");
     } else {
-      with_stage_count<1, 2, 4>(f.stages, [&]<int P>() { rc = train<gpt::tiny, Schedule, P, Bf16>(f, corpus, split, launch); });
+      with_stage_count<1, 2, 4>(f.stages, [&]<int P>() {
+        // --tp: main.cpp let only 1f1b on 1 or 2 stages through, as in fp32.
+        if constexpr (std::is_same_v<Schedule, schedule::OneFOneB> && P <= 2) {
+          if (f.tp == 2) rc = train<gpt::tiny, Schedule, P, Bf16, 2>(f, corpus, split, launch);
+          if (f.tp == 4) rc = train<gpt::tiny, Schedule, P, Bf16, 4>(f, corpus, split, launch);
+        }
+        if (f.tp == 1) rc = train<gpt::tiny, Schedule, P, Bf16>(f, corpus, split, launch);
+      });
     }
   });
   return rc;

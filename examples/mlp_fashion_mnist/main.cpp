@@ -45,9 +45,11 @@ inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicat
     pipeline::convert_values(train_set.images.data(), rounded.data(), rounded.size());
   }
   const auto calibrate = [&] {
+#if CUPIPE_TRAINER_HAS_BF16  // a flush-only build refused --precision bf16 before any data loaded
     if (bf16)
       return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(
           ConstView<cupipe::bfloat16>{rounded.data(), Shape{rows, 784}});
+#endif
     return planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}});
   };
   // At most 7 virtual stages (the MLP's layers): 8 is refused before the split is asked for.

@@ -15,7 +15,8 @@
 // With replicas, the groups must not mix (each group's sums stay inside it).
 // --pipeline P: the tensor-parallel GPT in a Pipeline of P stages (x replicas) against the whole
 // model's pipeline in one process (see check_pipeline), checkpoints included; --zero with ZeRO-1,
-// each replica then holding the AdamW state of its shard only.
+// each replica then holding the AdamW state of its shard only; --bf16 on Host<bfloat16, float>
+// against the whole model in bf16, to bf16 accuracy (check_pipeline_bf16).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -173,6 +174,29 @@ int check(comm::MpiCommunicator& comm) {
   return verdict_everywhere(failures);
 }
 
+/// A pipeline check's batch: 4 sequences in all, each replica's share of them.
+struct PipelineBatch {
+  static constexpr index_t sequences = 4, rows = sequences * small_gpt.context;
+  std::vector<std::int32_t> ids, next;
+  index_t share = 0, first = 0;
+  explicit PipelineBatch(const comm::Topology& topo)
+      : ids(std::size_t(rows)), next(std::size_t(rows)), share(sequences / topo.replicas * small_gpt.context),
+        first(topo.replica() * share) {
+    Rng rng(5);
+    for (auto& v : ids) v = std::int32_t(rng.below(std::uint64_t(small_gpt.vocab)));
+    for (auto& v : next) v = std::int32_t(rng.below(std::uint64_t(small_gpt.vocab)));
+  }
+  ConstView<std::int32_t> mine() const { return {ids.data() + first, Shape{share, 1}}; }
+  ConstView<std::int32_t> mine_y() const { return {next.data() + first, Shape{share}}; }
+  ConstView<std::int32_t> all() const { return {ids.data(), Shape{rows, 1}}; }
+  ConstView<std::int32_t> all_y() const { return {next.data(), Shape{rows}}; }
+};
+
+template <class V>
+std::vector<double> widened(const std::vector<V>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
 /// The tensor-parallel GPT in a Pipeline of P stages x D replicas x TP ranks (1F1B, AdamW with
 /// clipping) against the whole model's pipeline in one process on the whole batch, every rank
 /// comparing: the loss and the global gradient norm of 3 steps, the weights after them (1e-12);
@@ -184,17 +208,8 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   using Part = gpt::TensorParallelModel<small_gpt, TP>;
   using B = backend::Host<double>;
   const comm::Topology& topo = comm->topology();
-  constexpr index_t sequences = 4;
-  const index_t share = sequences / topo.replicas * small_gpt.context;
-  std::vector<std::int32_t> ids(std::size_t(sequences * small_gpt.context)), next(ids.size());
-  Rng rng(5);
-  for (auto& v : ids) v = std::int32_t(rng.below(std::uint64_t(small_gpt.vocab)));
-  for (auto& v : next) v = std::int32_t(rng.below(std::uint64_t(small_gpt.vocab)));
-  const index_t rows = sequences * small_gpt.context;
-  const ConstView<std::int32_t> mine{ids.data() + topo.replica() * share, Shape{share, 1}};
-  const ConstView<std::int32_t> mine_y{next.data() + topo.replica() * share, Shape{share}};
-  const ConstView<std::int32_t> all{ids.data(), Shape{rows, 1}};
-  const ConstView<std::int32_t> all_y{next.data(), Shape{rows}};
+  const PipelineBatch batch(topo);
+  const ConstView<std::int32_t> mine = batch.mine(), mine_y = batch.mine_y(), all = batch.all(), all_y = batch.all_y();
 
   Pipeline<partition<Part, P>, schedule::OneFOneB, B> distributed(
       {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm, .zero = zero});
@@ -259,6 +274,84 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   return verdict_everywhere(failures);
 }
 
+/// --bf16: the same layout on Host<bfloat16, float> (tensor_group_sum widens each rank's bf16
+/// partial result to fp32, sums, and rounds once; the vocabulary-parallel loss exchanges fp32
+/// statistics) against the whole model's bf16 pipeline in one process. The whole model rounds each
+/// GEMM's whole sum once where the split one rounds each part first, so they agree to bf16 accuracy,
+/// not bitwise:
+///   - one forward/backward: the loss within 1e-4 and the gradients within 2e-2 (max difference
+///     relative to the largest);
+///   - 3 AdamW steps: each loss within 1e-3 and gradient norm within 2e-2, and the tied copies equal.
+/// (AdamW moves a weight whose gradient is near zero by up to lr whatever its sign, so the weights
+/// after the steps differ by up to 3 lr between any two roundings, float64 included: not compared.)
+/// The float64 tensor-parallel run's distances from the bf16 whole model are printed beside them.
+/// With `zero` (TP 2 x DP 2): the trained pipeline shards its AdamW state over the replicas, which
+/// gather the updated fp32 master weights: the weights equal the same run without ZeRO-1 to 1e-6.
+template <int TP, int P>
+int check_pipeline_bf16(std::shared_ptr<comm::MpiCommunicator> comm, bool zero) {
+  using Whole = gpt::Model<small_gpt>;
+  using Part = gpt::TensorParallelModel<small_gpt, TP>;
+  using Bf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
+  using Double = backend::Host<double>;
+  const comm::Topology& topo = comm->topology();
+  const PipelineBatch batch(topo);
+  const PipelineOptions split{.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm};
+  const PipelineOptions one{.microbatches = 2 * topo.replicas, .seed = 4};
+  int failures = 0;
+  const bool speaks = topo.rank == 0;
+  auto expect = [&](const std::string& what, double got, double bound, const std::string& detail) {
+    const bool ok = got <= bound;
+    if (speaks || !ok)
+      std::printf("rank %d: %s: %s (%s relative, bound %s; %s)\n", topo.rank, what.c_str(), ok ? "close" : "DIFFERENT",
+                  number(got).c_str(), number(bound).c_str(), detail.c_str());
+    failures += !ok;
+  };
+  {
+    Pipeline<partition<Part, P>, schedule::OneFOneB, Bf16> distributed(split);
+    Pipeline<partition<Whole, P>, schedule::OneFOneB, Bf16> reference(one);
+    Pipeline<partition<Part, P>, schedule::OneFOneB, Double> exact(split);
+    expect("bf16: initial fp32 master weights", relative(widened(distributed.parameters()), widened(reference.parameters())),
+           0.0, "each rank's part of the whole model's draws");
+    const StepStats got = distributed.forward_backward(batch.mine(), batch.mine_y());
+    const StepStats want = reference.forward_backward(batch.all(), batch.all_y());
+    const StepStats wide = exact.forward_backward(batch.mine(), batch.mine_y());
+    const std::vector<double> grads = widened(distributed.gradients()), want_grads = widened(reference.gradients());
+    const std::vector<double> exact_grads = exact.gradients();
+    expect("bf16: loss of one forward/backward", std::abs(got.loss - want.loss) / want.loss, 1e-4,
+           number(got.loss) + " against " + number(want.loss) + "; float64 " + number(wide.loss));
+    expect("bf16: gradients, gathered", relative(grads, want_grads), 2e-2,
+           "float64's " + number(relative(exact_grads, want_grads)) + " from the bf16 whole model's");
+  }
+  PipelineOptions sharded = split;
+  sharded.zero = zero;
+  Pipeline<partition<Part, P>, schedule::OneFOneB, Bf16> distributed(sharded);
+  Pipeline<partition<Whole, P>, schedule::OneFOneB, Bf16> reference(one);
+  Pipeline<partition<Part, P>, schedule::OneFOneB, Bf16> unsharded(split);
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
+  for (int s = 0; s < 3; ++s) {
+    const StepStats got = distributed.train_step(batch.mine(), batch.mine_y(), adamw);
+    const StepStats want = reference.train_step(batch.all(), batch.all_y(), adamw);
+    if (zero) (void)unsharded.train_step(batch.mine(), batch.mine_y(), adamw);
+    expect("bf16: step " + std::to_string(s) + " loss", std::abs(got.loss - want.loss) / want.loss, 1e-3,
+           number(got.loss) + " against " + number(want.loss));
+    expect("bf16: step " + std::to_string(s) + " gradient norm", std::abs(got.grad_norm - want.grad_norm) / want.grad_norm,
+           2e-2, number(got.grad_norm) + " against " + number(want.grad_norm));
+  }
+  const std::vector<float> weights = distributed.parameters();
+  const TiedCopies tied = Whole::body::tied;
+  const bool same = std::equal(weights.begin() + tied.first, weights.begin() + tied.first + tied.count, weights.begin() + tied.second);
+  expect("bf16: tied copies after 3 steps (wte and lm_head)", same ? 0.0 : 1.0, 0.0, "equal master weights");
+  if (zero) {
+    expect("bf16 with ZeRO-1: weights against the same run without it",
+           relative(widened(weights), widened(unsharded.parameters())), 1e-6, "fp32 master weights, gathered");
+    const double mine = double(distributed.backend(topo.stage()).memory.in_use(MemoryTag::optimizer));
+    const double whole = double(unsharded.backend(topo.stage()).memory.in_use(MemoryTag::optimizer));
+    expect("bf16 with ZeRO-1: this rank's AdamW bytes over the unsharded run's", mine / whole, 0.5 + 64.0 / whole,
+           number(mine) + " of " + number(whole) + " bytes, about 1/" + std::to_string(topo.replicas));
+  }
+  return verdict_everywhere(failures);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -266,26 +359,28 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int tensor = 0, stages = 0;
-  bool zero = false;
+  bool zero = false, bf16 = false;
   std::string checkpoint;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tensor") && i + 1 < argc) tensor = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pipeline") && i + 1 < argc) stages = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
     else if (!std::strcmp(argv[i], "--zero")) zero = true;
+    else if (!std::strcmp(argv[i], "--bf16")) bf16 = true;
   }
   return run_check([&] {
     int rc = 2;
     if (stages > 0 && tensor == 2 && (stages == 1 || stages == 2)) {
       auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, 60, tensor);
       if (rank == 0) std::printf("%s\n", comm->topology().describe().c_str());
-      rc = stages == 1 ? check_pipeline<2, 1>(comm, checkpoint, zero) : check_pipeline<2, 2>(comm, checkpoint, zero);
+      if (bf16) rc = stages == 1 ? check_pipeline_bf16<2, 1>(comm, zero) : check_pipeline_bf16<2, 2>(comm, zero);
+      else rc = stages == 1 ? check_pipeline<2, 1>(comm, checkpoint, zero) : check_pipeline<2, 2>(comm, checkpoint, zero);
     } else if (stages == 0 && (tensor == 2 || tensor == 4)) {
       comm::MpiCommunicator comm(MPI_COMM_WORLD, 1, 60, tensor);
       if (rank == 0) std::printf("%s\n", comm.topology().describe().c_str());
       rc = tensor == 2 ? check<2>(comm) : check<4>(comm);
     } else {
-      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--zero] [--checkpoint PREFIX]\n");
+      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--zero] [--checkpoint PREFIX] [--bf16]\n");
     }
     return rc;
   });

@@ -151,7 +151,8 @@ TEST_CASE("Cuda<bfloat16, float>: LayerNorm keeps float statistics and matches t
   CHECK(relative_error(db.download(), db_cpu) <= fp32_tolerance);
 }
 
-TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy and embedding match the bf16 host backend", "[gpu][cuda][bf16]") {
+TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy (whole and vocabulary-parallel) and embedding match the bf16 host backend",
+          "[gpu][cuda][bf16]") {
   Rng rng(43);
   Gpu gpu;
   Cpu cpu;
@@ -195,6 +196,33 @@ TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy and embedding match t
     ops::softmax_cross_entropy_forward(gpu, dz_in.cview(Shape{rows, classes}), dl.cview(Shape{rows}), loss.view(Shape{1}), 40);
     ops::softmax_cross_entropy_backward(gpu, dz_in.cview(Shape{rows, classes}), dl.cview(Shape{rows}), dz.view(Shape{rows, classes}), 40);
     CHECK(relative_error(loss.download(), loss_cpu) <= fp32_tolerance);
+    CHECK(within_bf16(dz.download(), dz_cpu));
+  }
+  SECTION("vocabulary-parallel cross-entropy's parts: float statistics and lse, bf16 dlogits") {
+    // Columns [20, 45) of a 50-class vocabulary; some labels fall in the part, some outside it.
+    const index_t rows = 19, cols = 25;
+    const ops::VocabPart part{20, 50};
+    const auto z = random_bf16(rng, rows * cols, -6, 6);
+    const auto labels = random_ints(rng, rows, 50);
+    std::vector<float> stats_cpu(static_cast<std::size_t>(rows * 3)), lse(static_cast<std::size_t>(rows));
+    for (float& v : lse) v = float(rng.uniform(4.0, 6.0));
+    std::vector<BF> dz_cpu(z.size());
+    ops::softmax_cross_entropy_part_stats(cpu, ConstView<BF>{z.data(), Shape{rows, cols}},
+                                          ConstView<std::int32_t>{labels.data(), Shape{rows}},
+                                          TensorView<float>{stats_cpu.data(), Shape{rows, 3}}, part);
+    ops::softmax_cross_entropy_part_backward(cpu, ConstView<BF>{z.data(), Shape{rows, cols}},
+                                             ConstView<std::int32_t>{labels.data(), Shape{rows}},
+                                             ConstView<float>{lse.data(), Shape{rows}},
+                                             TensorView<BF>{dz_cpu.data(), Shape{rows, cols}}, 40, part);
+    DeviceArray<BF, Gpu> dz_in(gpu, z);
+    DeviceArray<std::int32_t, Gpu> dl(gpu, labels);
+    DeviceArray<float, Gpu> dlse(gpu, lse);
+    auto stats = poisoned<float>(gpu, rows * 3);
+    auto dz = poisoned<BF>(gpu, rows * cols);
+    ops::softmax_cross_entropy_part_stats(gpu, dz_in.cview(Shape{rows, cols}), dl.cview(Shape{rows}), stats.view(Shape{rows, 3}), part);
+    ops::softmax_cross_entropy_part_backward(gpu, dz_in.cview(Shape{rows, cols}), dl.cview(Shape{rows}), dlse.cview(Shape{rows}),
+                                             dz.view(Shape{rows, cols}), 40, part);
+    CHECK(relative_error(stats.download(), stats_cpu) <= fp32_tolerance);
     CHECK(within_bf16(dz.download(), dz_cpu));
   }
   SECTION("embedding: an exact gather, float accumulation") {

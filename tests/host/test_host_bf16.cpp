@@ -227,6 +227,28 @@ TEST_CASE("bf16 storage: cross-entropy's loss in float, embedding gathers exactl
   });
 }
 
+TEST_CASE("bf16 storage: the vocabulary-parallel loss's parts keep statistics and lse in float", "[cpu][host][bf16]") {
+  Rng rng{std::uint64_t(GENERATE(10, 11))};
+  // Columns [20, 45) of 50 classes: labels in the part and outside it.
+  const index_t rows = 12, cols = 25;
+  const ops::VocabPart part{20, 50};
+  const Vec z = bf16_exact(std::size_t(rows * cols), rng, -6, 6);
+  const Ids labels = uniform_ints(std::size_t(rows), rng, 50);
+  const Vec lse = uniform_values(std::size_t(rows), rng, 4, 6);
+  check_against_float64([&]<class B>(B& be) {
+    using S = typename B::value_type;
+    using C = typename B::compute_type;
+    const auto zt = as<S>(z);
+    const auto lt = as<C>(lse);
+    std::vector<C> stats(static_cast<std::size_t>(rows * 3));
+    std::vector<S> dz(z.size());
+    ops::softmax_cross_entropy_part_stats(be, cview(zt, Shape{rows, cols}), ids_view(labels), view(stats, Shape{rows, 3}), part);
+    ops::softmax_cross_entropy_part_backward(be, cview(zt, Shape{rows, cols}), ids_view(labels), cview(lt, Shape{rows}),
+                                             view(dz, Shape{rows, cols}), 40, part, 1.5);
+    return Outputs{{to_double(stats), false}, {to_double(dz)}};
+  });
+}
+
 TEST_CASE("bf16 storage: causal attention computes in float, stores out and dqkv in bf16 and keeps lse in float",
           "[cpu][host][bf16]") {
   Rng rng{11};

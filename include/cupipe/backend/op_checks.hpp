@@ -190,18 +190,18 @@ inline void vocab_part(std::string_view op, const ops::VocabPart& part, index_t 
 // logits (rows, count) are columns [first, first + count) of a whole vocabulary's logits; labels
 // (rows,) index the whole vocabulary.
 
-template <class T, class S>
+template <class T, class C, class S>
 void softmax_cross_entropy_part_stats(TensorView<const T, S> logits, TensorView<const std::int32_t, S> labels,
-                                      const TensorView<T, S>& stats, const ops::VocabPart& part) {
+                                      const TensorView<C, S>& stats, const ops::VocabPart& part) {
   check_view(logits, logits.shape(), "softmax_cross_entropy_part_stats", "logits");
   check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_part_stats", "labels");
   check_view(stats, Shape{logits.rows(), 3}, "softmax_cross_entropy_part_stats", "stats");
   vocab_part("softmax_cross_entropy_part_stats", part, logits.cols());
 }
 
-template <class T, class S>
+template <class T, class C, class S>
 void softmax_cross_entropy_part_backward(TensorView<const T, S> logits, TensorView<const std::int32_t, S> labels,
-                                         TensorView<const T, S> lse, const TensorView<T, S>& dlogits, index_t normalizer,
+                                         TensorView<const C, S> lse, const TensorView<T, S>& dlogits, index_t normalizer,
                                          const ops::VocabPart& part) {
   check_view(logits, logits.shape(), "softmax_cross_entropy_part_backward", "logits");
   check_view(labels, Shape{logits.rows()}, "softmax_cross_entropy_part_backward", "labels");

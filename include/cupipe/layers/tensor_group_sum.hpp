@@ -39,18 +39,35 @@ int tensor_group_rank(B& be, const char* layer) {
 
 /// Sums `v` (the backend's memory) in place over the backend's tensor-parallel group, which must
 /// have `Parts` ranks. Device memory goes straight to a group that takes it (NCCL), else through
-/// the host.
+/// the host. bf16 values are widened to fp32 in host memory, summed there and rounded once to
+/// nearest even (each rank's part was rounded once by its own op; the sum is not rounded per rank);
+/// a `row_bias` (bf16 only: RowParallelLinear's bias, v's row width) is added to the fp32 sum before
+/// that rounding, as the whole layer's GEMM adds its bias before its one rounding.
 template <int Parts, class B, class T>
-void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
+void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer, ConstViewOn<B, T> row_bias = {}) {
   if constexpr (Parts > 1) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                  "tensor parallelism sums float or double activations: bf16 storage (Host<bfloat16, float>) does "
-                  "not split layers over a tensor-parallel group yet (issue #12)");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bfloat16>,
+                  "tensor parallelism sums float, double or bfloat16 activations");
     TensorGroup& group = tensor_group_of<Parts>(be, layer);
     const std::size_t n = std::size_t(v.numel());
     if (n == 0) return;
     be.synchronize();
-    if (host_accessible<typename B::space> || group.device_memory()) {
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      std::vector<bfloat16> stored(n);
+      be.download(v.data(), std::span<bfloat16>(stored));
+      std::vector<float> wide(n);
+      for (std::size_t i = 0; i < n; ++i) wide[i] = float(stored[i]);
+      group.sum(wide.data(), n);
+      if (row_bias.data() != nullptr) {  // (a default view is a null scalar: numel() 1)
+        const std::size_t cols = std::size_t(row_bias.numel());
+        CUPIPE_REQUIRE(cols > 0 && n % cols == 0, layer, ": a bias of ", cols, " values for rows of ", v.shape());
+        std::vector<bfloat16> bias(cols);
+        be.download(row_bias.data(), std::span<bfloat16>(bias));
+        for (std::size_t i = 0; i < n; ++i) wide[i] += float(bias[i % cols]);
+      }
+      for (std::size_t i = 0; i < n; ++i) stored[i] = bfloat16(wide[i]);
+      be.upload(std::span<const bfloat16>(stored), v.data());
+    } else if (host_accessible<typename B::space> || group.device_memory()) {
       group.sum(v.data(), n);
     } else {
       std::vector<T> host(n);
@@ -61,6 +78,7 @@ void tensor_group_sum(B& be, ViewOn<B, T> v, const char* layer) {
   } else {
     (void)be, (void)v, (void)layer;
   }
+  (void)row_bias;
 }
 
 /// Every rank's `v` (the backend's memory, the same size on each), in host memory: rank t's at

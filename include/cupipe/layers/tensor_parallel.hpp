@@ -41,6 +41,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cupipe/core/error.hpp"
@@ -92,8 +93,13 @@ struct RowParallelLinear {
   template <class B, class T>
   static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, ConstViewOn<B, T>{p, Shape{Out, part_in}}, T(0), y);
-    tensor_group_sum<Parts>(be, y, "RowParallelLinear");
-    if constexpr (Bias) bias_add(be, y, ConstViewOn<B, T>{p + Out * part_in, Shape{Out}});  // once, after the sum
+    if constexpr (Bias && Parts > 1 && std::is_same_v<T, bfloat16>) {
+      // bf16: the bias joins the fp32 sum before its one rounding.
+      tensor_group_sum<Parts>(be, y, "RowParallelLinear", ConstViewOn<B, T>{p + Out * part_in, Shape{Out}});
+    } else {
+      tensor_group_sum<Parts>(be, y, "RowParallelLinear");
+      if constexpr (Bias) bias_add(be, y, ConstViewOn<B, T>{p + Out * part_in, Shape{Out}});  // once, after the sum
+    }
   }
   // dx (n, In / Parts) = dy W_t: dy is whole on every rank, so no sum
   template <class B, class T>
@@ -145,30 +151,35 @@ struct VocabParallelCrossEntropy : Stateless {
     return "VocabParallelCrossEntropy<" + std::to_string(Classes) + ", " + std::to_string(Parts) + ">";
   }
 
-  template <class B, class T>
-  static void forward(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels, ViewOn<B, T> loss, index_t normalizer) {
+  /// Logits in the storage precision; the exchanged statistics, each row's log-sum-exp and the loss
+  /// in the compute precision (the same type, except for bf16 storage).
+  template <class B, class L>
+  static void forward(B& be, ConstViewOn<B, typename B::value_type> logits, ConstViewOn<B, std::int32_t> labels,
+                      ViewOn<B, L> loss, index_t normalizer) {
+    static_assert(std::is_same_v<L, grad_t<B>>, "VocabParallelCrossEntropy: the loss is in the backend's compute type");
     CUPIPE_REQUIRE(normalizer > 0, describe(), ": normalizer must be positive, got ", normalizer);
     CUPIPE_REQUIRE(loss.numel() == 1, describe(), ": the loss is one value, got ", loss.shape());
-    const std::vector<T> rows = row_terms<B, T>(be, logits, labels);
-    T total = 0;
+    const std::vector<L> rows = row_terms<B>(be, logits, labels);
+    L total = 0;
     for (std::size_t r = 0; r < rows.size(); r += 2) total += rows[r] - rows[r + 1];
-    const T value = total / T(normalizer);
-    be.upload(std::span<const T>(&value, 1), loss.data());
+    const L value = total / L(normalizer);
+    be.upload(std::span<const L>(&value, 1), loss.data());
   }
   template <class B, class T>
   static void backward(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels, ViewOn<B, T> dlogits,
                        index_t normalizer) {
-    const std::vector<T> rows = row_terms<B, T>(be, logits, labels);
-    std::vector<T> lse(rows.size() / 2);
+    using G = grad_t<B>;
+    const std::vector<G> rows = row_terms<B>(be, logits, labels);
+    std::vector<G> lse(rows.size() / 2);
     for (std::size_t r = 0; r < lse.size(); ++r) lse[r] = rows[2 * r];
-    auto device_lse = be.template allocate<T>(lse.size(), MemoryTag::workspace);
-    be.upload(std::span<const T>(lse), device_lse.data());
-    softmax_cross_entropy_part_backward(be, logits, labels, ConstViewOn<B, T>{device_lse.data(), Shape{logits.rows()}},
+    auto device_lse = be.template allocate<G>(lse.size(), MemoryTag::workspace);
+    be.upload(std::span<const G>(lse), device_lse.data());
+    softmax_cross_entropy_part_backward(be, logits, labels, ConstViewOn<B, G>{device_lse.data(), Shape{logits.rows()}},
                                         dlogits, normalizer, part(be));
   }
 
-  template <class T, class Space>
-  static void check_finite(T loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
+  template <class L, class T, class Space>
+  static void check_finite(L loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
     detail::check_loss_finite(describe(), loss, logits, labels);
   }
 
@@ -177,24 +188,27 @@ struct VocabParallelCrossEntropy : Stateless {
   static ops::VocabPart part(B& be) {
     return {index_t(tensor_group_rank<Parts>(be, "VocabParallelCrossEntropy")) * part_classes, Classes};
   }
-  /// (whole log-sum-exp, label's logit) of each row, from every rank's statistics.
-  template <class B, class T>
-  static std::vector<T> row_terms(B& be, ConstViewOn<B, T> logits, ConstViewOn<B, std::int32_t> labels) {
+  /// (whole log-sum-exp, label's logit) of each row, from every rank's statistics, in the compute
+  /// type.
+  template <class B>
+  static std::vector<grad_t<B>> row_terms(B& be, ConstViewOn<B, typename B::value_type> logits,
+                                          ConstViewOn<B, std::int32_t> labels) {
+    using G = grad_t<B>;
     if (logits.cols() != part_classes || labels.numel() != logits.rows())
       CUPIPE_THROW(describe(), ": expected logits (n, ", part_classes, ") and labels (n,) but got logits ", logits.shape(),
                    " and labels ", labels.shape());
     const index_t n = logits.rows();
-    auto stats = be.template allocate<T>(std::size_t(n * 3), MemoryTag::workspace);
-    softmax_cross_entropy_part_stats(be, logits, labels, ViewOn<B, T>{stats.data(), Shape{n, 3}}, part(be));
-    const std::vector<T> all =
-        tensor_group_gather<Parts>(be, ConstViewOn<B, T>{stats.data(), Shape{n, 3}}, "VocabParallelCrossEntropy");
-    std::vector<T> out(std::size_t(2 * n));
+    auto stats = be.template allocate<G>(std::size_t(n * 3), MemoryTag::workspace);
+    softmax_cross_entropy_part_stats(be, logits, labels, ViewOn<B, G>{stats.data(), Shape{n, 3}}, part(be));
+    const std::vector<G> all =
+        tensor_group_gather<Parts>(be, ConstViewOn<B, G>{stats.data(), Shape{n, 3}}, "VocabParallelCrossEntropy");
+    std::vector<G> out(std::size_t(2 * n));
     for (index_t r = 0; r < n; ++r) {
       const auto at = [&](int t, int k) { return all[std::size_t((index_t(t) * n + r) * 3 + k)]; };
-      T max = at(0, 0), label = 0, sum = 0;
+      G max = at(0, 0), label = 0, sum = 0;
       for (int t = 1; t < Parts; ++t) max = std::max(max, at(t, 0));
       for (int t = 0; t < Parts; ++t) {
-        if (at(t, 1) != T(0)) sum += std::exp(at(t, 0) - max) * at(t, 1);
+        if (at(t, 1) != G(0)) sum += std::exp(at(t, 0) - max) * at(t, 1);
         label += at(t, 2);
       }
       out[std::size_t(2 * r)] = max + std::log(sum);

@@ -435,12 +435,13 @@ class Pipeline {
       }
     }
     transport_->finish_step();
-    if constexpr (output_parts > 1) tensor_group_->sum(host.data(), host.size());
     if constexpr (std::is_same_v<T, G>) {
+      if constexpr (output_parts > 1) tensor_group_->sum(host.data(), host.size());
       comm()->sum_over_stages(host.data(), host.size());
     } else {  // bf16 outputs travel as float: exact, since one rank holds each value and the others add zeros
       std::vector<G> wide(host.size());
       pipeline::convert_values(host.data(), wide.data(), host.size());
+      if constexpr (output_parts > 1) tensor_group_->sum(wide.data(), wide.size());
       comm()->sum_over_stages(wide.data(), wide.size());
       pipeline::convert_values(wide.data(), host.data(), host.size());
     }

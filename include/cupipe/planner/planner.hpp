@@ -16,7 +16,8 @@
 //   messages, dy, grad records and dx) in the simulated time (detail::activation_peaks).
 // A layout a policy refuses, that needs more virtual stages than there are layers, or whose
 // estimate exceeds the memory per device, is never proposed; each is listed with its reason.
-// Tensor parallelism is not searched yet: cupipe does not run it (issue #14).
+// Tensor parallelism is not searched yet (cupipe runs it: layers/tensor_parallel.hpp; the planner
+// does not model its group sums).
 #pragma once
 
 #include <algorithm>

@@ -364,27 +364,31 @@ void softmax_cross_entropy_backward(backend::Cuda<T, C>& be, DeviceConstView<T> 
   cuda_detail::check_reported_labels(be, "softmax_cross_entropy_backward", logits.shape());
 }
 
-/// Vocabulary-parallel cross-entropy's statistics (host ops.hpp): stats (rows, 3). Float and double
-/// storage only, as on the host.
-template <class T>
-void softmax_cross_entropy_part_stats(backend::Cuda<T>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
-                                      DeviceView<T> stats, VocabPart part) {
+/// Vocabulary-parallel cross-entropy's statistics (host ops.hpp): stats (rows, 3) in the compute
+/// type (float for bf16 logits, as on the host).
+template <class T, class C>
+void softmax_cross_entropy_part_stats(backend::Cuda<T, C>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
+                                      DeviceView<C> stats, VocabPart part) {
   checks::softmax_cross_entropy_part_stats(logits, labels, stats, part);
   const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_part_stats");
-  gpu::kernels::softmax_cross_entropy_part_stats(be.context(), logits.data(), labels.data(), stats.data(), logits.rows(),
-                                                  logits.cols(), part.first, part.whole);
+  gpu::kernels::softmax_cross_entropy_part_stats(be.context(), cuda_detail::device_ptr(logits.data()), labels.data(),
+                                                  stats.data(), logits.rows(), logits.cols(), part.first, part.whole);
   cuda_detail::check_reported_labels(be, "softmax_cross_entropy_part_stats", logits.shape(), part.whole);
 }
 
-/// dlogits = (exp(z - lse) - onehot(label)) * dloss / normalizer over a vocabulary part.
-template <class T>
-void softmax_cross_entropy_part_backward(backend::Cuda<T>& be, DeviceConstView<T> logits,
-                                         DeviceConstView<std::int32_t> labels, DeviceConstView<T> lse, DeviceView<T> dlogits,
-                                         index_t normalizer, VocabPart part, Scalar<T> dloss = T(1)) {
+/// dlogits = (exp(z - lse) - onehot(label)) * dloss / normalizer over a vocabulary part; lse (rows,)
+/// in the compute type.
+template <class T, class C, class S = C>
+void softmax_cross_entropy_part_backward(backend::Cuda<T, C>& be, DeviceConstView<T> logits,
+                                         DeviceConstView<std::int32_t> labels, DeviceConstView<C> lse, DeviceView<T> dlogits,
+                                         index_t normalizer, VocabPart part, S dloss = S(1)) {
   checks::softmax_cross_entropy_part_backward(logits, labels, lse, dlogits, normalizer, part);
   const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_part_backward");
-  gpu::kernels::softmax_cross_entropy_backward(be.context(), logits.data(), labels.data(), dlogits.data(), logits.rows(),
-                                                logits.cols(), T(dloss / T(normalizer)), lse.data(), part.first, part.whole);
+  using A = gpu::kernels::acc_t<cuda_detail::dev_t<T>>;
+  const A scale = cuda_detail::acc<T>(dloss) / A(normalizer);
+  gpu::kernels::softmax_cross_entropy_backward(be.context(), cuda_detail::device_ptr(logits.data()), labels.data(),
+                                                cuda_detail::device_ptr(dlogits.data()), logits.rows(), logits.cols(), scale,
+                                                lse.data(), part.first, part.whole);
   cuda_detail::check_reported_labels(be, "softmax_cross_entropy_part_backward", logits.shape(), part.whole);
 }
 

@@ -209,6 +209,21 @@ inline void softmax_cross_entropy_backward(HostBf16& be, ConstView<bfloat16> log
   softmax_cross_entropy_backward(be.widened(), wz.view(), labels, wd.view(), normalizer, dloss.value);
   wd.store(dlogits);
 }
+/// The vocabulary-parallel loss's parts (tensor parallelism): bf16 logits, float statistics and
+/// log-sum-exp, bf16 dlogits.
+inline void softmax_cross_entropy_part_stats(HostBf16& be, ConstView<bfloat16> logits, ConstView<std::int32_t> labels,
+                                             TensorView<float> stats, VocabPart part) {
+  auto wz = detail::in(logits, "softmax_cross_entropy_part_stats", "logits");
+  softmax_cross_entropy_part_stats(be.widened(), wz.view(), labels, stats, part);
+}
+inline void softmax_cross_entropy_part_backward(HostBf16& be, ConstView<bfloat16> logits, ConstView<std::int32_t> labels,
+                                                ConstView<float> lse, TensorView<bfloat16> dlogits, index_t normalizer,
+                                                VocabPart part, ComputeScalar dloss = 1.0f) {
+  auto wz = detail::in(logits, "softmax_cross_entropy_part_backward", "logits");
+  auto wd = detail::out(dlogits, "softmax_cross_entropy_part_backward", "dlogits");
+  softmax_cross_entropy_part_backward(be.widened(), wz.view(), labels, lse, wd.view(), normalizer, part, dloss.value);
+  wd.store(dlogits);
+}
 
 // ---- embedding: a bf16 table gathers exactly; its gradient accumulates in float ----
 

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(256) xent_sum_kernel(const acc_t<T>* row_loss,
 // stats (rows, 3) = (max, sum of exp(z - max), z[label - first] or 0 for another part's label)
 template <int N, class T>
 __global__ void xent_part_stats_kernel(const T* logits, const std::int32_t* labels, index_t cols, index_t first,
-                                       index_t whole, T* stats, DeviceError* error) {
+                                       index_t whole, acc_t<T>* stats, DeviceError* error) {
   using A = acc_t<T>;
   __shared__ MaxSum<A> shared[32];
   const index_t row = blockIdx.x;
@@ -93,16 +93,16 @@ __global__ void xent_part_stats_kernel(const T* logits, const std::int32_t* labe
     const std::int32_t label = labels[row];
     const index_t local = index_t(label) - first;
     if (label < 0 || label >= whole) record_error(error, label_out_of_range, row, label);
-    stats[row * 3] = from_acc<T>(ms.max);
-    stats[row * 3 + 1] = from_acc<T>(ms.sum);
-    stats[row * 3 + 2] = local >= 0 && local < cols ? z[local] : from_acc<T>(A(0));
+    stats[row * 3] = ms.max;
+    stats[row * 3 + 1] = ms.sum;
+    stats[row * 3 + 2] = local >= 0 && local < cols ? to_acc(z[local]) : A(0);
   }
 }
 
 // dlogits = (softmax(z) - onehot(label)) * scale. The whole row: lse from the row itself (lse null,
 // first 0, whole = cols); a vocabulary part: each row's whole log-sum-exp given.
 template <int N, class T>
-__global__ void xent_backward_kernel(const T* logits, const std::int32_t* labels, const T* given_lse, T* dlogits,
+__global__ void xent_backward_kernel(const T* logits, const std::int32_t* labels, const acc_t<T>* given_lse, T* dlogits,
                                      index_t cols, index_t first, index_t whole, acc_t<T> scale, DeviceError* error) {
   using A = acc_t<T>;
   __shared__ MaxSum<A> shared[32];
@@ -110,7 +110,7 @@ __global__ void xent_backward_kernel(const T* logits, const std::int32_t* labels
   const T* z = logits + row * cols;
   A lse;
   if (given_lse != nullptr) {
-    lse = to_acc(given_lse[row]);
+    lse = given_lse[row];
   } else {
     const MaxSum<A> ms = row_max_sum<N>(z, cols, shared);
     lse = ms.max + dev_log(ms.sum);
@@ -160,7 +160,8 @@ void softmax_cross_entropy_forward(Context& ctx, const T* logits, const std::int
 /// row's whole log-sum-exp in `lse`.
 template <class T>
 void softmax_cross_entropy_backward(Context& ctx, const T* logits, const std::int32_t* labels, T* dlogits, index_t rows,
-                                    index_t cols, acc_t<T> scale, const T* lse = nullptr, index_t first = 0, index_t whole = -1) {
+                                    index_t cols, acc_t<T> scale, const acc_t<T>* lse = nullptr, index_t first = 0,
+                                    index_t whole = -1) {
   if (rows == 0) return;
   CUPIPE_REQUIRE(rows <= 0x7fffffff, "softmax_cross_entropy_backward: too many rows (", rows, ")");
   if (whole < 0) whole = cols;
@@ -176,7 +177,7 @@ void softmax_cross_entropy_backward(Context& ctx, const T* logits, const std::in
 }
 
 template <class T>
-void softmax_cross_entropy_part_stats(Context& ctx, const T* logits, const std::int32_t* labels, T* stats, index_t rows,
+void softmax_cross_entropy_part_stats(Context& ctx, const T* logits, const std::int32_t* labels, acc_t<T>* stats, index_t rows,
                                       index_t cols, index_t first, index_t whole) {
   if (rows == 0) return;
   CUPIPE_REQUIRE(rows <= 0x7fffffff, "softmax_cross_entropy_part_stats: too many rows (", rows, ")");
