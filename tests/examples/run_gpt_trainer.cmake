@@ -18,6 +18,9 @@
 #         "SKIPPED: ..." when the CUDA runtime finds no usable GPU.
 # bf16:   --precision bf16 (Host<bfloat16, float>) learns in 200 steps and ends within 1.5% of the same
 #         run in fp32; it resumes bit-exactly, and an fp32 run resumes from its checkpoint.
+# bf16_cuda: 20 steps with --backend cuda --precision bf16 (MFU in (0, 1)), then, given
+#         -DHOST_TRAINER=<a gpt_train with bf16 host training>, the same on the host: held-out
+#         losses within 2%. "SKIPPED: ..." without a usable GPU.
 # post_validation: 10 steps of ZBV (tied wte and lm_head on worker 0) with --post-validation 4, an
 #         evaluation after step 5 cutting the groups to 4, 1, 4, 1, against 10 plain steps: the same
 #         tensor bytes and the same held-out loss.
@@ -124,13 +127,39 @@ elseif(MODE STREQUAL "data_parallel")
   expect_close("held-out loss, 2 replicas against one process" "${dp_held_out}" "${one_held_out}" 2)
   expect_close("training loss, 2 replicas against one process" "${dp_train}" "${one_train}" 2)
   message("2 replicas = one process: held-out loss ${dp_held_out} and ${one_held_out}")
-elseif(MODE STREQUAL "cuda")
+elseif(MODE STREQUAL "cuda" OR MODE STREQUAL "bf16_cuda")
   set(flags --batch 8 --steps 20 --warmup 5 --eval-every 0 --eval-batches 2 --sample 0)
-  # Exact fp32 GEMMs for the comparison with the host (the CUDA default is TF32).
-  execute_process(COMMAND "${TRAINER}" ${common} ${flags} --backend cuda --math fp32 RESULT_VARIABLE rc OUTPUT_VARIABLE out
+  # Exact fp32 GEMMs for the comparison with the host (the CUDA default is TF32); bf16 GEMMs are bf16.
+  set(device_flags --backend cuda --math fp32)
+  if(MODE STREQUAL "bf16_cuda")
+    set(device_flags --backend cuda --precision bf16)
+  endif()
+  execute_process(COMMAND "${TRAINER}" ${common} ${flags} ${device_flags} RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err)
   if(NOT rc EQUAL 0 AND err MATCHES "cudaErrorNoDevice|cudaErrorInsufficientDriver|no CUDA-capable device")
     message("SKIPPED: no usable GPU: ${err}")
+    return()
+  endif()
+  if(MODE STREQUAL "bf16_cuda")
+    # Cuda<bfloat16, float> against Host<bfloat16, float>: both round every stored value once, in
+    # other summation orders, so a value may land a bf16 ulp (0.4%) apart; after 20 steps the
+    # held-out losses agree to 2%. A host build with bf16 (not flush-only) is needed for the oracle.
+    run_trainer(${flags} ${device_flags})
+    string(JSON cuda_held_out GET "${summary}" held_out_loss)
+    string(JSON precision GET "${summary}" precision)
+    string(JSON mfu GET "${summary}" mfu)
+    if(NOT precision STREQUAL "bf16" OR NOT mfu GREATER 0 OR NOT mfu LESS 1)
+      message(FATAL_ERROR "--precision bf16 --backend cuda: precision '${precision}', MFU ${mfu}: ${summary}")
+    endif()
+    if(NOT HOST_TRAINER)
+      message("bf16 on CUDA: held-out loss ${cuda_held_out}, MFU ${mfu} (no bf16 host trainer to compare with)")
+      return()
+    endif()
+    set(TRAINER "${HOST_TRAINER}")
+    run_trainer(${flags} --precision bf16)
+    string(JSON host_held_out GET "${summary}" held_out_loss)
+    expect_close("bf16 held-out loss, CUDA against host" "${cuda_held_out}" "${host_held_out}" 20000)
+    message("bf16: CUDA = host to bf16 accuracy: held-out loss ${cuda_held_out} and ${host_held_out}; MFU ${mfu}")
     return()
   endif()
   run_trainer(${flags} --backend cuda --math fp32)
@@ -201,5 +230,5 @@ elseif(MODE STREQUAL "bf16")
   message("bf16 learned (held-out ${held_out}, fp32 ${fp32_held_out}, unigram ${unigram}), resumed bit-exactly, its "
           "checkpoint loaded into an fp32 run, and --plan auto chose ${planned_schedule}")
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, plan, post_validation or bf16, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, bf16_cuda, plan, post_validation or bf16, got '${MODE}'")
 endif()
