@@ -136,7 +136,4 @@ planner::Layout plan_auto(comm::Communicator* comm, Calibrate&& calibrate, int& 
   return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), std::move(schedules));
 }
 
-/// The schedules the trainers compile with bf16 storage: the one-chunk flush schedules.
-inline std::vector<std::string> bf16_schedule_names() { return {"gpipe", "1f1b", "zb-h1", "zb-h2"}; }
-
 }  // namespace cupipe::examples

@@ -176,10 +176,7 @@ int main(int argc, char** argv) {
       if (math->count() > 0)
         CUPIPE_THROW("--math sets how fp32 GEMMs run on CUDA; with --precision bf16 every GEMM takes bf16 inputs and "
                      "accumulates in fp32");
-      if (const schedule::PolicyInfo p = schedule::find_policy(f.schedule);
-          p.update != schedule::UpdateRule::flush || p.default_chunks != 1)
-        CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "
-                     "trainer, not ", f.schedule, " (the others are compiled in fp32 only, to keep the build short)");
+      cupipe::examples::require_bf16_schedule(f.schedule);
       if (f.backend == "cuda" && f.schedule != "1f1b")
         CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b in this build, not ", f.schedule,
                      " (each schedule is compiled per GPU architecture; see examples/gpt_train/trainer_cuda.cu)");

@@ -192,10 +192,7 @@ int main(int argc, char** argv) {
     if (f.precision == "bf16" && f.backend == "cuda" && f.schedule != "1f1b" && f.schedule != "gpipe")
       CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b or gpipe in this build, not ", f.schedule,
                    " (each schedule is compiled per GPU architecture; see examples/mlp_fashion_mnist/trainer_cuda.cu)");
-    if (const schedule::PolicyInfo p = schedule::find_policy(f.schedule);
-        f.precision == "bf16" && (p.update != schedule::UpdateRule::flush || p.default_chunks != 1))
-      CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "
-                   "trainer, not ", f.schedule, " (the others are compiled in fp32 only, to keep the build short)");
+    if (f.precision == "bf16") cupipe::examples::require_bf16_schedule(f.schedule);
     // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
     if (!f.save.empty()) {
       io::check_writable(io::model_file(f.save), "--save");

@@ -7,21 +7,16 @@
 // --stage-backends host:bf16,host (or host,host:bf16): one stage in bf16, the other in fp32, in one
 // pipeline (backend::PerWorker), under gpipe or 1f1b.
 #include "trainer.hpp"
+#include "trainer_schedules.hpp"
 
 namespace fmnist {
-
-namespace {
-template <class Schedule>
-inline constexpr bool bf16_builds = Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1;
-}  // namespace
 
 int train_bf16(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
   using Bf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
   int rc = 0;
   schedule::with_policy(f.schedule, [&]<class Schedule>() {
-    if constexpr (!bf16_builds<Schedule>) {
-      CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "
-                   "trainer, not ", Schedule::name, " (the others are compiled in fp32 only, to keep the build short)");
+    if constexpr (!cupipe::examples::bf16_builds<Schedule>) {
+      cupipe::examples::refuse_bf16_schedule<Schedule>();
     } else {
       with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
         rc = with_optimizer(f, [&](auto optimizer) { return train<Schedule, P, Bf16>(f, train_set, test_set, optimizer, launch); });
