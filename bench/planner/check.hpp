@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,9 @@ struct Measured {
 struct RunOptions {
   int warmup = 1;  ///< steps before the measured ones (the optimizer's slots are allocated in the first)
   int steps = 3;   ///< measured steps (median)
+  /// Across processes (planner_check --mpi): this rank runs its stage of its replica; its topology's
+  /// stage count must be the layout's. Null: every stage in this process.
+  std::shared_ptr<comm::Communicator> communicator{};
 };
 
 /// A model the check can plan and run: its calibration, the stage counts compiled in, the split it
@@ -47,6 +51,33 @@ ModelCheck nap_check();
 ModelCheck mlp_check();
 ModelCheck gpt_check();
 
+/// planner_check --mpi (mpi.cpp, built with MPI): the nap model planned and measured across the
+/// processes of mpirun, with data-parallel replicas, for each of `batches`.
+int mpi_sweep(int& argc, char**& argv, int max_microbatches, const RunOptions& options, const std::vector<index_t>& batches);
+
+/// Across processes: `seconds` and `span` become the largest over the world's ranks, and `peaks`
+/// (this rank's allocator figures, one per stage, zero for stages it does not run) each stage's
+/// largest over its replicas.
+inline void slowest_over_ranks(comm::Communicator& comm, double& seconds, double& span, std::vector<double>& peaks) {
+  const comm::Topology& t = comm.topology();
+  const std::size_t stages = std::size_t(t.stages), world = std::size_t(t.world);
+  // Per rank: its time, its makespan and each stage's peak, in its own row; the sum fills every row.
+  const std::size_t row = 2 + stages;
+  std::vector<double> all(world * row, 0.0);
+  double* mine = all.data() + std::size_t(t.rank) * row;
+  mine[0] = seconds;
+  mine[1] = span;
+  for (std::size_t s = 0; s < stages && s < peaks.size(); ++s) mine[2 + s] = peaks[s];
+  comm.sum_over_world(all.data(), all.size());
+  seconds = span = 0;
+  peaks.assign(stages, 0.0);
+  for (std::size_t r = 0; r < world; ++r) {
+    seconds = std::max(seconds, all[r * row]);
+    span = std::max(span, all[r * row + 1]);
+    for (std::size_t s = 0; s < stages; ++s) peaks[s] = std::max(peaks[s], all[r * row + 2 + s]);
+  }
+}
+
 /// First layer of each virtual stage of partition<Model, N>, for N in Ns; empty for any other N.
 template <class Model, int... Ns>
 std::vector<std::size_t> partition_cuts(int virtual_stages) {
@@ -56,8 +87,13 @@ std::vector<std::size_t> partition_cuts(int virtual_stages) {
 }
 
 /// Runs `layout` of `Model` (its policy, stage count and microbatches; the split partition<>'s) on
-/// `inputs`/`labels` (every row of them: the caller sizes them for the layout's batches) with AdamW,
-/// in one process on `Backend`, and measures it. Counts: the stage counts compiled in.
+/// `inputs`/`labels` (every row of them: the caller sizes them for the layout's batches) with AdamW
+/// on `Backend`, and measures it. Counts: the stage counts compiled in.
+/// - In one process (no o.communicator) every worker is a thread here.
+/// - Across processes each rank runs its stage on its replica's share of the rows (a row is a
+///   sample), as the trainers split a batch. Every step starts together (a sum over the world is the
+///   barrier); a step's time is the slowest rank's, and a stage's activation peak the largest over
+///   its replicas, so every rank returns the same figures.
 template <class Model, class Backend, int... Counts>
 Measured run_layout(const planner::Layout& layout, ConstView<model_input_t<typename Model::body, typename Backend::value_type>> inputs,
                     ConstView<std::int32_t> labels, const RunOptions& o) {
@@ -68,22 +104,38 @@ Measured run_layout(const planner::Layout& layout, ConstView<model_input_t<typen
       if constexpr (std::size_t(P * Policy::chunks) <= Model::body::size) {
         using Stages = partition<Model, std::size_t(P * Policy::chunks)>;
         PipelineOptions options;
+        options.communicator = o.communicator;
         options.microbatches = layout.microbatches;
         options.batches = layout.batches;  // asynchronous schedules: batches a step runs
         options.seed = 1;
+        comm::Communicator* comm = o.communicator.get();
+        auto x = inputs;
+        auto y = labels;
+        if (comm) {
+          const comm::Topology& t = comm->topology();
+          CUPIPE_REQUIRE(t.stages == P, "planner_check: ", layout.describe(), " runs on a communicator of ", t.stages, " stages");
+          const index_t rows = labels.numel(), first = rows * t.replica() / t.replicas,
+                        count = rows * (t.replica() + 1) / t.replicas - first;
+          x = decltype(x){inputs.data() + first * inputs.cols(), Shape{count, inputs.cols()}};
+          y = decltype(y){labels.data() + first, Shape{count}};
+        }
         Pipeline<Stages, Policy, Backend> pipe(options);
         const optim::AdamW adamw({.lr = 1e-5});
         std::vector<double> wall, makespan;
         out.peak_activation_bytes.assign(std::size_t(P), 0.0);
         for (int s = 0; s < o.warmup + o.steps; ++s) {
+          if (comm) (void)comm->sum_over_world(0.0);  // every rank starts the step together
           const auto start = std::chrono::steady_clock::now();
-          const StepStats stats = pipe.train_step(inputs, labels, adamw);
-          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          const StepStats stats = pipe.train_step(x, y, adamw);
+          double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          double span = stats.makespan_seconds;
+          std::vector<double> peaks(stats.peak_activation_bytes.begin(), stats.peak_activation_bytes.end());
+          if (comm) slowest_over_ranks(*comm, seconds, span, peaks);
           if (s < o.warmup) continue;
           wall.push_back(seconds / double(layout.batches));
-          makespan.push_back(stats.makespan_seconds / double(layout.batches));
-          for (std::size_t w = 0; w < stats.peak_activation_bytes.size(); ++w)
-            out.peak_activation_bytes[w] = std::max(out.peak_activation_bytes[w], double(stats.peak_activation_bytes[w]));
+          makespan.push_back(span / double(layout.batches));
+          for (std::size_t w = 0; w < peaks.size() && w < out.peak_activation_bytes.size(); ++w)
+            out.peak_activation_bytes[w] = std::max(out.peak_activation_bytes[w], peaks[w]);
         }
         const auto median = [](std::vector<double> v) {
           std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());

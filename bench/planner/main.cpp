@@ -7,6 +7,9 @@
 //                                                           every layout measured, the planner's choice
 //                                                           against the best measured one and against
 //                                                           the "microbatch of sqrt(batch) samples" rule
+//   mpirun -np 4 planner_check --mpi                        across processes, with data-parallel
+//                                                           replicas (the nap model; mpi.cpp), against
+//                                                           the "two devices per stage" rule too
 //
 // Models: nap (fixed-duration sleeping layers), mlp (the Fashion-MNIST MLP), gpt (gpt::tiny). The cost
 // model is calibrated here first (every layer profiled at the batch and at a quarter of it, the loss,
@@ -183,7 +186,8 @@ int main(int argc, char** argv) {
   std::string model = "nap";
   int devices = 0, max_microbatches = 16;
   index_t batch = 0;
-  bool run_sweep = false;
+  bool run_sweep = false, across_processes = false;
+  std::vector<index_t> mpi_batches{8, 16, 32, 64};
   RunOptions o;
   app.add_option("--model", model, "nap, mlp or gpt")->capture_default_str();
   app.add_option("--devices", devices, "workers (default: 4 for nap, else the cores, at most 2)");
@@ -192,12 +196,21 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "measured steps per layout (after one warm-up step)")->capture_default_str();
   app.add_flag("--sweep", run_sweep, "20 configurations, every layout measured");
   app.add_flag("--asynchronous", include_asynchronous, "plan PipeDream and 2BW layouts too");
+  app.add_flag("--mpi", across_processes, "under mpirun: each process a device, layouts with replicas (the nap model)");
+  app.add_option("--mpi-batches", mpi_batches, "with --mpi: the batches to plan and measure")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     backend::Host<float>::set_blas_threads(1);  // a worker is a core
     // The sleeping layers' sleeps end within microseconds, not the default 50 us of timer slack;
     // the pipeline's threads inherit the setting.
     prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    if (across_processes) {
+#if CUPIPE_HAS_MPI
+      return mpi_sweep(argc, argv, max_microbatches, o, mpi_batches);
+#else
+      CUPIPE_THROW("--mpi: this planner_check was built without MPI (install libopenmpi-dev and reconfigure)");
+#endif
+    }
     if (run_sweep) return sweep(max_microbatches, o);
     if (devices == 0) devices = model == "nap" ? 4 : int(std::clamp(std::thread::hardware_concurrency(), 1u, 2u));
     return check_model(model, devices, batch, max_microbatches, o);
