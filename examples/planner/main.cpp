@@ -7,12 +7,15 @@
 //   cupipe_plan --costs mine.json --devices 64 --batch 1024         a cost model of your own model
 //   cupipe_plan --synthetic 48 --devices 64 --batch 1024            48 equal layers (timing the search)
 //   mpirun -np 4 cupipe_plan --model mlp --devices 4 --measure-comm   link and gradient sum measured
+//   mpirun -np 2 cupipe_plan --model gpt-tiny --devices 4 --tensor 2 --measure-comm
+//                                                                   tensor parallelism searched too
 // --write-costs FILE saves the cost model used (a starting point for --costs). Every figure the
 // planner prints is a prediction from the cost model; the search time and --measure-comm's link and
 // gradient-sum figures are measured.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -41,20 +44,30 @@ using Mlp = Sequential<Linear<784, 1024>, ReLU, Linear<1024, 512>, ReLU, Linear<
 constexpr gpt::Config tiny{256, 64, 4, 4, 128};
 
 /// Calibrated here (planner::calibrate): every layer and the loss at `samples` samples and a quarter
-/// of them, and the optimizer step.
-planner::CostModel profiled(const std::string& name, index_t samples, int repeats) {
+/// of them, and the optimizer step; for the GPT, also one rank's part of each split in `tensor`
+/// (planner::calibrate_tensor_parts).
+planner::CostModel profiled(const std::string& name, index_t samples, int repeats, const std::vector<int>& tensor) {
   using Host = backend::Host<float>;
   Rng rng(1);
   if (name == "mlp") {
     std::vector<float> x(static_cast<std::size_t>(samples * 784));
     for (float& v : x) v = float(rng.uniform());
+    for (const int t : tensor)
+      CUPIPE_REQUIRE(t == 1, "cupipe_plan: --tensor ", t, ": the mlp has no tensor-parallel split here (gpt-tiny has)");
     return planner::calibrate<Mlp, Host>(ConstView<float>{x.data(), Shape{samples, 784}}, repeats);
   }
   using Gpt = gpt::Model<tiny>;
   const index_t rows = samples * tiny.context;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
   for (auto& t : ids) t = std::int32_t(rng.below(std::uint64_t(tiny.vocab)));
-  return planner::calibrate<Gpt, Host>(ConstView<std::int32_t>{ids.data(), Shape{rows, 1}}, repeats, tiny.context);
+  const ConstView<std::int32_t> x{ids.data(), Shape{rows, 1}};
+  planner::CostModel model = planner::calibrate<Gpt, Host>(x, repeats, tiny.context);
+  for (const int t : tensor) {
+    if (t == 2) model.tensor_variants.push_back(planner::calibrate_tensor_parts<gpt::TensorParallelModel<tiny, 2>, Host>(x, 2, repeats, tiny.context));
+    else if (t == 4) model.tensor_variants.push_back(planner::calibrate_tensor_parts<gpt::TensorParallelModel<tiny, 4>, Host>(x, 4, repeats, tiny.context));
+    else CUPIPE_REQUIRE(t == 1, "cupipe_plan: --tensor ", t, ": gpt-tiny splits 1, 2 or 4 ways (its 4 heads)");
+  }
+  return model;
 }
 
 planner::CostModel synthetic(int layers) {
@@ -84,7 +97,7 @@ planner::CostModel from_json(const std::string& path) {
 nlohmann::json layout_json(const planner::Layout& l) {
   return {{"schedule", l.schedule},      {"stages", l.stages},         {"chunks", l.chunks},
           {"microbatches", l.microbatches}, {"replicas", l.replicas},  {"batches", l.batches},
-          {"cuts", l.cuts},              {"step_seconds", l.step_seconds}, {"bubble", l.bubble},
+          {"tensor", l.tensor},          {"cuts", l.cuts},              {"step_seconds", l.step_seconds}, {"bubble", l.bubble},
           {"allreduce_seconds", l.allreduce_seconds}, {"update_seconds", l.update_seconds}, {"peak_bytes", l.peak_bytes},
           {"peak_activation_bytes", l.peak_activation_bytes}};
 }
@@ -108,7 +121,11 @@ int main(int argc, char** argv) {
   app.add_option("--write-costs", write_costs, "write the cost model used to this JSON file");
   app.add_option("--profile-samples", profile_samples, "samples in the profiled microbatch")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--repeats", repeats, "profile runs per layer (median)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--devices", request.devices, "devices (workers x replicas)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--tensor", request.tensor_degrees,
+                 "tensor-parallel degrees to search too, e.g. --tensor 2 (default: 1; gpt-tiny profiles 2 and 4; "
+                 "--costs needs the degree's tensor_variants)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--devices", request.devices, "devices (stages x replicas x tensor ranks)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--memory-gb", memory_gb, "memory per device in GB (0: no limit)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch", request.batch, "samples per optimizer step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--schedules", schedules, "comma-separated policies to consider (default: all: " + schedule::policy_names() + ")");
@@ -121,8 +138,8 @@ int main(int argc, char** argv) {
 #if CUPIPE_PLAN_HAS_MPI
   app.add_flag("--measure-comm", measure_comm,
                "under mpirun/srun (an even number of processes): measure the hand-over between two ranks (MPI, "
-               "host memory) and, with 4 or more, the gradient sum over replicas, and plan with them; the first "
-               "rank prints");
+               "host memory), the gradient sum over every rank as a replica and the sum over a tensor-parallel "
+               "pair, and plan with them; the first rank prints");
 #endif
   try {
     app.parse(argc, argv);
@@ -140,7 +157,7 @@ int main(int argc, char** argv) {
                    "cupipe_plan: give --model, --costs or --synthetic (see --help)");
     nlohmann::json measured_comm;
 #if CUPIPE_PLAN_HAS_MPI
-    planner::LinkCost link;
+    planner::LinkCost link, tensor_sum;
     double sum_bandwidth = 0;
     int world = 1;
     if (measure_comm) {
@@ -148,23 +165,34 @@ int main(int argc, char** argv) {
       mpi = std::make_unique<comm::MpiSession>(&argc, &argv);
       CUPIPE_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world));
       CUPIPE_REQUIRE(world >= 2 && world % 2 == 0, "cupipe_plan: --measure-comm needs an even number of processes "
-                     "under mpirun or srun (2: the link; 4 or more: the gradient sum too), got ", world);
+                     "under mpirun or srun, got ", world);
       int rank = 0;
       {
         comm::MpiCommunicator communicator(MPI_COMM_WORLD, 2, 60);
         rank = communicator.topology().rank;
         backend::Host<float> host;
         link = planner::rank_link(communicator, host);
-        sum_bandwidth = planner::replica_sum_bandwidth(communicator);
+      }
+      {
+        // The gradient sum over every rank as a replica of one stage.
+        comm::MpiCommunicator replicas(MPI_COMM_WORLD, 1, 60);
+        sum_bandwidth = planner::replica_sum_bandwidth(replicas);
+      }
+      {
+        // A sum over a tensor-parallel group of two ranks (each pair of the world one group).
+        comm::MpiCommunicator pairs(MPI_COMM_WORLD, 1, 60, 2);
+        tensor_sum = planner::tensor_sum_cost(pairs);
       }
       if (rank != 0) return 0;
       measured_comm = {{"processes", world},
                        {"link_latency", link.latency},
                        {"link_bytes_per_second", link.bytes_per_second},
-                       {"allreduce_bytes_per_second", sum_bandwidth}};
+                       {"allreduce_bytes_per_second", sum_bandwidth},
+                       {"tensor_sum_latency", tensor_sum.latency},
+                       {"tensor_sum_bytes_per_second", tensor_sum.bytes_per_second}};
     }
 #endif
-    if (!model_name.empty()) request.model = profiled(model_name, profile_samples, repeats);
+    if (!model_name.empty()) request.model = profiled(model_name, profile_samples, repeats, request.tensor_degrees);
     else if (!costs_path.empty()) request.model = from_json(costs_path);
     else request.model = synthetic(synthetic_layers);
 #if CUPIPE_PLAN_HAS_MPI
@@ -172,13 +200,22 @@ int main(int argc, char** argv) {
       request.model.link_latency = link.latency;
       request.model.link_bytes_per_second = link.bytes_per_second;
       if (sum_bandwidth > 0) request.model.allreduce_bytes_per_second = sum_bandwidth;
+      request.model.tensor_sum_latency = tensor_sum.latency;
+      request.model.tensor_sum_bytes_per_second = tensor_sum.bytes_per_second;
       request.one_process = false;  // hand-overs between processes
       if (!json)
         std::printf("measured over MPI with %d processes: hand-over latency %.1f us, %.2f GB/s; gradient sum over %d "
                     "replicas %.2f GB/s\n",
-                    world, link.latency * 1e6, link.bytes_per_second / 1e9, world / 2, sum_bandwidth / 1e9);
+                    world, link.latency * 1e6, link.bytes_per_second / 1e9, world, sum_bandwidth / 1e9);
+      if (!json)
+        std::printf("measured over MPI: a sum over a tensor-parallel group of 2 takes %.1f us + %.2f GB/s\n",
+                    tensor_sum.latency * 1e6, tensor_sum.bytes_per_second / 1e9);
     }
 #endif
+    const bool tensor_searched = std::any_of(request.tensor_degrees.begin(), request.tensor_degrees.end(), [](int t) { return t > 1; });
+    if (tensor_searched && request.model.tensor_sum_latency == 0 && request.model.tensor_sum_bytes_per_second == 0 && !json)
+      std::printf("note: the tensor-parallel sums are taken as free (the cost model has no tensor_sum_latency or "
+                  "tensor_sum_bytes_per_second; --measure-comm under mpirun measures them)\n");
     if (!write_costs.empty()) {
       std::ofstream out(write_costs);
       CUPIPE_REQUIRE(out, "cupipe_plan: cannot write '", write_costs, "'");

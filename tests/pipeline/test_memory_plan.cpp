@@ -196,3 +196,50 @@ TEST_CASE("partition_within with room to spare is the FLOP-balanced partition", 
   constexpr double a = largest(Roomy::stage_flops), b = largest(Balanced::stage_flops);
   static_assert(a <= b * (1 + 1e-12) && b <= a * (1 + 1e-12));
 }
+
+TEST_CASE("calibrate_tensor_parts: one rank's part of the GPT, and the sums each layer runs", "[planner]") {
+  using Host = backend::Host<float>;
+  constexpr gpt::Config c = gpt::tiny;
+  using Whole = gpt::Model<c>;
+  using Split = gpt::TensorParallelModel<c, 2>;
+  Rng rng(4);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * c.context));
+  for (auto& t : ids) t = std::int32_t(rng.below(std::uint64_t(c.vocab)));
+  const ConstView<std::int32_t> x{ids.data(), Shape{index_t(ids.size()), 1}};
+  const planner::TensorVariant part = planner::calibrate_tensor_parts<Split, Host>(x, 2, 1, c.context);
+  using Body = Whole::body;
+  REQUIRE(part.degree == 2);
+  REQUIRE(part.layers.size() == Body::size);
+  const std::size_t last = Body::size - 1;  // lm_head (tied to wte)
+  for (std::size_t l = 0; l < Body::size; ++l) {
+    INFO("layer " << l << ": " << part.layers[l].name);
+    const double whole_params = double(Body::param_offsets[l + 1] - Body::param_offsets[l]);
+    const bool block = l >= 1 && l + 2 <= last;  // an attention or MLP half
+    if (l == 0) {
+      // wte split by vocabulary rows (wpe whole); the embedding sums its parts' rows.
+      CHECK(part.layers[l].params == Approx(double(c.vocab / 2 * c.channels + c.context * c.channels)));
+      CHECK(part.layers[l].sum_forward == c.channels);
+      CHECK(part.layers[l].sum_forward_calls == 1);
+    } else if (block) {
+      // Row-parallel output: one sum of C per row forward; column-parallel input: one backward.
+      CHECK(part.layers[l].params < whole_params);
+      CHECK(part.layers[l].sum_forward == c.channels);
+      CHECK(part.layers[l].sum_backward == c.channels);
+      CHECK(part.layers[l].sum_forward_calls == 1);
+      CHECK(part.layers[l].sum_backward_calls == 1);
+    } else if (l == last) {
+      // Column-parallel lm_head: its input gradient sums C per row. The vocabulary-parallel loss,
+      // timed with it, gathers 3 statistics per rank and row (a sum over a zeroed table of 3 x 2)
+      // in its forward and again in its backward.
+      CHECK(part.layers[l].params == Approx(whole_params / 2));
+      CHECK(part.layers[l].sum_forward == 3 * 2);
+      CHECK(part.layers[l].sum_backward == c.channels + 3 * 2);
+      CHECK(part.layers[l].sum_backward_calls == 2);
+    } else {
+      CHECK(part.layers[l].params == Approx(whole_params));  // ln_f, whole on every rank
+      CHECK(part.layers[l].sum_forward == 0);
+      CHECK(part.layers[l].sum_backward == 0);
+    }
+    CHECK(part.layers[l].forward > 0);
+  }
+}

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cupipe/planner/cost_json.hpp"
 #include "cupipe/planner/planner.hpp"
 
 namespace {
@@ -274,4 +275,97 @@ TEST_CASE("planner: in one process a hand-over lengthens the sender's action", "
   // One microbatch: F0 sends its output, B1 its input gradient, each 1 ms longer; the chain of four
   // actions is 2 ms longer, and the first worker's record waits that long too.
   CHECK(linked.step_seconds == Approx(alone + 2e-3).epsilon(1e-9));
+}
+
+namespace {
+
+/// uniform(8) with a 2-way tensor-parallel variant: each layer's part takes half the time and holds
+/// half the parameters, and sums 64 values per row in its forward and in its input gradient (one
+/// call each).
+planner::CostModel with_halves(double sum_latency, double sum_bytes_per_second) {
+  planner::CostModel model = uniform(8);
+  planner::TensorVariant half{2, model.layers};
+  for (planner::LayerCost& l : half.layers) {
+    l.forward /= 2, l.backward_input /= 2, l.backward_weight /= 2, l.params /= 2;
+    l.sum_forward = l.sum_backward = 64;
+    l.sum_forward_calls = l.sum_backward_calls = 1;
+  }
+  model.tensor_variants.push_back(half);
+  model.tensor_sum_latency = sum_latency;
+  model.tensor_sum_bytes_per_second = sum_bytes_per_second;
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("planner: tensor parallelism, its per-rank parts and its sums in the step time", "[planner]") {
+  planner::Request request;
+  request.model = with_halves(1e-4, 1e9);
+  request.devices = 2;
+  request.batch = 16;
+  request.tensor_degrees = {1, 2};
+  request.schedules = {"gpipe"};
+  const planner::Report report = plan(request);
+  const auto found = [&](int p, int d, int t, int m) {
+    return std::find_if(report.ranked.begin(), report.ranked.end(), [&](const planner::Layout& l) {
+      return l.stages == p && l.replicas == d && l.tensor == t && l.microbatches == m;
+    });
+  };
+  const auto split = found(1, 1, 2, 1);
+  REQUIRE(split != report.ranked.end());
+  CHECK(split->describe() == "gpipe p=1 v=1 m=1 d=1 t=2");
+  // One microbatch of 16 rows: each part's action takes 0.5 ms x 16 / 8 = 1 ms; each of the 8
+  // layers' F and B sums 16 x 64 values once: 0.1 ms + 2 (1/2) x 1024 x 4 B / 1 GB/s.
+  const double sum = 1e-4 + 1024 * 4 / 1e9;
+  CHECK(split->step_seconds == Approx(8 * 3 * 1e-3 + 16 * sum).epsilon(1e-9));
+  // Each rank holds half the parameters: less than a replica holding all of them.
+  const auto whole = found(1, 2, 1, 1);
+  REQUIRE(whole != report.ranked.end());
+  CHECK(most(split->peak_bytes) < most(whole->peak_bytes));
+  // Every layout uses the 2 devices: stages x replicas x tensor ranks.
+  for (const planner::Layout& l : report.ranked) CHECK(l.stages * l.replicas * l.tensor == 2);
+
+  SECTION("sums that cost nothing make the split the fastest layout that fits where replicas do not") {
+    request.model = with_halves(0, 0);
+    // Room for half the model's state and its activations, not for all of it.
+    const double full_state = 8 * 64 * 64 * 4.0 * (1 + 1 + 2);
+    request.memory_bytes = full_state * 0.9;
+    const planner::Report capped = plan(request);
+    REQUIRE(!capped.ranked.empty());
+    CHECK(capped.best().tensor == 2);
+    CHECK(capped.best().bubble == Approx(0).margin(1e-12));
+  }
+  SECTION("slow sums make a pipeline the better choice") {
+    request.model = with_halves(5e-3, 1e9);
+    request.memory_bytes = 0;
+    CHECK(plan(request).best().tensor == 1);
+  }
+}
+
+TEST_CASE("planner: a tensor degree without its profile is refused with the reason", "[planner]") {
+  planner::Request request;
+  request.model = uniform(4);
+  request.devices = 2;
+  request.batch = 8;
+  request.tensor_degrees = {2};
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("no profile of the model split 2 ways"));
+  request.model = with_halves(0, 0);
+  request.model.tensor_variants[0].layers.pop_back();
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("the 2-way tensor-parallel profile has 7 layers, the model 8"));
+  request.model = with_halves(0, 0);
+  request.one_process = true;
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("tensor-parallel ranks are processes"));
+}
+
+TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from JSON exactly", "[planner]") {
+  const planner::CostModel model = with_halves(1e-4, 2e9);
+  const planner::CostModel back = planner::cost_model_from_json(planner::to_json(model), "test");
+  REQUIRE(back.tensor_variants.size() == 1);
+  CHECK(back.tensor_variants[0].degree == 2);
+  REQUIRE(back.tensor_variants[0].layers.size() == 8);
+  CHECK(back.tensor_variants[0].layers[3].sum_forward == 64);
+  CHECK(back.tensor_variants[0].layers[3].sum_backward_calls == 1);
+  CHECK(back.tensor_variants[0].layers[3].forward == model.tensor_variants[0].layers[3].forward);
+  CHECK(back.tensor_sum_latency == 1e-4);
+  CHECK(back.tensor_sum_bytes_per_second == 2e9);
 }

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "cupipe/backend/staging.hpp"
+#include "cupipe/core/error.hpp"
 #include "cupipe/core/rng.hpp"
+#include "cupipe/core/tensor_group.hpp"
 #include "cupipe/layers/sequential.hpp"
 #include "cupipe/pipeline/stage_list.hpp"
 #include "cupipe/schedule/simulate.hpp"
@@ -29,6 +31,36 @@ struct LayerProfile {
   std::vector<double> backward_input;
   std::vector<double> backward_weight;
   index_t rows = 0;
+  /// With a tensor-parallel group (profile_layers' `group`): per layer, the values one run of its
+  /// forward and of its input gradient summed over the group, and how many sums each ran.
+  std::vector<double> sum_forward, sum_backward, sum_forward_calls, sum_backward_calls;
+};
+
+/// A tensor-parallel group that counts what its ranks would sum and passes the sums on to `inner`
+/// (none: a rank's part timed alone, the sums counted but not run; its values then stay one rank's
+/// partial sums, which changes no layer's cost).
+class CountingGroup final : public TensorGroup {
+ public:
+  CountingGroup(int size, int rank, TensorGroup* inner = nullptr) : size_(size), rank_(rank), inner_(inner) {
+    CUPIPE_REQUIRE(size >= 1 && rank >= 0 && rank < size, "CountingGroup: rank ", rank, " of a group of ", size);
+  }
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  void sum(float* data, std::size_t count) override { count_and_sum(data, count); }
+  void sum(double* data, std::size_t count) override { count_and_sum(data, count); }
+  bool device_memory() const override { return inner_ && inner_->device_memory(); }
+  double values = 0, calls = 0;  ///< since the last reset()
+  void reset() { values = calls = 0; }
+
+ private:
+  template <class T>
+  void count_and_sum(T* data, std::size_t count) {
+    values += double(count);
+    calls += 1;
+    if (inner_) inner_->sum(data, count);
+  }
+  int size_, rank_;
+  TensorGroup* inner_;
 };
 
 struct RebalanceProposal {
@@ -76,12 +108,15 @@ double median_seconds(int repeats, F&& f) {
 }  // namespace detail
 
 /// Times each layer of `Body` on `x_host` (one microbatch of real inputs, in host memory) on a fresh
-/// context of `Backend`, median of `repeats` runs.
+/// context of `Backend`, median of `repeats` runs. A tensor-parallel Body runs on `group` (a
+/// CountingGroup of one rank's place: each layer's sums are counted into the profile).
 template <class Body, class Backend>
-LayerProfile profile_layers(ConstView<typename Body::template input_t<typename Backend::value_type>> x_host, int repeats = 5) {
+LayerProfile profile_layers(ConstView<typename Body::template input_t<typename Backend::value_type>> x_host, int repeats = 5,
+                            CountingGroup* group = nullptr) {
   using T = typename Backend::value_type;
   using space = typename Backend::space;
   Backend be;
+  be.tensor_group = group;
   const index_t rows = x_host.rows();
   auto params = be.template allocate<T>(Body::param_count, MemoryTag::weights);
   auto grads = be.template allocate<grad_t<Backend>>(Body::param_count, MemoryTag::gradients);
@@ -115,14 +150,24 @@ LayerProfile profile_layers(ConstView<typename Body::template input_t<typename B
       const ViewOn<Backend, T> saved = Body::template saved<space>(rec, rows, I);
       const ConstViewOn<Backend, T> g{dy.data(), Shape{rows, Body::widths[I + 1]}};
       profile.names.push_back(Body::template describe_layer<I>());
+      const int runs = std::max(repeats, 1);  // median_seconds' runs
+      // The sums one run makes, from the group's counts over `runs` runs.
+      const auto count = [&](std::vector<double>& values, std::vector<double>& calls) {
+        values.push_back(group ? group->values / runs : 0.0);
+        calls.push_back(group ? group->calls / runs : 0.0);
+        if (group) group->reset();
+      };
+      if (group) group->reset();
       profile.forward.push_back(detail::median_seconds(repeats, [&] {
         L::forward(be, p, input, Body::template activation<space>(rec, rows, I + 1), saved);
         be.synchronize();
       }));
+      count(profile.sum_forward, profile.sum_forward_calls);
       profile.backward_input.push_back(I == 0 ? 0.0 : detail::median_seconds(repeats, [&] {
         if constexpr (I > 0) L::backward_input(be, p, input, saved, g, ViewOn<Backend, T>{dx.data(), Shape{rows, Body::widths[I]}});
         be.synchronize();
       }));
+      count(profile.sum_backward, profile.sum_backward_calls);
       profile.backward_weight.push_back(detail::median_seconds(repeats, [&] {
         L::backward_weight(be, input, saved, g, grads.data() + Body::param_offsets[I]);
         be.synchronize();

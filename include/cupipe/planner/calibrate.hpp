@@ -85,17 +85,21 @@ CostModel cost_model(const LayerProfile& large, const LayerProfile& small, int v
 struct LossProfile {
   double forward = 0, backward = 0;
   index_t rows = 0;
+  /// A tensor-parallel loss (profile_loss' `group`): values one forward and one backward summed over
+  /// the group, and the sums each ran.
+  double sum_forward = 0, sum_backward = 0, sum_forward_calls = 0, sum_backward_calls = 0;
 };
 
 /// Times `Loss` (forward, then backward) on `rows` rows of random logits on a fresh context of
-/// `Backend`, median of `repeats` runs.
+/// `Backend`, median of `repeats` runs; a tensor-parallel loss runs on `group`, which counts its sums.
 template <class Loss, class Backend>
-LossProfile profile_loss(index_t rows, int repeats = 5) {
+LossProfile profile_loss(index_t rows, int repeats = 5, CountingGroup* group = nullptr) {
   using T = typename Backend::value_type;  // the logits and their gradient
   using G = grad_t<Backend>;               // the loss (fp32 with bf16 storage)
   constexpr index_t classes = Loss::in_features;
   CUPIPE_REQUIRE(rows >= 1, "planner: time the loss on at least one row");
   Backend be;
+  be.tensor_group = group;
   Rng rng(3);
   std::vector<T> logits_host(static_cast<std::size_t>(rows * classes));
   for (T& v : logits_host) v = T(float(rng.normal()));
@@ -111,14 +115,18 @@ LossProfile profile_loss(index_t rows, int repeats = 5) {
   const ConstViewOn<Backend, std::int32_t> y{labels.data(), Shape{rows}};
   LossProfile out;
   out.rows = rows;
+  const double runs = std::max(repeats, 1);
+  if (group) group->reset();
   out.forward = cupipe::detail::median_seconds(repeats, [&] {
     Loss::forward(be, x, y, ViewOn<Backend, G>{loss.data(), Shape{1}}, rows);
     be.synchronize();
   });
+  if (group) out.sum_forward = group->values / runs, out.sum_forward_calls = group->calls / runs, group->reset();
   out.backward = cupipe::detail::median_seconds(repeats, [&] {
     Loss::backward(be, x, y, ViewOn<Backend, T>{dlogits.data(), Shape{rows, classes}}, rows);
     be.synchronize();
   });
+  if (group) out.sum_backward = group->values / runs, out.sum_backward_calls = group->calls / runs, group->reset();
   return out;
 }
 
@@ -130,6 +138,12 @@ inline LayerProfile with_loss(LayerProfile profile, const LossProfile& loss) {
   CUPIPE_REQUIRE(!profile.forward.empty(), "planner: the profile has no layers");
   profile.forward.back() += loss.forward;
   profile.backward_input.back() += loss.backward;
+  if (!profile.sum_forward.empty()) {
+    profile.sum_forward.back() += loss.sum_forward;
+    profile.sum_forward_calls.back() += loss.sum_forward_calls;
+    profile.sum_backward.back() += loss.sum_backward;
+    profile.sum_backward_calls.back() += loss.sum_backward_calls;
+  }
   return profile;
 }
 
@@ -334,15 +348,16 @@ double step_overhead_seconds(ConstView<model_input_t<typename Model::body, typen
   return std::max(0.0, measured - predicted - params * model.update_seconds_per_param);
 }
 
-/// The cost model of `Model` on `Backend`, measured here: every layer and the model's loss profiled
-/// on `x` (a batch of real inputs in host memory), on a quarter and on a sixteenth of its samples
-/// (LayerCost::points; the first two also give each action's fixed part), the optimizer step (AdamW:
-/// two slots), the step's overhead (step_overhead_seconds) and an in-process hand-over between two
-/// contexts (local_link). Each size is profiled twice and each action keeps the smaller median.
-/// `rows_per_sample`: a sequence's tokens for a transformer. Takes a few seconds.
+namespace detail {
+
+/// The layer costs of `Model` on `Backend` from profiles on `x` (a batch of real inputs in host
+/// memory), on a quarter and on a sixteenth of its samples (LayerCost::points; the first two also
+/// give each action's fixed part); each size is profiled twice and each action keeps the smaller
+/// median. A tensor-parallel Model runs on `group`, and each layer's sums per row and calls come
+/// from the largest size.
 template <class Model, class Backend>
-CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats = 3,
-                    index_t rows_per_sample = 1) {
+CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats,
+                          index_t rows_per_sample, CountingGroup* group) {
   using Body = typename Model::body;
   using T = typename Backend::value_type;
   CUPIPE_REQUIRE(rows_per_sample >= 1 && x.rows() % rows_per_sample == 0, "planner: calibrate on whole samples of ",
@@ -351,8 +366,9 @@ CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backe
   CUPIPE_REQUIRE(samples >= 2, "planner: calibrate on at least two samples (the fixed part needs two sizes), got ", samples);
   const index_t small = std::max<index_t>(1, samples / 4) * rows_per_sample, width = x.numel() / x.rows();
   const auto once = [&](index_t rows) {
-    const LayerProfile layers = profile_layers<Body, Backend>(ConstView<model_input_t<Body, T>>{x.data(), Shape{rows, width}}, repeats);
-    return with_loss(layers, profile_loss<loss_of_t<Model>, Backend>(rows, repeats));
+    const LayerProfile layers =
+        profile_layers<Body, Backend>(ConstView<model_input_t<Body, T>>{x.data(), Shape{rows, width}}, repeats, group);
+    return with_loss(layers, profile_loss<loss_of_t<Model>, Backend>(rows, repeats, group));
   };
   // Each size twice, the smaller of the two medians per action: a stretch of slow wake-ups or a
   // busy neighbour (tens of milliseconds) then spoils at most one of them.
@@ -373,18 +389,72 @@ CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backe
   // linear (a GEMM of a few rows runs far below its peak), and the points capture it.
   std::vector<LayerProfile> sizes{small_profile, large};
   if (const index_t tiny = std::max<index_t>(1, samples / 16) * rows_per_sample; tiny < small) sizes.insert(sizes.begin(), profile(tiny));
-  for (std::size_t l = 0; l < Body::size; ++l)
-    for (const LayerProfile& p : sizes)
-      model.layers[l].points.push_back({double(p.rows), p.forward[l], p.backward_input[l], p.backward_weight[l]});
+  for (std::size_t l = 0; l < Body::size; ++l) {
+    LayerCost& c = model.layers[l];
+    for (const LayerProfile& p : sizes) c.points.push_back({double(p.rows), p.forward[l], p.backward_input[l], p.backward_weight[l]});
+    if (group) {
+      c.sum_forward = large.sum_forward[l] / double(large.rows);
+      c.sum_backward = large.sum_backward[l] / double(large.rows);
+      c.sum_forward_calls = large.sum_forward_calls[l];
+      c.sum_backward_calls = large.sum_backward_calls[l];
+    }
+  }
+  model.tied = Body::tied.count > 0;
+  return model;
+}
+
+}  // namespace detail
+
+/// The cost model of `Model` on `Backend`, measured here: every layer and the model's loss profiled
+/// on `x` (a batch of real inputs in host memory), on a quarter and on a sixteenth of its samples
+/// (LayerCost::points; the first two also give each action's fixed part), the optimizer step (AdamW:
+/// two slots), the step's overhead (step_overhead_seconds) and an in-process hand-over between two
+/// contexts (local_link). Each size is profiled twice and each action keeps the smaller median.
+/// `rows_per_sample`: a sequence's tokens for a transformer. Takes a few seconds.
+template <class Model, class Backend>
+CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats = 3,
+                    index_t rows_per_sample = 1) {
+  using Body = typename Model::body;
+  CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr);
   model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), repeats);
   // Measured with two microbatches: one microbatch of the whole batch is the one layout whose
   // working set is largest, and on a CPU it runs slower than its layers timed alone.
   model.step_overhead_seconds = step_overhead_seconds<Model, Backend>(x, model, 2);
-  model.tied = Body::tied.count > 0;
   const LinkCost link = local_link<Backend>();
   model.link_latency = link.latency;
   model.link_bytes_per_second = link.bytes_per_second;
   return model;
+}
+
+/// One rank's part of `TensorParallelModel` (the model split `degree` ways, e.g.
+/// gpt::TensorParallelModel<c, 2>), profiled on `Backend` as calibrate profiles the whole model, on
+/// a group of `degree` ranks whose sums are counted, not run: per layer the part's times, sizes and
+/// the values per row it sums in its forward and input gradient (with the calls). The planner adds
+/// the sums' time from CostModel::tensor_sum_latency and tensor_sum_bytes_per_second. Add the result
+/// to the whole model's CostModel::tensor_variants; its layers must be the same list.
+template <class TensorParallelModel, class Backend>
+TensorVariant calibrate_tensor_parts(ConstView<model_input_t<typename TensorParallelModel::body, typename Backend::value_type>> x,
+                                     int degree, int repeats = 3, index_t rows_per_sample = 1) {
+  CUPIPE_REQUIRE(degree >= 2, "planner: a tensor-parallel profile splits the model at least 2 ways, got ", degree);
+  CountingGroup group(degree, 0);
+  return {degree, detail::profiled_layers<TensorParallelModel, Backend>(x, repeats, rows_per_sample, &group).layers};
+}
+
+/// Seconds per call and bandwidth of a sum over `comm`'s tensor-parallel group (every rank of the
+/// world takes part): the mean over the ranks of the median of `repeats` sums of 1 value (the
+/// latency) and of `values` values. Zero where the group has one rank.
+inline LinkCost tensor_sum_cost(comm::Communicator& comm, index_t values = index_t(1) << 18, int repeats = 7) {
+  TensorGroup* group = comm.tensor_group();
+  if (group == nullptr || group->size() < 2) return {};
+  CUPIPE_REQUIRE(values >= 2, "planner: time the tensor-parallel sum on at least two values, got ", values);
+  std::vector<float> data(static_cast<std::size_t>(values), 1.0f);
+  const double small = cupipe::detail::median_seconds(repeats, [&] { group->sum(data.data(), 1); });
+  const double large = cupipe::detail::median_seconds(repeats, [&] { group->sum(data.data(), data.size()); });
+  const double world = double(comm.topology().world);
+  const double latency = comm.sum_over_world(small) / world, whole = comm.sum_over_world(large) / world;
+  const double t = double(group->size());
+  const double bytes = 2.0 * (t - 1) / t * double(values - 1) * sizeof(float);
+  return {latency, whole > latency ? bytes / (whole - latency) : 0.0};
 }
 
 }  // namespace cupipe::planner

@@ -17,19 +17,30 @@
 
 namespace cupipe::planner {
 
-inline nlohmann::json to_json(const CostModel& m) {
+namespace detail {
+inline nlohmann::json layers_json(const std::vector<LayerCost>& list) {
   nlohmann::json layers = nlohmann::json::array();
-  for (const LayerCost& l : m.layers)
+  for (const LayerCost& l : list)
     layers.push_back({{"name", l.name}, {"forward", l.forward}, {"backward_input", l.backward_input},
                       {"backward_weight", l.backward_weight}, {"params", l.params}, {"in", l.in}, {"out", l.out},
                       {"saved", l.saved}, {"forward_fixed", l.forward_fixed}, {"backward_input_fixed", l.backward_input_fixed},
-                      {"backward_weight_fixed", l.backward_weight_fixed}, {"points", l.points}});
+                      {"backward_weight_fixed", l.backward_weight_fixed}, {"points", l.points},
+                      {"sum_forward", l.sum_forward}, {"sum_backward", l.sum_backward},
+                      {"sum_forward_calls", l.sum_forward_calls}, {"sum_backward_calls", l.sum_backward_calls}});
+  return layers;
+}
+}  // namespace detail
+
+inline nlohmann::json to_json(const CostModel& m) {
+  nlohmann::json variants = nlohmann::json::array();
+  for (const TensorVariant& v : m.tensor_variants) variants.push_back({{"degree", v.degree}, {"layers", detail::layers_json(v.layers)}});
   return {{"profiled_rows", m.profiled_rows}, {"rows_per_sample", m.rows_per_sample}, {"value_bytes", m.value_bytes},
           {"compute_bytes", m.gradient_bytes()}, {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
           {"link_bytes_per_second", m.link_bytes_per_second}, {"allreduce_bytes_per_second", m.allreduce_bytes_per_second},
           {"update_seconds_per_param", m.update_seconds_per_param}, {"step_overhead_seconds", m.step_overhead_seconds},
-          {"tied", m.tied},
-          {"layers", layers}};
+          {"tied", m.tied}, {"tensor_sum_latency", m.tensor_sum_latency},
+          {"tensor_sum_bytes_per_second", m.tensor_sum_bytes_per_second},
+          {"layers", detail::layers_json(m.layers)}, {"tensor_variants", variants}};
 }
 
 /// Reads a cost model; a missing or mistyped field is an error naming `source` and the field.
@@ -52,16 +63,36 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
     m.update_seconds_per_param = j.value("update_seconds_per_param", 0.0);
     m.step_overhead_seconds = j.value("step_overhead_seconds", 0.0);
     m.tied = j.value("tied", false);
-    if (!j.contains("layers") || !j["layers"].is_array()) CUPIPE_THROW(source, ": layers must be an array");
-    for (std::size_t i = 0; i < j["layers"].size(); ++i) {
-      const nlohmann::json& l = j["layers"][i];
-      const std::string where = "layers[" + std::to_string(i) + "].";
-      m.layers.push_back({l.value("name", "layer" + std::to_string(i)), field(l, "forward", where).get<double>(),
-                          field(l, "backward_input", where).get<double>(), field(l, "backward_weight", where).get<double>(),
-                          field(l, "params", where).get<double>(), field(l, "in", where).get<double>(),
-                          field(l, "out", where).get<double>(), l.value("saved", 0.0), l.value("forward_fixed", 0.0),
-                          l.value("backward_input_fixed", 0.0), l.value("backward_weight_fixed", 0.0),
-                          l.value("points", std::vector<std::array<double, 4>>{})});
+    m.tensor_sum_latency = j.value("tensor_sum_latency", 0.0);
+    m.tensor_sum_bytes_per_second = j.value("tensor_sum_bytes_per_second", 0.0);
+    const auto read_layers = [&](const nlohmann::json& o, const std::string& prefix) {
+      if (!o.contains("layers") || !o["layers"].is_array()) CUPIPE_THROW(source, ": ", prefix, "layers must be an array");
+      std::vector<LayerCost> out;
+      for (std::size_t i = 0; i < o["layers"].size(); ++i) {
+        const nlohmann::json& l = o["layers"][i];
+        const std::string where = prefix + "layers[" + std::to_string(i) + "].";
+        LayerCost c{l.value("name", "layer" + std::to_string(i)), field(l, "forward", where).get<double>(),
+                    field(l, "backward_input", where).get<double>(), field(l, "backward_weight", where).get<double>(),
+                    field(l, "params", where).get<double>(), field(l, "in", where).get<double>(),
+                    field(l, "out", where).get<double>(), l.value("saved", 0.0), l.value("forward_fixed", 0.0),
+                    l.value("backward_input_fixed", 0.0), l.value("backward_weight_fixed", 0.0),
+                    l.value("points", std::vector<std::array<double, 4>>{})};
+        c.sum_forward = l.value("sum_forward", 0.0);
+        c.sum_backward = l.value("sum_backward", 0.0);
+        c.sum_forward_calls = l.value("sum_forward_calls", 0.0);
+        c.sum_backward_calls = l.value("sum_backward_calls", 0.0);
+        out.push_back(std::move(c));
+      }
+      return out;
+    };
+    m.layers = read_layers(j, "");
+    if (j.contains("tensor_variants")) {
+      if (!j["tensor_variants"].is_array()) CUPIPE_THROW(source, ": tensor_variants must be an array");
+      for (std::size_t i = 0; i < j["tensor_variants"].size(); ++i) {
+        const nlohmann::json& v = j["tensor_variants"][i];
+        const std::string where = "tensor_variants[" + std::to_string(i) + "].";
+        m.tensor_variants.push_back({field(v, "degree", where).get<int>(), read_layers(v, where)});
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     CUPIPE_THROW(source, ": ", e.what());

@@ -16,8 +16,11 @@
 //   messages, dy, grad records and dx) in the simulated time (detail::activation_peaks).
 // A layout a policy refuses, that needs more virtual stages than there are layers, or whose
 // estimate exceeds the memory per device, is never proposed; each is listed with its reason.
-// Tensor parallelism is not searched yet (cupipe runs it: layers/tensor_parallel.hpp; the planner
-// does not model its group sums).
+// Tensor parallelism (Request::tensor_degrees): a degree t > 1 takes its per-rank layer costs from
+// the model's profile of its t-way split (CostModel::tensor_variants: each layer's part timed alone
+// on one rank, the values it sums over the group counted, planner::calibrate_tensor_parts), adds
+// the group sums' time (CostModel::tensor_sum_latency, tensor_sum_bytes_per_second) to the
+// action that runs them, and needs stages x replicas x t devices.
 #pragma once
 
 #include <algorithm>
@@ -57,6 +60,17 @@ struct LayerCost {
   /// follow them piecewise linearly (beyond the ends, the nearest segment's line) instead of the
   /// fixed-plus-linear model above. planner::calibrate measures three sizes.
   std::vector<std::array<double, 4>> points{};
+  /// Tensor-parallel parts (CostModel::tensor_variants): values per row this layer sums over its
+  /// tensor-parallel group in the forward and in the input gradient, and the sums (calls) per action.
+  double sum_forward = 0, sum_backward = 0;
+  double sum_forward_calls = 0, sum_backward_calls = 0;
+};
+
+/// One tensor-parallel degree's per-rank layers: the same layer list split `degree` ways (times,
+/// parameters, widths and saved values of one rank's part; the sums it runs).
+struct TensorVariant {
+  int degree = 1;
+  std::vector<LayerCost> layers;
 };
 
 struct CostModel {
@@ -73,6 +87,12 @@ struct CostModel {
   /// What a training step takes beyond its actions and update (staging the batch, allocations,
   /// reading the loss, waking the workers), once per step; planner::calibrate measures it.
   double step_overhead_seconds = 0;
+  /// The model split over tensor-parallel groups, per degree (empty: no tensor parallelism).
+  std::vector<TensorVariant> tensor_variants{};
+  /// A sum over a tensor-parallel group: seconds per call and bandwidth (bytes of one rank's values
+  /// per second, as a ring all-reduce moves 2 (t - 1) / t of them); 0: free.
+  double tensor_sum_latency = 0;
+  double tensor_sum_bytes_per_second = 0;
   /// The model ties a layer to another (GPT-2's lm_head to wte): only a flush update sums the copies,
   /// so the asynchronous schedules cannot train it.
   bool tied = false;
@@ -91,6 +111,9 @@ struct Request {
   std::size_t runners_up = 5;
   /// Stage counts to consider; empty: every count that fits the devices.
   std::vector<int> stage_counts{};
+  /// Tensor-parallel degrees to consider; empty: {1}. Each degree above 1 needs its variant in the
+  /// cost model (CostModel::tensor_variants).
+  std::vector<int> tensor_degrees{};
   int max_replicas = 0;     ///< most data-parallel replicas; 0: no limit (1 for an in-process host run)
   bool all_devices = true;  ///< stages x replicas = devices; false: at most devices (the rest idle)
   /// The split a program can run, for a virtual stage count: first layer of each virtual stage,
@@ -112,6 +135,7 @@ struct Layout {
   int chunks = 1;        ///< virtual stages per worker
   int microbatches = 1;  ///< per step and replica
   int replicas = 1;      ///< data-parallel degree
+  int tensor = 1;        ///< tensor-parallel ranks per stage
   int batches = 1;       ///< batches a step runs (asynchronous schedules: 2)
   std::vector<std::size_t> cuts;    ///< first layer of each virtual stage, then the layer count
   double step_seconds = 0;          ///< predicted, per batch (one optimizer step for flush schedules)
@@ -142,6 +166,7 @@ struct Report {
 inline std::string Layout::describe() const {
   std::ostringstream out;
   out << schedule << " p=" << stages << " v=" << chunks << " m=" << microbatches << " d=" << replicas;
+  if (tensor > 1) out << " t=" << tensor;
   return out.str();
 }
 
@@ -224,6 +249,14 @@ inline double at_rows(const CostModel& model, const LayerCost& layer, int action
 /// Seconds of a hand-over of `values` values.
 inline double link_seconds(const CostModel& model, double values) {
   return model.link_latency + (model.link_bytes_per_second > 0 ? values * model.value_bytes / model.link_bytes_per_second : 0.0);
+}
+
+/// Seconds of one rank's share of `calls` sums over a tensor-parallel group of `t` ranks that
+/// together sum `values` values per rank (a ring all-reduce moves 2 (t - 1) / t of them).
+inline double tensor_sum_seconds(const CostModel& model, int t, double calls, double values) {
+  if (t <= 1 || (calls == 0 && values == 0)) return 0.0;
+  const double bytes = 2.0 * double(t - 1) / double(t) * values * model.gradient_bytes();  // bf16 sums in fp32
+  return calls * model.tensor_sum_latency + (model.tensor_sum_bytes_per_second > 0 ? bytes / model.tensor_sum_bytes_per_second : 0.0);
 }
 
 /// Values per row of one virtual stage: what its forward receives (0 for the first: the staged
@@ -332,17 +365,18 @@ inline std::string gigabytes(double bytes) {
 
 namespace detail {
 
-/// Every policy and microbatch count for p stages and d replicas, into `report`.
+/// Every policy and microbatch count for p stages, d replicas and t tensor-parallel ranks per stage,
+/// into `report`; `model` holds the per-rank layers of t (the request's model for t = 1).
 template <class List, class Split>
-void search_layouts(const Request& request, int p, int d, Split& split_into, Report& report) {
-  const CostModel& model = request.model;
+void search_layouts(const Request& request, const CostModel& model, int p, int d, int t, Split& split_into, Report& report) {
   const std::size_t layers = model.layers.size();
   const index_t samples = request.batch / d;  // per replica (the first batch % d replicas take one more)
+  const std::string tensor_suffix = t > 1 ? " t=" + std::to_string(t) : std::string();
   for (const schedule::PolicyInfo& policy : schedule::policy_table<List>()) {
     if (!wanted(request, policy.name)) continue;
     const int v = policy.default_chunks, virtual_stages = p * v;
     const std::string base = std::string(policy.name) + " p=" + std::to_string(p);
-    const std::string where = base + " d=" + std::to_string(d);
+    const std::string where = base + " d=" + std::to_string(d) + tensor_suffix;
     if (std::size_t(virtual_stages) > layers) {
       ++report.considered;
       report.rejected.push_back({where, std::to_string(virtual_stages) + " virtual stages for " + std::to_string(layers) + " layers"});
@@ -374,7 +408,7 @@ void search_layouts(const Request& request, int p, int d, Split& split_into, Rep
     for (int m : microbatch_candidates(p, samples, request.max_microbatches)) {
       ++report.considered;
       const schedule::Config config{p, m, v, policy.default_batches};
-      const std::string name = base + " m=" + std::to_string(m) + " d=" + std::to_string(d);
+      const std::string name = base + " m=" + std::to_string(m) + " d=" + std::to_string(d) + tensor_suffix;
       if (const std::string_view why = policy.check(config); !why.empty()) {
         report.rejected.push_back({name, std::string(why)});
         continue;
@@ -403,8 +437,12 @@ void search_layouts(const Request& request, int p, int d, Split& split_into, Rep
           for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) {
             const LayerCost& layer = model.layers[l];
             const double f = at_rows(model, layer, 0, r), b = at_rows(model, layer, 1, r), w = at_rows(model, layer, 2, r);
-            c.forward += f;
-            c.backward += policy.split_backward ? b : b + w;
+            // The group sums run inside the action: the forward's (a row-parallel output) and the
+            // input gradient's (a column-parallel input).
+            const double sf = tensor_sum_seconds(model, t, layer.sum_forward_calls, r * layer.sum_forward);
+            const double sb = tensor_sum_seconds(model, t, layer.sum_backward_calls, r * layer.sum_backward);
+            c.forward += f + sf;
+            c.backward += policy.split_backward ? b + sb : b + sb + w;
             c.weight += policy.split_backward ? w : 0.0;
             chunk_params += layer.params;
           }
@@ -444,6 +482,7 @@ void search_layouts(const Request& request, int p, int d, Split& split_into, Rep
       layout.chunks = v;
       layout.microbatches = m;
       layout.replicas = d;
+      layout.tensor = t;
       layout.batches = config.batches;
       layout.cuts = cuts;
       layout.bubble = sim.bubble_fraction;
@@ -496,50 +535,85 @@ Report search(const Request& request) {
   CUPIPE_REQUIRE(model.update_seconds_per_param >= 0 && model.step_overhead_seconds >= 0,
                  "planner: update_seconds_per_param and step_overhead_seconds must not be negative");
   for (const std::string& name : request.schedules) (void)schedule::find_policy<List>(name);  // names every valid one
-  std::vector<double> total(layers);
-  for (std::size_t l = 0; l < layers; ++l) {
-    const LayerCost& c = model.layers[l];
-    CUPIPE_REQUIRE(c.forward >= 0 && c.backward_input >= 0 && c.backward_weight >= 0 && c.params >= 0,
-                   "planner: layer ", l, " (", c.name, ") has a negative cost or size");
-    CUPIPE_REQUIRE(c.forward_fixed >= 0 && c.forward_fixed <= c.forward && c.backward_input_fixed >= 0 &&
-                       c.backward_input_fixed <= c.backward_input && c.backward_weight_fixed >= 0 &&
-                       c.backward_weight_fixed <= c.backward_weight,
-                   "planner: layer ", l, " (", c.name, ") has a fixed part outside [0, its time]");
-    for (std::size_t i = 0; i < c.points.size(); ++i)
-      CUPIPE_REQUIRE(c.points[i][0] > 0 && (i == 0 || c.points[i][0] > c.points[i - 1][0]) && c.points[i][1] >= 0 &&
-                         c.points[i][2] >= 0 && c.points[i][3] >= 0,
-                     "planner: layer ", l, " (", c.name, ") has points that are not ascending positive rows with times >= 0");
-    total[l] = c.forward + c.backward_input + c.backward_weight;
-  }
+  const auto check_layers = [&](const std::vector<LayerCost>& list, const std::string& where) {
+    for (std::size_t l = 0; l < list.size(); ++l) {
+      const LayerCost& c = list[l];
+      CUPIPE_REQUIRE(c.forward >= 0 && c.backward_input >= 0 && c.backward_weight >= 0 && c.params >= 0 &&
+                         c.sum_forward >= 0 && c.sum_backward >= 0 && c.sum_forward_calls >= 0 && c.sum_backward_calls >= 0,
+                     "planner: ", where, "layer ", l, " (", c.name, ") has a negative cost or size");
+      CUPIPE_REQUIRE(c.forward_fixed >= 0 && c.forward_fixed <= c.forward && c.backward_input_fixed >= 0 &&
+                         c.backward_input_fixed <= c.backward_input && c.backward_weight_fixed >= 0 &&
+                         c.backward_weight_fixed <= c.backward_weight,
+                     "planner: ", where, "layer ", l, " (", c.name, ") has a fixed part outside [0, its time]");
+      for (std::size_t i = 0; i < c.points.size(); ++i)
+        CUPIPE_REQUIRE(c.points[i][0] > 0 && (i == 0 || c.points[i][0] > c.points[i - 1][0]) && c.points[i][1] >= 0 &&
+                           c.points[i][2] >= 0 && c.points[i][3] >= 0,
+                       "planner: ", where, "layer ", l, " (", c.name,
+                       ") has points that are not ascending positive rows with times >= 0");
+    }
+  };
+  check_layers(model.layers, "");
   CUPIPE_REQUIRE(request.max_replicas >= 0, "planner: max_replicas must not be negative");
   for (int p : request.stage_counts)
     CUPIPE_REQUIRE(p >= 1, "planner: stage counts must be positive, got ", p);
-  Report report;
-  // Splits by virtual stage count; an empty one: the program has none.
-  std::vector<std::vector<std::size_t>> cuts_for(layers + 1);
-  std::vector<char> cuts_known(layers + 1, 0);
-  const auto split_into = [&](int virtual_stages) -> const std::vector<std::size_t>& {
-    const auto n = std::size_t(virtual_stages);
-    if (!cuts_known[n]) {
-      cuts_known[n] = 1;
-      cuts_for[n] = request.split ? request.split(virtual_stages) : detail::balanced_cuts(total, virtual_stages);
-      const std::vector<std::size_t>& c = cuts_for[n];
-      CUPIPE_REQUIRE(c.empty() || (c.size() == n + 1 && c.front() == 0 && c.back() == layers &&
-                                   std::is_sorted(c.begin(), c.end()) &&
-                                   std::adjacent_find(c.begin(), c.end()) == c.end()),
-                     "planner: the split for ", virtual_stages, " virtual stages is not ", virtual_stages,
-                     " non-empty contiguous ranges of the ", layers, " layers");
+  CUPIPE_REQUIRE(model.tensor_sum_latency >= 0 && model.tensor_sum_bytes_per_second >= 0,
+                 "planner: tensor_sum_latency and tensor_sum_bytes_per_second must not be negative");
+  // Per tensor degree, the per-rank model: the request's own for 1, else its variant.
+  std::vector<int> degrees = request.tensor_degrees.empty() ? std::vector<int>{1} : request.tensor_degrees;
+  std::sort(degrees.begin(), degrees.end());
+  degrees.erase(std::unique(degrees.begin(), degrees.end()), degrees.end());
+  std::vector<CostModel> per_degree;
+  for (int t : degrees) {
+    CUPIPE_REQUIRE(t >= 1, "planner: tensor-parallel degrees must be positive, got ", t);
+    CUPIPE_REQUIRE(t == 1 || !request.one_process, "planner: tensor degree ", t,
+                   " asked for in one process; tensor-parallel ranks are processes (Request::one_process plans t = 1)");
+    CostModel m = model;
+    m.tensor_variants.clear();
+    if (t > 1) {
+      const auto v = std::find_if(model.tensor_variants.begin(), model.tensor_variants.end(),
+                                  [&](const TensorVariant& x) { return x.degree == t; });
+      CUPIPE_REQUIRE(v != model.tensor_variants.end(), "planner: tensor-parallel degree ", t,
+                     " was asked for, but the cost model has no profile of the model split ", t,
+                     " ways (CostModel::tensor_variants; planner::calibrate_tensor_parts measures one)");
+      CUPIPE_REQUIRE(v->layers.size() == layers, "planner: the ", t, "-way tensor-parallel profile has ", v->layers.size(),
+                     " layers, the model ", layers);
+      check_layers(v->layers, "the " + std::to_string(t) + "-way tensor-parallel profile's ");
+      m.layers = v->layers;
     }
-    return cuts_for[n];
-  };
-  for (int p = 1; p <= request.devices; ++p) {
-    if (!request.stage_counts.empty() &&
-        std::find(request.stage_counts.begin(), request.stage_counts.end(), p) == request.stage_counts.end())
-      continue;
-    for (int d = 1; p * d <= request.devices; ++d) {
-      if (request.all_devices && p * d != request.devices) continue;
-      if (request.max_replicas > 0 && d > request.max_replicas) continue;
-      detail::search_layouts<List>(request, p, d, split_into, report);
+    per_degree.push_back(std::move(m));
+  }
+  Report report;
+  for (std::size_t i = 0; i < degrees.size(); ++i) {
+    const int t = degrees[i];
+    const CostModel& m = per_degree[i];
+    std::vector<double> total(layers);
+    for (std::size_t l = 0; l < layers; ++l) total[l] = m.layers[l].forward + m.layers[l].backward_input + m.layers[l].backward_weight;
+    // Splits by virtual stage count; an empty one: the program has none.
+    std::vector<std::vector<std::size_t>> cuts_for(layers + 1);
+    std::vector<char> cuts_known(layers + 1, 0);
+    const auto split_into = [&](int virtual_stages) -> const std::vector<std::size_t>& {
+      const auto n = std::size_t(virtual_stages);
+      if (!cuts_known[n]) {
+        cuts_known[n] = 1;
+        cuts_for[n] = request.split ? request.split(virtual_stages) : detail::balanced_cuts(total, virtual_stages);
+        const std::vector<std::size_t>& c = cuts_for[n];
+        CUPIPE_REQUIRE(c.empty() || (c.size() == n + 1 && c.front() == 0 && c.back() == layers &&
+                                     std::is_sorted(c.begin(), c.end()) &&
+                                     std::adjacent_find(c.begin(), c.end()) == c.end()),
+                       "planner: the split for ", virtual_stages, " virtual stages is not ", virtual_stages,
+                       " non-empty contiguous ranges of the ", layers, " layers");
+      }
+      return cuts_for[n];
+    };
+    for (int p = 1; p * t <= request.devices; ++p) {
+      if (!request.stage_counts.empty() &&
+          std::find(request.stage_counts.begin(), request.stage_counts.end(), p) == request.stage_counts.end())
+        continue;
+      for (int d = 1; p * d * t <= request.devices; ++d) {
+        if (request.all_devices && p * d * t != request.devices) continue;
+        if (request.max_replicas > 0 && d > request.max_replicas) continue;
+        detail::search_layouts<List>(request, m, p, d, t, split_into, report);
+      }
     }
   }
   std::stable_sort(report.ranked.begin(), report.ranked.end(), [](const Layout& a, const Layout& b) {
@@ -575,9 +649,13 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
   out << "best: " << best.describe() << " (predicted, from the cost model)\n"
       << "  step " << best.step_seconds * 1e3 << " ms, bubble " << best.bubble << ", update " << best.update_seconds * 1e3
       << " ms, gradient sum " << best.allreduce_seconds * 1e3 << " ms\n";
+  // The layer names of the split the best layout runs (a tensor-parallel part's own names).
+  const std::vector<LayerCost>* names = &model.layers;
+  for (const TensorVariant& v : model.tensor_variants)
+    if (v.degree == best.tensor && v.layers.size() == model.layers.size()) names = &v.layers;
   for (std::size_t k = 0; k + 1 < best.cuts.size(); ++k) {
     out << "  virtual stage " << k << ": layers " << best.cuts[k] << ".." << best.cuts[k + 1] - 1;
-    if (!model.layers.empty()) out << " (" << model.layers[best.cuts[k]].name << " .. " << model.layers[best.cuts[k + 1] - 1].name << ")";
+    if (!names->empty()) out << " (" << (*names)[best.cuts[k]].name << " .. " << (*names)[best.cuts[k + 1] - 1].name << ")";
     out << "\n";
   }
   for (std::size_t w = 0; w < best.peak_bytes.size(); ++w)
