@@ -115,6 +115,8 @@ TEST_CASE("every layer alone: parameter and input gradients match finite differe
   check_sequence_gradients<LayerSeq<0, 1, TokenPositionEmbedding<11, 4, 6>>>(seed, 12);  // 3 sequences
   check_sequence_gradients<LayerSeq<0, 1, TokenPositionEmbedding<11, 1, 6>>>(seed, rows);
   check_sequence_gradients<LayerSeq<0, 6, LinearNoBias<6, 5>>>(seed, rows);
+  check_sequence_gradients<LayerSeq<0, 5, LinearGELU<5, 7>>>(seed, rows);  // first: its B runs for W's sake
+  check_sequence_gradients<LayerSeq<1, 5, LinearGELU<5, 7>>>(seed, rows);  // later: dx too
 }
 
 TEST_CASE("causal self-attention and residual blocks: gradients match finite differences", "[cpu][layers][gradcheck][gpt]") {
@@ -124,6 +126,7 @@ TEST_CASE("causal self-attention and residual blocks: gradients match finite dif
   check_sequence_gradients<LayerSeq<0, 8, CausalSelfAttention<8, 1, 7>>>(seed, 7);   // one head, odd T
   check_sequence_gradients<LayerSeq<0, 8, AttentionBlock>>(seed, 10);
   check_sequence_gradients<LayerSeq<0, 6, MlpBlock>>(seed, 3);
+  check_sequence_gradients<LayerSeq<0, 6, Residual<LayerNorm<6>, LinearGELU<6, 24>, Linear<24, 6>>>>(seed, 3);
   // A whole GPT body (embedding, 2 blocks, ln_f, lm_head), and a stage cut inside a block.
   check_sequence_gradients<SmallGpt::body>(seed, 8);
   check_sequence_gradients<LayerSeq<2, 8, gpt::MlpHalf<small_gpt>, gpt::AttentionHalf<small_gpt>>>(seed, 8);
@@ -248,6 +251,8 @@ TEST_CASE("zero-bubble split: backward without weight grads, then backward_weigh
   // Attention and a block first in a stage: B must still run them with no dx, for W's sake.
   check_split_backward_is_bitwise_fused<LayerSeq<1, 8, CausalSelfAttention<8, 2, 4>, LayerNorm<8>>>(seed, 8);
   check_split_backward_is_bitwise_fused<LayerSeq<1, 8, AttentionBlock>>(seed, 10);
+  // LinearGELU first in a stage: B computes GELU's gradient with no dx, for W's sake.
+  check_split_backward_is_bitwise_fused<LayerSeq<1, 5, LinearGELU<5, 7>, Linear<7, 3>>>(seed, 4);
 }
 
 namespace {
@@ -393,4 +398,62 @@ TEST_CASE("tied GPT: the summed gradient is the derivative with respect to the o
   };
   for (index_t i = 0; i < tied.count; ++i) numeric[std::size_t(i)] = (loss_at(i, h) - loss_at(i, -h)) / (2 * h);
   CHECK(relative_error(analytic, numeric) <= grad_tolerance);
+}
+
+namespace {
+
+/// The same model written with LinearGELU and with Linear then GELU: the same parameter names (after
+/// Sequential's layer index) and count; given the same values, the same loss and gradients, bitwise, on `Backend` (the same ops
+/// in the same order).
+template <class Backend, class Fused, class Unfused>
+void check_fused_equals_unfused(std::uint64_t seed, index_t rows) {
+  Network<Fused, Backend> fused(seed);
+  Network<Unfused, Backend> unfused(seed);
+  REQUIRE(Fused::body::param_count == Unfused::body::param_count);
+  // Past the fused layer, Sequential's layer indices differ by one ("2.proj.weight" against
+  // "3.proj.weight"); the names after the index are the same.
+  const auto names = Fused::body::parameter_table(), unfused_names = Unfused::body::parameter_table();
+  const auto tail = [](const std::string& name) { return name.substr(name.find('.')); };
+  for (std::size_t i = 0; i < names.size(); ++i) CHECK(tail(std::string(names[i].name)) == tail(std::string(unfused_names[i].name)));
+  unfused.set_parameters(fused.parameters());
+  Rng rng(seed + 1);
+  using Body = typename Fused::body;
+  std::vector<typename Backend::value_type> x(static_cast<std::size_t>(rows * Body::in_features));
+  for (auto& v : x) v = typename Backend::value_type(float(rng.uniform(-2.0, 2.0)));
+  const Ids labels = uniform_ints(std::size_t(rows), rng, Body::out_features);
+  const ConstView<typename Backend::value_type> xv{x.data(), Shape{rows, Body::in_features}};
+  const ConstView<std::int32_t> lv{labels.data(), Shape{rows}};
+  fused.zero_grad();
+  unfused.zero_grad();
+  const auto a = fused.forward_backward(xv, lv), b = unfused.forward_backward(xv, lv);
+  CAPTURE(Body::describe(), seed, rows);
+  CHECK(a == b);
+  CHECK(fused.gradients() == unfused.gradients());
+}
+
+}  // namespace
+
+TEST_CASE("LinearGELU is Linear then GELU, bitwise, in float, double and bf16", "[cpu][layers]") {
+  const auto seed = std::uint64_t(GENERATE(take(2, random(1, 1000000))));
+  const index_t rows = 1 + index_t(seed % 7);
+  using Fused = Sequential<Named<"in", Linear<5, 6>>, Named<"fc", LinearGELU<6, 12>>, Named<"proj", Linear<12, 4>>,
+                           SoftmaxCrossEntropy<4>>;
+  using Unfused = Sequential<Named<"in", Linear<5, 6>>, Named<"fc", Linear<6, 12>>, GELU, Named<"proj", Linear<12, 4>>,
+                             SoftmaxCrossEntropy<4>>;
+  check_fused_equals_unfused<backend::Host<float>, Fused, Unfused>(seed, rows);
+  check_fused_equals_unfused<backend::Host<double>, Fused, Unfused>(seed, rows);
+  check_fused_equals_unfused<backend::Host<cupipe::bfloat16, float>, Fused, Unfused>(seed, rows);
+  // The first layer: no input gradient, yet its weight gradient needs GELU's.
+  using FusedFirst = Sequential<Named<"fc", LinearGELU<5, 12>>, Named<"proj", Linear<12, 4>>, SoftmaxCrossEntropy<4>>;
+  using UnfusedFirst = Sequential<Named<"fc", Linear<5, 12>>, GELU, Named<"proj", Linear<12, 4>>, SoftmaxCrossEntropy<4>>;
+  check_fused_equals_unfused<backend::Host<float>, FusedFirst, UnfusedFirst>(seed, rows);
+  // Inside a residual block, as GPT-2's MLP.
+  using FusedBlock = Sequential<Named<"in", Linear<5, 6>>,
+                                Residual<Named<"ln", LayerNorm<6>>, Named<"fc", LinearGELU<6, 24>>, Named<"proj", Linear<24, 6>>>,
+                                Named<"out", Linear<6, 4>>, SoftmaxCrossEntropy<4>>;
+  using UnfusedBlock = Sequential<Named<"in", Linear<5, 6>>,
+                                  Residual<Named<"ln", LayerNorm<6>>, Named<"fc", Linear<6, 24>>, GELU, Named<"proj", Linear<24, 6>>>,
+                                  Named<"out", Linear<6, 4>>, SoftmaxCrossEntropy<4>>;
+  check_fused_equals_unfused<backend::Host<float>, FusedBlock, UnfusedBlock>(seed, rows);
+  check_fused_equals_unfused<backend::Host<cupipe::bfloat16, float>, FusedBlock, UnfusedBlock>(seed, rows);
 }

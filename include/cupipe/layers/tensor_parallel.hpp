@@ -65,6 +65,14 @@ struct ColumnParallelLinear : detail::OutputSplitLinear<In, Out, Parts, Bias> {
   }
 };
 
+/// ColumnParallelLinear followed by GELU on each rank's slice: LinearGELU<In, Out> split by output rows.
+template <index_t In, index_t Out, int Parts>
+struct ColumnParallelLinearGELU : detail::OutputSplitLinear<In, Out, Parts, true, true> {
+  static std::string describe() {
+    return "ColumnParallelLinearGELU<" + std::to_string(In) + ", " + std::to_string(Out) + ", " + std::to_string(Parts) + ">";
+  }
+};
+
 template <index_t In, index_t Out, int Parts, bool Bias = true>
 struct RowParallelLinear {
   static_assert(In > 0 && Out > 0 && Parts > 0, "RowParallelLinear<In, Out, Parts> needs positive sizes");
@@ -222,6 +230,10 @@ struct VocabParallelCrossEntropy : Stateless {
 template <index_t In, index_t Out, int Parts, bool Bias>
 struct whole_layer<ColumnParallelLinear<In, Out, Parts, Bias>> {
   using type = Linear<In, Out, Bias>;
+};
+template <index_t In, index_t Out, int Parts>
+struct whole_layer<ColumnParallelLinearGELU<In, Out, Parts>> {
+  using type = LinearGELU<In, Out>;
 };
 template <index_t In, index_t Out, int Parts, bool Bias>
 struct whole_layer<RowParallelLinear<In, Out, Parts, Bias>> {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPT-2 as nanoGPT and llm.c define it, as a cupipe model (a Sequential the pipeline splits):
 //   TokenPositionEmbedding (wte, wpe)
-//   L x { Residual<ln_1, attn>, Residual<ln_2, mlp.c_fc, GELU, mlp.c_proj> }   (pre-LayerNorm blocks)
+//   L x { Residual<ln_1, attn>, Residual<ln_2, mlp.c_fc + GELU, mlp.c_proj> }   (pre-LayerNorm blocks;
+//   c_fc is a LinearGELU: Linear then GELU in one layer, so CUDA runs the GELU in the GEMM's epilogue)
 //   ln_f, lm_head (no bias; tied to wte unless Config::tied is false), mean cross-entropy over every
 //   position.
 // Each block is two layers of the model, so a pipeline may cut between its attention and its MLP.
@@ -115,8 +116,9 @@ template <Config c>
 using AttentionHalf = Residual<Named<"ln_1", LayerNorm<c.channels>>,
                                Init<Named<"attn", CausalSelfAttention<c.channels, c.heads, c.context>>, c.layers>>;
 template <Config c>
-using MlpHalf = Residual<Named<"ln_2", LayerNorm<c.channels>>, Init<Named<"mlp.c_fc", Linear<c.channels, 4 * c.channels>>, c.layers>,
-                         GELU, Init<Named<"mlp.c_proj", Linear<4 * c.channels, c.channels>>, c.layers>>;
+using MlpHalf = Residual<Named<"ln_2", LayerNorm<c.channels>>,
+                         Init<Named<"mlp.c_fc", LinearGELU<c.channels, 4 * c.channels>>, c.layers>,
+                         Init<Named<"mlp.c_proj", Linear<4 * c.channels, c.channels>>, c.layers>>;
 
 /// The two halves of a block split over TP tensor-parallel ranks (layers/tensor_parallel.hpp):
 /// attention by heads, the MLP by its hidden width (c_fc column-parallel, c_proj row-parallel).
@@ -126,8 +128,9 @@ using TensorParallelAttentionHalf =
              Init<Named<"attn", TensorParallelAttention<c.channels, c.heads, c.context, TP>>, c.layers>>;
 template <Config c, int TP>
 using TensorParallelMlpHalf =
-    Residual<Named<"ln_2", LayerNorm<c.channels>>, Init<Named<"mlp.c_fc", ColumnParallelLinear<c.channels, 4 * c.channels, TP>>, c.layers>,
-             GELU, Init<Named<"mlp.c_proj", RowParallelLinear<4 * c.channels, c.channels, TP>>, c.layers>>;
+    Residual<Named<"ln_2", LayerNorm<c.channels>>,
+             Init<Named<"mlp.c_fc", ColumnParallelLinearGELU<c.channels, 4 * c.channels, TP>>, c.layers>,
+             Init<Named<"mlp.c_proj", RowParallelLinear<4 * c.channels, c.channels, TP>>, c.layers>>;
 
 namespace detail {
 template <Config c, int TP, std::size_t I>
