@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,13 +53,17 @@ const Row* fastest(const std::vector<Row>& rows, Keep keep) {
 }  // namespace
 
 namespace {
-int sweep_across_ranks(int max_microbatches, const RunOptions& options, const std::vector<index_t>& batches);
+using Comms = std::map<int, std::shared_ptr<comm::Communicator>>;
+int sweep_across_ranks(Comms& comms, int max_microbatches, const RunOptions& options, const std::vector<index_t>& batches);
 }
 
 int mpi_sweep(int& argc, char**& argv, int max_microbatches, const RunOptions& options, const std::vector<index_t>& batches) {
   comm::MpiSession session(&argc, &argv);
+  // Outside the try: a communicator's destructor frees its MPI communicators (collective), which
+  // must not run before the abort below while the other ranks wait in a collective.
+  Comms comms;
   try {
-    return sweep_across_ranks(max_microbatches, options, batches);
+    return sweep_across_ranks(comms, max_microbatches, options, batches);
   } catch (const std::exception& e) {
     // The other ranks would wait in a collective until its deadline: end the job now.
     std::fprintf(stderr, "planner_check --mpi: %s\n", e.what());
@@ -69,14 +74,13 @@ int mpi_sweep(int& argc, char**& argv, int max_microbatches, const RunOptions& o
 
 namespace {
 
-int sweep_across_ranks(int max_microbatches, const RunOptions& options, const std::vector<index_t>& batches) {
+int sweep_across_ranks(Comms& comms, int max_microbatches, const RunOptions& options, const std::vector<index_t>& batches) {
   int world = 0, rank = 0;
   CUPIPE_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world));
   CUPIPE_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   const ModelCheck model = nap_check();
   // One communicator per stage count the model compiles that divides the world (each splits the
   // world into stages x replicas); made in the same order on every rank, as MPI requires.
-  std::map<int, std::shared_ptr<comm::Communicator>> comms;
   for (const int p : model.stage_counts)
     if (world % p == 0) comms[p] = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, p);
   comm::Communicator& everyone = *comms.at(1);  // one stage: every rank a replica
@@ -125,8 +129,11 @@ int sweep_across_ranks(int max_microbatches, const RunOptions& options, const st
     request.split = model.split;
     request.max_microbatches = max_microbatches;
     const planner::Report report = plan(request);
+    // Every rank runs the same layouts in the same order (each a collective run).
+    std::string listed;
+    for (const planner::Layout& layout : report.ranked) listed += layout.describe() + ";";
     comm::require_same_settings(everyone, {{"layouts", std::to_string(report.ranked.size())},
-                                           {"first", report.best().describe()}});
+                                           {"layout list hash", std::to_string(std::hash<std::string>{}(listed))}});
     std::vector<Row> rows;
     for (const planner::Layout& layout : report.ranked) {
       RunOptions o = options;

@@ -51,20 +51,6 @@ inline std::vector<std::string> built_schedule_names() {
 template <class Schedule>
 inline constexpr bool bf16_builds = Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1;
 
-/// The error for a schedule the trainers do not compile with bf16 storage.
-template <class Schedule>
-[[noreturn]] void refuse_bf16_schedule() {
-  CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (gpipe, 1f1b, zb-h1, zb-h2) in this "
-               "trainer, not ", Schedule::name, " (the others are compiled in fp32 only, to keep the build short)");
-}
-
-/// Fails, before any data loads, when `schedule` names a policy the trainers do not run in bf16.
-inline void require_bf16_schedule(std::string_view name) {
-  schedule::with_policy(name, []<class Schedule>() {
-    if constexpr (!bf16_builds<Schedule>) refuse_bf16_schedule<Schedule>();
-  });
-}
-
 /// The schedules --plan auto may choose with --precision bf16.
 inline std::vector<std::string> bf16_schedule_names() {
   std::vector<std::string> names;
@@ -73,6 +59,22 @@ inline std::vector<std::string> bf16_schedule_names() {
       if constexpr (bf16_builds<Schedule>) names.emplace_back(p.name);
     });
   return names;
+}
+
+/// The error for a schedule the trainers do not compile with bf16 storage.
+template <class Schedule>
+[[noreturn]] void refuse_bf16_schedule() {
+  std::string names;
+  for (const std::string& n : bf16_schedule_names()) names += (names.empty() ? "" : ", ") + n;
+  CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (", names, ") in this trainer, not ",
+               Schedule::name, " (the others are compiled in fp32 only, to keep the build short)");
+}
+
+/// Fails, before any data loads, when `schedule` names a policy the trainers do not run in bf16.
+inline void require_bf16_schedule(std::string_view name) {
+  schedule::with_policy(name, []<class Schedule>() {
+    if constexpr (!bf16_builds<Schedule>) refuse_bf16_schedule<Schedule>();
+  });
 }
 
 /// Fails, before any data loads, when `schedule` names a policy this build left out.

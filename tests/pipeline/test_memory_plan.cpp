@@ -243,3 +243,16 @@ TEST_CASE("calibrate_tensor_parts: one rank's part of the GPT, and the sums each
     CHECK(part.layers[l].forward > 0);
   }
 }
+
+TEST_CASE("profile_layers times a first layer's backward_input where its weight gradient needs it", "[planner]") {
+  using Host = backend::Host<float>;
+  std::vector<float> x(64 * 5, 0.5f);
+  const ConstView<float> xv{x.data(), Shape{64, 5}};
+  // LinearGELU's weight gradient reads the GELU gradient its backward_input writes: Sequential runs
+  // that B even first in a stage, so the profile times it; a first Linear's B never runs.
+  const LayerProfile fused = profile_layers<LayerSeq<0, 5, LinearGELU<5, 64>, Linear<64, 3>>, Host>(xv, 3);
+  const LayerProfile plain = profile_layers<LayerSeq<0, 5, Linear<5, 64>, Linear<64, 3>>, Host>(xv, 3);
+  CHECK(fused.backward_input[0] > 0);
+  CHECK(plain.backward_input[0] == 0);
+  CHECK(fused.backward_input[1] > 0);
+}

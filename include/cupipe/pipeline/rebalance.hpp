@@ -38,17 +38,20 @@ struct LayerProfile {
 
 /// A tensor-parallel group that counts what its ranks would sum and passes the sums on to `inner`
 /// (none: a rank's part timed alone, the sums counted but not run; its values then stay one rank's
-/// partial sums, which changes no layer's cost).
+/// partial sums, which changes no layer's cost). Without `inner`, `device_memory` says whether it
+/// takes device memory as a real group would (NCCL does): a CUDA part is then timed without the
+/// copies to the host and back that tensor_group_sum makes for a host-memory group.
 class CountingGroup final : public TensorGroup {
  public:
-  CountingGroup(int size, int rank, TensorGroup* inner = nullptr) : size_(size), rank_(rank), inner_(inner) {
+  CountingGroup(int size, int rank, TensorGroup* inner = nullptr, bool device_memory = false)
+      : size_(size), rank_(rank), inner_(inner), device_memory_(device_memory) {
     CUPIPE_REQUIRE(size >= 1 && rank >= 0 && rank < size, "CountingGroup: rank ", rank, " of a group of ", size);
   }
   int size() const override { return size_; }
   int rank() const override { return rank_; }
   void sum(float* data, std::size_t count) override { count_and_sum(data, count); }
   void sum(double* data, std::size_t count) override { count_and_sum(data, count); }
-  bool device_memory() const override { return inner_ && inner_->device_memory(); }
+  bool device_memory() const override { return inner_ ? inner_->device_memory() : device_memory_; }
   double values = 0, calls = 0;  ///< since the last reset()
   void reset() { values = calls = 0; }
 
@@ -61,6 +64,7 @@ class CountingGroup final : public TensorGroup {
   }
   int size_, rank_;
   TensorGroup* inner_;
+  bool device_memory_;
 };
 
 struct RebalanceProposal {
@@ -163,8 +167,12 @@ LayerProfile profile_layers(ConstView<typename Body::template input_t<typename B
         be.synchronize();
       }));
       count(profile.sum_forward, profile.sum_forward_calls);
-      profile.backward_input.push_back(I == 0 ? 0.0 : detail::median_seconds(repeats, [&] {
+      // The first layer has no input gradient; Sequential still runs its backward_input (with no
+      // dx) where its weight gradient needs it (weight_grads_need_backward_input).
+      constexpr bool timed_b = I > 0 || weight_grads_need_backward_input<L>();
+      profile.backward_input.push_back(!timed_b ? 0.0 : detail::median_seconds(repeats, [&] {
         if constexpr (I > 0) L::backward_input(be, p, input, saved, g, ViewOn<Backend, T>{dx.data(), Shape{rows, Body::widths[I]}});
+        else if constexpr (timed_b) L::backward_input(be, p, input, saved, g, ViewOn<Backend, T>{});
         be.synchronize();
       }));
       count(profile.sum_backward, profile.sum_backward_calls);

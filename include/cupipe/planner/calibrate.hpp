@@ -436,7 +436,8 @@ template <class TensorParallelModel, class Backend>
 TensorVariant calibrate_tensor_parts(ConstView<model_input_t<typename TensorParallelModel::body, typename Backend::value_type>> x,
                                      int degree, int repeats = 3, index_t rows_per_sample = 1) {
   CUPIPE_REQUIRE(degree >= 2, "planner: a tensor-parallel profile splits the model at least 2 ways, got ", degree);
-  CountingGroup group(degree, 0);
+  // A device backend's sums would go to a group that takes device memory (NCCL): no host copies.
+  CountingGroup group(degree, 0, nullptr, !host_accessible<typename Backend::space>);
   return {degree, detail::profiled_layers<TensorParallelModel, Backend>(x, repeats, rows_per_sample, &group).layers};
 }
 

@@ -47,7 +47,7 @@ namespace cupipe::planner {
 struct LayerCost {
   std::string name;
   double forward = 0;          ///< seconds for a microbatch of CostModel::profiled_rows rows
-  double backward_input = 0;   ///< seconds, same microbatch (0 for the first layer)
+  double backward_input = 0;   ///< seconds, same microbatch (0 for the first layer, unless its W needs it)
   double backward_weight = 0;  ///< seconds, same microbatch
   double params = 0;           ///< parameter elements
   double in = 0;               ///< input width (values per row)
@@ -67,7 +67,9 @@ struct LayerCost {
 };
 
 /// One tensor-parallel degree's per-rank layers: the same layer list split `degree` ways (times,
-/// parameters, widths and saved values of one rank's part; the sums it runs).
+/// parameters, widths and saved values of one rank's part; the sums it runs). Its times are for the
+/// whole model's CostModel::profiled_rows, as calibrate_tensor_parts measures them (or its own
+/// LayerCost::points, which carry their rows).
 struct TensorVariant {
   int degree = 1;
   std::vector<LayerCost> layers;

@@ -80,8 +80,10 @@ void gemm_impl(backend::Cuda<T, BC>& be, std::string_view op, Transpose ta, Tran
   // cuBLASLt fuses bias (and GELU) for float scales; its auxiliary matrix needs a leading dimension
   // divisible by 8, and a bias under 16-byte alignment can fault in its epilogue (PyTorch falls back
   // there too). A Linear's bias sits unpadded in the stage's flat parameters, so it often is.
-  const bool fusable = bias != nullptr && k > 0 && !std::is_same_v<S, double> && (pre == nullptr || n % 8 == 0) &&
-                       gpu::alignment_of(bias) >= 16;
+  // The auxiliary matrix (GELU's input) sits in a layer's saved area, at an offset that depends
+  // on the rows and on the layers before it: it takes the same 16-byte alignment.
+  const bool fusable = bias != nullptr && k > 0 && !std::is_same_v<S, double> &&
+                       (pre == nullptr || (n % 8 == 0 && gpu::alignment_of(pre) >= 16)) && gpu::alignment_of(bias) >= 16;
   if (fusable) {
     const auto epilogue = !gelu ? gpu::GemmEpilogue::bias
                           : pre ? gpu::GemmEpilogue::bias_gelu_aux
@@ -89,18 +91,16 @@ void gemm_impl(backend::Cuda<T, BC>& be, std::string_view op, Transpose ta, Tran
     lt_matmul(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), m, n, k, epilogue, bias, pre);
     return;
   }
+  // Unfused: the product and bias into GELU's input (`pre` where asked for, else c), then GELU
+  // from there into c; no copy between the two. (beta is 0 whenever gelu is set.)
+  C* out = gelu && pre ? pre : c.data();
+  auto* dout = gpu::kernels::device_ptr(out);
   if (k == 0)
-    gpu::kernels::transform(be.context(), m * n, gpu::kernels::ScaleOp<DC>{gpu::kernels::acc_t<DC>(beta)}, dc);
+    gpu::kernels::transform(be.context(), m * n, gpu::kernels::ScaleOp<DC>{gpu::kernels::acc_t<DC>(beta)}, dout);
   else
-    lt_matmul(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), m, n, k, gpu::GemmEpilogue::none);
-  if (bias) gpu::kernels::bias_add(be.context(), dc, gpu::kernels::device_ptr(bias), m, n);
-  if (gelu) {
-    if (pre) {
-      CUPIPE_CHECK_CUDA(cudaMemcpyAsync(pre, c.data(), std::size_t(m * n) * sizeof(C), cudaMemcpyDeviceToDevice,
-                                        be.context().stream()));
-    }
-    gpu::kernels::transform(be.context(), m * n, gpu::kernels::GeluForwardOp<DC>{}, static_cast<const DC*>(dc), dc);
-  }
+    lt_matmul(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, beta, out, m, n, k, gpu::GemmEpilogue::none);
+  if (bias) gpu::kernels::bias_add(be.context(), dout, gpu::kernels::device_ptr(bias), m, n);
+  if (gelu) gpu::kernels::transform(be.context(), m * n, gpu::kernels::GeluForwardOp<DC>{}, static_cast<const DC*>(dout), dc);
 }
 
 }  // namespace cuda_detail
