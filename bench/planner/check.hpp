@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +26,22 @@ struct Measured {
   double step_seconds = 0;                    ///< per batch: median wall time of train_step / batches
   double makespan_seconds = 0;                ///< per batch: median first action's start to last action's end
   std::vector<double> peak_activation_bytes;  ///< per worker: the allocator's activations peak, most over the steps
+};
+
+/// A layout the planner reported, with what it measured.
+struct Row {
+  planner::Layout layout;
+  Measured measured;
+  double time_error() const { return layout.step_seconds / measured.step_seconds - 1; }
+  /// The worst worker's predicted / measured activation peak - 1.
+  double memory_error() const {
+    double worst = 0;
+    for (std::size_t w = 0; w < measured.peak_activation_bytes.size(); ++w) {
+      const double e = layout.peak_activation_bytes[w] / measured.peak_activation_bytes[w] - 1;
+      if (std::abs(e) > std::abs(worst)) worst = e;
+    }
+    return worst;
+  }
 };
 
 struct RunOptions {

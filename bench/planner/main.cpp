@@ -32,21 +32,6 @@ using namespace planner_check;
 
 namespace {
 
-struct Row {
-  planner::Layout layout;
-  Measured measured;
-  double time_error() const { return layout.step_seconds / measured.step_seconds - 1; }
-  /// The worst worker's predicted / measured activation peak - 1.
-  double memory_error() const {
-    double worst = 0;
-    for (std::size_t w = 0; w < measured.peak_activation_bytes.size(); ++w) {
-      const double e = layout.peak_activation_bytes[w] / measured.peak_activation_bytes[w] - 1;
-      if (std::abs(e) > std::abs(worst)) worst = e;
-    }
-    return worst;
-  }
-};
-
 ModelCheck find_model(const std::string& name) {
   if (name == "nap") return nap_check();
   if (name == "mlp") return mlp_check();

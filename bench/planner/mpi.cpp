@@ -29,12 +29,6 @@ namespace planner_check {
 
 namespace {
 
-struct Row {
-  planner::Layout layout;
-  Measured measured;
-  double time_error() const { return layout.step_seconds / measured.step_seconds - 1; }
-};
-
 double median_abs(std::vector<double> v) {
   for (double& x : v) x = std::abs(x);
   std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
