@@ -4,7 +4,8 @@
 // hand-over's buffer reuse under a slow consumer (poison + check, with a control that shows the
 // check can fail), device-side step timing, the V schedules and DualPipeV's F&B pairs on two
 // streams (ordering, held-back blocks, concurrency), the ReLU NaN and null-input contracts, a
-// pipeline of CPU and GPU stages (backend::PerWorker), and stages on devices 0,0,1,1 ([multi_gpu]).
+// pipeline of CPU and GPU stages (backend::PerWorker), a bad label reported once after a step's
+// actions, and stages on devices 0,0,1,1 ([multi_gpu]).
 //
 // Own main: exits 77 (ctest "Skipped") without a device, and with fewer devices than
 // --min-devices (the multi_gpu tests are registered with --min-devices 2).
@@ -412,6 +413,38 @@ TEST_CASE("a CPU stage and a GPU stage in one pipeline (backend::PerWorker) equa
   using CpuBf16 = backend::Host<cupipe::bfloat16, float>;
   check.template operator()<partition<Deep, 2>, schedule::OneFOneB, backend::PerWorker<Cpu, GpuBf16>,
                             backend::PerWorker<Cpu, CpuBf16>>(1e-2);
+}
+
+TEST_CASE("a CUDA pipeline step reads its losses once and reports a label out of range after its actions, "
+          "committing nothing",
+          "[gpu][pipeline][errors]") {
+  // During a flush step the loss kernels only record a bad label (no wait after each op); the step
+  // then reports it once, before the update, and restores check_inputs.
+  using Pipe = Pipeline<partition<Deep, 2>, schedule::OneFOneB, backend::Cuda<float>>;
+  PipelineOptions options;
+  options.microbatches = 4;
+  options.seed = seed;
+  Pipe pipe(options), fresh(options);
+  HostBatch b = make_batch(8, 17);
+  const std::int32_t good = b.labels[5];
+  b.labels[5] = std::int32_t(classes) + 2;  // microbatch 2, its row 1
+  const std::vector<float> before = pipe.parameters();
+  const optim::SGD sgd({.lr = 0.1});
+  std::string message;
+  try {
+    (void)pipe.train_step(b.inputs(), b.targets(), sgd);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("met label 7 at row 1"));
+  CHECK(pipe.parameters() == before);
+  CHECK(pipe.backend(1).check_inputs);
+  CHECK(pipe.backend(0).check_inputs);
+  // Nothing of the failed step remains: the next step is a fresh pipeline's first.
+  b.labels[5] = good;
+  const StepStats after = pipe.train_step(b.inputs(), b.targets(), sgd);
+  CHECK(after.loss == fresh.train_step(b.inputs(), b.targets(), sgd).loss);
+  CHECK(pipe.parameters() == fresh.parameters());
 }
 
 TEST_CASE("CUDA relu_forward propagates NaN like the host op", "[gpu][cuda][ops]") {

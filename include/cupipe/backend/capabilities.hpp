@@ -56,6 +56,28 @@ struct capabilities {
   static void overlap_begin(B&) {}
   static void overlap_end(B&) {}
   static void overlap_join(B&) {}
+  /// Checks of input the backend can only make on its device (a label or a token id out of range),
+  /// which would otherwise wait for the device after the op: defer_input_checks makes the ops only
+  /// record what they find and returns what resume_input_checks restores; resume_input_checks, with
+  /// `report`, then throws what the deferred ops found (one wait). A pipeline step defers them for
+  /// its actions and reports once, before anything is committed. Backends that check on the host
+  /// check at once and need neither.
+  static bool defer_input_checks(B&) { return false; }
+  static void resume_input_checks(B&, bool /*previous*/, bool /*report*/) {}
 };
+
+/// capabilities<B>::defer_input_checks where B's specialisation has it (one written before it
+/// existed need not), else nothing to defer.
+template <class B>
+bool defer_input_checks(B& be) {
+  if constexpr (requires { capabilities<B>::defer_input_checks(be); }) return capabilities<B>::defer_input_checks(be);
+  else return false;
+}
+/// capabilities<B>::resume_input_checks where B's specialisation has it.
+template <class B>
+void resume_input_checks(B& be, bool previous, bool report) {
+  if constexpr (requires { capabilities<B>::resume_input_checks(be, previous, report); })
+    capabilities<B>::resume_input_checks(be, previous, report);
+}
 
 }  // namespace cupipe::backend

@@ -987,6 +987,16 @@ class Pipeline {
       st.done_in_batch.assign(std::size_t(plan_.config.batches), 0);
       st.weights.reset_peak();
     });
+    // A flush step commits nothing before it ends, so the losses stay where the last stage computed
+    // them and the device-side input checks report once, after the actions (asynchronous schedules
+    // update inside the step: they read each loss and check each op's input at once).
+    DeferredChecks deferred(workers_, update_rule == schedule::UpdateRule::flush);
+    if constexpr (update_rule == schedule::UpdateRule::flush) {
+      constexpr int last = worker_of(virtual_stages - 1);
+      if (local(last))
+        step.loss_slots = workers_.template get<last>()->template allocate<grad_t<LastBackend>>(
+            index_t(step.losses.size()), MemoryTag::workspace);
+    }
     transport_->begin_step(capacity());
     if (early_sums_) prepare_early_sums();
     std::exception_ptr failure = runtime_->run(
@@ -997,6 +1007,15 @@ class Pipeline {
         },
         [&] { transport_->abort(); });
     finish_transport(failure);
+    if (!failure) {
+      try {
+        deferred.report();
+        constexpr int last = worker_of(virtual_stages - 1);
+        if (local(last)) executor_->collect_losses(step, *workers_.template get<last>());
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
     if (failure) {
       // Sums already started write into the gradients: let them end before the gradients are zeroed
       // (the other replicas start theirs whatever happened here; a failure of theirs ends in the
@@ -1028,6 +1047,46 @@ class Pipeline {
     }
     return measure(step, step_plan);
   }
+
+  /// The device-side input checks of every context of this process, deferred for one step (see
+  /// backend::capabilities::defer_input_checks): report() restores them and throws what the step's
+  /// ops found; leaving without report() (a failed step) only restores them.
+  class DeferredChecks {
+   public:
+    DeferredChecks(const Contexts& contexts, bool defer) : contexts_(contexts), defer_(defer) {
+      if (!defer_) return;
+      contexts_.for_each([&](int w, auto& be) {
+        previous_[std::size_t(w)] = backend::defer_input_checks(be);
+      });
+    }
+    DeferredChecks(const DeferredChecks&) = delete;
+    DeferredChecks& operator=(const DeferredChecks&) = delete;
+    ~DeferredChecks() {
+      try {
+        resume(false);
+      } catch (...) {  // restoring a flag does not throw; nothing may leave a destructor
+      }
+    }
+    void report() { resume(true); }
+
+   private:
+    void resume(bool report) {
+      if (!defer_) return;
+      defer_ = false;
+      std::exception_ptr first;
+      contexts_.for_each([&](int w, auto& be) {
+        try {
+          backend::resume_input_checks(be, previous_[std::size_t(w)], report);
+        } catch (...) {
+          if (!first) first = std::current_exception();
+        }
+      });
+      if (first) std::rethrow_exception(first);
+    }
+    const Contexts& contexts_;
+    bool defer_;
+    std::array<bool, std::size_t(stages)> previous_{};
+  };
 
   /// The step plan over this process's n rows; across replicas the normalizers count every
   /// replica's rows, which may differ.

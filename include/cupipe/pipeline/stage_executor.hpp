@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cupipe/backend/capabilities.hpp"
@@ -98,6 +99,10 @@ class StageExecutor {
     ConstViewOn<FirstBackend, input_type> x;
     ConstViewOn<LastBackend, std::int32_t> labels;
     std::vector<double> losses;             ///< [microbatch] written by the last virtual stage
+    /// When allocated ([microbatch], in the last virtual stage's worker's memory, compute type): each
+    /// forward of the last virtual stage leaves its loss here and collect_losses reads them all with
+    /// one copy after the step. Empty: each loss is read back (a wait on a device) as it is computed.
+    typename LastBackend::template buffer<grad_t<LastBackend>> loss_slots{};
     const void* optimizer = nullptr;        ///< asynchronous schedules update inside the step
     std::int64_t batches_before = 0;        ///< batches finished before this step (2BW versions)
   };
@@ -114,6 +119,28 @@ class StageExecutor {
 
   int worker_of(int virtual_stage) const { return plan_.placement.worker_of(virtual_stage); }
   const std::vector<int>& version_offsets() const noexcept { return offsets_; }
+
+  /// After a step that kept its losses in Step::loss_slots: reads them with one copy from `last`
+  /// (the last virtual stage's worker's context) into Step::losses, and throws, as an immediate read
+  /// would have, for a loss that is not finite (PipelineOptions::check_finite).
+  void collect_losses(Step& step, LastBackend& last) const {
+    if (step.loss_slots.data() == nullptr) return;
+    using G = grad_t<LastBackend>;
+    std::vector<G> values(step.losses.size());
+    last.download(step.loss_slots.data(), std::span<G>(values));
+    for (std::size_t j = 0; j < values.size(); ++j) {
+      if (check_finite_) {
+        const index_t rows = step.plan->rows[j];
+        try {
+          Loss::check_finite(values[j], ConstViewOn<LastBackend, output_type>{nullptr, Shape{rows, Loss::in_features}},
+                             microbatch_labels(step, int(j)));
+        } catch (const error& e) {  // named as the runtime names a failed action: this F computed it
+          throw error(loss_action(int(j)) + ": " + e.message(), e.call(), e.file(), e.line());
+        }
+      }
+      step.losses[j] = double(values[j]);
+    }
+  }
 
   /// Runs action `a` of worker `w`.
   template <class Optimizer>
@@ -232,11 +259,24 @@ class StageExecutor {
       send_message<K, K + 1>({Flow::activation, K + 1, j}, out);
     } else {
       const auto labels = microbatch_labels(step, j);
-      step.losses[std::size_t(j)] =
-          double(loss_value<Loss>(be, out, labels, step.plan->normalizer[std::size_t(j)], check_finite_));
+      const index_t normalizer = step.plan->normalizer[std::size_t(j)];
+      if (step.loss_slots.data() != nullptr)
+        Loss::forward(be, out, labels, ViewOn<B, grad_t<B>>{step.loss_slots.data() + j, Shape{1}}, normalizer);
+      else
+        step.losses[std::size_t(j)] = double(loss_value<Loss>(be, out, labels, normalizer, check_finite_));
     }
     if (st.recompute) f.record = {};  // keep only the input; backward recomputes
     st.in_flight.emplace(j, std::move(f));
+  }
+
+  /// "stage 3, action F0": the last virtual stage's forward of microbatch j (of a run() step),
+  /// as WorkerRuntime names an action that failed.
+  std::string loss_action(int j) const {
+    constexpr int K = virtual_stages - 1;
+    std::string where = "stage " + std::to_string(worker_of(K));
+    if (plan_.config.chunks > 1) where += " (virtual stage " + std::to_string(K) + ")";
+    if (plan_.config.batches > 1) where += ", step " + std::to_string(j / plan_.config.microbatches);
+    return where + ", action F" + std::to_string(j % plan_.config.microbatches);
   }
 
   template <int K, class Optimizer, class St>

@@ -182,6 +182,16 @@ struct capabilities<Cuda<T, C>> {
   static void overlap_begin(Cuda<T, C>& be) { be.overlap_begin(); }
   static void overlap_end(Cuda<T, C>& be) { be.overlap_end(); }
   static void overlap_join(Cuda<T, C>& be) { be.overlap_join(); }
+  static bool defer_input_checks(Cuda<T, C>& be) {
+    const bool previous = be.check_inputs;
+    be.check_inputs = false;
+    return previous;
+  }
+  /// A program that turned check_inputs off gets what it asked for: the next synchronize() reports.
+  static void resume_input_checks(Cuda<T, C>& be, bool previous, bool report) {
+    be.check_inputs = previous;
+    if (report && previous) be.synchronize();
+  }
 };
 
 }  // namespace cupipe::backend
