@@ -84,11 +84,9 @@ class Launcher {
         CUPIPE_THROW("--stages ", stages, " x --dp ", dp, tp > 1 ? " x --tp " + std::to_string(tp) : std::string(), " needs ",
                      needed, " processes but ", world, world == 1 ? " was" : " were", " launched: run it as `mpirun -np ",
                      needed, " ", program, " ...` (or srun -n ", needed, ")");
-      launch_.communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout, tp, order);
-      const comm::Topology& topology = launch_.communicator->topology();
-      launch_.rank = topology.rank;
-      launch_.replica = topology.replica();
-      launch_.replicas = topology.replicas;
+      timeout_ = timeout;
+      order_ = order;
+      reshape(stages, tp);
     }
 #else
     (void)argc, (void)argv, (void)program, (void)stages, (void)timeout, (void)order;
@@ -100,6 +98,30 @@ class Launcher {
 
   const Launch& launch() const { return launch_; }
 
+  /// A communicator of every process with `stages` stages and `tp` tensor-parallel ranks (the rest
+  /// replicas), with the launch's timeout and rank order; collective: every rank calls it. Null when
+  /// MPI is not up (one process).
+  std::shared_ptr<comm::Communicator> communicator(int stages, int tp) const {
+#if CUPIPE_HAS_MPI
+    if (mpi_) return std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout_, tp, order_);
+#else
+    (void)stages, (void)tp;
+#endif
+    return nullptr;
+  }
+
+  /// Re-forms the launch's communicator as `stages` x replicas x `tp` (--plan auto, once it has
+  /// chosen a tensor-parallel degree); collective. Nothing when MPI is not up.
+  void reshape(int stages, int tp) {
+    if (!mpi_up()) return;
+    launch_.communicator.reset();  // its progress thread and MPI communicator end first, on every rank
+    launch_.communicator = communicator(stages, tp);
+    const comm::Topology& topology = launch_.communicator->topology();
+    launch_.rank = topology.rank;
+    launch_.replica = topology.replica();
+    launch_.replicas = topology.replicas;
+  }
+
   /// Ends every rank of a multi-process job (MPI_Abort); nothing when run alone.
   void abort_job() {
 #if CUPIPE_HAS_MPI
@@ -109,9 +131,19 @@ class Launcher {
   }
 
  private:
+  bool mpi_up() const {
+#if CUPIPE_HAS_MPI
+    return mpi_ != nullptr;
+#else
+    return false;
+#endif
+  }
+
   Launch launch_;
 #if CUPIPE_HAS_MPI
   std::unique_ptr<comm::MpiSession> mpi_;
+  double timeout_ = 0;
+  comm::RankOrder order_ = comm::RankOrder::stages_outermost;
 #endif
 };
 

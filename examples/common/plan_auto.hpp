@@ -2,12 +2,15 @@
 // --plan auto, shared by the trainers' main.cpp (host code only: trainer.hpp, which nvcc also
 // compiles, does not include it): plan a run from a cost model measured here, print the report, and
 // hand back the best layout. In one process the planner chooses the stages too; under mpirun the
-// launch fixes stages x replicas and the planner chooses the schedule and microbatches.
+// launch fixes the replicas, and the planner chooses the tensor-parallel degree (where the trainer
+// builds one; the stages follow), the schedule and the microbatches.
 #pragma once
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -51,39 +54,73 @@ planner::Layout plan_in_process(planner::CostModel model, int workers, index_t b
   return best;
 }
 
-/// --plan auto under mpirun or srun: the launch fixes the stages and the replicas (the processes are
-/// stages x replicas; the stage count must be one of `stage_counts`, the trainer's), and the planner
-/// chooses the schedule, the microbatch count and, among the splits the trainer compiles (`split`),
-/// the one for that stage count and schedule, for `batch` samples per step over all replicas.
-/// - Every rank takes part in measuring the hand-over between stages and the gradient sum over
-///   replicas (planner::rank_link, replica_sum_bandwidth).
-/// - The first rank alone profiles the model (`calibrate()` returns its cost model). It hands the
-///   model to the others as JSON, so every rank plans from the same numbers and chooses the same
-///   layout; the ranks check that they did.
+/// What --plan auto may choose across processes besides the schedule, the microbatches and the
+/// split: tensor-parallel degrees, for a trainer that builds a tensor-parallel model.
+struct TensorChoice {
+  /// Degrees the trainer runs (1 is always a candidate); a degree that does not divide the
+  /// processes per replica is left out.
+  std::vector<int> degrees{1};
+  /// Times a sum over a tensor-parallel pair (planner::tensor_sum_cost over the world in pairs);
+  /// called on every rank when a degree above 1 is a candidate.
+  std::function<planner::LinkCost()> measure_sum{};
+  /// The layouts the trainer cannot run (planner::Request::refuses); empty function: none.
+  std::function<std::string(std::string_view, int, int, int)> refuses{};
+};
+
+/// --plan auto under mpirun or srun: the launch fixes the replicas (--dp), and the processes of a
+/// replica are its stages x tensor-parallel ranks: the planner chooses the tensor degree among
+/// `tensor.degrees` (the stage count follows; it must be one of `stage_counts`, the trainer's), the
+/// schedule, the microbatch count and, among the splits the trainer compiles (`split`), the one
+/// for that stage count and schedule, for `batch` samples per step over all replicas. `comm` is
+/// the launch's communicator, with every process of a replica a stage (no tensor parallelism);
+/// the caller re-forms it when the chosen layout has a tensor degree above 1.
+/// - Every rank takes part in measuring the hand-over between stages, the gradient sum over
+///   replicas (planner::rank_link, replica_sum_bandwidth) and, where a degree above 1 is a
+///   candidate, a sum over a tensor-parallel pair (tensor.measure_sum).
+/// - The first rank alone profiles the model (`calibrate()` returns its cost model, with the
+///   tensor variants of the candidate degrees). It hands the model to the others as JSON, so every
+///   rank plans from the same numbers and chooses the same layout; the ranks check that they did.
 /// - The first rank prints the report.
 template <class Calibrate, class Split>
 planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrate, index_t batch,
-                                  const std::vector<int>& stage_counts, Split split, std::vector<std::string> schedules = {}) {
+                                  const std::vector<int>& stage_counts, Split split, std::vector<std::string> schedules = {},
+                                  const TensorChoice& tensor = {}) {
   const comm::Topology& topology = comm.topology();
-  CUPIPE_REQUIRE(topology.tensor == 1, "--plan auto plans pipeline stages and replicas; leave out --tp");
-  if (std::find(stage_counts.begin(), stage_counts.end(), topology.stages) == stage_counts.end()) {
-    std::string counts;
-    for (const int p : stage_counts) counts += (counts.empty() ? "" : ", ") + std::to_string(p);
-    CUPIPE_THROW("--plan auto: ", topology.world, " processes over --dp ", topology.replicas, " are ", topology.stages,
-                 " stages, but this trainer runs ", counts, " stages");
+  CUPIPE_REQUIRE(topology.tensor == 1, "--plan auto plans the tensor-parallel degree itself; leave out --tp");
+  const int per_replica = topology.stages;  // a replica's processes: stages x tensor ranks
+  std::vector<int> degrees, counts;
+  for (const int t : tensor.degrees) {
+    if (t < 1 || per_replica % t != 0 || std::find(degrees.begin(), degrees.end(), t) != degrees.end()) continue;
+    if (std::find(stage_counts.begin(), stage_counts.end(), per_replica / t) == stage_counts.end()) continue;
+    degrees.push_back(t);
+    counts.push_back(per_replica / t);
   }
-  planner::LinkCost link;
-  if (topology.stages >= 2) {
+  if (degrees.empty()) {
+    std::string built;
+    for (const int p : stage_counts) built += (built.empty() ? "" : ", ") + std::to_string(p);
+    CUPIPE_THROW("--plan auto: ", topology.world, " processes over --dp ", topology.replicas, " are ", per_replica,
+                 " per replica, but this trainer runs ", built, " stages",
+                 tensor.degrees.size() > 1 ? " (times a tensor-parallel degree it builds)" : "");
+  }
+  const bool tensor_candidates = std::any_of(degrees.begin(), degrees.end(), [](int t) { return t > 1; });
+  planner::LinkCost link, tensor_sum;
+  if (per_replica >= 2) {
     backend::Host<float> host;  // the hand-over's buffers, in host memory as CommTransport stages them
     link = planner::rank_link(comm, host);
   }
   const double sum_bandwidth = topology.replicas >= 2 ? planner::replica_sum_bandwidth(comm) : 0.0;
+  if (tensor_candidates) {
+    CUPIPE_REQUIRE(bool(tensor.measure_sum), "--plan auto: tensor-parallel degrees without a way to time their sums");
+    tensor_sum = tensor.measure_sum();
+  }
   std::string measured;
   if (topology.rank == 0) {
     planner::CostModel model = calibrate();
     model.link_latency = link.latency;
     model.link_bytes_per_second = link.bytes_per_second;
     model.allreduce_bytes_per_second = sum_bandwidth;
+    model.tensor_sum_latency = tensor_sum.latency;
+    model.tensor_sum_bytes_per_second = tensor_sum.bytes_per_second;
     measured = planner::to_json(model).dump();
   }
   // The other ranks wait here while the first profiles (seconds for these models, more for larger
@@ -102,23 +139,39 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
   request.model = planner::cost_model_from_json(nlohmann::json::parse(shared), "--plan auto: the first rank's cost model");
   request.devices = topology.world;
   request.batch = batch;
-  request.stage_counts = {topology.stages};
+  request.stage_counts = counts;
+  request.tensor_degrees = degrees;
   request.max_replicas = topology.replicas;
   request.all_devices = true;
   request.one_process = false;
   request.max_microbatches = int(std::clamp<index_t>(batch / topology.replicas, 1, 64));
   request.split = std::move(split);
   request.schedules = std::move(schedules);
+  // The launch fixed the replicas; fewer, with more stages or tensor ranks each, is another launch.
+  const int replicas = topology.replicas;
+  request.refuses = [&](std::string_view schedule, int p, int d, int t) -> std::string {
+    if (d != replicas) return "the launch fixed --dp " + std::to_string(replicas);
+    return tensor.refuses ? tensor.refuses(schedule, p, d, t) : std::string();
+  };
   const planner::Report report = plan(request);
   const planner::Layout best = report.best();
-  std::string chosen = best.schedule + " m=" + std::to_string(best.microbatches) + " cuts=";
+  std::string chosen = best.schedule + " m=" + std::to_string(best.microbatches) + " t=" + std::to_string(best.tensor) +
+                       " cuts=";
   for (const std::size_t cut : best.cuts) chosen += std::to_string(cut) + ",";
   comm::require_same_settings(comm, {{"plan", chosen}});  // a guard: its first 55 bytes are compared
-  if (topology.rank == 0)
-    std::printf("--plan auto over %d processes (stages x replicas: %d x %d), predicted from a profile of the first rank and "
-                "the links measured between the ranks (hand-over %.1f us + %.2f GB/s, gradient sum %.2f GB/s):\n%s",
-                topology.world, topology.stages, topology.replicas, link.latency * 1e6, link.bytes_per_second / 1e9,
-                sum_bandwidth / 1e9, planner::describe(report, request.model).c_str());
+  if (topology.rank == 0) {
+    std::string shapes;
+    for (std::size_t i = 0; i < degrees.size(); ++i)
+      shapes += (i ? ", " : "") + std::to_string(counts[i]) + " x " + std::to_string(replicas) +
+                (degrees[i] > 1 ? " x " + std::to_string(degrees[i]) : std::string());
+    std::printf("--plan auto over %d processes (stages x replicas%s: %s), predicted from a profile of the first rank and "
+                "the links measured between the ranks (hand-over %.1f us + %.2f GB/s, gradient sum %.2f GB/s",
+                topology.world, tensor_candidates ? " x tensor ranks" : "", shapes.c_str(), link.latency * 1e6,
+                link.bytes_per_second / 1e9, sum_bandwidth / 1e9);
+    if (tensor_candidates)
+      std::printf(", tensor-parallel sum %.1f us + %.2f GB/s", tensor_sum.latency * 1e6, tensor_sum.bytes_per_second / 1e9);
+    std::printf("):\n%s", planner::describe(report, request.model).c_str());
+  }
   return best;
 }
 
@@ -128,10 +181,12 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
 /// compiles.
 template <class Calibrate, class Split>
 planner::Layout plan_auto(comm::Communicator* comm, Calibrate&& calibrate, int& workers, index_t batch,
-                          std::vector<int> stage_counts, Split split, std::vector<std::string> schedules = {}) {
+                          std::vector<int> stage_counts, Split split, std::vector<std::string> schedules = {},
+                          const TensorChoice& tensor = {}) {
   if (schedules.empty()) schedules = built_schedule_names();
-  // Under a launcher even one process has a communicator, whose topology fixes the stages.
-  if (comm) return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), std::move(schedules));
+  // Under a launcher even one process has a communicator, whose topology fixes the replicas.
+  if (comm)
+    return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), std::move(schedules), tensor);
   workers = plan_workers(workers);
   return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), std::move(schedules));
 }

@@ -32,25 +32,54 @@ namespace {
 /// f.workers workers with the stage counts and splits this program compiles (partition<> into 1, 2
 /// or 4 virtual stages), prints the report and sets f's schedule, stages and microbatches.
 ///
-/// Under mpirun (`comm`), the processes fix the stages and replicas: the first rank calibrates on its
-/// replica's share of the batch, every rank plans from that (plan_across_ranks), and the planner
-/// chooses the schedule and microbatches.
-void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens, comm::Communicator* comm = nullptr) {
+/// Under mpirun (`launcher` up with a communicator), the launch fixes the replicas (--dp) and a
+/// replica's processes are its stages x tensor-parallel ranks: the first rank calibrates on its
+/// replica's share of the batch, with one rank's part of each tensor-parallel split that fits
+/// (f.plan_tensor; fp32), every rank plans from that (plan_across_ranks), and the planner chooses
+/// the tensor degree, the schedule and the microbatches. A degree above 1 sets f.tp and re-forms the
+/// launch's communicator.
+void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens, Launcher* launcher) {
   using Model = gpt::Model<gpt::tiny>;
   constexpr index_t context = gpt::tiny.context;
+  comm::Communicator* comm = launcher ? launcher->launch().communicator.get() : nullptr;
   const int replicas = comm ? comm->topology().replicas : 1;
   const index_t sequences = std::min<index_t>(f.batch / replicas, index_t(tokens.size()) / context);
   CUPIPE_REQUIRE(sequences >= 2, "--plan auto: the planner profiles a batch of at least 2 sequences of ", context,
                  " tokens", comm ? " per replica" : "", ", but there are ", sequences);
   const ConstView<std::int32_t> batch{tokens.data(), Shape{sequences * context, 1}};
   const bool bf16 = f.precision == "bf16";
+  // The tensor-parallel degrees that fit a replica's processes: this trainer's tensor-parallel
+  // model runs 1f1b on 1 or 2 stages, in fp32.
+  cupipe::examples::TensorChoice tensor;
+  if (comm && !bf16 && comm->topology().tensor == 1) {
+    const int per_replica = comm->topology().stages;
+    tensor.degrees.clear();
+    for (const int t : f.plan_tensor)
+      if (t == 1 || (per_replica % t == 0 && per_replica / t <= 2)) tensor.degrees.push_back(t);
+    CUPIPE_REQUIRE(!tensor.degrees.empty(), "--plan auto: no degree of --plan-tensor fits ", per_replica,
+                   " processes per replica (a degree must divide them, leaving 1 or 2 stages)");
+    tensor.measure_sum = [launcher] { return planner::tensor_sum_cost(*launcher->communicator(1, 2)); };
+    tensor.refuses = [](std::string_view schedule, int p, int, int t) -> std::string {
+      if (t > 1 && (schedule != "1f1b" || p > 2)) return "this trainer's tensor-parallel model runs 1f1b on 1 or 2 stages";
+      return {};
+    };
+  }
   // The model profiled in the precision it will train in (bf16: Host<bfloat16, float>, 2-byte
   // activations and messages, 4-byte gradients and optimizer state).
   const auto calibrate = [&] {
 #if CUPIPE_TRAINER_HAS_BF16  // a flush-only build refused --precision bf16 before any data loaded
     if (bf16) return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(batch, 3, context);
 #endif
-    return planner::calibrate<Model, backend::Host<T>>(batch, 3, context);
+    planner::CostModel model = planner::calibrate<Model, backend::Host<T>>(batch, 3, context);
+    for (const int t : tensor.degrees) {
+      if (t == 2)
+        model.tensor_variants.push_back(
+            planner::calibrate_tensor_parts<gpt::TensorParallelModel<gpt::tiny, 2>, backend::Host<T>>(batch, 2, 3, context));
+      if (t == 4)
+        model.tensor_variants.push_back(
+            planner::calibrate_tensor_parts<gpt::TensorParallelModel<gpt::tiny, 4>, backend::Host<T>>(batch, 4, 3, context));
+    }
+    return model;
   };
   const auto split = [](int virtual_stages) {
     std::vector<std::size_t> cuts;
@@ -58,13 +87,18 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
       with_stage_count<1, 2, 4>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
     return cuts;
   };
-  const planner::Layout best = cupipe::examples::plan_auto(comm, calibrate, f.workers, f.batch, {1, 2, 4}, split,
-                                                           bf16 ? cupipe::examples::bf16_schedule_names()
-                                                                : std::vector<std::string>{});
+  const planner::Layout best = cupipe::examples::plan_auto(
+      comm, calibrate, f.workers, f.batch, {1, 2, 4}, split,
+      bf16 ? cupipe::examples::bf16_schedule_names() : std::vector<std::string>{}, tensor);
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;
   f.predicted_step_seconds = best.step_seconds;
+  f.predicted_activation_bytes = best.peak_activation_bytes;
+  if (best.tensor > 1) {
+    f.tp = best.tensor;
+    launcher->reshape(best.stages, best.tensor);
+  }
 }
 
 }  // namespace
@@ -117,11 +151,18 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
-                               "--microbatches (host backend, --preset tiny; under mpirun with --dp, the processes over --dp are the stages; "
+                               "--microbatches (host backend, --preset tiny; under mpirun the processes over --dp are "
+                               "the stages x --tp, and it chooses --tp too (see --plan-tensor); "
                                "with --precision bf16, among the schedules bf16 trains with)")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
+      ->needs(plan);
+  app.add_option("--plan-tensor", f.plan_tensor,
+                 "with --plan auto under mpirun: the tensor-parallel degrees the planner may choose (1, 2, 4; a "
+                 "degree must divide the processes per replica, leaving 1 or 2 stages)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({1, 2, 4}))
       ->needs(plan);
   for (const char* name : {"--schedule", "--stages", "--microbatches"}) plan->excludes(app.get_option(name));
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
@@ -145,6 +186,7 @@ int main(int argc, char** argv) {
                  "processes; 2 or 4, with --schedule 1f1b and --stages 1 or 2")
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2, 4}));
+  plan->excludes(app.get_option("--tp"));  // the plan chooses it
   app.add_option("--rank-order", f.rank_order,
                  "how ranks map to (stage, replica, t), t always innermost: stages-outermost (a stage's replicas on "
                  "nearby ranks, for the gradient sums) or replicas-outermost (a replica's pipeline on consecutive ranks)")
@@ -227,7 +269,7 @@ int main(int argc, char** argv) {
     // each keeps them from oversubscribing the cores.
     if (!launch.communicator) backend::Host<T>::set_blas_threads(1);
     if (f.plan == "auto") {
-      plan_layout(f, split.train, launch.communicator.get());
+      plan_layout(f, split.train, launch.communicator ? &launcher : nullptr);
     }
 #if CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16") return train_bf16(f, corpus, split, launch);

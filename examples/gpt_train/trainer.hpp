@@ -70,9 +70,11 @@ struct Flags {
   std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches
   int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
   double predicted_step_seconds = 0;  ///< the planned layout's, set by --plan auto
+  std::vector<double> predicted_activation_bytes{};  ///< the planned layout's, per stage (one rank's part)
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   bool zero = false;                  ///< ZeRO-1: the AdamW state sharded over the --dp replicas
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
+  std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
   std::string rank_order = "stages-outermost";  ///< comm::RankOrder of the ranks
 };
 
@@ -93,7 +95,12 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--max-seconds", real(f.max_seconds)}, {"--backend", f.backend},
           {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt},
           {"--zero", f.zero ? "on" : "off"}, {"--tp", std::to_string(f.tp)}, {"--rank-order", f.rank_order},
-          {"--precision", f.precision}};
+          {"--precision", f.precision},         {"--plan", f.plan},
+          {"--plan-tensor", [&] {
+             std::string degrees;
+             for (const int t : f.plan_tensor) degrees += std::to_string(t) + ",";
+             return degrees;
+           }()}};
 }
 
 /// FNV-1a over a token stream: equal on every rank that loaded the same corpus.
@@ -424,6 +431,17 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   if (f.predicted_step_seconds > 0 && median_step > 0)
     say("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu steps), %+.1f%%\n",
         f.predicted_step_seconds * 1e3, median_step * 1e3, step_times.size(), 100 * (f.predicted_step_seconds / median_step - 1));
+  // Each local stage's activation peak in the last step (its allocator's), beside the plan's; every
+  // rank prints its own (a tensor-parallel rank holds its part).
+  if (f.predicted_step_seconds > 0 && steps)
+    for (int w = 0; w < P; ++w) {
+      const std::size_t k = std::size_t(w);
+      if (!pipe.local(w) || k >= f.predicted_activation_bytes.size() || k >= last_stats.peak_activation_bytes.size()) continue;
+      const double predicted = f.predicted_activation_bytes[k], measured = double(last_stats.peak_activation_bytes[k]);
+      std::printf("planned layout, stage %d%s: activation peak %.1f KiB predicted, %.1f KiB measured, %+.1f%%\n", w,
+                  launch.communicator ? (" (rank " + std::to_string(launch.rank) + ")").c_str() : "", predicted / 1024,
+                  measured / 1024, measured > 0 ? 100 * (predicted / measured - 1) : 0.0);
+    }
   // The AdamW state this rank holds (with --zero, its shards of its stages).
   std::int64_t optimizer_bytes = 0;
   for (int w = 0; w < P; ++w)

@@ -260,6 +260,40 @@ TEST_CASE("planner: asynchronous schedules only when asked for", "[planner]") {
   CHECK_FALSE(has(plan(request), "pipedream"));
 }
 
+TEST_CASE("planner: a layout the program refuses is never proposed and carries the program's reason", "[planner]") {
+  planner::Request request;
+  request.model = uniform(8);
+  request.devices = 4;
+  request.batch = 16;
+  // As a trainer that runs 1f1b only on 2 stages, with 2 replicas fixed at launch.
+  std::vector<std::string> asked;
+  request.refuses = [&](std::string_view schedule, int p, int d, int t) -> std::string {
+    asked.push_back(std::string(schedule) + " " + std::to_string(p) + " " + std::to_string(d) + " " + std::to_string(t));
+    if (d != 2) return "the launch fixed 2 replicas";
+    if (schedule != "1f1b") return "this program runs 1f1b";
+    return {};
+  };
+  const planner::Report report = plan(request);
+  REQUIRE_FALSE(report.ranked.empty());
+  for (const planner::Layout& l : report.ranked) {
+    CHECK(l.schedule == "1f1b");
+    CHECK(l.replicas == 2);
+    CHECK(l.stages == 2);
+  }
+  CHECK_FALSE(asked.empty());
+  const auto reason = [&](const std::string& prefix) {
+    const auto it = std::find_if(report.rejected.begin(), report.rejected.end(),
+                                 [&](const planner::Rejected& r) { return r.layout.rfind(prefix, 0) == 0; });
+    return it == report.rejected.end() ? std::string() : it->reason;
+  };
+  CHECK(reason("gpipe p=2 d=2") == "this program runs 1f1b");
+  CHECK(reason("1f1b p=4 d=1") == "the launch fixed 2 replicas");
+  // Without it the same request proposes the other layouts.
+  request.refuses = {};
+  const planner::Report open = plan(request);
+  CHECK(std::any_of(open.ranked.begin(), open.ranked.end(), [](const planner::Layout& l) { return l.replicas != 2; }));
+}
+
 TEST_CASE("planner: in one process a hand-over lengthens the sender's action", "[planner]") {
   planner::Request request;
   request.model = uniform(2);

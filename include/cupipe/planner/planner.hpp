@@ -128,6 +128,10 @@ struct Request {
   /// The workers are threads of one process (an in-process host or multi-GPU run): a flush update
   /// runs every stage's optimizer step in turn on the calling thread.
   bool one_process = false;
+  /// What the program cannot run, beyond what the policies and `split` refuse: given a schedule's
+  /// name, the stages, the replicas and the tensor-parallel ranks, the reason it cannot (the layout
+  /// is then refused with it), or an empty string. Empty function: it runs every layout.
+  std::function<std::string(std::string_view schedule, int stages, int replicas, int tensor)> refuses{};
 };
 
 /// One layout and what the cost model predicts for it.
@@ -399,6 +403,13 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       ++report.considered;
       report.rejected.push_back({where, "the model ties weights (as GPT-2's lm_head to wte); only a flush update sums them"});
       continue;
+    }
+    if (request.refuses) {
+      if (std::string why = request.refuses(policy.name, p, d, t); !why.empty()) {
+        ++report.considered;
+        report.rejected.push_back({where, std::move(why)});
+        continue;
+      }
     }
     const std::vector<std::size_t>& cuts = split_into(virtual_stages);
     if (cuts.empty()) {
