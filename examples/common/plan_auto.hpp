@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -171,6 +172,16 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
     if (tensor_candidates)
       std::printf(", tensor-parallel sum %.1f us + %.2f GB/s", tensor_sum.latency * 1e6, tensor_sum.bytes_per_second / 1e9);
     std::printf("):\n%s", planner::describe(report, request.model).c_str());
+    // The cost model takes each process as a device of its own; processes that share cores run
+    // slower than it predicts (about cores / processes of the speed when all are busy).
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
+    const int here = local ? std::atoi(local) : 0;
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (here > 0 && cores > 0 && unsigned(here) > cores)
+      std::printf("note: %d processes share this node's %u cores; the plan takes each process as a device of its own, "
+                  "so the measured steps will be slower than predicted\n",
+                  here, cores);
   }
   return best;
 }

@@ -51,6 +51,12 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
   // The tensor-parallel degrees that fit a replica's processes: this trainer's tensor-parallel
   // model runs 1f1b on 1 or 2 stages, in fp32.
   cupipe::examples::TensorChoice tensor;
+  if (bf16 && std::any_of(f.plan_tensor.begin(), f.plan_tensor.end(), [](int t) { return t > 1; }) &&
+      f.plan_tensor_given)
+    CUPIPE_THROW("--plan-tensor: this trainer has no tensor-parallel model in bf16; leave it out with --precision bf16");
+  if (!comm && std::any_of(f.plan_tensor.begin(), f.plan_tensor.end(), [](int t) { return t > 1; }) && f.plan_tensor_given)
+    CUPIPE_THROW("--plan-tensor: tensor-parallel ranks are processes; run under mpirun or srun (one process plans its "
+                 "stages only)");
   if (comm && !bf16 && comm->topology().tensor == 1) {
     const int per_replica = comm->topology().stages;
     tensor.degrees.clear();
@@ -158,7 +164,7 @@ int main(int argc, char** argv) {
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
       ->needs(plan);
-  app.add_option("--plan-tensor", f.plan_tensor,
+  auto* plan_tensor = app.add_option("--plan-tensor", f.plan_tensor,
                  "with --plan auto under mpirun: the tensor-parallel degrees the planner may choose (1, 2, 4; a "
                  "degree must divide the processes per replica, leaving 1 or 2 stages)")
       ->capture_default_str()
@@ -200,6 +206,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(non_negative);
   CLI11_PARSE(app, argc, argv);
+  f.plan_tensor_given = plan_tensor->count() > 0;
 
   Launcher launcher;  // outside the try: the catch ends every rank through it
   try {

@@ -75,6 +75,7 @@ struct Flags {
   bool zero = false;                  ///< ZeRO-1: the AdamW state sharded over the --dp replicas
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
+  bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
   std::string rank_order = "stages-outermost";  ///< comm::RankOrder of the ranks
 };
 

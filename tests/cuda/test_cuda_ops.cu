@@ -317,6 +317,22 @@ TEST_CASE("a label out of range is a cupipe::error naming it", "[gpu][cuda][ops]
   gpu.check_inputs = false;
   ops::softmax_cross_entropy_forward(gpu, z.cview(s), labels.cview(Shape{4}), loss.view(Shape{1}), 4);
   CHECK_THROWS_WITH(gpu.synchronize(), Catch::Contains("label 12 at row 3"));
+  // A pipeline step defers the checks and reports once (backend::capabilities): reported, the
+  // record throws; dropped (a step that failed otherwise), the next synchronize() is clean.
+  gpu.check_inputs = true;
+  for (const bool report : {true, false}) {
+    const bool previous = backend::defer_input_checks(gpu);
+    CHECK(previous);
+    CHECK_FALSE(gpu.check_inputs);
+    ops::softmax_cross_entropy_forward(gpu, z.cview(s), labels.cview(Shape{4}), loss.view(Shape{1}), 4);
+    if (report) {
+      CHECK_THROWS_WITH(backend::resume_input_checks(gpu, previous, true), Catch::Contains("label 12 at row 3"));
+    } else {
+      CHECK_NOTHROW(backend::resume_input_checks(gpu, previous, false));
+      CHECK_NOTHROW(gpu.synchronize());
+    }
+    CHECK(gpu.check_inputs);
+  }
 }
 
 TEST_CASE("embedding forward and backward match the host, deterministically", "[gpu][cuda][ops]") {

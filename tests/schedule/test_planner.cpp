@@ -163,6 +163,22 @@ TEST_CASE("planner: a fixed part of each action and the optimizer step enter the
   CHECK_THROWS_WITH(plan(pointed), Catch::Contains("points that are not ascending"));
   // With the fixed part, fewer microbatches win on one worker.
   CHECK(report.best().microbatches == 1);
+  // The runtime's cost per action: zb-h1 runs an F, a B and a W per microbatch (3 actions), so 4
+  // microbatches add 12 x 0.1 ms; 1f1b's B holds its W (8 actions for 4 microbatches).
+  planner::Request with_actions = request;
+  with_actions.model.action_overhead_seconds = 1e-4;
+  with_actions.schedules = {"zb-h1", "1f1b"};
+  const planner::Report costed = plan(with_actions);
+  const auto find = [&](const std::string& name, int m) {
+    return std::find_if(costed.ranked.begin(), costed.ranked.end(),
+                        [&](const planner::Layout& l) { return l.schedule == name && l.microbatches == m; });
+  };
+  REQUIRE(find("zb-h1", 4) != costed.ranked.end());
+  REQUIRE(find("1f1b", 4) != costed.ranked.end());
+  CHECK(find("zb-h1", 4)->step_seconds == Approx(15e-3 + 12 * 1e-4 + 1e-3).epsilon(1e-9));
+  CHECK(find("1f1b", 4)->step_seconds == Approx(15e-3 + 8 * 1e-4 + 1e-3).epsilon(1e-9));
+  with_actions.model.action_overhead_seconds = -1e-6;
+  CHECK_THROWS_WITH(plan(with_actions), Catch::Contains("action_overhead_seconds must not be negative"));
   // A fixed part larger than the time is refused, naming the layer.
   request.model.layers[0].forward_fixed = 3e-3;
   CHECK_THROWS_WITH(plan(request), Catch::Contains("layer 0 (only) has a fixed part outside [0, its time]"));
@@ -392,7 +408,8 @@ TEST_CASE("planner: a tensor degree without its profile is refused with the reas
 }
 
 TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from JSON exactly", "[planner]") {
-  const planner::CostModel model = with_halves(1e-4, 2e9);
+  planner::CostModel model = with_halves(1e-4, 2e9);
+  model.action_overhead_seconds = 3.25e-6;
   // Through the text a file holds.
   const planner::CostModel back = planner::cost_model_from_json(nlohmann::json::parse(planner::to_json(model).dump()), "test");
   REQUIRE(back.tensor_variants.size() == 1);
@@ -403,4 +420,5 @@ TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from 
   CHECK(back.tensor_variants[0].layers[3].forward == model.tensor_variants[0].layers[3].forward);
   CHECK(back.tensor_sum_latency == 1e-4);
   CHECK(back.tensor_sum_bytes_per_second == 2e9);
+  CHECK(back.action_overhead_seconds == 3.25e-6);
 }

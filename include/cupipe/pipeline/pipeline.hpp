@@ -1077,6 +1077,10 @@ class Pipeline {
       contexts_.for_each([&](int w, auto& be) {
         try {
           backend::resume_input_checks(be, previous_[std::size_t(w)], report);
+        } catch (const error& e) {  // named as the runtime names a failed action's worker
+          if (!first)
+            first = std::make_exception_ptr(
+                error("stage " + std::to_string(w) + ", after the step's actions: " + e.message(), e.call(), e.file(), e.line()));
         } catch (...) {
           if (!first) first = std::current_exception();
         }

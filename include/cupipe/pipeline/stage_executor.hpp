@@ -269,14 +269,13 @@ class StageExecutor {
     st.in_flight.emplace(j, std::move(f));
   }
 
-  /// "stage 3, action F0": the last virtual stage's forward of microbatch j (of a run() step),
-  /// as WorkerRuntime names an action that failed.
+  /// "stage 3, action F0": the last virtual stage's forward of microbatch j of a flush step (one
+  /// batch), as WorkerRuntime names an action that failed.
   std::string loss_action(int j) const {
     constexpr int K = virtual_stages - 1;
     std::string where = "stage " + std::to_string(worker_of(K));
     if (plan_.config.chunks > 1) where += " (virtual stage " + std::to_string(K) + ")";
-    if (plan_.config.batches > 1) where += ", step " + std::to_string(j / plan_.config.microbatches);
-    return where + ", action F" + std::to_string(j % plan_.config.microbatches);
+    return where + ", action F" + std::to_string(j);
   }
 
   template <int K, class Optimizer, class St>

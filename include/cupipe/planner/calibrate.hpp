@@ -18,6 +18,7 @@
 
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/rng.hpp"
+#include "cupipe/layers/linear.hpp"
 #include "cupipe/layers/network.hpp"
 #include "cupipe/layers/sequential.hpp"
 #include "cupipe/optim/optimizers.hpp"
@@ -317,14 +318,14 @@ inline double replica_sum_bandwidth(comm::Communicator& comm, index_t values = i
   return mean > 0 ? 2.0 * (d - 1) / d * double(values) * sizeof(float) / mean : 0.0;
 }
 
+namespace detail {
 /// Measured seconds a training step of `Model` on `Backend` takes beyond what `model` predicts for
-/// its actions and update: a one-stage pipeline (1F1B, `microbatches` microbatches) trains on `x`
-/// with random labels, and the median of `steps` steps (after one) less the prediction is the
-/// overhead (staging the batch, fresh allocations, the loss read-back, waking the worker, and what
-/// running layers back to back costs beyond timing each alone). Never negative.
+/// its actions (their layers, CostModel::action_overhead_seconds each) and update, signed: a
+/// one-stage pipeline (1F1B, `microbatches` microbatches) trains on `x` with random labels, and the
+/// median of `steps` steps (after one) less the prediction.
 template <class Model, class Backend>
-double step_overhead_seconds(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x,
-                             const CostModel& model, int microbatches = 2, int steps = 5) {
+double step_residual(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, const CostModel& model,
+                     int microbatches, int steps) {
   using Loss = loss_of_t<Model>;
   Rng rng(7);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(x.rows()));
@@ -343,9 +344,23 @@ double step_overhead_seconds(ConstView<model_input_t<typename Model::body, typen
     const double rows = double((samples / microbatches + (j < samples % microbatches ? 1 : 0)) * model.rows_per_sample);
     for (const LayerCost& l : model.layers)
       for (int action = 0; action < 3; ++action) predicted += detail::at_rows(model, l, action, rows);
+    predicted += 2 * model.action_overhead_seconds;  // 1F1B: an F and a B (with its W) per microbatch
   }
   for (const LayerCost& l : model.layers) params += l.params;
-  return std::max(0.0, measured - predicted - params * model.update_seconds_per_param);
+  return measured - predicted - params * model.update_seconds_per_param;
+}
+}  // namespace detail
+
+/// Measured seconds a training step of `Model` on `Backend` takes beyond what `model` predicts for
+/// its actions (their layers, and CostModel::action_overhead_seconds each: measure that first) and
+/// update: a one-stage pipeline (1F1B, `microbatches` microbatches) trains on `x` with random
+/// labels, and the median of `steps` steps (after one) less the prediction is the overhead (staging
+/// the batch, fresh allocations, reading the step's losses, waking the worker, and what running
+/// layers back to back costs beyond timing each alone). Never negative.
+template <class Model, class Backend>
+double step_overhead_seconds(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x,
+                             const CostModel& model, int microbatches = 2, int steps = 5) {
+  return std::max(0.0, detail::step_residual<Model, Backend>(x, model, microbatches, steps));
 }
 
 namespace detail {
@@ -405,10 +420,37 @@ CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename
 
 }  // namespace detail
 
+/// Measured seconds the runtime adds to each action on `Backend` beyond its layers' own work (the
+/// dispatch, the record's allocation, the clocks, the mailbox): a one-stage pipeline of a 1 x 2
+/// Linear trains on 16 rows in 2 and in 16 microbatches, and what the 14 more microbatches cost
+/// beyond their profiled layers, over their 28 more actions (an F and a B each), is the figure. A
+/// layout of many small microbatches pays it per action, which a per-layer profile does not see.
+/// Never negative; the smaller of two measurements (the figure is microseconds, and a descheduled
+/// thread only adds).
+template <class Backend>
+double action_overhead_seconds(int repeats = 3) {
+  using T = typename Backend::value_type;
+  using Trivial = Sequential<Linear<1, 2>>;
+  constexpr index_t rows = 16;
+  std::vector<T> values(static_cast<std::size_t>(rows));
+  for (index_t i = 0; i < rows; ++i) values[std::size_t(i)] = T(double(i % 5) / 4.0 - 0.5);
+  const ConstView<T> x{values.data(), Shape{rows, 1}};
+  CostModel model = detail::profiled_layers<Trivial, Backend>(x, repeats, 1, nullptr);
+  model.update_seconds_per_param = 0;  // 4 parameters: the same update in both runs, which cancels
+  double best = std::numeric_limits<double>::infinity();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const double few = detail::step_residual<Trivial, Backend>(x, model, 2, 15);
+    const double many = detail::step_residual<Trivial, Backend>(x, model, 16, 15);
+    best = std::min(best, (many - few) / 28.0);
+  }
+  return std::max(0.0, best);
+}
+
 /// The cost model of `Model` on `Backend`, measured here: every layer and the model's loss profiled
 /// on `x` (a batch of real inputs in host memory), on a quarter and on a sixteenth of its samples
 /// (LayerCost::points; the first two also give each action's fixed part), the optimizer step (AdamW:
-/// two slots), the step's overhead (step_overhead_seconds) and an in-process hand-over between two
+/// two slots), the runtime's cost per action (action_overhead_seconds), the step's overhead
+/// (step_overhead_seconds) and an in-process hand-over between two
 /// contexts (local_link). Each size is profiled twice and each action keeps the smaller median.
 /// `rows_per_sample`: a sequence's tokens for a transformer. Takes a few seconds.
 template <class Model, class Backend>
@@ -417,6 +459,7 @@ CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backe
   using Body = typename Model::body;
   CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr);
   model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), repeats);
+  model.action_overhead_seconds = action_overhead_seconds<Backend>(repeats);
   // Measured with two microbatches: one microbatch of the whole batch is the one layout whose
   // working set is largest, and on a CPU it runs slower than its layers timed alone.
   model.step_overhead_seconds = step_overhead_seconds<Model, Backend>(x, model, 2);

@@ -89,6 +89,10 @@ struct CostModel {
   /// What a training step takes beyond its actions and update (staging the batch, allocations,
   /// reading the loss, waking the workers), once per step; planner::calibrate measures it.
   double step_overhead_seconds = 0;
+  /// What the runtime adds to each F, B and W action beyond its layers' profiled times (dispatch,
+  /// the record's allocation, clocks, the mailbox); planner::action_overhead_seconds measures it.
+  /// Layouts of many small microbatches or many chunks pay it more often.
+  double action_overhead_seconds = 0;
   /// The model split over tensor-parallel groups, per degree (empty: no tensor parallelism).
   std::vector<TensorVariant> tensor_variants{};
   /// A sum over a tensor-parallel group: seconds per call and bandwidth (bytes of one rank's values
@@ -459,6 +463,10 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
             c.weight += policy.split_backward ? w : 0.0;
             chunk_params += layer.params;
           }
+          // The runtime's own cost of each action (with the W inside the B where it is not split).
+          c.forward += model.action_overhead_seconds;
+          c.backward += model.action_overhead_seconds;
+          if (policy.split_backward) c.weight += model.action_overhead_seconds;
           // In one process the sender copies a message into the receiver's memory inside its action
           // (LocalTransport): F sends its output, B its input gradient.
           if (request.one_process) {
@@ -545,8 +553,8 @@ Report search(const Request& request) {
   CUPIPE_REQUIRE(request.batch >= 1, "planner: the batch must hold at least one sample, got ", request.batch);
   CUPIPE_REQUIRE(model.profiled_rows >= 1 && model.rows_per_sample >= 1, "planner: profiled_rows and rows_per_sample must be positive");
   CUPIPE_REQUIRE(request.max_microbatches >= 1, "planner: max_microbatches must be at least 1");
-  CUPIPE_REQUIRE(model.update_seconds_per_param >= 0 && model.step_overhead_seconds >= 0,
-                 "planner: update_seconds_per_param and step_overhead_seconds must not be negative");
+  CUPIPE_REQUIRE(model.update_seconds_per_param >= 0 && model.step_overhead_seconds >= 0 && model.action_overhead_seconds >= 0,
+                 "planner: update_seconds_per_param, step_overhead_seconds and action_overhead_seconds must not be negative");
   for (const std::string& name : request.schedules) (void)schedule::find_policy<List>(name);  // names every valid one
   const auto check_layers = [&](const std::vector<LayerCost>& list, const std::string& where) {
     for (std::size_t l = 0; l < list.size(); ++l) {

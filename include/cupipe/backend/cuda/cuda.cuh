@@ -188,9 +188,20 @@ struct capabilities<Cuda<T, C>> {
     return previous;
   }
   /// A program that turned check_inputs off gets what it asked for: the next synchronize() reports.
+  /// Without `report` (the step failed for another reason) what the step's ops recorded is
+  /// dropped, so the next step does not report this batch's bad input as its own.
   static void resume_input_checks(Cuda<T, C>& be, bool previous, bool report) {
     be.check_inputs = previous;
-    if (report && previous) be.synchronize();
+    if (!previous) return;
+    if (report) {
+      be.synchronize();
+      return;
+    }
+    try {
+      const gpu::DeviceGuard guard(be.device());
+      (void)be.context().take_device_error();
+    } catch (...) {  // the step's own failure is what the caller sees
+    }
   }
 };
 
