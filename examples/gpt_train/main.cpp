@@ -51,10 +51,11 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
   // The tensor-parallel degrees that fit a replica's processes: this trainer's tensor-parallel
   // model runs 1f1b on 1 or 2 stages, in fp32.
   cupipe::examples::TensorChoice tensor;
-  if (bf16 && std::any_of(f.plan_tensor.begin(), f.plan_tensor.end(), [](int t) { return t > 1; }) &&
-      f.plan_tensor_given)
+  const bool asks_tensor =
+      f.plan_tensor_given && std::any_of(f.plan_tensor.begin(), f.plan_tensor.end(), [](int t) { return t > 1; });
+  if (bf16 && asks_tensor)
     CUPIPE_THROW("--plan-tensor: this trainer has no tensor-parallel model in bf16; leave it out with --precision bf16");
-  if (!comm && std::any_of(f.plan_tensor.begin(), f.plan_tensor.end(), [](int t) { return t > 1; }) && f.plan_tensor_given)
+  if (!comm && asks_tensor)
     CUPIPE_THROW("--plan-tensor: tensor-parallel ranks are processes; run under mpirun or srun (one process plans its "
                  "stages only)");
   if (comm && !bf16 && comm->topology().tensor == 1) {
@@ -65,8 +66,9 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
     CUPIPE_REQUIRE(!tensor.degrees.empty(), "--plan auto: no degree of --plan-tensor fits ", per_replica,
                    " processes per replica (a degree must divide them, leaving 1 or 2 stages)");
     tensor.measure_sum = [launcher] { return planner::tensor_sum_cost(*launcher->communicator(1, 2)); };
-    tensor.refuses = [](std::string_view schedule, int p, int, int t) -> std::string {
-      if (t > 1 && (schedule != "1f1b" || p > 2)) return "this trainer's tensor-parallel model runs 1f1b on 1 or 2 stages";
+    // The degrees above already leave 1 or 2 stages.
+    tensor.refuses = [](std::string_view schedule, int, int, int t) -> std::string {
+      if (t > 1 && schedule != "1f1b") return "this trainer's tensor-parallel model runs 1f1b on 1 or 2 stages";
       return {};
     };
   }

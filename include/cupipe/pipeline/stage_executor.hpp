@@ -135,7 +135,9 @@ class StageExecutor {
           Loss::check_finite(values[j], ConstViewOn<LastBackend, output_type>{nullptr, Shape{rows, Loss::in_features}},
                              microbatch_labels(step, int(j)));
         } catch (const error& e) {  // named as the runtime names a failed action: this F computed it
-          throw error(loss_action(int(j)) + ": " + e.message(), e.call(), e.file(), e.line());
+          constexpr int K = virtual_stages - 1;
+          const schedule::Action f{schedule::ActionKind::F, int(j), plan_.placement.chunk_of(K)};
+          throw error(action_where(plan_, worker_of(K), f) + ": " + e.message(), e.call(), e.file(), e.line());
         }
       }
       step.losses[j] = double(values[j]);
@@ -267,15 +269,6 @@ class StageExecutor {
     }
     if (st.recompute) f.record = {};  // keep only the input; backward recomputes
     st.in_flight.emplace(j, std::move(f));
-  }
-
-  /// "stage 3, action F0": the last virtual stage's forward of microbatch j of a flush step (one
-  /// batch), as WorkerRuntime names an action that failed.
-  std::string loss_action(int j) const {
-    constexpr int K = virtual_stages - 1;
-    std::string where = "stage " + std::to_string(worker_of(K));
-    if (plan_.config.chunks > 1) where += " (virtual stage " + std::to_string(K) + ")";
-    return where + ", action F" + std::to_string(j);
   }
 
   template <int K, class Optimizer, class St>

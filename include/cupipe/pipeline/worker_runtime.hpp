@@ -24,6 +24,20 @@
 
 namespace cupipe::pipeline {
 
+/// How an error names action `a` of worker `w`: "stage 1 (virtual stage 3), step 2, action B0" (the
+/// virtual stage where workers hold several, the step where a flush plan runs several, the first
+/// of them `first_step`).
+inline std::string action_where(const schedule::Plan& plan, int w, const schedule::Action& a, int first_step = 0) {
+  std::string where = "stage " + std::to_string(w);
+  if (plan.config.chunks > 1) where += " (virtual stage " + std::to_string(plan.virtual_stage(w, a)) + ")";
+  int microbatch = a.microbatch;
+  if (plan.update == schedule::UpdateRule::flush && plan.config.batches > 1) {
+    where += ", step " + std::to_string(first_step + microbatch / plan.config.microbatches);
+    microbatch %= plan.config.microbatches;
+  }
+  return where + ", action " + schedule::kind_letter(a.kind) + std::to_string(microbatch);
+}
+
 /// `Workers` holds each worker's context (pipeline/workers.hpp); workers of other processes have none.
 template <class Workers>
 class WorkerRuntime {
@@ -124,14 +138,7 @@ class WorkerRuntime {
   template <class Abort>
   void fail(const schedule::Plan& plan, int w, const schedule::Action& a, const std::string& message,
             const std::string& call, const std::string& file, int line, Abort& abort) {
-    std::string where = "stage " + std::to_string(w);
-    if (plan.config.chunks > 1) where += " (virtual stage " + std::to_string(plan.virtual_stage(w, a)) + ")";
-    int microbatch = a.microbatch;
-    if (plan.update == schedule::UpdateRule::flush && plan.config.batches > 1) {
-      where += ", step " + std::to_string(first_step_ + microbatch / plan.config.microbatches);
-      microbatch %= plan.config.microbatches;
-    }
-    where += std::string(", action ") + schedule::kind_letter(a.kind) + std::to_string(microbatch);
+    const std::string where = action_where(plan, w, a, first_step_);
     {
       std::lock_guard lock(failure_mutex_);
       if (!failure_) failure_ = std::make_exception_ptr(error(where + ": " + message, call, file, line));
