@@ -86,9 +86,9 @@ int check_model(const std::string& name, int devices, index_t batch, int max_mic
     std::printf("  %-28s F %.4f (%.4f)  B %.4f (%.4f)  W %.4f (%.4f)\n", l.name.c_str(), l.forward * 1e3, l.forward_fixed * 1e3,
                 l.backward_input * 1e3, l.backward_input_fixed * 1e3, l.backward_weight * 1e3, l.backward_weight_fixed * 1e3);
   std::printf("  optimizer step: %.3g ns per parameter; step overhead %.3f ms; %.1f us per action; hand-over %.1f us + "
-              "%.2f GB/s\n\n",
+              "%.2f GB/s; a waiting worker wakes %.1f us after a post\n\n",
               costs.update_seconds_per_param * 1e9, costs.step_overhead_seconds * 1e3, costs.action_overhead_seconds * 1e6,
-              costs.link_latency * 1e6, costs.link_bytes_per_second / 1e9);
+              costs.link_latency * 1e6, costs.link_bytes_per_second / 1e9, costs.wake_seconds * 1e6);
   const planner::Report report = plan(request_for(model, costs, devices, batch, max_microbatches));
   std::printf("### %s: %d devices, batch %lld\n\n%s\n", model.description.c_str(), devices, (long long)batch,
               ("```\n" + planner::describe(report, costs) + "```").c_str());

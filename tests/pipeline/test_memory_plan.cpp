@@ -256,3 +256,13 @@ TEST_CASE("profile_layers times a first layer's backward_input where its weight 
   CHECK(plain.backward_input[0] == 0);
   CHECK(fused.backward_input[1] > 0);
 }
+
+TEST_CASE("wake_seconds: a worker blocked in its mailbox wakes some microseconds after a post", "[planner]") {
+  // Two threads of one process: a sleeping thread is woken by the scheduler, which takes time on
+  // every operating system (tens of microseconds on a lightly loaded Linux VM); a hand-over made on
+  // one thread, which the figure excludes, does not wait at all.
+  const double wake = planner::wake_seconds<Host>(21);
+  CHECK(wake > 0);
+  CHECK(wake < 0.05);
+  CHECK_THROWS_WITH(planner::wake_seconds<Host>(0), Catch::Contains("at least one round trip"));
+}

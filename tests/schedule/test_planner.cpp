@@ -178,7 +178,10 @@ TEST_CASE("planner: a fixed part of each action and the optimizer step enter the
   CHECK(find("zb-h1", 4)->step_seconds == Approx(15e-3 + 12 * 1e-4 + 1e-3).epsilon(1e-9));
   CHECK(find("1f1b", 4)->step_seconds == Approx(15e-3 + 8 * 1e-4 + 1e-3).epsilon(1e-9));
   with_actions.model.action_overhead_seconds = -1e-6;
-  CHECK_THROWS_WITH(plan(with_actions), Catch::Contains("action_overhead_seconds must not be negative"));
+  CHECK_THROWS_WITH(plan(with_actions), Catch::Contains("action_overhead_seconds and wake_seconds must not be negative"));
+  with_actions.model.action_overhead_seconds = 0;
+  with_actions.model.wake_seconds = -1e-6;
+  CHECK_THROWS_WITH(plan(with_actions), Catch::Contains("wake_seconds must not be negative"));
   // A fixed part larger than the time is refused, naming the layer.
   request.model.layers[0].forward_fixed = 3e-3;
   CHECK_THROWS_WITH(plan(request), Catch::Contains("layer 0 (only) has a fixed part outside [0, its time]"));
@@ -310,21 +313,62 @@ TEST_CASE("planner: a layout the program refuses is never proposed and carries t
   CHECK(std::any_of(open.ranked.begin(), open.ranked.end(), [](const planner::Layout& l) { return l.replicas != 2; }));
 }
 
-TEST_CASE("planner: in one process a hand-over lengthens the sender's action", "[planner]") {
+namespace {
+
+/// Two uniform layers on two workers of one process, GPipe, up to `max_microbatches`.
+planner::Request two_workers_in_one_process(int max_microbatches) {
   planner::Request request;
   request.model = uniform(2);
   request.devices = 2;
   request.batch = 8;
   request.schedules = {"gpipe"};
   request.stage_counts = {2};
-  request.max_microbatches = 1;
+  request.max_microbatches = max_microbatches;
   request.one_process = true;
+  return request;
+}
+
+}  // namespace
+
+TEST_CASE("planner: in one process a hand-over lengthens the sender's action", "[planner]") {
+  planner::Request request = two_workers_in_one_process(1);
   const double alone = plan(request).best().step_seconds;
   request.model.link_latency = 1e-3;
   const planner::Layout& linked = plan(request).best();
   // One microbatch: F0 sends its output, B1 its input gradient, each 1 ms longer; the chain of four
   // actions is 2 ms longer, and the first worker's record waits that long too.
   CHECK(linked.step_seconds == Approx(alone + 2e-3).epsilon(1e-9));
+}
+
+TEST_CASE("planner: in one process a waiting receiver wakes later, the sender is not held", "[planner]") {
+  planner::Request request = two_workers_in_one_process(2);
+  const auto step = [&](int m) {
+    const planner::Report report = plan(request);
+    const auto it = std::find_if(report.ranked.begin(), report.ranked.end(),
+                                 [&](const planner::Layout& l) { return l.stages == 2 && l.microbatches == m; });
+    REQUIRE(it != report.ranked.end());
+    return it->step_seconds;
+  };
+  const double one = step(1), two = step(2);
+  request.model.wake_seconds = 1e-3;
+  // One microbatch: F1 waits for F0's output and B0 for B1's gradient, each 1 ms later.
+  CHECK(step(1) == Approx(one + 2e-3).epsilon(1e-9));
+  // Two microbatches of 0.5 ms actions: the longest chain still crosses once each way (the first
+  // microbatch's F, the last one's B), so it too is 2 ms longer. The same 1 ms as the link's latency,
+  // which holds each sender, makes it 4 ms longer (every B of the second worker sends).
+  CHECK(step(2) == Approx(two + 2e-3).epsilon(1e-9));
+  request.model.wake_seconds = 0;
+  request.model.link_latency = 1e-3;
+  CHECK(step(2) == Approx(two + 4e-3).epsilon(1e-9));
+  request.model.link_latency = 0;
+  request.model.wake_seconds = 1e-3;
+  // The wake-up is the only term a second process does not have: between processes the link's
+  // latency holds it.
+  request.one_process = false;
+  request.max_replicas = 1;
+  const double separate = plan(request).best().step_seconds;
+  request.model.wake_seconds = 0;
+  CHECK(plan(request).best().step_seconds == Approx(separate).epsilon(1e-12));
 }
 
 namespace {
@@ -410,6 +454,7 @@ TEST_CASE("planner: a tensor degree without its profile is refused with the reas
 TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from JSON exactly", "[planner]") {
   planner::CostModel model = with_halves(1e-4, 2e9);
   model.action_overhead_seconds = 3.25e-6;
+  model.wake_seconds = 2.5e-5;
   // Through the text a file holds.
   const planner::CostModel back = planner::cost_model_from_json(nlohmann::json::parse(planner::to_json(model).dump()), "test");
   REQUIRE(back.tensor_variants.size() == 1);
@@ -421,4 +466,5 @@ TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from 
   CHECK(back.tensor_sum_latency == 1e-4);
   CHECK(back.tensor_sum_bytes_per_second == 2e9);
   CHECK(back.action_overhead_seconds == 3.25e-6);
+  CHECK(back.wake_seconds == 2.5e-5);
 }

@@ -10,9 +10,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -222,6 +224,74 @@ LinkCost local_link(index_t small = index_t(1) << 10, index_t large = index_t(1)
   };
   const double t_small = time(small), t_large = time(large);
   return detail::fit_link(t_small, t_large, double(small) * sizeof(T), double(large) * sizeof(T));
+}
+
+/// Measured seconds after which a worker blocked in its mailbox runs once a message for it is
+/// posted (CostModel::wake_seconds): two threads pass a one-value message back and forth through a
+/// LocalTransport, as two workers of a pipeline do, `round_trips` times after a few to warm up;
+/// half the median round trip, less a hand-over made and taken on one thread (its copy and its
+/// bookkeeping, which the planner charges to the sender's action), is the figure. Never negative.
+/// On a lightly loaded Linux host it is tens of microseconds: a sleeping thread is woken by the
+/// scheduler, not by the post.
+template <class Backend>
+double wake_seconds(int round_trips = 101) {
+  using T = typename Backend::value_type;
+  CUPIPE_REQUIRE(round_trips >= 1, "planner: time at least one round trip, got ", round_trips);
+  Backend a, b;
+  pipeline::LocalTransport<Backend> link({&a, &b}, 60);
+  auto there = a.template allocate<T>(1, MemoryTag::activations);
+  fill(a, ViewOn<Backend, T>{there.data(), Shape{1}}, T(1));
+  a.synchronize();
+  constexpr int warm = 5;
+  const int total = warm + round_trips;
+  link.begin_step(2);
+  std::exception_ptr failed;
+  // Worker 1 takes each message and sends it straight back.
+  std::thread echo([&] {
+    try {
+      for (int j = 0; j < total; ++j) {
+        auto message = link.receive(1, 0, comm::MessageKey{comm::Flow::activation, 1, j}, 1);
+        link.send(1, 0, comm::MessageKey{comm::Flow::gradient, 0, j}, ConstViewOn<Backend, T>{message.data(), Shape{1}});
+      }
+    } catch (...) {
+      failed = std::current_exception();
+      link.abort();
+    }
+  });
+  std::vector<double> halves;
+  try {
+    for (int j = 0; j < total; ++j) {
+      const auto start = std::chrono::steady_clock::now();
+      link.send(0, 1, comm::MessageKey{comm::Flow::activation, 1, j}, ConstViewOn<Backend, T>{there.data(), Shape{1}});
+      (void)link.receive(0, 1, comm::MessageKey{comm::Flow::gradient, 0, j}, 1);
+      a.synchronize();
+      if (j >= warm) halves.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 2);
+      // Give the echo thread time to block again, as a worker between its actions does.
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  } catch (const pipeline::Aborted&) {  // the echo thread failed first: its error is the one
+    echo.join();
+    if (failed) std::rethrow_exception(failed);
+    throw;
+  } catch (...) {
+    link.abort();
+    echo.join();
+    throw;
+  }
+  echo.join();
+  if (failed) std::rethrow_exception(failed);
+  std::nth_element(halves.begin(), halves.begin() + std::ptrdiff_t(halves.size() / 2), halves.end());
+  const double half = halves[halves.size() / 2];
+  // The same hand-over made and taken on one thread.
+  link.begin_step(1);
+  int k = 0;
+  const double alone = cupipe::detail::median_seconds(round_trips, [&] {
+    const comm::MessageKey key{comm::Flow::activation, 1, k++};
+    link.send(0, 1, key, ConstViewOn<Backend, T>{there.data(), Shape{1}});
+    (void)link.receive(1, 0, key, 1);
+    b.synchronize();
+  });
+  return std::max(0.0, half - alone);
 }
 
 /// Measured cost of a hand-over between this replica's stages 0 and 1 through `comm`, as the pipeline
@@ -450,8 +520,8 @@ double action_overhead_seconds(int repeats = 3) {
 /// on `x` (a batch of real inputs in host memory), on a quarter and on a sixteenth of its samples
 /// (LayerCost::points; the first two also give each action's fixed part), the optimizer step (AdamW:
 /// two slots), the runtime's cost per action (action_overhead_seconds), the step's overhead
-/// (step_overhead_seconds) and an in-process hand-over between two
-/// contexts (local_link). Each size is profiled twice and each action keeps the smaller median.
+/// (step_overhead_seconds), an in-process hand-over between two contexts (local_link) and a
+/// waiting worker's wake-up (wake_seconds). Each size is profiled twice and each action keeps the smaller median.
 /// `rows_per_sample`: a sequence's tokens for a transformer. Takes a few seconds.
 template <class Model, class Backend>
 CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats = 3,
@@ -460,6 +530,7 @@ CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backe
   CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr);
   model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), repeats);
   model.action_overhead_seconds = action_overhead_seconds<Backend>(repeats);
+  model.wake_seconds = wake_seconds<Backend>();
   // Measured with two microbatches: one microbatch of the whole batch is the one layout whose
   // working set is largest, and on a CPU it runs slower than its layers timed alone.
   model.step_overhead_seconds = step_overhead_seconds<Model, Backend>(x, model, 2);

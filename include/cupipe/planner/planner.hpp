@@ -93,6 +93,11 @@ struct CostModel {
   /// the record's allocation, clocks, the mailbox); planner::action_overhead_seconds measures it.
   /// Layouts of many small microbatches or many chunks pay it more often.
   double action_overhead_seconds = 0;
+  /// In one process: how long after a message is posted a worker blocked in its mailbox waiting for
+  /// it starts to run (the operating system's wake-up). It delays the receiver, not the sender, and
+  /// only where the receiver already waits; planner::wake_seconds measures it. Between processes
+  /// the link's latency holds it.
+  double wake_seconds = 0;
   /// The model split over tensor-parallel groups, per degree (empty: no tensor parallelism).
   std::vector<TensorVariant> tensor_variants{};
   /// A sum over a tensor-parallel group: seconds per call and bandwidth (bytes of one rank's values
@@ -491,11 +496,15 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
         const std::vector<schedule::StageCosts> large = stage_costs(largest_rows), small = stage_costs(smallest_rows);
         for (double r : rows) costs.per_microbatch.push_back(r == largest_rows ? large : small);
       }
-      // Between processes a hand-over delays its receiver without occupying the sender.
-      costs.transfer = virtual_stages > 1 && !request.one_process ? model.link_latency + (model.link_bytes_per_second > 0
-                                                                      ? largest_rows * widest * model.value_bytes / model.link_bytes_per_second
-                                                                      : 0.0)
-                                          : 0.0;
+      // Between processes a hand-over delays its receiver without occupying the sender; in one
+      // process the sender's copy is in its action (above) and its receiver, where it already
+      // waits, wakes wake_seconds later.
+      costs.transfer = virtual_stages <= 1 ? 0.0
+                       : request.one_process
+                           ? model.wake_seconds
+                           : model.link_latency + (model.link_bytes_per_second > 0
+                                                       ? largest_rows * widest * model.value_bytes / model.link_bytes_per_second
+                                                       : 0.0);
       const schedule::SimResult sim = schedule::simulate(plan, costs);
       Layout layout;
       layout.schedule = std::string(policy.name);
@@ -553,8 +562,10 @@ Report search(const Request& request) {
   CUPIPE_REQUIRE(request.batch >= 1, "planner: the batch must hold at least one sample, got ", request.batch);
   CUPIPE_REQUIRE(model.profiled_rows >= 1 && model.rows_per_sample >= 1, "planner: profiled_rows and rows_per_sample must be positive");
   CUPIPE_REQUIRE(request.max_microbatches >= 1, "planner: max_microbatches must be at least 1");
-  CUPIPE_REQUIRE(model.update_seconds_per_param >= 0 && model.step_overhead_seconds >= 0 && model.action_overhead_seconds >= 0,
-                 "planner: update_seconds_per_param, step_overhead_seconds and action_overhead_seconds must not be negative");
+  CUPIPE_REQUIRE(model.update_seconds_per_param >= 0 && model.step_overhead_seconds >= 0 && model.action_overhead_seconds >= 0 &&
+                     model.wake_seconds >= 0,
+                 "planner: update_seconds_per_param, step_overhead_seconds, action_overhead_seconds and wake_seconds must not be "
+                 "negative");
   for (const std::string& name : request.schedules) (void)schedule::find_policy<List>(name);  // names every valid one
   const auto check_layers = [&](const std::vector<LayerCost>& list, const std::string& where) {
     for (std::size_t l = 0; l < list.size(); ++l) {
