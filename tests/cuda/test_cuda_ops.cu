@@ -487,6 +487,18 @@ TEST_CASE("sum_of_squares matches the host", "[gpu][cuda][ops]") {
   const double want = ops::sum_of_squares(ref, ConstView<double>{xd.data(), Shape{n}});
   CHECK(std::abs(got - want) <= 1e-12 * want);
   CHECK(ops::sum_of_squares(gpu, dx_.cview(Shape{n})) == got);  // fixed reduction order
+  // Enqueued into a slot of device memory (no wait), twice back to back through the same scratch,
+  // then read with one copy: the same bits as the waiting op; an empty view writes 0.
+  auto slots = gpu.allocate<double>(3, MemoryTag::workspace);
+  ops::sum_of_squares_into(gpu, dx_.cview(Shape{n}), slots.data());
+  ops::sum_of_squares_into(gpu, dx_.cview(Shape{n / 2 + 1}), slots.data() + 1);
+  ops::sum_of_squares_into(gpu, dx_.cview(Shape{0}), slots.data() + 2);
+  std::vector<double> back(3, -1.0);
+  gpu.download(slots.data(), std::span<double>(back));
+  CHECK(back[0] == got);
+  CHECK(back[1] == ops::sum_of_squares(gpu, dx_.cview(Shape{n / 2 + 1})));
+  CHECK(back[2] == 0.0);
+  static_assert(pipeline::defers_sums_of_squares<Gpu>);
 }
 
 namespace {

@@ -146,6 +146,16 @@ struct CountingHost : Host {
     Host::download(from, to);
   }
 };
+
+/// CountingHost whose sums of squares stay in its memory as a device backend's do
+/// (pipeline::defers_sums_of_squares): each is seen only through a download.
+struct DeferringHost : CountingHost {};
+template <class V>
+void sum_of_squares_into(DeferringHost& be, V x, double* out) {
+  *out = ops::sum_of_squares(static_cast<Host&>(be), x);
+}
+static_assert(pipeline::defers_sums_of_squares<DeferringHost>);
+static_assert(!pipeline::defers_sums_of_squares<CountingHost>);
 }  // namespace
 
 TEST_CASE("a flush step reads its losses back once, however many microbatches it has", "[pipeline][losses]") {
@@ -173,6 +183,46 @@ TEST_CASE("a flush step reads its losses back once, however many microbatches it
   CountingHost::downloads = 0;
   (void)test::bounded(30, [&] { return async.train_step(b.inputs(), b.targets(), sgd); });
   CHECK(CountingHost::downloads.load() == 4);
+}
+
+TEST_CASE("the gradient norm reads each context's sums back once, however many chunks it holds", "[pipeline][norm]") {
+  reset_knobs();
+  const Batch b = test::make_batch(16, 4, 4, 3);
+  PipelineOptions options;
+  options.microbatches = 4;
+  // Interleaved<2> on Knobs4: 2 workers, 2 chunks each. The step reads its losses (1) and then
+  // the four chunks' sums of squares, one copy per worker's context (2), where each used to wait
+  // for its own (4).
+  Pipeline<Knobs4, schedule::Interleaved<2>, DeferringHost> deferred(options);
+  Pipeline<Knobs4, schedule::Interleaved<2>, Host> plain(options);
+  for (int step = 0; step < 2; ++step) {
+    DeferringHost::downloads = 0;
+    const StepStats got = test::bounded(30, [&] { return deferred.train_step(b.inputs(), b.targets(), sgd); });
+    CHECK(DeferringHost::downloads.load() == 1 + 2);
+    // The same sums added in the same order: the same bits.
+    const StepStats expected = test::bounded(30, [&] { return plain.train_step(b.inputs(), b.targets(), sgd); });
+    CHECK(got.grad_norm == expected.grad_norm);
+    CHECK(got.loss == expected.loss);
+  }
+  // Post-validated steps: each worker's boundary reads its own chunks' sums with one copy.
+  options.post_validation = true;
+  Pipeline<Knobs4, schedule::Interleaved<2>, DeferringHost> overlapped(options);
+  Pipeline<Knobs4, schedule::Interleaved<2>, Host> overlapped_plain(options);
+  using Deferred = decltype(overlapped);
+  using Plain = decltype(overlapped_plain);
+  const std::vector<Deferred::Batch> batches{{b.inputs(), b.targets()}, {b.inputs(), b.targets()}};
+  const std::vector<Plain::Batch> plain_batches{{b.inputs(), b.targets()}, {b.inputs(), b.targets()}};
+  DeferringHost::downloads = 0;
+  const std::vector<StepStats> got =
+      test::bounded(60, [&] { return overlapped.train_steps(std::span<const Deferred::Batch>(batches), sgd); });
+  const int reads = DeferringHost::downloads.load();
+  const std::vector<StepStats> expected =
+      test::bounded(60, [&] { return overlapped_plain.train_steps(std::span<const Plain::Batch>(plain_batches), sgd); });
+  REQUIRE(got.size() == 2);
+  for (std::size_t t = 0; t < got.size(); ++t) CHECK(got[t].grad_norm == expected[t].grad_norm);
+  // Per step: each of the 2 workers' boundaries reads once (2) and each loss is read as it is
+  // computed (4), so 12 over the 2 steps; a read per chunk would make it 16.
+  CHECK(reads == 2 * (2 + 4));
 }
 
 TEST_CASE("a channel capacity below the plan's channel depth is refused naming both", "[pipeline][faults]") {

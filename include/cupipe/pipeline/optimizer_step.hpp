@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -99,6 +101,91 @@ template <class St>
 double gradient_sum_of_squares(St& st) {
   using B = std::remove_reference_t<decltype(*st.be)>;
   return sum_of_squares(*st.be, ConstViewOn<B, grad_t<B>>(st.grad_view()));
+}
+
+/// Whether backend B can leave a sum of squares in its own memory without waiting
+/// (`sum_of_squares_into(be, x, out)`, `out` a double of B's memory), so that a caller combining
+/// several reads them back with one copy. The CUDA backend can; the host's sums are ready at once.
+template <class B>
+concept defers_sums_of_squares = requires(B& be, ConstViewOn<B, grad_t<B>> x, double* out) { sum_of_squares_into(be, x, out); };
+
+namespace detail {
+/// The deferred sums of squares on one context: doubles in its memory, read back with one copy.
+struct SquaresOnContext {
+  virtual ~SquaresOnContext() = default;
+  /// The `used` slots, in one copy.
+  virtual std::vector<double> read() = 0;
+  std::size_t used = 0;
+};
+template <class B>
+struct SquaresOn final : SquaresOnContext {
+  SquaresOn(B& b, std::size_t capacity) : be(&b), sums(b.template allocate<double>(index_t(capacity), MemoryTag::workspace)) {}
+  std::vector<double> read() override {
+    std::vector<double> host(used);
+    be->download(sums.data(), std::span<double>(host));
+    return host;
+  }
+  B* be;
+  typename B::template buffer<double> sums;
+};
+}  // namespace detail
+
+/// Sums of squares of stages' gradients, gathered so that each context is read once: where a
+/// stage's backend defers them (defers_sums_of_squares), add() only enqueues the sum into a slot in
+/// that context's memory and read() copies each context's slots back at once (one wait per context,
+/// where each virtual stage used to wait for its own); elsewhere add() sums at once. The same
+/// kernels either way, so the same bits.
+class GradientSquares {
+ public:
+  /// `capacity`: the most stages add() is called for.
+  explicit GradientSquares(std::size_t capacity) : capacity_(capacity) {}
+
+  /// The sum of squares of `st`'s gradients, to be read as `term`.
+  template <class St>
+  void add(St& st, std::size_t term) {
+    using B = std::remove_reference_t<decltype(*st.be)>;
+    if constexpr (defers_sums_of_squares<B>) {
+      std::size_t& index = of_context_.try_emplace(static_cast<const void*>(st.be), contexts_.size()).first->second;
+      if (index == contexts_.size()) contexts_.push_back(std::make_unique<detail::SquaresOn<B>>(*st.be, capacity_));
+      // A context is one object of one type, so its entry is a SquaresOn<B>.
+      auto& on = static_cast<detail::SquaresOn<B>&>(*contexts_[index]);
+      CUPIPE_REQUIRE(on.used < capacity_, "GradientSquares: more than ", capacity_, " sums on one context");
+      sum_of_squares_into(*st.be, ConstViewOn<B, grad_t<B>>(st.grad_view()), on.sums.data() + on.used);
+      entries_.push_back({term, 0.0, index, on.used++});
+    } else {
+      entries_.push_back({term, gradient_sum_of_squares(st), none, 0});
+    }
+  }
+
+  /// Every sum added, as (term, sum) in the order added.
+  std::vector<std::pair<std::size_t, double>> read() {
+    std::vector<std::vector<double>> back;
+    for (const auto& context : contexts_) back.push_back(context->read());
+    std::vector<std::pair<std::size_t, double>> out;
+    for (const Entry& e : entries_) out.emplace_back(e.term, e.context == none ? e.value : back[e.context][e.slot]);
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t none = std::size_t(-1);
+  struct Entry {
+    std::size_t term;
+    double value;
+    std::size_t context, slot;
+  };
+  std::size_t capacity_;
+  std::map<const void*, std::size_t> of_context_;
+  std::vector<std::unique_ptr<detail::SquaresOnContext>> contexts_;
+  std::vector<Entry> entries_;
+};
+
+/// The sum of squares of each local stage's gradients into terms[k + 1] (virtual stage k), each
+/// context read once (GradientSquares).
+template <class States>
+void gradient_sums_of_squares(States& states, std::vector<double>& terms) {
+  GradientSquares squares(std::size_t(States::size));
+  states.for_each([&](auto k, auto& st) { squares.add(st, std::size_t(decltype(k)::value) + 1); });
+  for (const auto& [term, sum] : squares.read()) terms[term] = sum;
 }
 
 /// Sums a stage's gradients over its replicas (through host memory unless the communicator takes
@@ -256,7 +343,7 @@ template <class States>
 double flush_norm(States& states, comm::Communicator* comm, const TiedCopies& tied = {}) {
   std::vector<double> terms(std::size_t(States::size) + 1, 0.0);
   if (tied.count > 0) terms[0] = -sum_tied_gradients(states, comm, tied);
-  states.for_each([&](auto k, auto& st) { terms[std::size_t(decltype(k)::value) + 1] = gradient_sum_of_squares(st); });
+  gradient_sums_of_squares(states, terms);
   if (comm && comm->topology().stages > 1) comm->sum_over_stages(terms.data(), terms.size());  // replicas hold the same sums
   double sum = 0;
   for (const double t : terms) sum += t;

@@ -793,14 +793,18 @@ class Pipeline {
       }
       double excluded = 0;
       if (tied.count > 0 && w == tied_worker_) excluded = pipeline::sum_tied_gradients(states_, nullptr, tied);
-      std::vector<std::pair<int, double>> sums;
+      // Each stage's sum is enqueued before its update (which does not wait for it); the worker's
+      // sums are then read back with one copy per context.
+      pipeline::GradientSquares squares(std::size_t(States::size));
       states_.for_each([&](auto k, auto& st) {
         if (worker_of(decltype(k)::value) != w) return;
-        sums.emplace_back(decltype(k)::value, pipeline::gradient_sum_of_squares(st));
+        squares.add(st, std::size_t(decltype(k)::value));
         pipeline::save_for_rollback(st);
         pipeline::update_stage(st, st.weights.latest_data(), optimizer(t), 1.0);
         st.done.assign(std::size_t(m), 0);
       });
+      std::vector<std::pair<int, double>> sums;
+      for (const auto& [k, sum] : squares.read()) sums.emplace_back(int(k), sum);
       ledger.report(w, t, sums, excluded);
     };
     std::vector<int> current(std::size_t(stages), 0);  // each written by its own worker only

@@ -445,6 +445,24 @@ double sum_of_squares(backend::Cuda<T, C>& be, TensorView<V, DeviceSpace> x_view
   return be.context().read_scalar(result);
 }
 
+/// The same sum enqueued into *out (a double of this context's device memory), without waiting: a
+/// caller combining several reads them back with one copy (pipeline::GradientSquares). An empty x
+/// writes 0.
+template <class T, class C, class V>
+  requires cuda_detail::either_precision<V, T, C>
+void sum_of_squares_into(backend::Cuda<T, C>& be, TensorView<V, DeviceSpace> x_view, double* out) {
+  const DeviceConstView<std::remove_const_t<V>> x = x_view;
+  checks::sum_of_squares(x);
+  CUPIPE_REQUIRE(out != nullptr, "sum_of_squares_into: no place for the result");
+  const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares_into");
+  if (x.numel() == 0) {
+    CUPIPE_CHECK_CUDA(cudaMemsetAsync(out, 0, sizeof(double), be.context().stream()));
+    return;
+  }
+  auto* partial = static_cast<double*>(be.context().scratch(std::size_t(gpu::kernels::squares_max_blocks) * sizeof(double)));
+  gpu::kernels::sum_of_squares(be.context(), cuda_detail::device_ptr(x.data()), x.numel(), partial, out);
+}
+
 /// On compute-type views (float master weights where the storage is bf16).
 template <class T, class C, class S>
 void sgd_update(backend::Cuda<T, C>& be, DeviceView<C> param, DeviceConstView<C> grad, DeviceView<C> velocity, const SgdHyper& h,

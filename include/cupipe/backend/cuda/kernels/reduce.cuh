@@ -116,16 +116,22 @@ __global__ void __launch_bounds__(squares_threads) sum_partials_kernel(const dou
   if (threadIdx.x == 0) *out = sum;
 }
 
-/// Enqueues the sum of squares of x (n) into *result (device memory); blocks depend on n only.
+/// Enqueues the sum of squares of x (n) into *out (device memory), through `partial`
+/// (squares_max_blocks doubles of device memory); blocks depend on n only.
 template <class T>
-void sum_of_squares(Context& ctx, const T* x, index_t n, double* partial_and_result) {
+void sum_of_squares(Context& ctx, const T* x, index_t n, double* partial, double* out) {
   const index_t per_block = index_t(squares_threads) * 8;
   const index_t blocks = std::clamp<index_t>((n + per_block - 1) / per_block, 1, squares_max_blocks);
-  double* partial = partial_and_result + 1;
   sum_of_squares_partial_kernel<<<unsigned(blocks), squares_threads, 0, ctx.stream()>>>(x, n, partial);
   CUPIPE_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, squares_threads, 0, ctx.stream()>>>(partial, blocks, partial_and_result);
+  sum_partials_kernel<<<1, squares_threads, 0, ctx.stream()>>>(partial, blocks, out);
   CUPIPE_CHECK_LAUNCH();
+}
+
+/// The same into partial_and_result[0], its partials after it.
+template <class T>
+void sum_of_squares(Context& ctx, const T* x, index_t n, double* partial_and_result) {
+  sum_of_squares(ctx, x, n, partial_and_result + 1, partial_and_result);
 }
 
 }  // namespace cupipe::gpu::kernels
