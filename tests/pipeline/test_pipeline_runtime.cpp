@@ -220,8 +220,9 @@ TEST_CASE("the gradient norm reads each context's sums back once, however many c
       test::bounded(60, [&] { return overlapped_plain.train_steps(std::span<const Plain::Batch>(plain_batches), sgd); });
   REQUIRE(got.size() == 2);
   for (std::size_t t = 0; t < got.size(); ++t) CHECK(got[t].grad_norm == expected[t].grad_norm);
-  // Per step: each of the 2 workers' boundaries reads once (2) and each loss is read as it is
-  // computed (4), so 12 over the 2 steps; a read per chunk would make it 16.
+  // Each loss is read as it is computed (8 over the 2 steps); step 0's boundary reads once per
+  // worker (2) and the last step's flush update once per context (2): 12. A read per chunk would
+  // make it 16.
   CHECK(reads == 2 * (2 + 4));
 }
 

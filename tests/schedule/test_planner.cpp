@@ -353,9 +353,10 @@ TEST_CASE("planner: in one process a waiting receiver wakes later, the sender is
   request.model.wake_seconds = 1e-3;
   // One microbatch: F1 waits for F0's output and B0 for B1's gradient, each 1 ms later.
   CHECK(step(1) == Approx(one + 2e-3).epsilon(1e-9));
-  // Two microbatches of 0.5 ms actions: the longest chain still crosses once each way (the first
-  // microbatch's F, the last one's B), so it too is 2 ms longer. The same 1 ms as the link's latency,
-  // which holds each sender, makes it 4 ms longer (every B of the second worker sends).
+  // Two microbatches (F 0.5 ms, B with its W 1 ms): the second worker sits waiting only for the
+  // first F, the first worker only for the first B, so it too is 2 ms longer. The same 1 ms as the
+  // link's latency, which holds each sender, makes it 4 ms longer (the first worker's two F's and
+  // the second worker's two B's each send).
   CHECK(step(2) == Approx(two + 2e-3).epsilon(1e-9));
   request.model.wake_seconds = 0;
   request.model.link_latency = 1e-3;

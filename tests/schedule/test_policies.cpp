@@ -101,6 +101,26 @@ TEST_CASE("transfer latency adds 2(p-1) hand-overs to the 1F1B makespan", "[sche
     }
 }
 
+TEST_CASE("a wake-up delays only a stage that sat waiting, a transfer every hand-over", "[schedule][simulate]") {
+  // GPipe, 2 stages, 2 microbatches; the first stage's actions take 1, the second's 0.75.
+  sch::Costs costs;
+  costs.per_stage = {{1, 1, 0}, {0.75, 0.75, 0}};
+  CHECK(sch::simulate<sch::GPipe>(2, 2, costs).makespan == 5.5);
+  // Wake 0.5: the second stage waits idle for the first F (starts at 1.5, not 1) but is still busy
+  // when the second arrives (at 2, free at 2.25); the first stage waits idle for the first B
+  // (arrives at 3.75, starts at 4.25) and is busy when the second arrives. 6.25.
+  costs.wake = 0.5;
+  CHECK(sch::simulate<sch::GPipe>(2, 2, costs).makespan == 6.25);
+  // A transfer of 0.5 delays the second F too (arrives at 2.5, after the stage is free): 6.5.
+  costs.wake = 0;
+  costs.transfer = 0.5;
+  CHECK(sch::simulate<sch::GPipe>(2, 2, costs).makespan == 6.5);
+  // Within one stage (interleaved chunks on one worker) nothing is charged.
+  sch::Costs one;
+  one.wake = 0.5;
+  CHECK(sch::simulate<sch::Interleaved<2>>(1, 2, one).makespan == sch::simulate<sch::Interleaved<2>>(1, 2, sch::Costs{}).makespan);
+}
+
 TEST_CASE("ZB-H1 with F=B=W=1 idles a third of 1F1B in the peak memory of 1F1B", "[schedule][zero-bubble]") {
   const sch::Costs unit{1, 1, 1};
   for (const Config& c : grid(policy("zb-h1"))) {

@@ -793,19 +793,21 @@ class Pipeline {
       }
       double excluded = 0;
       if (tied.count > 0 && w == tied_worker_) excluded = pipeline::sum_tied_gradients(states_, nullptr, tied);
-      // Each stage's sum is enqueued before its update (which does not wait for it); the worker's
-      // sums are then read back with one copy per context.
+      // The worker's sums, read back with one copy per context and reported before anything
+      // changes (a failed read leaves the stages as they were); then save and update.
       pipeline::GradientSquares squares(std::size_t(States::size));
       states_.for_each([&](auto k, auto& st) {
-        if (worker_of(decltype(k)::value) != w) return;
-        squares.add(st, std::size_t(decltype(k)::value));
-        pipeline::save_for_rollback(st);
-        pipeline::update_stage(st, st.weights.latest_data(), optimizer(t), 1.0);
-        st.done.assign(std::size_t(m), 0);
+        if (worker_of(decltype(k)::value) == w) squares.add(st, std::size_t(decltype(k)::value));
       });
       std::vector<std::pair<int, double>> sums;
       for (const auto& [k, sum] : squares.read()) sums.emplace_back(int(k), sum);
       ledger.report(w, t, sums, excluded);
+      states_.for_each([&](auto k, auto& st) {
+        if (worker_of(decltype(k)::value) != w) return;
+        pipeline::save_for_rollback(st);
+        pipeline::update_stage(st, st.weights.latest_data(), optimizer(t), 1.0);
+        st.done.assign(std::size_t(m), 0);
+      });
     };
     std::vector<int> current(std::size_t(stages), 0);  // each written by its own worker only
     transport_->begin_step(2 * capacity());  // two adjacent steps' messages can be in flight

@@ -497,14 +497,13 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
         for (double r : rows) costs.per_microbatch.push_back(r == largest_rows ? large : small);
       }
       // Between processes a hand-over delays its receiver without occupying the sender; in one
-      // process the sender's copy is in its action (above) and its receiver, where it already
-      // waits, wakes wake_seconds later.
-      costs.transfer = virtual_stages <= 1 ? 0.0
-                       : request.one_process
-                           ? model.wake_seconds
-                           : model.link_latency + (model.link_bytes_per_second > 0
-                                                       ? largest_rows * widest * model.value_bytes / model.link_bytes_per_second
-                                                       : 0.0);
+      // process the sender's copy is in its action (above) and a receiver that sat waiting for it
+      // wakes wake_seconds later.
+      costs.transfer = virtual_stages > 1 && !request.one_process ? model.link_latency + (model.link_bytes_per_second > 0
+                                                                      ? largest_rows * widest * model.value_bytes / model.link_bytes_per_second
+                                                                      : 0.0)
+                                          : 0.0;
+      costs.wake = request.one_process ? model.wake_seconds : 0.0;
       const schedule::SimResult sim = schedule::simulate(plan, costs);
       Layout layout;
       layout.schedule = std::string(policy.name);

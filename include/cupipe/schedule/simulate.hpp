@@ -30,6 +30,9 @@ struct Costs {
   double backward = 2;
   double weight = 0;
   double transfer = 0;
+  /// How long a stage that sat idle waiting for another stage's message takes to start once the
+  /// message arrives (a sleeping thread's wake-up); a stage still busy when it arrives pays nothing.
+  double wake = 0;
   std::vector<StageCosts> per_stage{};
   /// One entry per virtual stage (stages x chunks), when not empty: overrides the rest, and an
   /// action of chunk c takes its own virtual stage's costs instead of 1/V of its stage's (a model
@@ -142,20 +145,32 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
       for (; next[s] < list.size(); ++next[s]) {
         const Action& a = list[next[s]];
         double ready = free_at[s];
-        const auto arrival = [&](const Action& x) {
-          const detail::Dependency in = detail::input_of(plan, stage, x);
-          if (!in.exists) return 0.0;
-          const double at = end[static_cast<std::size_t>(detail::slot_of(plan, in.stage, in.peer))];
-          return at == unknown ? unknown : at + (in.stage == stage ? 0 : costs.transfer);
+        // When x's input is there (unknown: not yet simulated), and whether another stage sent it.
+        struct Arrival {
+          double at;
+          bool from_another;
         };
-        const double input = arrival(a);
-        if (input == unknown) break;
-        ready = std::max(ready, input);
+        const auto arrival = [&](const Action& x) -> Arrival {
+          const detail::Dependency in = detail::input_of(plan, stage, x);
+          if (!in.exists) return {0.0, false};
+          const double at = end[static_cast<std::size_t>(detail::slot_of(plan, in.stage, in.peer))];
+          const bool another = in.stage != stage;
+          return {at == unknown ? unknown : at + (another ? costs.transfer : 0), another};
+        };
+        // A stage idle until the message arrives starts `wake` after it.
+        const auto wait_for = [&](const Arrival& in) {
+          if (in.at > ready) ready = in.at + (in.from_another ? costs.wake : 0.0);
+        };
+        const Arrival input = arrival(a);
+        if (input.at == unknown) break;
         // An overlapped F starts together with its B (verify has checked that one follows).
         if (a.overlap && next[s] + 1 < list.size()) {
-          const double partner = arrival(list[next[s] + 1]);
-          if (partner == unknown) break;
-          ready = std::max(ready, partner);
+          const Arrival partner = arrival(list[next[s] + 1]);
+          if (partner.at == unknown) break;
+          // The later of the two wakes the stage.
+          wait_for(partner.at > input.at ? partner : input);
+        } else {
+          wait_for(input);
         }
         // B of the last virtual stage and W consume this stage's own F or B, done earlier in order.
         const double length = duration(plan, costs, stage, a);
