@@ -232,6 +232,36 @@ TEST_CASE("check_view names who, what, and both shapes", "[cpu][core][tensor]") 
   CHECK_NOTHROW(check_view(TensorView<double>{nullptr, Shape{0, 4}}, Shape{0, 4}, "empty", "input"));
 }
 
+TEST_CASE("HostBuffer: a large array freed and allocated again reuses its block, zeroed", "[cpu][core][tensor][memory]") {
+  HostBlockCache& cache = HostBlockCache::instance();
+  const index_t count = index_t(HostBlockCache::smallest / sizeof(float)) * 3 + 5;  // large, not whole pages
+  const std::size_t reused_before = cache.reused();
+  const void* first = nullptr;
+  {
+    HostBuffer<float> a(count);
+    first = a.data();
+    for (float& x : a.span()) x = 3.5f;  // dirty it
+  }
+  HostBuffer<float> b(count);
+  for (const float x : b.span()) REQUIRE(x == 0.0f);  // zeroed as a fresh array is
+  if constexpr (!cupipe::detail::address_sanitizer) {
+    // The same block served the second array (one more reuse), not a fresh mmap.
+    CHECK(static_cast<const void*>(b.data()) == first);
+    CHECK(cache.reused() == reused_before + 1);
+  } else {
+    CHECK(cache.reused() == reused_before);  // under AddressSanitizer nothing is cached
+  }
+  // A small array never waits in the cache; with no capacity nothing does.
+  const std::size_t held = cache.held_bytes();
+  { HostBuffer<float> small(16); }
+  CHECK(cache.held_bytes() == held);
+  cache.set_capacity(0);
+  CHECK(cache.held_bytes() == 0);
+  { HostBuffer<float> c(count); }
+  CHECK(cache.held_bytes() == 0);
+  cache.set_capacity(std::size_t(1) << 30);
+}
+
 TEST_CASE("HostBuffer: zeroed, views of the right size, accounted", "[cpu][core][tensor][memory]") {
   MemoryTracker tracker;
   {

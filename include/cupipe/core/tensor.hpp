@@ -17,6 +17,7 @@
 
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
+#include "cupipe/core/host_block_cache.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/shape.hpp"
 
@@ -112,14 +113,18 @@ void check_view(const TensorView<T, Space>& view, const Shape& expected, std::st
 }
 
 /// An owning, zero-initialised host array, optionally accounted to a MemoryTracker under a tag.
+/// Large arrays come from HostBlockCache, so a step that frees and reallocates its activations
+/// reuses the same pages instead of faulting in fresh ones.
 template <class T>
 class HostBuffer {
+  static_assert(std::is_trivially_copyable_v<T>, "HostBuffer holds trivially copyable values (zeroed bytes)");
+
  public:
   HostBuffer() = default;
   explicit HostBuffer(index_t count, MemoryTracker* tracker = nullptr, MemoryTag tag = MemoryTag::workspace)
       : size_(count), tracker_(tracker), tag_(tag) {
     CUPIPE_REQUIRE(count >= 0, "negative buffer size ", count);
-    if (count) data_.reset(new T[static_cast<std::size_t>(count)]());
+    if (count) data_ = static_cast<T*>(HostBlockCache::instance().allocate(bytes()));
     if (tracker_) tracker_->allocate(tag_, bytes());
   }
   HostBuffer(HostBuffer&& other) noexcept { swap(other); }
@@ -131,6 +136,7 @@ class HostBuffer {
   HostBuffer& operator=(const HostBuffer&) = delete;
   ~HostBuffer() {
     if (tracker_) tracker_->release(tag_, bytes());
+    if (data_) HostBlockCache::instance().release(data_, bytes());
   }
 
   void swap(HostBuffer& other) noexcept {
@@ -140,8 +146,8 @@ class HostBuffer {
     std::swap(tag_, other.tag_);
   }
 
-  T* data() noexcept { return data_.get(); }
-  const T* data() const noexcept { return data_.get(); }
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
   index_t size() const noexcept { return size_; }
   std::size_t bytes() const noexcept { return static_cast<std::size_t>(size_) * sizeof(T); }
   T& operator[](index_t i) noexcept { return data_[i]; }
@@ -160,7 +166,7 @@ class HostBuffer {
   }
 
  private:
-  std::unique_ptr<T[]> data_;
+  T* data_ = nullptr;
   index_t size_ = 0;
   MemoryTracker* tracker_ = nullptr;
   MemoryTag tag_ = MemoryTag::workspace;
