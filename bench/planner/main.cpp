@@ -7,6 +7,8 @@
 //                                                           every layout measured, the planner's choice
 //                                                           against the best measured one and against
 //                                                           the "microbatch of sqrt(batch) samples" rule
+//   planner_check --model gpt --host-cache                  a few layouts with HostBlockCache off and on,
+//                                                           alternating
 //   mpirun -np 4 planner_check --mpi                        across processes, with data-parallel
 //                                                           replicas (the nap model; mpi.cpp), against
 //                                                           the "two devices per stage" rule too
@@ -132,8 +134,8 @@ int sweep(int max_microbatches, const RunOptions& o) {
   for (int devices : {1, 2})
     for (index_t batch : {64, 256, 1024}) configs.push_back({"mlp", devices, batch});
   for (index_t batch : {4, 16}) configs.push_back({"gpt", 2, batch});
-  std::printf("| model | devices | batch | layouts | planner's choice | its measured ms | best measured | ms | choice / best | sqrt(batch) rule: m | its best ms | rule / best |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| model | devices | batch | layouts | planner's choice | its measured ms | best measured | ms | choice / best | the two again, side by side | sqrt(batch) rule: m | its best ms | rule / best |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   int within = 0;
   double worst = 0;
   for (const Config& c : configs) {
@@ -147,21 +149,68 @@ int sweep(int max_microbatches, const RunOptions& o) {
       if (r.measured.step_seconds < best->measured.step_seconds) best = &r;
     const Row& chosen = rows.front();  // the planner's ranking: best predicted first
     const double ratio = chosen.measured.step_seconds / best->measured.step_seconds;
+    // The fastest of ~100 noisy measurements is biased low (the winner's curse): where it is not
+    // the planner's choice, the two run again side by side, alternating, 3 rounds each, and the
+    // ratio of their medians is the one the bound is checked on.
+    double side_by_side = 1.0;
+    if (best != &chosen) {
+      std::vector<double> mine, theirs;
+      for (int round = 0; round < 3; ++round) {
+        mine.push_back(model.run(chosen.layout, c.batch, o).step_seconds);
+        theirs.push_back(model.run(best->layout, c.batch, o).step_seconds);
+      }
+      std::sort(mine.begin(), mine.end());
+      std::sort(theirs.begin(), theirs.end());
+      side_by_side = mine[1] / theirs[1];
+    }
     // The rule fixes m and leaves the rest to the measurements: its best measured layout.
     const int m = sqrt_rule(c.batch, rows);
     const Row* rule = nullptr;
     for (const Row& r : rows)
       if (r.layout.microbatches == m && (!rule || r.measured.step_seconds < rule->measured.step_seconds)) rule = &r;
-    within += ratio <= 1.05;
-    worst = std::max(worst, ratio);
-    std::printf("| %s | %d | %lld | %zu | %s | %.2f | %s | %.2f | %.3f | %d | %.2f | %.3f |\n", c.model.c_str(), c.devices,
+    within += side_by_side <= 1.05;
+    worst = std::max(worst, side_by_side);
+    std::printf("| %s | %d | %lld | %zu | %s | %.2f | %s | %.2f | %.3f | %.3f | %d | %.2f | %.3f |\n", c.model.c_str(), c.devices,
                 (long long)c.batch, rows.size(), chosen.layout.describe().c_str(), chosen.measured.step_seconds * 1e3,
-                best->layout.describe().c_str(), best->measured.step_seconds * 1e3, ratio, m,
+                best->layout.describe().c_str(), best->measured.step_seconds * 1e3, ratio, side_by_side, m,
                 rule->measured.step_seconds * 1e3, rule->measured.step_seconds / best->measured.step_seconds);
     std::fflush(stdout);
   }
-  std::printf("\nthe planner's choice within 5%% of the best measured layout: %d of %zu configurations (worst %.3f)\n", within,
-              configs.size(), worst);
+  std::printf("\nthe planner's choice within 5%% of the best measured layout (side by side): %d of %zu configurations "
+              "(worst %.3f)\n",
+              within, configs.size(), worst);
+  return 0;
+}
+
+/// --host-cache: a few layouts of `name` with HostBlockCache off and on, alternating, 5 rounds:
+/// what reusing freed host blocks saves a step (side by side, one run).
+int host_cache_ab(const std::string& name, index_t batch, const RunOptions& o) {
+  const ModelCheck model = find_model(name);
+  if (batch == 0) batch = model.default_batch;
+  std::printf("### %s, batch %lld: HostBlockCache off and on, alternating, 5 rounds (median of each)\n\n"
+              "| layout | cache off ms | cache on ms | on / off |\n|---|---|---|---|\n",
+              model.description.c_str(), (long long)batch);
+  struct Case {
+    const char* schedule;
+    int stages, microbatches;
+  };
+  for (const Case& c : {Case{"gpipe", 1, 1}, Case{"1f1b", 1, 4}, Case{"zb-h1", 2, 4}}) {
+    planner::Layout layout;
+    layout.schedule = c.schedule;
+    layout.stages = c.stages;
+    layout.microbatches = c.microbatches;
+    std::vector<double> off, on;
+    for (int round = 0; round < 5; ++round) {
+      HostBlockCache::instance().set_capacity(0);
+      off.push_back(model.run(layout, batch, o).step_seconds);
+      HostBlockCache::instance().set_capacity(std::size_t(1) << 30);
+      on.push_back(model.run(layout, batch, o).step_seconds);
+    }
+    std::sort(off.begin(), off.end());
+    std::sort(on.begin(), on.end());
+    std::printf("| %s | %.2f | %.2f | %.3f |\n", layout.describe().c_str(), off[2] * 1e3, on[2] * 1e3, on[2] / off[2]);
+    std::fflush(stdout);
+  }
   return 0;
 }
 
@@ -172,7 +221,7 @@ int main(int argc, char** argv) {
   std::string model = "nap";
   int devices = 0, max_microbatches = 16;
   index_t batch = 0;
-  bool run_sweep = false, across_processes = false;
+  bool run_sweep = false, across_processes = false, host_cache = false;
   std::vector<index_t> mpi_batches{8, 16, 32, 64};
   RunOptions o;
   app.add_option("--model", model, "nap, mlp or gpt")->capture_default_str();
@@ -181,6 +230,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-microbatches", max_microbatches, "most microbatches the planner tries")->capture_default_str();
   app.add_option("--steps", o.steps, "measured steps per layout (after one warm-up step)")->capture_default_str();
   app.add_flag("--sweep", run_sweep, "20 configurations, every layout measured");
+  app.add_flag("--host-cache", host_cache, "the model's step with HostBlockCache off and on, side by side");
   app.add_flag("--asynchronous", include_asynchronous, "plan PipeDream and 2BW layouts too");
   app.add_flag("--mpi", across_processes, "under mpirun: each process a device, layouts with replicas (the nap model)");
   app.add_option("--mpi-batches", mpi_batches, "with --mpi: the batches to plan and measure")->capture_default_str();
@@ -198,6 +248,7 @@ int main(int argc, char** argv) {
 #endif
     }
     if (run_sweep) return sweep(max_microbatches, o);
+    if (host_cache) return host_cache_ab(model, batch, o);
     if (devices == 0) devices = model == "nap" ? 4 : int(std::clamp(std::thread::hardware_concurrency(), 1u, 2u));
     return check_model(model, devices, batch, max_microbatches, o);
   } catch (const std::exception& e) {
