@@ -183,7 +183,7 @@ class GradientSquares {
 /// context read once (GradientSquares).
 template <class States>
 void gradient_sums_of_squares(States& states, std::vector<double>& terms) {
-  GradientSquares squares(std::size_t(States::size));
+  GradientSquares squares{std::size_t(States::size)};
   states.for_each([&](auto k, auto& st) { squares.add(st, std::size_t(decltype(k)::value) + 1); });
   for (const auto& [term, sum] : squares.read()) terms[term] = sum;
 }

@@ -795,7 +795,7 @@ class Pipeline {
       if (tied.count > 0 && w == tied_worker_) excluded = pipeline::sum_tied_gradients(states_, nullptr, tied);
       // The worker's sums, read back with one copy per context and reported before anything
       // changes (a failed read leaves the stages as they were); then save and update.
-      pipeline::GradientSquares squares(std::size_t(States::size));
+      pipeline::GradientSquares squares{std::size_t(States::size)};
       states_.for_each([&](auto k, auto& st) {
         if (worker_of(decltype(k)::value) == w) squares.add(st, std::size_t(decltype(k)::value));
       });
