@@ -98,6 +98,12 @@ std::string stage_description(int k) {
 }
 
 namespace detail {
+/// The median of `values` (the upper one of an even count); at least one value.
+inline double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + std::ptrdiff_t(values.size() / 2), values.end());
+  return values[values.size() / 2];
+}
+
 template <class F>
 double median_seconds(int repeats, F&& f) {
   std::vector<double> times;
@@ -106,8 +112,7 @@ double median_seconds(int repeats, F&& f) {
     f();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::nth_element(times.begin(), times.begin() + std::ptrdiff_t(times.size() / 2), times.end());
-  return times[times.size() / 2];
+  return median(std::move(times));
 }
 }  // namespace detail
 

@@ -280,8 +280,7 @@ double wake_seconds(int round_trips = 101) {
   }
   echo.join();
   if (failed) std::rethrow_exception(failed);
-  std::nth_element(halves.begin(), halves.begin() + std::ptrdiff_t(halves.size() / 2), halves.end());
-  const double half = halves[halves.size() / 2];
+  const double half = cupipe::detail::median(std::move(halves));
   // The same round trip made on one thread: its half is a hand-over's own cost.
   link.begin_step(1);
   int k = 0;

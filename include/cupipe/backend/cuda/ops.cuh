@@ -439,9 +439,11 @@ double sum_of_squares(backend::Cuda<T, C>& be, TensorView<V, DeviceSpace> x_view
   checks::sum_of_squares(x);
   if (x.numel() == 0) return 0.0;
   const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares");
-  auto* result = static_cast<double*>(
+  // The partials first, the result after them.
+  auto* partial = static_cast<double*>(
       be.context().scratch(std::size_t(1 + gpu::kernels::squares_max_blocks) * sizeof(double)));
-  gpu::kernels::sum_of_squares(be.context(), cuda_detail::device_ptr(x.data()), x.numel(), result);
+  double* result = partial + gpu::kernels::squares_max_blocks;
+  gpu::kernels::sum_of_squares(be.context(), cuda_detail::device_ptr(x.data()), x.numel(), partial, result);
   return be.context().read_scalar(result);
 }
 

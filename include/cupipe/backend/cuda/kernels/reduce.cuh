@@ -128,10 +128,4 @@ void sum_of_squares(Context& ctx, const T* x, index_t n, double* partial, double
   CUPIPE_CHECK_LAUNCH();
 }
 
-/// The same into partial_and_result[0], its partials after it.
-template <class T>
-void sum_of_squares(Context& ctx, const T* x, index_t n, double* partial_and_result) {
-  sum_of_squares(ctx, x, n, partial_and_result + 1, partial_and_result);
-}
-
 }  // namespace cupipe::gpu::kernels
