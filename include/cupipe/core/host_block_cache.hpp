@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -29,11 +30,23 @@ inline constexpr bool address_sanitizer = false;
 #else
 inline constexpr bool address_sanitizer = false;
 #endif
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool thread_sanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool thread_sanitizer = true;
+#else
+inline constexpr bool thread_sanitizer = false;
+#endif
+#else
+inline constexpr bool thread_sanitizer = false;
+#endif
 }  // namespace detail
 
 /// Process-wide, thread-safe. Blocks below `smallest` bytes go to the allocator as before; larger
-/// ones are cached on free up to `capacity` bytes in all (beyond it they are freed). Under
-/// AddressSanitizer nothing is cached, so a use after free is still caught.
+/// ones are cached on free up to `capacity` bytes in all (beyond it they are freed, not swapped for
+/// older ones: a training loop's sizes repeat, and sizes left by setup wait until trim()). Under
+/// AddressSanitizer and ThreadSanitizer nothing is cached.
 class HostBlockCache {
  public:
   static constexpr std::size_t smallest = std::size_t(128) << 10;
@@ -45,35 +58,37 @@ class HostBlockCache {
     return *cache;
   }
 
-  /// A zeroed block of `bytes` (at least 1), from the cache where one of its size waits.
+  /// A zeroed block of `bytes` (at least 1), from the cache where one of its size waits (the one
+  /// freed last). Where the allocator has no memory left, the cache frees what it holds and tries
+  /// once more.
   void* allocate(std::size_t bytes) {
     const std::size_t size = rounded(bytes);
-    if (cached(size)) {
-      std::lock_guard lock(mutex_);
-      if (const auto it = free_.find(size); it != free_.end()) {
-        void* block = it->second;
-        free_.erase(it);
-        held_ -= size;
-        ++reused_;
-        std::memset(block, 0, size);
-        return block;
+    void* block = cached(size) ? take(size) : nullptr;
+    if (block == nullptr) {
+      try {
+        block = ::operator new(size, std::align_val_t(alignment));
+      } catch (const std::bad_alloc&) {
+        trim();
+        block = ::operator new(size, std::align_val_t(alignment));
       }
     }
-    void* block = ::operator new(size, std::align_val_t(alignment));
-    std::memset(block, 0, size);
+    std::memset(block, 0, size);  // outside the lock: other workers' allocations do not wait for it
     return block;
   }
 
-  /// Returns a block allocate(bytes) gave.
+  /// Returns a block allocate(bytes) gave. A full cache frees it instead of holding it.
   void release(void* block, std::size_t bytes) noexcept {
     if (block == nullptr) return;
     const std::size_t size = rounded(bytes);
     if (cached(size)) {
       std::lock_guard lock(mutex_);
       if (held_ + size <= capacity_) {
-        free_.emplace(size, block);
-        held_ += size;
-        return;
+        try {
+          free_.emplace(size, block);
+          held_ += size;
+          return;
+        } catch (...) {  // no memory for the map's node: free the block below
+        }
       }
     }
     ::operator delete(block, std::align_val_t(alignment));
@@ -113,9 +128,26 @@ class HostBlockCache {
   HostBlockCache() = default;
   static std::size_t rounded(std::size_t bytes) {
     const std::size_t b = bytes == 0 ? 1 : bytes;
+    if (b > std::numeric_limits<std::size_t>::max() - 4095) throw std::bad_alloc();
     return b < smallest ? b : (b + 4095) / 4096 * 4096;  // whole pages: near sizes share blocks
   }
-  static bool cached(std::size_t size) { return !detail::address_sanitizer && size >= smallest; }
+  /// Under AddressSanitizer or ThreadSanitizer nothing is cached, so a use after free or a race on
+  /// reused memory is still caught.
+  static bool cached(std::size_t size) {
+    return !detail::address_sanitizer && !detail::thread_sanitizer && size >= smallest;
+  }
+  /// The cached block of `size` freed last (its pages are the likeliest to be warm), or null.
+  void* take(std::size_t size) {
+    std::lock_guard lock(mutex_);
+    const auto end = free_.upper_bound(size);
+    if (end == free_.begin() || std::prev(end)->first != size) return nullptr;
+    const auto it = std::prev(end);
+    void* block = it->second;
+    free_.erase(it);
+    held_ -= size;
+    ++reused_;
+    return block;
+  }
 
   mutable std::mutex mutex_;
   std::multimap<std::size_t, void*> free_;

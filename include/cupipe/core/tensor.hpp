@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -118,12 +119,15 @@ void check_view(const TensorView<T, Space>& view, const Shape& expected, std::st
 template <class T>
 class HostBuffer {
   static_assert(std::is_trivially_copyable_v<T>, "HostBuffer holds trivially copyable values (zeroed bytes)");
+  static_assert(alignof(T) <= HostBlockCache::alignment, "HostBuffer's blocks are aligned to 64 bytes");
 
  public:
   HostBuffer() = default;
   explicit HostBuffer(index_t count, MemoryTracker* tracker = nullptr, MemoryTag tag = MemoryTag::workspace)
       : size_(count), tracker_(tracker), tag_(tag) {
     CUPIPE_REQUIRE(count >= 0, "negative buffer size ", count);
+    CUPIPE_REQUIRE(std::size_t(count) <= std::size_t(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(T), "buffer of ",
+                   count, " elements of ", sizeof(T), " bytes is larger than any address space");
     if (count) data_ = static_cast<T*>(HostBlockCache::instance().allocate(bytes()));
     if (tracker_) tracker_->allocate(tag_, bytes());
   }
