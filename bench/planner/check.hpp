@@ -28,6 +28,27 @@ struct Measured {
   std::vector<double> peak_activation_bytes;  ///< per worker: the allocator's activations peak, most over the steps
 };
 
+/// Several measurements of one layout as one: the median step and makespan, each worker's largest
+/// activation peak.
+inline Measured combined(const std::vector<Measured>& passes) {
+  const auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  Measured out;
+  std::vector<double> steps, spans;
+  for (const Measured& m : passes) {
+    steps.push_back(m.step_seconds);
+    spans.push_back(m.makespan_seconds);
+    out.peak_activation_bytes.resize(std::max(out.peak_activation_bytes.size(), m.peak_activation_bytes.size()), 0.0);
+    for (std::size_t w = 0; w < m.peak_activation_bytes.size(); ++w)
+      out.peak_activation_bytes[w] = std::max(out.peak_activation_bytes[w], m.peak_activation_bytes[w]);
+  }
+  out.step_seconds = median(steps);
+  out.makespan_seconds = median(spans);
+  return out;
+}
+
 /// A layout the planner reported, with what it measured.
 struct Row {
   planner::Layout layout;
@@ -47,6 +68,10 @@ struct Row {
 struct RunOptions {
   int warmup = 1;  ///< steps before the measured ones (the optimizer's slots are allocated in the first)
   int steps = 3;   ///< measured steps (median)
+  /// planner_check --model and --sweep: passes over every layout that share the steps (each pass
+  /// its own warm-up step); a slow stretch of the machine then spoils one pass of a layout, not all
+  /// of its steps.
+  int rounds = 3;
   /// Across processes (planner_check --mpi): this rank runs its stage of its replica; its topology's
   /// stage count must be the layout's. Null: every stage in this process.
   std::shared_ptr<comm::Communicator> communicator{};
@@ -59,7 +84,9 @@ struct ModelCheck {
   std::string description;
   index_t default_batch = 0;  ///< samples per batch
   std::vector<int> stage_counts;
-  std::function<planner::CostModel(index_t profile_samples)> calibrate;
+  /// The cost model from a profile on `profile_samples` samples; `max_microbatches` > 0 also
+  /// profiles the largest microbatch of each count up to it (planner::calibrate).
+  std::function<planner::CostModel(index_t profile_samples, int max_microbatches)> calibrate;
   std::function<std::vector<std::size_t>(int virtual_stages)> split;
   std::function<Measured(const planner::Layout&, index_t samples, const RunOptions&)> run;
 };

@@ -17,11 +17,13 @@
 // model is calibrated here first (every layer profiled at the batch and at a quarter of it, the loss,
 // the optimizer step), then the planner searches the layouts this program can run: the stage counts
 // compiled in, one process (no replicas), the split partition<> gives. Devices are the workers; on
-// a CPU use at most one per core (sleeping layers excepted). Each layout runs 1 + --steps steps; the
-// measured step is the median wall time of train_step, the activation peak the allocator's most.
+// a CPU use at most one per core (sleeping layers excepted). Each layout runs --steps steps (3) in
+// --rounds passes over all the layouts (3), each pass with its own warm-up step; the measured step
+// is the median wall time of train_step, the activation peak the allocator's most.
 #include <CLI/CLI.hpp>
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -69,20 +71,28 @@ std::string kib(const std::vector<double>& bytes) {
   return out;
 }
 
+/// Every layout of `report`, in o.rounds passes over all of them that share o.steps (each pass
+/// its own warm-up): the median over the passes, the largest peaks.
 std::vector<Row> measure_all(const ModelCheck& model, const planner::Report& report, index_t batch, const RunOptions& o) {
-  std::vector<Row> rows;
-  for (const planner::Layout& layout : report.ranked) {
-    rows.push_back({layout, model.run(layout, batch, o)});
-    std::fprintf(stderr, "\r%zu/%zu layouts measured", rows.size(), report.ranked.size());
-  }
+  const int rounds = std::clamp(o.rounds, 1, std::max(1, o.steps));
+  RunOptions pass = o;
+  pass.steps = std::max(1, o.steps / rounds);
+  std::vector<std::vector<Measured>> passes(report.ranked.size());
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < report.ranked.size(); ++i) {
+      passes[i].push_back(model.run(report.ranked[i], batch, pass));
+      std::fprintf(stderr, "\rpass %d of %d: %zu/%zu layouts measured", r + 1, rounds, i + 1, report.ranked.size());
+    }
   std::fprintf(stderr, "\n");
+  std::vector<Row> rows;
+  for (std::size_t i = 0; i < report.ranked.size(); ++i) rows.push_back({report.ranked[i], combined(passes[i])});
   return rows;
 }
 
 int check_model(const std::string& name, int devices, index_t batch, int max_microbatches, const RunOptions& o) {
   const ModelCheck model = find_model(name);
   if (batch == 0) batch = model.default_batch;
-  const planner::CostModel costs = model.calibrate(batch);
+  const planner::CostModel costs = model.calibrate(batch, max_microbatches);
   std::printf("calibrated cost model (per layer, ms for %lld rows, of it fixed):\n", (long long)costs.profiled_rows);
   for (const planner::LayerCost& l : costs.layers)
     std::printf("  %-28s F %.4f (%.4f)  B %.4f (%.4f)  W %.4f (%.4f)\n", l.name.c_str(), l.forward * 1e3, l.forward_fixed * 1e3,
@@ -91,6 +101,11 @@ int check_model(const std::string& name, int devices, index_t batch, int max_mic
               "%.2f GB/s; a waiting worker wakes %.1f us after a post\n\n",
               costs.update_seconds_per_param * 1e9, costs.step_overhead_seconds * 1e3, costs.action_overhead_seconds * 1e6,
               costs.link_latency * 1e6, costs.link_bytes_per_second / 1e9, costs.wake_seconds * 1e6);
+  if (costs.contention.size() > 1) {
+    std::printf("  an action takes");
+    for (std::size_t n = 1; n < costs.contention.size(); ++n) std::printf(" x%.3f with %zu workers busy%s", costs.contention[n], n + 1, n + 1 < costs.contention.size() ? "," : "");
+    std::printf(" (against one alone)\n\n");
+  }
   const planner::Report report = plan(request_for(model, costs, devices, batch, max_microbatches));
   std::printf("### %s: %d devices, batch %lld\n\n%s\n", model.description.c_str(), devices, (long long)batch,
               ("```\n" + planner::describe(report, costs) + "```").c_str());
@@ -110,6 +125,20 @@ int check_model(const std::string& name, int devices, index_t batch, int max_mic
   }
   std::printf("\nstep time within 10%%: %d of %zu layouts (worst %+.1f%%); activation peak within 5%%: %d of %zu (worst %+.1f%%)\n",
               time_ok, rows.size(), 100 * worst_time, memory_ok, rows.size(), 100 * worst_memory);
+  // Did the machine change speed while the layouts ran? The same calibration again, after them:
+  // its predictions for the same layouts against the first's (a diagnostic; the counts above use
+  // the first calibration only, as --plan auto would).
+  const planner::CostModel again = model.calibrate(batch, max_microbatches);
+  const planner::Report second = plan(request_for(model, again, devices, batch, max_microbatches));
+  std::vector<double> ratios;
+  for (const Row& r : rows)
+    for (const planner::Layout& l : second.ranked)
+      if (l.describe() == r.layout.describe()) ratios.push_back(l.step_seconds / r.layout.step_seconds);
+  if (!ratios.empty()) {
+    std::nth_element(ratios.begin(), ratios.begin() + std::ptrdiff_t(ratios.size() / 2), ratios.end());
+    std::printf("calibrated again after the measurements: its predictions are %+.1f%% of the first's (median over %zu layouts)\n",
+                100 * (ratios[ratios.size() / 2] - 1), ratios.size());
+  }
   return 0;
 }
 
@@ -141,7 +170,7 @@ int sweep(int max_microbatches, const RunOptions& o) {
   for (const Config& c : configs) {
     const ModelCheck model = find_model(c.model);
     // Calibrated at this configuration's batch (and a quarter of it).
-    const planner::CostModel costs = model.calibrate(c.batch);
+    const planner::CostModel costs = model.calibrate(c.batch, max_microbatches);
     const planner::Report report = plan(request_for(model, costs, c.devices, c.batch, max_microbatches));
     const std::vector<Row> rows = measure_all(model, report, c.batch, o);
     const Row* best = &rows.front();
@@ -228,7 +257,9 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "workers (default: 4 for nap, else the cores, at most 2)");
   app.add_option("--batch", batch, "samples per batch (default: the model's)");
   app.add_option("--max-microbatches", max_microbatches, "most microbatches the planner tries")->capture_default_str();
-  app.add_option("--steps", o.steps, "measured steps per layout (after one warm-up step)")->capture_default_str();
+  app.add_option("--steps", o.steps, "measured steps per layout (after one warm-up step per pass)")->capture_default_str();
+  app.add_option("--rounds", o.rounds, "passes over every layout that share the steps (each its own warm-up); the median")
+      ->capture_default_str();
   app.add_flag("--sweep", run_sweep, "20 configurations, every layout measured");
   app.add_flag("--host-cache", host_cache, "the model's step with HostBlockCache off and on, side by side");
   app.add_flag("--asynchronous", include_asynchronous, "plan PipeDream and 2BW layouts too");

@@ -30,6 +30,10 @@ inline int plan_workers(int requested) {
   return requested > 0 ? requested : int(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
 }
 
+/// --plan auto profiles the largest microbatch of each count up to this one (planner::calibrate):
+/// those times are measured, not interpolated; past it they are (a few seconds of profile at most).
+inline constexpr int profiled_microbatches = 16;
+
 /// Plans one process on `workers` workers (one core each) for `batch` samples, with the stage counts
 /// and splits the program compiles (`split`: a virtual stage count's cuts, empty where it has none)
 /// and the schedules it compiles (`schedules`; empty: every one), prints the report, and returns the

@@ -76,9 +76,12 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
   // activations and messages, 4-byte gradients and optimizer state).
   const auto calibrate = [&] {
 #if CUPIPE_TRAINER_HAS_BF16  // a flush-only build refused --precision bf16 before any data loaded
-    if (bf16) return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(batch, 3, context);
+    if (bf16)
+      return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(batch, 3, context,
+                                                                               cupipe::examples::profiled_microbatches);
 #endif
-    planner::CostModel model = planner::calibrate<Model, backend::Host<T>>(batch, 3, context);
+    planner::CostModel model =
+        planner::calibrate<Model, backend::Host<T>>(batch, 3, context, cupipe::examples::profiled_microbatches);
     for (const int t : tensor.degrees) {
       if (t == 2)
         model.tensor_variants.push_back(

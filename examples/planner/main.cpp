@@ -45,8 +45,10 @@ constexpr gpt::Config tiny{256, 64, 4, 4, 128};
 
 /// Calibrated here (planner::calibrate): every layer and the loss at `samples` samples and a quarter
 /// of them, and the optimizer step; for the GPT, also one rank's part of each split in `tensor`
-/// (planner::calibrate_tensor_parts).
-planner::CostModel profiled(const std::string& name, index_t samples, int repeats, const std::vector<int>& tensor) {
+/// (planner::calibrate_tensor_parts). `microbatches` > 0: also the largest microbatch of each count
+/// up to it, as the planner splits `samples`.
+planner::CostModel profiled(const std::string& name, index_t samples, int repeats, const std::vector<int>& tensor,
+                            int microbatches) {
   using Host = backend::Host<float>;
   Rng rng(1);
   if (name == "mlp") {
@@ -54,14 +56,14 @@ planner::CostModel profiled(const std::string& name, index_t samples, int repeat
     for (float& v : x) v = float(rng.uniform());
     for (const int t : tensor)
       CUPIPE_REQUIRE(t == 1, "cupipe_plan: --tensor ", t, ": the mlp has no tensor-parallel split here (gpt-tiny has)");
-    return planner::calibrate<Mlp, Host>(ConstView<float>{x.data(), Shape{samples, 784}}, repeats);
+    return planner::calibrate<Mlp, Host>(ConstView<float>{x.data(), Shape{samples, 784}}, repeats, 1, microbatches);
   }
   using Gpt = gpt::Model<tiny>;
   const index_t rows = samples * tiny.context;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
   for (auto& t : ids) t = std::int32_t(rng.below(std::uint64_t(tiny.vocab)));
   const ConstView<std::int32_t> x{ids.data(), Shape{rows, 1}};
-  planner::CostModel model = planner::calibrate<Gpt, Host>(x, repeats, tiny.context);
+  planner::CostModel model = planner::calibrate<Gpt, Host>(x, repeats, tiny.context, microbatches);
   for (const int t : tensor) {
     if (t == 2) model.tensor_variants.push_back(planner::calibrate_tensor_parts<gpt::TensorParallelModel<tiny, 2>, Host>(x, 2, repeats, tiny.context));
     else if (t == 4) model.tensor_variants.push_back(planner::calibrate_tensor_parts<gpt::TensorParallelModel<tiny, 4>, Host>(x, 4, repeats, tiny.context));
@@ -192,7 +194,10 @@ int main(int argc, char** argv) {
                        {"tensor_sum_bytes_per_second", tensor_sum.bytes_per_second}};
     }
 #endif
-    if (!model_name.empty()) request.model = profiled(model_name, profile_samples, repeats, request.tensor_degrees);
+    // Profiled at the batch itself: the microbatch sizes the planner will split it into are timed too.
+    if (!model_name.empty())
+      request.model = profiled(model_name, profile_samples, repeats, request.tensor_degrees,
+                               profile_samples == request.batch ? std::min(request.max_microbatches, 16) : 0);
     else if (!costs_path.empty()) request.model = from_json(costs_path);
     else request.model = synthetic(synthetic_layers);
 #if CUPIPE_PLAN_HAS_MPI

@@ -257,6 +257,50 @@ TEST_CASE("profile_layers times a first layer's backward_input where its weight 
   CHECK(fused.backward_input[1] > 0);
 }
 
+namespace {
+/// A small float MLP and `rows` rows of inputs for it, to calibrate.
+struct SmallMlp {
+  using Host = backend::Host<float>;
+  using Model = Sequential<Linear<16, 32>, ReLU, Linear<32, 4>>;
+  std::vector<float> values;
+  explicit SmallMlp(index_t rows) : values(std::size_t(rows * 16)) {
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i % 7) / 7.0f - 0.5f;
+  }
+  ConstView<float> x() const { return {values.data(), Shape{index_t(values.size() / 16), 16}}; }
+};
+}  // namespace
+
+TEST_CASE("contention: one factor per worker count, 1 for a worker alone, never below 1", "[planner]") {
+  using Host = SmallMlp::Host;
+  using Mlp = SmallMlp::Model;
+  const SmallMlp data(8);
+  const ConstView<float> x = data.x();
+  const std::vector<double> f = planner::contention<Mlp, Host>(x, 3, 1);
+  REQUIRE(f.size() == 3);
+  CHECK(f[0] == 1.0);
+  CHECK(f[1] >= 1.0);
+  CHECK(f[2] >= 1.0);
+  CHECK(std::isfinite(f[2]));
+  CHECK(planner::contention<Mlp, Host>(x, 1, 1) == std::vector<double>{1.0});
+  CHECK_THROWS_WITH((planner::contention<Mlp, Host>(x, 0, 1)), Catch::Contains("at least 1 worker"));
+}
+
+TEST_CASE("calibrate: the largest microbatch of each count up to max_microbatches is profiled", "[planner]") {
+  using Host = SmallMlp::Host;
+  using Mlp = SmallMlp::Model;
+  const SmallMlp data(16);
+  const ConstView<float> x = data.x();
+  const auto rows_of = [](const planner::CostModel& model) {
+    std::vector<double> rows;
+    for (const auto& point : model.layers[0].points) rows.push_back(point[0]);
+    return rows;
+  };
+  // The batch, a quarter and a sixteenth of it; then 16 split 2 to 6 ways: 8, 6, 4, 4 and 3 rows.
+  CHECK(rows_of(planner::detail::profiled_layers<Mlp, Host>(x, 1, 1, nullptr)) == std::vector<double>{1, 4, 16});
+  CHECK(rows_of(planner::detail::profiled_layers<Mlp, Host>(x, 1, 1, nullptr, 6)) == std::vector<double>{1, 3, 4, 6, 8, 16});
+  CHECK_THROWS_WITH((planner::calibrate<Mlp, Host>(x, 1, 1, -1)), Catch::Contains("max_microbatches must not be negative"));
+}
+
 TEST_CASE("wake_seconds: a worker blocked in its mailbox wakes some microseconds after a post", "[planner]") {
   // Two threads of one process: a sleeping thread is woken by the scheduler, which takes time on
   // every operating system (tens of microseconds on a lightly loaded Linux VM); a hand-over made on

@@ -328,6 +328,15 @@ planner::Request two_workers_in_one_process(int max_microbatches) {
   return request;
 }
 
+/// The predicted step of `request`'s two-stage layout with `m` microbatches.
+double two_stage_step(const planner::Request& request, int m) {
+  const planner::Report report = plan(request);
+  const auto it = std::find_if(report.ranked.begin(), report.ranked.end(),
+                               [&](const planner::Layout& l) { return l.stages == 2 && l.microbatches == m; });
+  REQUIRE(it != report.ranked.end());
+  return it->step_seconds;
+}
+
 }  // namespace
 
 TEST_CASE("planner: in one process a hand-over lengthens the sender's action", "[planner]") {
@@ -342,13 +351,7 @@ TEST_CASE("planner: in one process a hand-over lengthens the sender's action", "
 
 TEST_CASE("planner: in one process a waiting receiver wakes later, the sender is not held", "[planner]") {
   planner::Request request = two_workers_in_one_process(2);
-  const auto step = [&](int m) {
-    const planner::Report report = plan(request);
-    const auto it = std::find_if(report.ranked.begin(), report.ranked.end(),
-                                 [&](const planner::Layout& l) { return l.stages == 2 && l.microbatches == m; });
-    REQUIRE(it != report.ranked.end());
-    return it->step_seconds;
-  };
+  const auto step = [&](int m) { return two_stage_step(request, m); };
   const double one = step(1), two = step(2);
   request.model.wake_seconds = 1e-3;
   // One microbatch: F1 waits for F0's output and B0 for B1's gradient, each 1 ms later.
@@ -370,6 +373,44 @@ TEST_CASE("planner: in one process a waiting receiver wakes later, the sender is
   const double separate = plan(request).best().step_seconds;
   request.model.wake_seconds = 0;
   CHECK(plan(request).best().step_seconds == Approx(separate).epsilon(1e-12));
+}
+
+TEST_CASE("planner: contention weights each instant by the workers busy then", "[planner]") {
+  // Worker 0 runs [0, 2], worker 1 [1, 3] and [3, 4]: alone for 1, together for 1, alone for 1 more.
+  schedule::SimResult sim;
+  sim.times = {{{0, 2}}, {{1, 3}, {3, 4}}};
+  const std::vector<double> f = planner::detail::contention_factors(sim, {1.0, 1.5});
+  REQUIRE(f.size() == 2);
+  CHECK(f[0] == Approx(1.25).epsilon(1e-12));        // (1 x 1 + 1 x 1.5) / 2
+  CHECK(f[1] == Approx(3.5 / 3.0).epsilon(1e-12));   // (1 x 1.5 + 2 x 1) / 3: back to back is not at once
+  // Three workers busy at once with two entries take the last; an idle worker keeps 1.
+  sim.times = {{{0, 1}}, {{0, 1}}, {{0, 1}}, {}};
+  const std::vector<double> three = planner::detail::contention_factors(sim, {1.0, 1.5});
+  CHECK(three == std::vector<double>{1.5, 1.5, 1.5, 1.0});
+}
+
+TEST_CASE("planner: in one process, workers computing at once are slower by the measured contention", "[planner]") {
+  planner::Request request = two_workers_in_one_process(2);
+  const auto step = [&](int m) { return two_stage_step(request, m); };
+  const double one = step(1), two = step(2);
+  // One microbatch: the two workers never compute at once, so contention changes nothing.
+  request.model.contention = {1.0, 3.0};
+  CHECK(step(1) == Approx(one).epsilon(1e-12));
+  // Two: they overlap for part of the step, so it is longer, but less than 3x.
+  const double contended = step(2);
+  CHECK(contended > two * 1.01);
+  CHECK(contended < two * 3.0);
+  // Every action twice as long, alone or not (the uniform model has no update or overhead): twice the step.
+  request.model.contention = {2.0, 2.0};
+  CHECK(step(2) == Approx(2 * two).epsilon(1e-9));
+  // Between processes the term is not applied (each has its own device).
+  request.one_process = false;
+  request.max_replicas = 1;
+  const double separate = plan(request).best().step_seconds;
+  request.model.contention = {};
+  CHECK(plan(request).best().step_seconds == Approx(separate).epsilon(1e-12));
+  request.model.contention = {1.0, 0.0};
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("contention[1]"));
 }
 
 namespace {
@@ -456,6 +497,7 @@ TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from 
   planner::CostModel model = with_halves(1e-4, 2e9);
   model.action_overhead_seconds = 3.25e-6;
   model.wake_seconds = 2.5e-5;
+  model.contention = {1.0, 1.125};
   // Through the text a file holds.
   const planner::CostModel back = planner::cost_model_from_json(nlohmann::json::parse(planner::to_json(model).dump()), "test");
   REQUIRE(back.tensor_variants.size() == 1);
@@ -468,4 +510,5 @@ TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from 
   CHECK(back.tensor_sum_bytes_per_second == 2e9);
   CHECK(back.action_overhead_seconds == 3.25e-6);
   CHECK(back.wake_seconds == 2.5e-5);
+  CHECK(back.contention == std::vector<double>{1.0, 1.125});
 }

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <latch>
 #include <limits>
 #include <span>
 #include <string>
@@ -449,7 +450,7 @@ namespace detail {
 /// from the largest size.
 template <class Model, class Backend>
 CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats,
-                          index_t rows_per_sample, CountingGroup* group) {
+                          index_t rows_per_sample, CountingGroup* group, int max_microbatches = 0) {
   using Body = typename Model::body;
   using T = typename Backend::value_type;
   CUPIPE_REQUIRE(rows_per_sample >= 1 && x.rows() % rows_per_sample == 0, "planner: calibrate on whole samples of ",
@@ -481,6 +482,16 @@ CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename
   // linear (a GEMM of a few rows runs far below its peak), and the points capture it.
   std::vector<LayerProfile> sizes{small_profile, large};
   if (const index_t tiny = std::max<index_t>(1, samples / 16) * rows_per_sample; tiny < small) sizes.insert(sizes.begin(), profile(tiny));
+  // The largest microbatch of every count up to max_microbatches, where the batch is split so: the
+  // planner then reads those times instead of drawing a line between neighbours (a GEMM of 43 rows
+  // runs slower per row than the line from 16 to 64 rows says, by 10% for the MLP here).
+  for (int m = 2; m <= max_microbatches && m <= samples; ++m) {
+    const index_t rows = (samples + m - 1) / m * rows_per_sample;
+    const bool have = std::any_of(sizes.begin(), sizes.end(), [&](const LayerProfile& p) { return p.rows == rows; });
+    if (!have)
+      sizes.insert(std::lower_bound(sizes.begin(), sizes.end(), rows, [](const LayerProfile& p, index_t r) { return p.rows < r; }),
+                   profile(rows));
+  }
   for (std::size_t l = 0; l < Body::size; ++l) {
     LayerCost& c = model.layers[l];
     for (const LayerProfile& p : sizes) c.points.push_back({double(p.rows), p.forward[l], p.backward_input[l], p.backward_weight[l]});
@@ -523,21 +534,94 @@ double action_overhead_seconds(int repeats = 3) {
   return std::max(0.0, best);
 }
 
+/// Measured slowdown when `workers` workers of one process compute at once (CostModel::contention):
+/// entry n - 1, for n = 2 ... workers, is the time each of n threads takes to profile Model's layers
+/// on `x` (each its own context, all started together) over the time one thread takes alone, the
+/// median of three rounds that alternate the two (never below 1); entry 0 is 1. Two workers on
+/// two cores still share caches and memory bandwidth: the MLP's layers ran 10-15% slower so, which
+/// a profile taken alone does not see. A device backend's workers each have their own device, and
+/// host threads of one process share nothing it times: empty there.
+template <class Model, class Backend>
+std::vector<double> contention(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int workers,
+                               int repeats = 3) {
+  using Body = typename Model::body;
+  CUPIPE_REQUIRE(workers >= 1, "planner: measure contention for at least 1 worker, got ", workers);
+  if constexpr (!host_accessible<typename Backend::space>) {
+    return {};
+  } else {
+    const auto seconds = [&] {
+      const LayerProfile p = profile_layers<Body, Backend>(x, repeats);
+      double total = 0;
+      for (std::size_t l = 0; l < p.forward.size(); ++l) total += p.forward[l] + p.backward_input[l] + p.backward_weight[l];
+      return total;
+    };
+    const auto together = [&](int n) {
+      std::vector<double> each(static_cast<std::size_t>(n), 0.0);
+      std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+      std::latch start(n);
+      std::vector<std::thread> threads;
+      try {
+        for (int i = 0; i < n; ++i)
+          threads.emplace_back([&, i] {
+            try {
+              start.arrive_and_wait();
+              each[std::size_t(i)] = seconds();
+            } catch (...) {
+              errors[std::size_t(i)] = std::current_exception();
+            }
+          });
+      } catch (...) {  // a thread that did not start: release the ones waiting for it, then report
+        start.count_down(std::ptrdiff_t(n) - std::ptrdiff_t(threads.size()));
+        for (std::thread& t : threads) t.join();
+        throw;
+      }
+      for (std::thread& t : threads) t.join();
+      for (const std::exception_ptr& e : errors)
+        if (e) std::rethrow_exception(e);
+      double mean = 0;
+      for (double t : each) mean += t / double(n);
+      return mean;
+    };
+    std::vector<double> factors{1.0};
+    for (int n = 2; n <= workers; ++n) {
+      // Alone and together alternate, three rounds; the median ratio: a burst of load elsewhere
+      // spoils one round, not the figure.
+      std::vector<double> ratios;
+      for (int round = 0; round < 3; ++round) {
+        const double alone = seconds(), shared = together(n);
+        if (alone > 0) ratios.push_back(shared / alone);
+      }
+      factors.push_back(ratios.empty() ? 1.0 : std::max(1.0, cupipe::detail::median(ratios)));
+    }
+    return factors;
+  }
+}
+
 /// The cost model of `Model` on `Backend`, measured here: every layer and the model's loss profiled
 /// on `x` (a batch of real inputs in host memory), on a quarter and on a sixteenth of its samples
 /// (LayerCost::points; the first two also give each action's fixed part), the optimizer step (AdamW:
 /// two slots), the runtime's cost per action (action_overhead_seconds), the step's overhead
 /// (step_overhead_seconds), an in-process hand-over between two contexts (local_link) and a
-/// waiting worker's wake-up (wake_seconds). Each size is profiled twice and each action keeps the smaller median.
-/// `rows_per_sample`: a sequence's tokens for a transformer. Takes a few seconds.
+/// waiting worker's wake-up (wake_seconds) and workers slowing each other (contention). Each size is
+/// profiled twice and each action keeps the smaller median. `rows_per_sample`: a sequence's tokens
+/// for a transformer. `max_microbatches`: also profile the largest microbatch of every count up to
+/// it (ceil(samples / m)), as the planner will split this batch, so its times at those sizes are
+/// measured, not interpolated (one replica's batch; 0: the three sizes only). Takes a few seconds.
 template <class Model, class Backend>
 CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats = 3,
-                    index_t rows_per_sample = 1) {
+                    index_t rows_per_sample = 1, int max_microbatches = 0) {
   using Body = typename Model::body;
-  CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr);
+  CUPIPE_REQUIRE(max_microbatches >= 0, "planner: max_microbatches must not be negative, got ", max_microbatches);
+  CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr, max_microbatches);
   model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), repeats);
   model.action_overhead_seconds = action_overhead_seconds<Backend>(repeats);
   model.wake_seconds = wake_seconds<Backend>();
+  // Contention on the microbatch size of the profile's middle point (a quarter of the batch), for
+  // as many workers as this machine has cores (2 to 8).
+  const index_t quarter = std::max<index_t>(1, x.rows() / rows_per_sample / 4) * rows_per_sample, width = x.numel() / x.rows();
+  const int cores = int(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));
+  model.contention = contention<Model, Backend>(ConstView<model_input_t<Body, typename Backend::value_type>>{x.data(), Shape{quarter, width}},
+                                                cores, repeats);
   // Measured with two microbatches: one microbatch of the whole batch is the one layout whose
   // working set is largest, and on a CPU it runs slower than its layers timed alone.
   model.step_overhead_seconds = step_overhead_seconds<Model, Backend>(x, model, 2);

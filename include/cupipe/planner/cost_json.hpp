@@ -38,7 +38,7 @@ inline nlohmann::json to_json(const CostModel& m) {
           {"compute_bytes", m.gradient_bytes()}, {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
           {"link_bytes_per_second", m.link_bytes_per_second}, {"allreduce_bytes_per_second", m.allreduce_bytes_per_second},
           {"update_seconds_per_param", m.update_seconds_per_param}, {"step_overhead_seconds", m.step_overhead_seconds},
-          {"action_overhead_seconds", m.action_overhead_seconds}, {"wake_seconds", m.wake_seconds},
+          {"action_overhead_seconds", m.action_overhead_seconds}, {"wake_seconds", m.wake_seconds}, {"contention", m.contention},
           {"tied", m.tied}, {"tensor_sum_latency", m.tensor_sum_latency},
           {"tensor_sum_bytes_per_second", m.tensor_sum_bytes_per_second},
           {"layers", detail::layers_json(m.layers)}, {"tensor_variants", variants}};
@@ -65,6 +65,7 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
     m.step_overhead_seconds = j.value("step_overhead_seconds", 0.0);
     m.action_overhead_seconds = j.value("action_overhead_seconds", 0.0);
     m.wake_seconds = j.value("wake_seconds", 0.0);
+    m.contention = j.value("contention", std::vector<double>{});
     m.tied = j.value("tied", false);
     m.tensor_sum_latency = j.value("tensor_sum_latency", 0.0);
     m.tensor_sum_bytes_per_second = j.value("tensor_sum_bytes_per_second", 0.0);

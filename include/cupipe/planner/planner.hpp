@@ -98,6 +98,11 @@ struct CostModel {
   /// only where the receiver already waits; planner::wake_seconds measures it. Between processes
   /// the link's latency holds it.
   double wake_seconds = 0;
+  /// In one process: entry n - 1 is how much longer an action takes while n workers compute at
+  /// once than alone (they share caches and memory bandwidth, and past the cores, the cores); entry
+  /// 0 is 1, and more workers than entries take the last. Empty: none (a device backend, whose
+  /// workers each have a device). planner::contention measures it.
+  std::vector<double> contention{};
   /// The model split over tensor-parallel groups, per degree (empty: no tensor parallelism).
   std::vector<TensorVariant> tensor_variants{};
   /// A sum over a tensor-parallel group: seconds per call and bandwidth (bytes of one rank's values
@@ -358,6 +363,47 @@ inline std::vector<double> activation_peaks(const schedule::Plan& plan, const sc
   return peak;
 }
 
+/// Per worker of `sim`, `contention` (CostModel::contention) averaged over the time the worker's
+/// actions ran, each instant weighted by the factor for the workers busy then.
+inline std::vector<double> contention_factors(const schedule::SimResult& sim, const std::vector<double>& contention) {
+  struct Edge {
+    double time;
+    int worker, delta;
+  };
+  std::vector<Edge> edges;
+  for (std::size_t w = 0; w < sim.times.size(); ++w)
+    for (const schedule::ActionTime& t : sim.times[w])
+      if (t.end > t.start) {
+        edges.push_back({t.start, int(w), +1});
+        edges.push_back({t.end, int(w), -1});
+      }
+  // Ends before starts at equal times: an action that ends as the next begins is not two at once.
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.time != b.time ? a.time < b.time : a.delta < b.delta; });
+  const std::size_t workers = sim.times.size();
+  std::vector<int> running(workers, 0);
+  std::vector<double> weighted(workers, 0), busy(workers, 0);
+  int busy_workers = 0;
+  for (std::size_t i = 0; i < edges.size(); ++i) {
+    const Edge& e = edges[i];
+    const int before = running[std::size_t(e.worker)];
+    running[std::size_t(e.worker)] += e.delta;
+    busy_workers += (running[std::size_t(e.worker)] > 0) - (before > 0);
+    if (i + 1 == edges.size()) break;
+    const double span = edges[i + 1].time - e.time;
+    if (span <= 0 || busy_workers == 0) continue;
+    const double factor = contention[std::min(contention.size(), std::size_t(busy_workers)) - 1];
+    for (std::size_t w = 0; w < workers; ++w)
+      if (running[w] > 0) {
+        weighted[w] += span * factor;
+        busy[w] += span;
+      }
+  }
+  std::vector<double> out(workers, 1.0);
+  for (std::size_t w = 0; w < workers; ++w)
+    if (busy[w] > 0) out[w] = weighted[w] / busy[w];
+  return out;
+}
+
 /// Per-worker bytes of parameters, their gradients, the optimizer's slots and the weight versions
 /// `sim` says the plan holds; `params` is worker_params().
 inline std::vector<double> state_bytes(const CostModel& model, const schedule::SimResult& sim, const std::vector<double>& params) {
@@ -504,7 +550,23 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
                                                                       : 0.0)
                                           : 0.0;
       costs.wake = request.one_process ? model.wake_seconds : 0.0;
-      const schedule::SimResult sim = schedule::simulate(plan, costs);
+      schedule::SimResult sim = schedule::simulate(plan, costs);
+      // Workers of one process that compute at once slow each other down: each worker's actions
+      // take the contention factor averaged over the time they ran, with as many workers busy as
+      // the first simulation says, and the plan runs again with those costs.
+      if (request.one_process && p > 1 && model.contention.size() > 1) {
+        const std::vector<double> f = contention_factors(sim, model.contention);
+        const auto scale = [&](std::vector<schedule::StageCosts>& list) {
+          for (int k = 0; k < virtual_stages; ++k) {
+            schedule::StageCosts& c = list[std::size_t(k)];
+            const double x = f[std::size_t(plan.placement.worker_of(k))];
+            c = {c.forward * x, c.backward * x, c.weight * x};
+          }
+        };
+        if (!costs.per_virtual_stage.empty()) scale(costs.per_virtual_stage);
+        for (std::vector<schedule::StageCosts>& list : costs.per_microbatch) scale(list);
+        sim = schedule::simulate(plan, costs);
+      }
       Layout layout;
       layout.schedule = std::string(policy.name);
       layout.stages = p;
@@ -565,6 +627,10 @@ Report search(const Request& request) {
                      model.wake_seconds >= 0,
                  "planner: update_seconds_per_param, step_overhead_seconds, action_overhead_seconds and wake_seconds must not be "
                  "negative");
+  for (std::size_t n = 0; n < model.contention.size(); ++n)
+    CUPIPE_REQUIRE(model.contention[n] > 0 && std::isfinite(model.contention[n]), "planner: contention[", n,
+                   "] (an action's time with ", n + 1, " workers busy over its time alone) must be positive, got ",
+                   model.contention[n]);
   for (const std::string& name : request.schedules) (void)schedule::find_policy<List>(name);  // names every valid one
   const auto check_layers = [&](const std::vector<LayerCost>& list, const std::string& where) {
     for (std::size_t l = 0; l < list.size(); ++l) {
