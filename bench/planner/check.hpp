@@ -31,10 +31,6 @@ struct Measured {
 /// Several measurements of one layout as one: the median step and makespan, each worker's largest
 /// activation peak.
 inline Measured combined(const std::vector<Measured>& passes) {
-  const auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
   Measured out;
   std::vector<double> steps, spans;
   for (const Measured& m : passes) {
@@ -44,8 +40,8 @@ inline Measured combined(const std::vector<Measured>& passes) {
     for (std::size_t w = 0; w < m.peak_activation_bytes.size(); ++w)
       out.peak_activation_bytes[w] = std::max(out.peak_activation_bytes[w], m.peak_activation_bytes[w]);
   }
-  out.step_seconds = median(steps);
-  out.makespan_seconds = median(spans);
+  out.step_seconds = cupipe::detail::median(steps);
+  out.makespan_seconds = cupipe::detail::median(spans);
   return out;
 }
 
@@ -84,9 +80,9 @@ struct ModelCheck {
   std::string description;
   index_t default_batch = 0;  ///< samples per batch
   std::vector<int> stage_counts;
-  /// The cost model from a profile on `profile_samples` samples; `max_microbatches` > 0 also
-  /// profiles the largest microbatch of each count up to it (planner::calibrate).
-  std::function<planner::CostModel(index_t profile_samples, int max_microbatches)> calibrate;
+  /// The cost model from a profile on `profile_samples` samples, with the largest microbatch of
+  /// each of `microbatch_counts` profiled too (planner::calibrate).
+  std::function<planner::CostModel(index_t profile_samples, const std::vector<int>& microbatch_counts)> calibrate;
   std::function<std::vector<std::size_t>(int virtual_stages)> split;
   std::function<Measured(const planner::Layout&, index_t samples, const RunOptions&)> run;
 };
@@ -163,6 +159,10 @@ Measured run_layout(const planner::Layout& layout, ConstView<model_input_t<typen
           x = decltype(x){inputs.data() + first * inputs.cols(), Shape{count, inputs.cols()}};
           y = decltype(y){labels.data() + first, Shape{count}};
         }
+        // Blocks other layouts left in the host cache are not this layout's sizes, and a full cache
+        // keeps them in place of this one's (it does not swap): start each run with it empty, as
+        // a training run of one layout does.
+        HostBlockCache::instance().trim();
         Pipeline<Stages, Policy, Backend> pipe(options);
         const optim::AdamW adamw({.lr = 1e-5});
         std::vector<double> wall, makespan;

@@ -32,9 +32,9 @@ ModelCheck gpt_check() {
   c.description = "gpt::tiny (4 blocks, 128 channels, context 64, vocabulary 256, tied), float";
   c.default_batch = 8;
   c.stage_counts = {1, 2};
-  c.calibrate = [](index_t samples, int max_microbatches) {
+  c.calibrate = [](index_t samples, const std::vector<int>& counts) {
     const Data d(samples);
-    return planner::calibrate<Model, Host>(ConstView<std::int32_t>{d.ids.data(), Shape{d.rows(), 1}}, 3, context, max_microbatches);
+    return planner::calibrate<Model, Host>(ConstView<std::int32_t>{d.ids.data(), Shape{d.rows(), 1}}, 3, context, counts);
   };
   c.split = partition_cuts<Model, 1, 2, 4>;
   c.run = [](const planner::Layout& layout, index_t samples, const RunOptions& o) {

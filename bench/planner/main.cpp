@@ -74,12 +74,12 @@ std::string kib(const std::vector<double>& bytes) {
 /// Every layout of `report`, in o.rounds passes over all of them that share o.steps (each pass
 /// its own warm-up): the median over the passes, the largest peaks.
 std::vector<Row> measure_all(const ModelCheck& model, const planner::Report& report, index_t batch, const RunOptions& o) {
-  const int rounds = std::clamp(o.rounds, 1, std::max(1, o.steps));
+  const int steps = std::max(1, o.steps), rounds = std::clamp(o.rounds, 1, steps);
   RunOptions pass = o;
-  pass.steps = std::max(1, o.steps / rounds);
   std::vector<std::vector<Measured>> passes(report.ranked.size());
   for (int r = 0; r < rounds; ++r)
     for (std::size_t i = 0; i < report.ranked.size(); ++i) {
+      pass.steps = steps / rounds + (r < steps % rounds ? 1 : 0);  // the passes share the steps
       passes[i].push_back(model.run(report.ranked[i], batch, pass));
       std::fprintf(stderr, "\rpass %d of %d: %zu/%zu layouts measured", r + 1, rounds, i + 1, report.ranked.size());
     }
@@ -92,7 +92,8 @@ std::vector<Row> measure_all(const ModelCheck& model, const planner::Report& rep
 int check_model(const std::string& name, int devices, index_t batch, int max_microbatches, const RunOptions& o) {
   const ModelCheck model = find_model(name);
   if (batch == 0) batch = model.default_batch;
-  const planner::CostModel costs = model.calibrate(batch, max_microbatches);
+  const std::vector<int> counts = planner::planned_microbatch_counts(model.stage_counts, batch, max_microbatches);
+  const planner::CostModel costs = model.calibrate(batch, counts);
   std::printf("calibrated cost model (per layer, ms for %lld rows, of it fixed):\n", (long long)costs.profiled_rows);
   for (const planner::LayerCost& l : costs.layers)
     std::printf("  %-28s F %.4f (%.4f)  B %.4f (%.4f)  W %.4f (%.4f)\n", l.name.c_str(), l.forward * 1e3, l.forward_fixed * 1e3,
@@ -128,17 +129,15 @@ int check_model(const std::string& name, int devices, index_t batch, int max_mic
   // Did the machine change speed while the layouts ran? The same calibration again, after them:
   // its predictions for the same layouts against the first's (a diagnostic; the counts above use
   // the first calibration only, as --plan auto would).
-  const planner::CostModel again = model.calibrate(batch, max_microbatches);
+  const planner::CostModel again = model.calibrate(batch, counts);
   const planner::Report second = plan(request_for(model, again, devices, batch, max_microbatches));
   std::vector<double> ratios;
   for (const Row& r : rows)
     for (const planner::Layout& l : second.ranked)
       if (l.describe() == r.layout.describe()) ratios.push_back(l.step_seconds / r.layout.step_seconds);
-  if (!ratios.empty()) {
-    std::nth_element(ratios.begin(), ratios.begin() + std::ptrdiff_t(ratios.size() / 2), ratios.end());
+  if (!ratios.empty())
     std::printf("calibrated again after the measurements: its predictions are %+.1f%% of the first's (median over %zu layouts)\n",
-                100 * (ratios[ratios.size() / 2] - 1), ratios.size());
-  }
+                100 * (cupipe::detail::median(ratios) - 1), ratios.size());
   return 0;
 }
 
@@ -170,7 +169,7 @@ int sweep(int max_microbatches, const RunOptions& o) {
   for (const Config& c : configs) {
     const ModelCheck model = find_model(c.model);
     // Calibrated at this configuration's batch (and a quarter of it).
-    const planner::CostModel costs = model.calibrate(c.batch, max_microbatches);
+    const planner::CostModel costs = model.calibrate(c.batch, planner::planned_microbatch_counts(model.stage_counts, c.batch, max_microbatches));
     const planner::Report report = plan(request_for(model, costs, c.devices, c.batch, max_microbatches));
     const std::vector<Row> rows = measure_all(model, report, c.batch, o);
     const Row* best = &rows.front();

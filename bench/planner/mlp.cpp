@@ -29,9 +29,9 @@ ModelCheck mlp_check() {
   c.description = "the Fashion-MNIST MLP 784-1024-512-256-10, float";
   c.default_batch = 256;
   c.stage_counts = {1, 2};
-  c.calibrate = [](index_t samples, int max_microbatches) {
+  c.calibrate = [](index_t samples, const std::vector<int>& counts) {
     const Data d(samples);
-    return planner::calibrate<Model, Host>(d.inputs(), 5, 1, max_microbatches);
+    return planner::calibrate<Model, Host>(d.inputs(), 5, 1, counts);
   };
   c.split = partition_cuts<Model, 1, 2, 4>;
   c.run = [](const planner::Layout& layout, index_t samples, const RunOptions& o) {

@@ -105,7 +105,7 @@ int sweep_across_ranks(Comms& comms, int max_microbatches, const RunOptions& opt
   for (const index_t batch : batches) {
     std::string measured;
     if (rank == 0) {
-      planner::CostModel costs = model.calibrate(batch, 0);  // a replica's batch is a share of it: the three sizes
+      planner::CostModel costs = model.calibrate(batch, {});  // a replica's batch is a share of it: the three sizes
       costs.link_latency = link.latency;
       costs.link_bytes_per_second = link.bytes_per_second;
       costs.allreduce_bytes_per_second = sum_bandwidth;

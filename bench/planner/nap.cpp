@@ -96,9 +96,9 @@ ModelCheck nap_check() {
   c.description = "fixed-duration layers: 8 sleeping layers (20-60 us per row per action), double";
   c.default_batch = 32;
   c.stage_counts = {1, 2, 4};
-  c.calibrate = [](index_t samples, int max_microbatches) {
+  c.calibrate = [](index_t samples, const std::vector<int>& counts) {
     const Data d(samples);
-    return planner::calibrate<Model, Host>(ConstView<double>{d.x.data(), Shape{samples, width}}, 3, 1, max_microbatches);
+    return planner::calibrate<Model, Host>(ConstView<double>{d.x.data(), Shape{samples, width}}, 3, 1, counts);
   };
   c.split = partition_cuts<Model, 1, 2, 4, 8>;
   c.run = [](const planner::Layout& layout, index_t samples, const RunOptions& o) {

@@ -30,9 +30,12 @@ inline int plan_workers(int requested) {
   return requested > 0 ? requested : int(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
 }
 
-/// --plan auto profiles the largest microbatch of each count up to this one (planner::calibrate):
-/// those times are measured, not interpolated; past it they are (a few seconds of profile at most).
-inline constexpr int profiled_microbatches = 16;
+/// The microbatch counts --plan auto profiles (planner::calibrate): those the planner tries on 1 to
+/// 4 stages of `samples` samples (one replica's), up to 64 microbatches, so their times are measured,
+/// not interpolated.
+inline std::vector<int> profiled_microbatch_counts(index_t samples) {
+  return planner::planned_microbatch_counts({1, 2, 3, 4}, samples, 64);
+}
 
 /// Plans one process on `workers` workers (one core each) for `batch` samples, with the stage counts
 /// and splits the program compiles (`split`: a virtual stage count's cuts, empty where it has none)

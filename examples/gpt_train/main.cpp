@@ -78,10 +78,10 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
 #if CUPIPE_TRAINER_HAS_BF16  // a flush-only build refused --precision bf16 before any data loaded
     if (bf16)
       return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(batch, 3, context,
-                                                                               cupipe::examples::profiled_microbatches);
+                                                                               cupipe::examples::profiled_microbatch_counts(sequences));
 #endif
     planner::CostModel model =
-        planner::calibrate<Model, backend::Host<T>>(batch, 3, context, cupipe::examples::profiled_microbatches);
+        planner::calibrate<Model, backend::Host<T>>(batch, 3, context, cupipe::examples::profiled_microbatch_counts(sequences));
     for (const int t : tensor.degrees) {
       if (t == 2)
         model.tensor_variants.push_back(

@@ -48,10 +48,10 @@ inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicat
 #if CUPIPE_TRAINER_HAS_BF16  // a flush-only build refused --precision bf16 before any data loaded
     if (bf16)
       return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(
-          ConstView<cupipe::bfloat16>{rounded.data(), Shape{rows, 784}}, 3, 1, cupipe::examples::profiled_microbatches);
+          ConstView<cupipe::bfloat16>{rounded.data(), Shape{rows, 784}}, 3, 1, cupipe::examples::profiled_microbatch_counts(rows));
 #endif
     return planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}}, 3, 1,
-                                                       cupipe::examples::profiled_microbatches);
+                                                       cupipe::examples::profiled_microbatch_counts(rows));
   };
   // At most 7 virtual stages (the MLP's layers): 8 is refused before the split is asked for.
   const auto split = [](int virtual_stages) {

@@ -45,10 +45,10 @@ constexpr gpt::Config tiny{256, 64, 4, 4, 128};
 
 /// Calibrated here (planner::calibrate): every layer and the loss at `samples` samples and a quarter
 /// of them, and the optimizer step; for the GPT, also one rank's part of each split in `tensor`
-/// (planner::calibrate_tensor_parts). `microbatches` > 0: also the largest microbatch of each count
-/// up to it, as the planner splits `samples`.
+/// (planner::calibrate_tensor_parts); with the largest microbatch of each of `microbatches` too, as
+/// the planner splits `samples`.
 planner::CostModel profiled(const std::string& name, index_t samples, int repeats, const std::vector<int>& tensor,
-                            int microbatches) {
+                            const std::vector<int>& microbatches) {
   using Host = backend::Host<float>;
   Rng rng(1);
   if (name == "mlp") {
@@ -194,12 +194,21 @@ int main(int argc, char** argv) {
                        {"tensor_sum_bytes_per_second", tensor_sum.bytes_per_second}};
     }
 #endif
-    // Profiled at the batch itself: the microbatch sizes the planner will split it into are timed too.
-    if (!model_name.empty())
+    // Profiled at the batch itself with one replica: the microbatch sizes the planner will split it
+    // into are timed too (with replicas each splits its share, which the points interpolate).
+    if (!model_name.empty()) {
+      std::vector<int> stages = request.stage_counts;
+      if (stages.empty())
+        for (int p = 1; p <= request.devices; ++p) stages.push_back(p);
       request.model = profiled(model_name, profile_samples, repeats, request.tensor_degrees,
-                               profile_samples == request.batch ? std::min(request.max_microbatches, 16) : 0);
-    else if (!costs_path.empty()) request.model = from_json(costs_path);
-    else request.model = synthetic(synthetic_layers);
+                               profile_samples == request.batch
+                                   ? planner::planned_microbatch_counts(stages, request.batch, request.max_microbatches)
+                                   : std::vector<int>{});
+    } else if (!costs_path.empty()) {
+      request.model = from_json(costs_path);
+    } else {
+      request.model = synthetic(synthetic_layers);
+    }
 #if CUPIPE_PLAN_HAS_MPI
     if (measure_comm) {
       request.model.link_latency = link.latency;

@@ -267,6 +267,36 @@ TEST_CASE("HostBuffer: a large array freed and allocated again reuses its block,
   CHECK_THROWS_WITH(HostBuffer<double>(index_t(1) << 61), Contains("larger than any address space"));
 }
 
+TEST_CASE("HostBlockCache: a full cache makes room by freeing the blocks freed longest ago", "[cpu][core][tensor][memory]") {
+  HostBlockCache& cache = HostBlockCache::instance();
+  cache.trim();
+  struct RestoreCapacity {
+    ~RestoreCapacity() { HostBlockCache::instance().set_capacity(std::size_t(1) << 30); }
+  } restore;
+  constexpr std::size_t block = HostBlockCache::smallest;  // whole pages
+  const index_t one = index_t(block / sizeof(float)), two = 2 * one;
+  cache.set_capacity(3 * block);
+  const void* second = nullptr;
+  {
+    HostBuffer<float> a(one), b(one), c(two);
+    second = b.data();
+    // Freed in reverse order of declaration: c, b, then a (the oldest is c).
+  }
+  if constexpr (cupipe::detail::address_sanitizer || cupipe::detail::thread_sanitizer) {
+    CHECK(cache.held_bytes() == 0);
+    return;
+  }
+  // c (2 blocks) and b fill the cache; a made room by freeing c, the block freed longest ago.
+  CHECK(cache.held_bytes() == 2 * block);
+  const std::size_t reused = cache.reused();
+  HostBuffer<float> big(two);  // c is gone: a fresh block
+  CHECK(cache.reused() == reused);
+  HostBuffer<float> x(one), y(one);  // b and a, the last freed first
+  CHECK(cache.reused() == reused + 2);
+  CHECK(static_cast<const void*>(y.data()) == second);
+  CHECK(cache.held_bytes() == 0);
+}
+
 TEST_CASE("HostBuffer: zeroed, views of the right size, accounted", "[cpu][core][tensor][memory]") {
   MemoryTracker tracker;
   {

@@ -295,10 +295,16 @@ TEST_CASE("calibrate: the largest microbatch of each count up to max_microbatche
     for (const auto& point : model.layers[0].points) rows.push_back(point[0]);
     return rows;
   };
-  // The batch, a quarter and a sixteenth of it; then 16 split 2 to 6 ways: 8, 6, 4, 4 and 3 rows.
+  // The batch, a quarter and a sixteenth of it; then 16 split 2 to 6 ways: 8, 6, 4, 4 and 3 rows
+  // (a count of 1 is the batch, one past the samples has no microbatch of its own).
   CHECK(rows_of(planner::detail::profiled_layers<Mlp, Host>(x, 1, 1, nullptr)) == std::vector<double>{1, 4, 16});
-  CHECK(rows_of(planner::detail::profiled_layers<Mlp, Host>(x, 1, 1, nullptr, 6)) == std::vector<double>{1, 3, 4, 6, 8, 16});
-  CHECK_THROWS_WITH((planner::calibrate<Mlp, Host>(x, 1, 1, -1)), Catch::Contains("max_microbatches must not be negative"));
+  CHECK(rows_of(planner::detail::profiled_layers<Mlp, Host>(x, 1, 1, nullptr, {1, 2, 3, 4, 5, 6, 17})) ==
+        std::vector<double>{1, 3, 4, 6, 8, 16});
+  CHECK_THROWS_WITH((planner::detail::profiled_layers<Mlp, Host>(x, 1, 1, nullptr, {0})), Catch::Contains("at least 1, got 0"));
+  // What the search tries on 1 or 2 stages of 256 samples, up to 16 microbatches: powers of two and
+  // 1 to 4 per stage.
+  CHECK(planner::planned_microbatch_counts({1, 2}, 256, 16) == std::vector<int>{1, 2, 3, 4, 6, 8, 16});
+  CHECK(planner::planned_microbatch_counts({4}, 5, 64) == std::vector<int>{1, 2, 4});
 }
 
 TEST_CASE("wake_seconds: a worker blocked in its mailbox wakes some microseconds after a post", "[planner]") {

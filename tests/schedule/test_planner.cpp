@@ -387,6 +387,10 @@ TEST_CASE("planner: contention weights each instant by the workers busy then", "
   sim.times = {{{0, 1}}, {{0, 1}}, {{0, 1}}, {}};
   const std::vector<double> three = planner::detail::contention_factors(sim, {1.0, 1.5});
   CHECK(three == std::vector<double>{1.5, 1.5, 1.5, 1.0});
+  // A worker alone in its pipeline is busy beside its replica's copy; no factors, no change.
+  sim.times = {{{0, 1}}};
+  CHECK(planner::detail::contention_factors(sim, {1.0, 1.5}, 2) == std::vector<double>{1.5});
+  CHECK(planner::detail::contention_factors(sim, {}) == std::vector<double>{1.0});
 }
 
 TEST_CASE("planner: in one process, workers computing at once are slower by the measured contention", "[planner]") {
@@ -400,9 +404,6 @@ TEST_CASE("planner: in one process, workers computing at once are slower by the 
   const double contended = step(2);
   CHECK(contended > two * 1.01);
   CHECK(contended < two * 3.0);
-  // Every action twice as long, alone or not (the uniform model has no update or overhead): twice the step.
-  request.model.contention = {2.0, 2.0};
-  CHECK(step(2) == Approx(2 * two).epsilon(1e-9));
   // Between processes the term is not applied (each has its own device).
   request.one_process = false;
   request.max_replicas = 1;
@@ -411,6 +412,8 @@ TEST_CASE("planner: in one process, workers computing at once are slower by the 
   CHECK(plan(request).best().step_seconds == Approx(separate).epsilon(1e-12));
   request.model.contention = {1.0, 0.0};
   CHECK_THROWS_WITH(plan(request), Catch::Contains("contention[1]"));
+  request.model.contention = {2.0, 2.0};  // entry 0 is a worker alone: the profile itself
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("contention[0] is an action alone"));
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -44,9 +45,11 @@ inline constexpr bool thread_sanitizer = false;
 }  // namespace detail
 
 /// Process-wide, thread-safe. Blocks below `smallest` bytes go to the allocator as before; larger
-/// ones are cached on free up to `capacity` bytes in all (beyond it they are freed, not swapped for
-/// older ones: a training loop's sizes repeat, and sizes left by setup wait until trim()). Under
-/// AddressSanitizer and ThreadSanitizer nothing is cached.
+/// ones are cached on free up to `capacity` bytes in all; to make room for a freed block the ones
+/// freed longest ago go back to the allocator. So sizes a process stopped using (a calibration's
+/// profiles before training, another layout's activations) give way to the sizes it uses now,
+/// instead of filling the cache and leaving every new block to page-fault. Under AddressSanitizer
+/// and ThreadSanitizer nothing is cached.
 class HostBlockCache {
  public:
   static constexpr std::size_t smallest = std::size_t(128) << 10;
@@ -76,15 +79,17 @@ class HostBlockCache {
     return block;
   }
 
-  /// Returns a block allocate(bytes) gave. A full cache frees it instead of holding it.
+  /// Returns a block allocate(bytes) gave. Where the cache is full, the blocks freed longest ago
+  /// make room; a block larger than the whole capacity is freed.
   void release(void* block, std::size_t bytes) noexcept {
     if (block == nullptr) return;
     const std::size_t size = rounded(bytes);
     if (cached(size)) {
       std::lock_guard lock(mutex_);
-      if (held_ + size <= capacity_) {
+      if (size <= capacity_) {
+        while (held_ + size > capacity_ && !free_.empty()) free_oldest();
         try {
-          free_.emplace(size, block);
+          free_.emplace(size, Entry{++clock_, block});
           held_ += size;
           return;
         } catch (...) {  // no memory for the map's node: free the block below
@@ -97,7 +102,7 @@ class HostBlockCache {
   /// Frees every cached block (the blocks in use stay).
   void trim() noexcept {
     std::lock_guard lock(mutex_);
-    for (const auto& [size, block] : free_) ::operator delete(block, std::align_val_t(alignment));
+    for (const auto& [size, entry] : free_) ::operator delete(entry.block, std::align_val_t(alignment));
     free_.clear();
     held_ = 0;
   }
@@ -106,12 +111,7 @@ class HostBlockCache {
   void set_capacity(std::size_t bytes) noexcept {
     std::lock_guard lock(mutex_);
     capacity_ = bytes;
-    while (held_ > capacity_ && !free_.empty()) {
-      const auto it = std::prev(free_.end());
-      held_ -= it->first;
-      ::operator delete(it->second, std::align_val_t(alignment));
-      free_.erase(it);
-    }
+    while (held_ > capacity_ && !free_.empty()) free_oldest();
   }
 
   /// Bytes of freed blocks held for reuse, and how many allocations a cached block served.
@@ -142,15 +142,30 @@ class HostBlockCache {
     const auto end = free_.upper_bound(size);
     if (end == free_.begin() || std::prev(end)->first != size) return nullptr;
     const auto it = std::prev(end);
-    void* block = it->second;
+    void* block = it->second.block;
     free_.erase(it);
     held_ -= size;
     ++reused_;
     return block;
   }
 
+  /// Frees the cached block released longest ago; the caller holds the lock and has a block.
+  void free_oldest() noexcept {
+    auto oldest = free_.begin();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->second.age < oldest->second.age) oldest = it;
+    held_ -= oldest->first;
+    ::operator delete(oldest->second.block, std::align_val_t(alignment));
+    free_.erase(oldest);
+  }
+
+  struct Entry {
+    std::uint64_t age;  ///< when it was released (clock_)
+    void* block;
+  };
   mutable std::mutex mutex_;
-  std::multimap<std::size_t, void*> free_;
+  std::multimap<std::size_t, Entry> free_;  ///< by size; within a size, in the order released
+  std::uint64_t clock_ = 0;
   std::size_t held_ = 0, reused_ = 0;
   std::size_t capacity_ = std::size_t(1) << 30;
 };

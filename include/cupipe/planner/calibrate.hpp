@@ -450,7 +450,7 @@ namespace detail {
 /// from the largest size.
 template <class Model, class Backend>
 CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats,
-                          index_t rows_per_sample, CountingGroup* group, int max_microbatches = 0) {
+                          index_t rows_per_sample, CountingGroup* group, const std::vector<int>& microbatch_counts = {}) {
   using Body = typename Model::body;
   using T = typename Backend::value_type;
   CUPIPE_REQUIRE(rows_per_sample >= 1 && x.rows() % rows_per_sample == 0, "planner: calibrate on whole samples of ",
@@ -482,10 +482,13 @@ CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename
   // linear (a GEMM of a few rows runs far below its peak), and the points capture it.
   std::vector<LayerProfile> sizes{small_profile, large};
   if (const index_t tiny = std::max<index_t>(1, samples / 16) * rows_per_sample; tiny < small) sizes.insert(sizes.begin(), profile(tiny));
-  // The largest microbatch of every count up to max_microbatches, where the batch is split so: the
-  // planner then reads those times instead of drawing a line between neighbours (a GEMM of 43 rows
-  // runs slower per row than the line from 16 to 64 rows says, by 10% for the MLP here).
-  for (int m = 2; m <= max_microbatches && m <= samples; ++m) {
+  // The largest microbatch of each count the planner will try (planned_microbatch_counts), where
+  // the batch is split so: the planner then reads those times instead of drawing a line between
+  // neighbours (a GEMM of 43 rows runs slower per row than the line from 16 to 64 rows says, by
+  // about 8% for the MLP here).
+  for (const int m : microbatch_counts) {
+    CUPIPE_REQUIRE(m >= 1, "planner: a microbatch count to profile must be at least 1, got ", m);
+    if (m < 2 || m > samples) continue;
     const index_t rows = (samples + m - 1) / m * rows_per_sample;
     const bool have = std::any_of(sizes.begin(), sizes.end(), [&](const LayerProfile& p) { return p.rows == rows; });
     if (!have)
@@ -537,10 +540,11 @@ double action_overhead_seconds(int repeats = 3) {
 /// Measured slowdown when `workers` workers of one process compute at once (CostModel::contention):
 /// entry n - 1, for n = 2 ... workers, is the time each of n threads takes to profile Model's layers
 /// on `x` (each its own context, all started together) over the time one thread takes alone, the
-/// median of three rounds that alternate the two (never below 1); entry 0 is 1. Two workers on
-/// two cores still share caches and memory bandwidth: the MLP's layers ran 10-15% slower so, which
-/// a profile taken alone does not see. A device backend's workers each have their own device, and
-/// host threads of one process share nothing it times: empty there.
+/// median of three rounds that alternate the two (never below 1); entry 0 is 1. Workers on cores
+/// of their own still share caches and memory bandwidth, which a profile taken alone does not see
+/// (x1.00-1.05 for two of the MLP's workers on the 2-core VM; each thread's timed regions sit
+/// among its untimed setup, so the figure may be low). A device backend's workers each have their
+/// own device, and host threads of one process share nothing it times: empty there.
 template <class Model, class Backend>
 std::vector<double> contention(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int workers,
                                int repeats = 3) {
@@ -604,15 +608,14 @@ std::vector<double> contention(ConstView<model_input_t<typename Model::body, typ
 /// (step_overhead_seconds), an in-process hand-over between two contexts (local_link) and a
 /// waiting worker's wake-up (wake_seconds) and workers slowing each other (contention). Each size is
 /// profiled twice and each action keeps the smaller median. `rows_per_sample`: a sequence's tokens
-/// for a transformer. `max_microbatches`: also profile the largest microbatch of every count up to
-/// it (ceil(samples / m)), as the planner will split this batch, so its times at those sizes are
-/// measured, not interpolated (one replica's batch; 0: the three sizes only). Takes a few seconds.
+/// for a transformer. `microbatch_counts` (planned_microbatch_counts): also profile the largest
+/// microbatch of each count, ceil(samples / m), as the planner will split this batch (one
+/// replica's), so its times at those sizes are measured, not interpolated. Takes a few seconds.
 template <class Model, class Backend>
 CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats = 3,
-                    index_t rows_per_sample = 1, int max_microbatches = 0) {
+                    index_t rows_per_sample = 1, const std::vector<int>& microbatch_counts = {}) {
   using Body = typename Model::body;
-  CUPIPE_REQUIRE(max_microbatches >= 0, "planner: max_microbatches must not be negative, got ", max_microbatches);
-  CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr, max_microbatches);
+  CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr, microbatch_counts);
   model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), repeats);
   model.action_overhead_seconds = action_overhead_seconds<Backend>(repeats);
   model.wake_seconds = wake_seconds<Backend>();

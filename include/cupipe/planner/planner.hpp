@@ -99,9 +99,10 @@ struct CostModel {
   /// the link's latency holds it.
   double wake_seconds = 0;
   /// In one process: entry n - 1 is how much longer an action takes while n workers compute at
-  /// once than alone (they share caches and memory bandwidth, and past the cores, the cores); entry
-  /// 0 is 1, and more workers than entries take the last. Empty: none (a device backend, whose
-  /// workers each have a device). planner::contention measures it.
+  /// once than alone (they share caches and memory bandwidth); entry 0 is 1, and more workers than
+  /// entries take the last (planner::calibrate measures as many as the machine has cores, so
+  /// workers beyond the cores, which time-slice, are not measured). Empty: none (a device
+  /// backend, whose workers each have a device). planner::contention measures it.
   std::vector<double> contention{};
   /// The model split over tensor-parallel groups, per degree (empty: no tensor parallelism).
   std::vector<TensorVariant> tensor_variants{};
@@ -364,8 +365,11 @@ inline std::vector<double> activation_peaks(const schedule::Plan& plan, const sc
 }
 
 /// Per worker of `sim`, `contention` (CostModel::contention) averaged over the time the worker's
-/// actions ran, each instant weighted by the factor for the workers busy then.
-inline std::vector<double> contention_factors(const schedule::SimResult& sim, const std::vector<double>& contention) {
+/// actions ran, each instant weighted by the factor for the workers busy then: `replicas` copies of
+/// the pipeline run at once, each as `sim` says. All 1 where `contention` is empty.
+inline std::vector<double> contention_factors(const schedule::SimResult& sim, const std::vector<double>& contention,
+                                              int replicas = 1) {
+  if (contention.empty()) return std::vector<double>(sim.times.size(), 1.0);
   struct Edge {
     double time;
     int worker, delta;
@@ -391,7 +395,7 @@ inline std::vector<double> contention_factors(const schedule::SimResult& sim, co
     if (i + 1 == edges.size()) break;
     const double span = edges[i + 1].time - e.time;
     if (span <= 0 || busy_workers == 0) continue;
-    const double factor = contention[std::min(contention.size(), std::size_t(busy_workers)) - 1];
+    const double factor = contention[std::min(contention.size(), std::size_t(busy_workers * std::max(1, replicas))) - 1];
     for (std::size_t w = 0; w < workers; ++w)
       if (running[w] > 0) {
         weighted[w] += span * factor;
@@ -554,8 +558,8 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       // Workers of one process that compute at once slow each other down: each worker's actions
       // take the contention factor averaged over the time they ran, with as many workers busy as
       // the first simulation says, and the plan runs again with those costs.
-      if (request.one_process && p > 1 && model.contention.size() > 1) {
-        const std::vector<double> f = contention_factors(sim, model.contention);
+      if (request.one_process && p * d > 1 && model.contention.size() > 1) {
+        const std::vector<double> f = contention_factors(sim, model.contention, d);
         const auto scale = [&](std::vector<schedule::StageCosts>& list) {
           for (int k = 0; k < virtual_stages; ++k) {
             schedule::StageCosts& c = list[std::size_t(k)];
@@ -612,6 +616,18 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
 
 }  // namespace detail
 
+/// The microbatch counts the search tries for any of `stage_counts` on `samples` samples (one
+/// replica's) and at most `most` microbatches: what planner::calibrate should profile so that no
+/// microbatch size of a layout is interpolated.
+inline std::vector<int> planned_microbatch_counts(const std::vector<int>& stage_counts, index_t samples, int most) {
+  std::vector<int> out;
+  for (const int p : stage_counts)
+    for (const int m : detail::microbatch_candidates(p, samples, most)) out.push_back(m);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 /// Searches every layout of `request` (see the file comment) and ranks those that fit. Also
 /// reachable as cupipe::plan(request).
 template <class List = schedule::Policies>
@@ -631,6 +647,9 @@ Report search(const Request& request) {
     CUPIPE_REQUIRE(model.contention[n] > 0 && std::isfinite(model.contention[n]), "planner: contention[", n,
                    "] (an action's time with ", n + 1, " workers busy over its time alone) must be positive, got ",
                    model.contention[n]);
+  CUPIPE_REQUIRE(model.contention.empty() || model.contention[0] == 1.0,
+                 "planner: contention[0] is an action alone, the profile itself: it must be 1, got ",
+                 model.contention.empty() ? 0.0 : model.contention[0]);
   for (const std::string& name : request.schedules) (void)schedule::find_policy<List>(name);  // names every valid one
   const auto check_layers = [&](const std::vector<LayerCost>& list, const std::string& where) {
     for (std::size_t l = 0; l < list.size(); ++l) {
