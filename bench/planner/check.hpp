@@ -159,9 +159,8 @@ Measured run_layout(const planner::Layout& layout, ConstView<model_input_t<typen
           x = decltype(x){inputs.data() + first * inputs.cols(), Shape{count, inputs.cols()}};
           y = decltype(y){labels.data() + first, Shape{count}};
         }
-        // Blocks other layouts left in the host cache are not this layout's sizes, and a full cache
-        // keeps them in place of this one's (it does not swap): start each run with it empty, as
-        // a training run of one layout does.
+        // Start each run with the host cache empty, as a training run of one layout does: nothing
+        // another layout left there is reused or has to be evicted first.
         HostBlockCache::instance().trim();
         Pipeline<Stages, Policy, Backend> pipe(options);
         const optim::AdamW adamw({.lr = 1e-5});
@@ -181,12 +180,8 @@ Measured run_layout(const planner::Layout& layout, ConstView<model_input_t<typen
           for (std::size_t w = 0; w < peaks.size() && w < out.peak_activation_bytes.size(); ++w)
             out.peak_activation_bytes[w] = std::max(out.peak_activation_bytes[w], peaks[w]);
         }
-        const auto median = [](std::vector<double> v) {
-          std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-          return v[v.size() / 2];
-        };
-        out.step_seconds = median(wall);
-        out.makespan_seconds = median(makespan);
+        out.step_seconds = cupipe::detail::median(wall);
+        out.makespan_seconds = cupipe::detail::median(makespan);
         ran = true;
       }
     });

@@ -490,10 +490,9 @@ CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename
     CUPIPE_REQUIRE(m >= 1, "planner: a microbatch count to profile must be at least 1, got ", m);
     if (m < 2 || m > samples) continue;
     const index_t rows = (samples + m - 1) / m * rows_per_sample;
-    const bool have = std::any_of(sizes.begin(), sizes.end(), [&](const LayerProfile& p) { return p.rows == rows; });
-    if (!have)
-      sizes.insert(std::lower_bound(sizes.begin(), sizes.end(), rows, [](const LayerProfile& p, index_t r) { return p.rows < r; }),
-                   profile(rows));
+    // sizes stays ascending and distinct: insert where the rows belong, unless they are there.
+    const auto at = std::lower_bound(sizes.begin(), sizes.end(), rows, [](const LayerProfile& p, index_t r) { return p.rows < r; });
+    if (at == sizes.end() || at->rows != rows) sizes.insert(at, profile(rows));
   }
   for (std::size_t l = 0; l < Body::size; ++l) {
     LayerCost& c = model.layers[l];
