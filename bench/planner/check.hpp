@@ -59,6 +59,15 @@ struct Row {
     }
     return worst;
   }
+  /// Whether every worker's measured activation peak lies within the bounds the planner proves for
+  /// any timing (Layout::peak_activation_low_bytes, peak_activation_high_bytes).
+  bool within_bounds() const {
+    for (std::size_t w = 0; w < measured.peak_activation_bytes.size(); ++w) {
+      const double m = measured.peak_activation_bytes[w];
+      if (m < layout.peak_activation_low_bytes[w] || m > layout.peak_activation_high_bytes[w]) return false;
+    }
+    return true;
+  }
 };
 
 struct RunOptions {

@@ -111,21 +111,34 @@ int check_model(const std::string& name, int devices, index_t batch, int max_mic
   std::printf("### %s: %d devices, batch %lld\n\n%s\n", model.description.c_str(), devices, (long long)batch,
               ("```\n" + planner::describe(report, costs) + "```").c_str());
   const std::vector<Row> rows = measure_all(model, report, batch, o);
-  std::printf("\n| layout | predicted step ms | measured step ms | error | predicted activations KiB per worker | measured | worst error |\n"
-              "|---|---|---|---|---|---|---|\n");
-  int time_ok = 0, memory_ok = 0;
+  std::printf("\n| layout | predicted step ms | measured step ms | error | predicted activations KiB per worker | measured | worst error "
+              "| within any timing's bounds |\n|---|---|---|---|---|---|---|---|\n");
+  int time_ok = 0, memory_ok = 0, bounded = 0, misses_bounded = 0;
   double worst_time = 0, worst_memory = 0;
+  std::vector<double> widths;  // per worker of each layout: high / low - 1
   for (const Row& r : rows) {
-    std::printf("| %s | %.2f | %.2f | %+.1f%% | %s | %s | %+.1f%% |\n", r.layout.describe().c_str(), r.layout.step_seconds * 1e3,
+    std::printf("| %s | %.2f | %.2f | %+.1f%% | %s | %s | %+.1f%% | %s |\n", r.layout.describe().c_str(), r.layout.step_seconds * 1e3,
                 r.measured.step_seconds * 1e3, 100 * r.time_error(), kib(r.layout.peak_activation_bytes).c_str(),
-                kib(r.measured.peak_activation_bytes).c_str(), 100 * r.memory_error());
+                kib(r.measured.peak_activation_bytes).c_str(), 100 * r.memory_error(),
+                r.within_bounds() ? "yes" : ("no: " + kib(r.layout.peak_activation_low_bytes) + " to " + kib(r.layout.peak_activation_high_bytes)).c_str());
     time_ok += std::abs(r.time_error()) <= 0.10;
     memory_ok += std::abs(r.memory_error()) <= 0.05;
+    bounded += r.within_bounds();
+    for (std::size_t w = 0; w < r.layout.peak_activation_low_bytes.size(); ++w)
+      widths.push_back(r.layout.peak_activation_high_bytes[w] / r.layout.peak_activation_low_bytes[w] - 1);
+    misses_bounded += std::abs(r.memory_error()) > 0.05 && r.within_bounds();
     if (std::abs(r.time_error()) > std::abs(worst_time)) worst_time = r.time_error();
     if (std::abs(r.memory_error()) > std::abs(worst_memory)) worst_memory = r.memory_error();
   }
-  std::printf("\nstep time within 10%%: %d of %zu layouts (worst %+.1f%%); activation peak within 5%%: %d of %zu (worst %+.1f%%)\n",
-              time_ok, rows.size(), 100 * worst_time, memory_ok, rows.size(), 100 * worst_memory);
+  std::printf("\nstep time within 10%%: %d of %zu layouts (worst %+.1f%%); activation peak within 5%%: %d of %zu (worst %+.1f%%); "
+              "within the bounds of every timing: %d of %zu (of the %zu peaks off by over 5%%, %d)\n",
+              time_ok, rows.size(), 100 * worst_time, memory_ok, rows.size(), 100 * worst_memory, bounded, rows.size(),
+              rows.size() - std::size_t(memory_ok), misses_bounded);
+  if (!widths.empty()) {
+    const auto tight = std::count_if(widths.begin(), widths.end(), [](double x) { return x < 1e-9; });
+    std::printf("the bounds: equal (no race) for %td of %zu workers; the high bound over the low by %.1f%% (median), %.1f%% (most)\n",
+                tight, widths.size(), 100 * cupipe::detail::median(widths), 100 * *std::max_element(widths.begin(), widths.end()));
+  }
   // Did the machine change speed while the layouts ran? The same calibration again, after them:
   // its predictions for the same layouts against the first's (a diagnostic; the counts above use
   // the first calibration only, as --plan auto would).

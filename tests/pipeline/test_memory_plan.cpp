@@ -112,6 +112,11 @@ void check_estimate(double tolerance) {
     // The planner's replay of the allocations in simulated time: activations and the whole.
     CHECK(std::abs(layout.peak_activation_bytes[w] - peaks.activations[w]) <= tolerance * peaks.activations[w]);
     CHECK(std::abs(layout.peak_bytes[w] - peaks.total[w]) <= tolerance * peaks.total[w]);
+    // And within the bounds over every timing, exactly: the activations, and the whole under the
+    // bound the memory cap is checked against.
+    CHECK(peaks.activations[w] >= layout.peak_activation_low_bytes[w]);
+    CHECK(peaks.activations[w] <= layout.peak_activation_high_bytes[w]);
+    CHECK(peaks.total[w] <= layout.most_bytes[w] * (1 + tolerance));
   }
 }
 

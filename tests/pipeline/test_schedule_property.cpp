@@ -7,6 +7,8 @@
 // alone (p <= 16, V <= 4, m <= 64), where most refusals come from.
 #include "pipeline_test_support.hpp"
 
+#include "cupipe/planner/planner.hpp"
+
 #include <random>
 #include <string>
 #include <utility>
@@ -55,7 +57,39 @@ struct Tally {
   int accepted = 0;
   int refused = 0;
   int below_p = 0;  // accepted with m < p
+  int raced = 0;    // workers whose bounds differ: where a message lands depends on the timing
 };
+
+/// Per virtual stage, the values per row StageExecutor allocates: the input message (none on the
+/// first), the output, the record and the grad record.
+template <class Stages>
+std::vector<planner::detail::ChunkSizes> chunk_sizes() {
+  std::vector<planner::detail::ChunkSizes> sizes;
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    ((sizes.push_back({K == 0 ? 0.0 : double(Stages::template stage<int(K)>::in_features),
+                       double(Stages::template stage<int(K)>::out_features),
+                       double(Stages::template stage<int(K)>::record_elements(1)),
+                       double(Stages::template stage<int(K)>::grad_record_elements(1))})),
+     ...);
+  }(std::make_index_sequence<Stages::size>());
+  return sizes;
+}
+
+/// Each worker's measured activation peak lies within the bounds the planner proves for every
+/// timing (planner::detail::activation_bounds), in bytes.
+void check_bounds(const schedule::Plan& plan, const std::vector<planner::detail::ChunkSizes>& sizes, const StepStats& stats,
+                  Tally& tally) {
+  const std::vector<double> rows(std::size_t(plan.config.total_microbatches()), 2.0);
+  const planner::detail::ActivationBounds bounds = planner::detail::activation_bounds(plan, sizes, rows);
+  REQUIRE(stats.peak_activation_bytes.size() == bounds.high.size());
+  for (std::size_t w = 0; w < bounds.high.size(); ++w) {
+    const double measured = double(stats.peak_activation_bytes[w]) / double(sizeof(double));
+    INFO("worker " << w << ": measured " << measured << " values, bounds " << bounds.low[w] << " to " << bounds.high[w]);
+    CHECK(measured >= bounds.low[w]);
+    CHECK(measured <= bounds.high[w]);
+    tally.raced += bounds.high[w] > bounds.low[w];
+  }
+}
 
 template <class Policy, int P>
 void run_draw(const Draw& d, std::uint64_t seed, Tally& tally) {
@@ -95,11 +129,13 @@ void run_draw(const Draw& d, std::uint64_t seed, Tally& tally) {
     const double loss = net.forward_backward(batch.inputs(), batch.targets());
     CHECK(std::abs(stats.loss - loss) <= 1e-12 * std::abs(loss));
     CHECK(test::relative_difference(pipe.gradients(), net.gradients()) <= 1e-12);
+    check_bounds(plan, chunk_sizes<Stages>(), stats, tally);
   } else {
     const StepStats stats =
         test::bounded(60, [&] { return pipe.train_step(batch.inputs(), batch.targets(), optim::SGD({.lr = 0.1})); });
     CHECK(stats.actions.size() == planned);
     CHECK(std::isfinite(stats.loss));
+    check_bounds(plan, chunk_sizes<Stages>(), stats, tally);
   }
 }
 
@@ -121,14 +157,17 @@ TEST_CASE("1,000 random (schedule, p, V, m, batches): accepted ones verify, simu
   constexpr std::uint64_t seed = 20261124;
   std::mt19937_64 rng(seed);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  // Every action sleeps 20 us: long enough for workers to interleave, short enough for 1,000 steps.
+  // Every action sleeps 0-40 us, drawn anew for each configuration: long enough for workers to
+  // interleave, short enough for 1,000 steps, and uneven, so that messages land at different
+  // points of their receivers' work (each worker's activation peak must stay within the bounds
+  // the planner proves for every timing).
   test::reset_knobs();
-  for (auto& k : test::knobs) {
-    k.forward_us = 20;
-    k.backward_us = 20;
-  }
   Tally tally;
   for (int i = 0; i < 1000; ++i) {
+    for (auto& k : test::knobs) {
+      k.forward_us = uniform(0, 40);
+      k.backward_us = uniform(0, 40);
+    }
     // m up to 12, a third of the time at most p (m < p is where warm-ups get cut short), now and
     // then 0 (refused); batches above 1 a quarter of the time (refused by the flush policies).
     const int policy = uniform(0, int(Drawn::size) - 1), p = uniform(1, max_stages);
@@ -137,8 +176,10 @@ TEST_CASE("1,000 random (schedule, p, V, m, batches): accepted ones verify, simu
     dispatch(d, seed + std::uint64_t(i), tally);
   }
   test::reset_knobs();
-  INFO("accepted " << tally.accepted << ", refused " << tally.refused << ", m < p " << tally.below_p);
+  INFO("accepted " << tally.accepted << ", refused " << tally.refused << ", m < p " << tally.below_p << ", workers that race "
+                    << tally.raced);
   CHECK(tally.accepted + tally.refused == 1000);
+  CHECK(tally.raced >= 100);
   CHECK(tally.accepted >= 700);
   CHECK(tally.refused >= 50);
   CHECK(tally.below_p >= 100);

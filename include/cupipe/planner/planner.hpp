@@ -163,8 +163,14 @@ struct Layout {
   double bubble = 0;                ///< predicted idle share
   double allreduce_seconds = 0;     ///< predicted gradient sum across replicas, in step_seconds
   double update_seconds = 0;        ///< predicted flush update after the step, in step_seconds
-  std::vector<double> peak_bytes;   ///< predicted per worker: state and activations
-  std::vector<double> peak_activation_bytes;  ///< predicted per worker: the allocator's activations tag
+  std::vector<double> peak_bytes;   ///< predicted per worker: state and peak_activation_bytes
+  /// Per worker: state and peak_activation_high_bytes, the most any timing can need; what the memory
+  /// cap is checked against, so a race between workers cannot take a layout over it.
+  std::vector<double> most_bytes;
+  std::vector<double> peak_activation_bytes;  ///< predicted per worker at the simulated times: the allocator's activations tag
+  /// Per worker, the least and most activation peak over every timing the plan allows
+  /// (detail::activation_bounds): a measured peak lies between them whatever the machine does.
+  std::vector<double> peak_activation_low_bytes, peak_activation_high_bytes;
   double samples_per_second() const { return step_seconds > 0 ? 1.0 / step_seconds : 0; }
   std::string describe() const;
 };
@@ -362,6 +368,169 @@ inline std::vector<double> activation_peaks(const schedule::Plan& plan, const sc
     peak[std::size_t(e.worker)] = std::max(peak[std::size_t(e.worker)], v);
   }
   return peak;
+}
+
+/// Each worker's least and most activation peak (values times rows) over every timing the plan
+/// allows: what activation_peaks replays at the simulated times, bounded without any times at all.
+/// A worker's own allocations and frees happen in its program order; only where its neighbours'
+/// messages land among them depends on timing. A message can land no earlier than just after the
+/// last action of the receiver that happens before its send (vector clocks over the plan's program
+/// order and its messages: that action's send is on the chain, its frees need not be), and no later
+/// than just before the first receiver action that its send happens before (at the latest the one
+/// that takes it). An earlier landing only adds to the receiver's values at every later point, so
+/// landing every message at its earliest gives the most (`high`) and at its latest the least
+/// (`low`); a measured peak outside [low, high] means the replay's accounting, not the timing, is
+/// wrong. A message to the sender's own worker (one worker, several chunks) lands as the send ends.
+/// The model is one step in one process (LocalTransport allocates a message in its receiver as
+/// it is sent) without PipelineOptions::recompute (which frees a forward's record and allocates
+/// it again in the backward); overlapped steps (post-validation) and transports that allocate at
+/// the receive are outside it. Mailbox capacity only removes timings, so it is left out.
+struct ActivationBounds {
+  std::vector<double> low, high;  ///< per worker
+};
+
+inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
+                                          const std::vector<double>& rows) {
+  const int workers = plan.config.stages, last = plan.config.virtual_stages() - 1;
+  const std::size_t W = std::size_t(workers);
+  // Node n: action i of worker w, numbered worker by worker.
+  std::vector<std::size_t> first(W + 1, 0);
+  for (std::size_t w = 0; w < W; ++w) first[w + 1] = first[w] + plan.actions[w].size();
+  const std::size_t nodes = first[W];
+  int microbatches = 0;
+  for (const auto& actions : plan.actions)
+    for (const schedule::Action& a : actions) microbatches = std::max(microbatches, a.microbatch + 1);
+  // Which node runs F and B of (virtual stage, microbatch); -1 where the plan has none.
+  const std::size_t per_kind = std::size_t(last + 1) * std::size_t(microbatches);
+  std::vector<std::ptrdiff_t> node_of(2 * per_kind, -1);
+  const auto slot = [&](schedule::ActionKind kind, int k, int j) {
+    return (kind == schedule::ActionKind::F ? 0 : per_kind) + std::size_t(k) * std::size_t(microbatches) + std::size_t(j);
+  };
+  for (std::size_t w = 0; w < W; ++w)
+    for (std::size_t i = 0; i < plan.actions[w].size(); ++i) {
+      const schedule::Action& a = plan.actions[w][i];
+      if (a.kind != schedule::ActionKind::W) node_of[slot(a.kind, plan.virtual_stage(int(w), a), a.microbatch)] = std::ptrdiff_t(first[w] + i);
+    }
+  // The node whose message `n` takes at its start (-1: none): F of k takes F of k-1's output, B of k
+  // takes B of k+1's input gradient. An overlapped F takes its partner B's gradient as well
+  // (StageExecutor::take_partner_input), so the pair's second input counts at the F.
+  const auto sender = [&](std::size_t w, std::size_t i) -> std::ptrdiff_t {
+    const schedule::Action& a = plan.actions[w][i];
+    const int k = plan.virtual_stage(int(w), a);
+    if (a.kind == schedule::ActionKind::F && k > 0) return node_of[slot(a.kind, k - 1, a.microbatch)];
+    if (a.kind == schedule::ActionKind::B && k < last) return node_of[slot(a.kind, k + 1, a.microbatch)];
+    return -1;
+  };
+  std::vector<std::array<std::ptrdiff_t, 2>> takes(nodes, {-1, -1});
+  for (std::size_t w = 0; w < W; ++w)
+    for (std::size_t i = 0; i < plan.actions[w].size(); ++i) {
+      takes[first[w] + i][0] = sender(w, i);
+      const auto& list = plan.actions[w];
+      if (list[i].overlap && list[i].kind == schedule::ActionKind::F && i + 1 < list.size() &&
+          list[i + 1].kind == schedule::ActionKind::B)
+        takes[first[w] + i][1] = sender(w, i + 1);
+    }
+  // clock[n * W + v]: the last action of worker v whose send happens before node n ends (its own
+  // worker: n itself); -1 for none. Filled in an order the plan's dependencies allow.
+  std::vector<int> clock(nodes * W, -1);
+  std::vector<char> done(nodes, 0);
+  std::vector<std::size_t> next(W, 0);
+  for (std::size_t filled = 0; filled < nodes;) {
+    const std::size_t before = filled;
+    for (std::size_t w = 0; w < W; ++w)
+      for (; next[w] < plan.actions[w].size(); ++next[w]) {
+        const std::size_t n = first[w] + next[w];
+        const auto& in = takes[n];
+        if ((in[0] >= 0 && !done[std::size_t(in[0])]) || (in[1] >= 0 && !done[std::size_t(in[1])])) break;
+        int* c = &clock[n * W];
+        if (next[w] > 0) std::copy_n(&clock[(n - 1) * W], W, c);
+        for (const std::ptrdiff_t s : in)
+          if (s >= 0)
+            for (std::size_t v = 0; v < W; ++v) c[v] = std::max(c[v], clock[std::size_t(s) * W + v]);
+        c[w] = int(next[w]);
+        done[n] = 1;
+        ++filled;
+      }
+    CUPIPE_REQUIRE(filled > before, "planner: the plan's messages wait on each other (no action can start)");
+  }
+  // Per worker and action: values allocated at the start, freed at the end, and messages landing
+  // just before the start (latest) or between the start's allocations and the end's frees (earliest;
+  // before the first action: index 0's "before").
+  struct Slot {
+    double allocate = 0, free = 0, early_before = 0, early_after = 0, late_before = 0;
+    double own = 0;  // messages to this worker from its own action, landing as it ends
+  };
+  std::vector<std::vector<Slot>> slots(W);
+  for (std::size_t w = 0; w < W; ++w) slots[w].resize(plan.actions[w].size());
+  for (std::size_t w = 0; w < W; ++w) {
+    const auto& actions = plan.actions[w];
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const schedule::Action& a = actions[i];
+      const int k = plan.virtual_stage(int(w), a);
+      const ChunkSizes& c = sizes[std::size_t(k)];
+      const double r = rows[std::size_t(a.microbatch)];
+      Slot& s = slots[w][i];
+      const bool finishes = a.kind == schedule::ActionKind::W || (a.kind == schedule::ActionKind::B && !plan.split_backward);
+      if (a.kind == schedule::ActionKind::F) s.allocate += r * c.record;
+      if (a.kind == schedule::ActionKind::B) {
+        s.allocate += r * (c.grad_record + c.in + (k == last ? c.out : 0.0));
+        s.free += r * c.in;  // dx
+      }
+      if (finishes) s.free += r * (c.in + c.record + c.out + c.grad_record);
+      // The message this action sends, placed on its receiver.
+      int to = -1;
+      double values = 0;
+      if (a.kind == schedule::ActionKind::F && k < last) {
+        to = k + 1;
+        values = r * c.out;
+      } else if (a.kind == schedule::ActionKind::B && k > 0) {
+        to = k - 1;
+        values = r * sizes[std::size_t(k - 1)].out;
+      }
+      if (to < 0) continue;
+      const std::size_t receiver = std::size_t(plan.placement.worker_of(to));
+      if (receiver == w) {
+        s.own += values;
+        continue;
+      }
+      // Latest: before the receiver's first action this send happens before (clocks only grow
+      // along a worker's actions).
+      std::size_t j = 0, count = plan.actions[receiver].size();
+      while (count > 0) {
+        const std::size_t half = count / 2;
+        if (clock[(first[receiver] + j + half) * W + w] < int(i)) {
+          j += half + 1;
+          count -= half + 1;
+        } else {
+          count = half;
+        }
+      }
+      CUPIPE_REQUIRE(j < plan.actions[receiver].size(), "planner: no action of worker ", receiver,
+                     " takes the message of worker ", w, "'s action ", i);
+      slots[receiver][j].late_before += values;
+      // Earliest: after the receiver's last action that happens before this send.
+      const int after = clock[(first[w] + i) * W + receiver];
+      if (after < 0) slots[receiver][0].early_before += values;
+      else slots[receiver][std::size_t(after)].early_after += values;
+    }
+  }
+  ActivationBounds out{std::vector<double>(W, 0), std::vector<double>(W, 0)};
+  for (std::size_t w = 0; w < W; ++w) {
+    double low = 0, high = 0;
+    for (const Slot& s : slots[w]) {
+      high += s.early_before + s.allocate;
+      out.high[w] = std::max(out.high[w], high);
+      high += s.early_after + s.own;
+      out.high[w] = std::max(out.high[w], high);
+      high -= s.free;
+      low += s.late_before + s.allocate;
+      out.low[w] = std::max(out.low[w], low);
+      low += s.own;
+      out.low[w] = std::max(out.low[w], low);
+      low -= s.free;
+    }
+  }
+  return out;
 }
 
 /// Per worker of `sim`, `contention` (CostModel::contention) averaged over the time the worker's
@@ -582,10 +751,16 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       layout.cuts = cuts;
       layout.bubble = sim.bubble_fraction;
       const std::vector<double> values = activation_peaks(plan, sim, sizes, rows);
+      const ActivationBounds bounds = activation_bounds(plan, sizes, rows);
       layout.peak_bytes = state_bytes(model, sim, params);
+      layout.most_bytes = layout.peak_bytes;
+      const double value_bytes = double(model.value_bytes);
       for (std::size_t w = 0; w < values.size(); ++w) {
-        layout.peak_activation_bytes.push_back(values[w] * double(model.value_bytes));
+        layout.peak_activation_bytes.push_back(values[w] * value_bytes);
+        layout.peak_activation_low_bytes.push_back(bounds.low[w] * value_bytes);
+        layout.peak_activation_high_bytes.push_back(bounds.high[w] * value_bytes);
         layout.peak_bytes[w] += layout.peak_activation_bytes[w];
+        layout.most_bytes[w] += layout.peak_activation_high_bytes[w];
       }
       const double most_params = *std::max_element(params.begin(), params.end());
       if (d > 1 && model.allreduce_bytes_per_second > 0)
@@ -601,9 +776,9 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       layout.step_seconds =
           (sim.makespan + layout.update_seconds + model.step_overhead_seconds) / double(config.batches) + layout.allreduce_seconds;
       if (request.memory_bytes > 0) {
-        const auto most = std::max_element(layout.peak_bytes.begin(), layout.peak_bytes.end());
+        const auto most = std::max_element(layout.most_bytes.begin(), layout.most_bytes.end());
         if (*most > request.memory_bytes) {
-          report.rejected.push_back({name, "worker " + std::to_string(most - layout.peak_bytes.begin()) + " needs " +
+          report.rejected.push_back({name, "worker " + std::to_string(most - layout.most_bytes.begin()) + " needs " +
                                                gigabytes(*most) + ", over the " + gigabytes(request.memory_bytes) +
                                                " a device has"});
           continue;
@@ -776,7 +951,9 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
   }
   for (std::size_t w = 0; w < best.peak_bytes.size(); ++w)
     out << "  worker " << w << ": peak " << detail::gigabytes(best.peak_bytes[w]) << ", of it activations "
-        << detail::gigabytes(best.peak_activation_bytes[w]) << " (predicted)\n";
+        << detail::gigabytes(best.peak_activation_bytes[w]) << " (predicted); whatever the timing, activations "
+        << detail::gigabytes(best.peak_activation_low_bytes[w]) << " to " << detail::gigabytes(best.peak_activation_high_bytes[w])
+        << ", at most " << detail::gigabytes(best.most_bytes[w]) << " in all\n";
   out << "runners-up:\n";
   for (std::size_t i = 1; i < std::min(report.ranked.size(), runners_up + 1); ++i)
     out << "  " << report.ranked[i].describe() << ": step " << report.ranked[i].step_seconds * 1e3 << " ms, "
