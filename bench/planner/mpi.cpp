@@ -120,6 +120,7 @@ int sweep_across_ranks(Comms& comms, int max_microbatches, const RunOptions& opt
     request.stage_counts = model.stage_counts;
     request.all_devices = true;
     request.one_process = false;
+    request.colocated = planner::processes_on_this_node();
     request.split = model.split;
     request.max_microbatches = max_microbatches;
     const planner::Report report = plan(request);

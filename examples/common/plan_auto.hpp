@@ -152,6 +152,7 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
   request.max_replicas = topology.replicas;
   request.all_devices = true;
   request.one_process = false;
+  request.colocated = planner::processes_on_this_node();  // ranks sharing a node's cores slow each other
   request.max_microbatches = int(std::clamp<index_t>(batch / topology.replicas, 1, 64));
   request.split = std::move(split);
   request.schedules = std::move(schedules);
@@ -179,16 +180,15 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
     if (tensor_candidates)
       std::printf(", tensor-parallel sum %.1f us + %.2f GB/s", tensor_sum.latency * 1e6, tensor_sum.bytes_per_second / 1e9);
     std::printf("):\n%s", planner::describe(report, request.model).c_str());
-    // The cost model takes each process as a device of its own; processes that share cores run
-    // slower than it predicts (about cores / processes of the speed when all are busy).
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
-    const int here = local ? std::atoi(local) : 0;
+    // Processes that share a node's cores slow each other: the plan counts it from the contention
+    // the first rank measured, for as many workers at once as measured.
     const unsigned cores = std::thread::hardware_concurrency();
-    if (here > 0 && cores > 0 && unsigned(here) > cores)
-      std::printf("note: %d processes share this node's %u cores; the plan takes each process as a device of its own, "
-                  "so the measured steps will be slower than predicted\n",
-                  here, cores);
+    if (request.colocated > 1 && request.model.contention.size() > 1) {
+      std::printf("%d processes share this node's %u cores: each action is slowed as measured with", request.colocated, cores);
+      for (std::size_t n = 1; n < request.model.contention.size(); ++n)
+        std::printf(" %zu at once x%.2f%s", n + 1, request.model.contention[n], n + 1 < request.model.contention.size() ? "," : "");
+      std::printf("\n");
+    }
   }
   return best;
 }

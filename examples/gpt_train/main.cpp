@@ -106,6 +106,8 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
   f.microbatches = best.microbatches;
   f.predicted_step_seconds = best.step_seconds;
   f.predicted_activation_bytes = best.peak_activation_bytes;
+  f.predicted_activation_low_bytes = best.peak_activation_low_bytes;
+  f.predicted_activation_high_bytes = best.peak_activation_high_bytes;
   if (best.tensor > 1) {
     f.tp = best.tensor;
     launcher->reshape(best.stages, best.tensor);

@@ -71,6 +71,8 @@ struct Flags {
   int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
   double predicted_step_seconds = 0;  ///< the planned layout's, set by --plan auto
   std::vector<double> predicted_activation_bytes{};  ///< the planned layout's, per stage (one rank's part)
+  /// The least and most activation peak any timing can give, per stage (Layout's bounds).
+  std::vector<double> predicted_activation_low_bytes{}, predicted_activation_high_bytes{};
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   bool zero = false;                  ///< ZeRO-1: the AdamW state sharded over the --dp replicas
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
@@ -439,9 +441,18 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
       const std::size_t k = std::size_t(w);
       if (!pipe.local(w) || k >= f.predicted_activation_bytes.size() || k >= last_stats.peak_activation_bytes.size()) continue;
       const double predicted = f.predicted_activation_bytes[k], measured = double(last_stats.peak_activation_bytes[k]);
-      std::printf("planned layout, stage %d%s: activation peak %.1f KiB predicted, %.1f KiB measured, %+.1f%%\n", w,
+      std::string bounds;
+      // The bounds are one step's; --post-validation overlaps adjacent steps' actions.
+      if (f.post_validation == 0 && k < f.predicted_activation_low_bytes.size() && k < f.predicted_activation_high_bytes.size()) {
+        const double low = f.predicted_activation_low_bytes[k], high = f.predicted_activation_high_bytes[k];
+        char text[128];
+        std::snprintf(text, sizeof text, " (any timing: %.1f to %.1f KiB, %s)", low / 1024, high / 1024,
+                      measured >= low && measured <= high ? "within" : "OUTSIDE: the replay's accounting is wrong");
+        bounds = text;
+      }
+      std::printf("planned layout, stage %d%s: activation peak %.1f KiB predicted, %.1f KiB measured, %+.1f%%%s\n", w,
                   launch.communicator ? (" (rank " + std::to_string(launch.rank) + ")").c_str() : "", predicted / 1024,
-                  measured / 1024, measured > 0 ? 100 * (predicted / measured - 1) : 0.0);
+                  measured / 1024, measured > 0 ? 100 * (predicted / measured - 1) : 0.0, bounds.c_str());
     }
   // The AdamW state this rank holds (with --zero, its shards of its stages).
   std::int64_t optimizer_bytes = 0;

@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
       request.model.tensor_sum_latency = tensor_sum.latency;
       request.model.tensor_sum_bytes_per_second = tensor_sum.bytes_per_second;
       request.one_process = false;  // hand-overs between processes
+      request.colocated = planner::processes_on_this_node();
       if (!json)
         std::printf("measured over MPI with %d processes: hand-over latency %.1f us, %.2f GB/s; gradient sum over %d "
                     "replicas %.2f GB/s\n",

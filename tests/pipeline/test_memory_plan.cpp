@@ -5,7 +5,9 @@
 #include "pipeline_test_support.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "cupipe/models/gpt.hpp"
 #include "cupipe/pipeline/memory_plan.hpp"
@@ -288,6 +290,29 @@ TEST_CASE("contention: one factor per worker count, 1 for a worker alone, never 
   CHECK(std::isfinite(f[2]));
   CHECK(planner::contention<Mlp, Host>(x, 1, 1) == std::vector<double>{1.0});
   CHECK_THROWS_WITH((planner::contention<Mlp, Host>(x, 0, 1)), Catch::Contains("at least 1 worker"));
+}
+
+TEST_CASE("processes_on_this_node reads what the launchers set", "[planner]") {
+  const char* names[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* name : names) {
+    const char* v = std::getenv(name);
+    saved.push_back(v ? std::optional<std::string>(v) : std::nullopt);
+    ::unsetenv(name);
+  }
+  CHECK(planner::processes_on_this_node() == 0);
+  ::setenv("SLURM_NTASKS_PER_NODE", "4(x2)", 1);
+  CHECK(planner::processes_on_this_node() == 4);
+  ::setenv("MPI_LOCALNRANKS", "3", 1);
+  CHECK(planner::processes_on_this_node() == 3);  // before Slurm's
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "x", 1);  // not a count: the next launcher's
+  CHECK(planner::processes_on_this_node() == 3);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  CHECK(planner::processes_on_this_node() == 2);
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i]) ::setenv(names[i], saved[i]->c_str(), 1);
+    else ::unsetenv(names[i]);
+  }
 }
 
 TEST_CASE("calibrate: the largest microbatch of each count up to max_microbatches is profiled", "[planner]") {

@@ -436,6 +436,10 @@ TEST_CASE("planner: contention weights each instant by the workers busy then", "
   sim.times = {{{0, 1}}};
   CHECK(planner::detail::contention_factors(sim, {1.0, 1.5}, 2) == std::vector<double>{1.5});
   CHECK(planner::detail::contention_factors(sim, {}) == std::vector<double>{1.0});
+  // Half of a pipeline's processes on each of two nodes: two busy workers are one on each node.
+  sim.times = {{{0, 1}}, {{0, 1}}};
+  CHECK(planner::detail::contention_factors(sim, {1.0, 1.5}, 0.5) == std::vector<double>{1.0, 1.0});
+  CHECK(planner::detail::contention_factors(sim, {1.0, 1.5, 2.0}, 1.5) == std::vector<double>{2.0, 2.0});
 }
 
 TEST_CASE("planner: in one process, workers computing at once are slower by the measured contention", "[planner]") {
@@ -449,12 +453,25 @@ TEST_CASE("planner: in one process, workers computing at once are slower by the 
   const double contended = step(2);
   CHECK(contended > two * 1.01);
   CHECK(contended < two * 3.0);
-  // Between processes the term is not applied (each has its own device).
+  // Between processes the term is not applied unless they share a machine (Request::colocated):
+  // each has its own device or node.
   request.one_process = false;
   request.max_replicas = 1;
   const double separate = plan(request).best().step_seconds;
+  request.colocated = 1;
+  CHECK(plan(request).best().step_seconds == Approx(separate).epsilon(1e-12));
+  // Two processes on one node slow each other as two threads of one process do.
+  request.colocated = 2;
+  const double shared = plan(request).best().step_seconds;
+  CHECK(shared > separate * 1.01);
+  CHECK(shared < separate * 3.0);
+  request.colocated = 8;  // more than the layout's workers: the same two busy at most
+  CHECK(plan(request).best().step_seconds == Approx(shared).epsilon(1e-12));
   request.model.contention = {};
   CHECK(plan(request).best().step_seconds == Approx(separate).epsilon(1e-12));
+  request.colocated = -1;
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("colocated counts the workers that share a machine"));
+  request.colocated = 0;
   request.model.contention = {1.0, 0.0};
   CHECK_THROWS_WITH(plan(request), Catch::Contains("contention[1]"));
   request.model.contention = {2.0, 2.0};  // entry 0 is a worker alone: the profile itself

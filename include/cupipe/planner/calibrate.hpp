@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <latch>
 #include <limits>
@@ -536,14 +538,28 @@ double action_overhead_seconds(int repeats = 3) {
   return std::max(0.0, best);
 }
 
-/// Measured slowdown when `workers` workers of one process compute at once (CostModel::contention):
-/// entry n - 1, for n = 2 ... workers, is the time each of n threads takes to profile Model's layers
-/// on `x` (each its own context, all started together) over the time one thread takes alone, the
-/// median of three rounds that alternate the two (never below 1); entry 0 is 1. Workers on cores
-/// of their own still share caches and memory bandwidth, which a profile taken alone does not see
-/// (x1.00-1.05 for two of the MLP's workers on the 2-core VM; each thread's timed regions sit
-/// among its untimed setup, so the figure may be low). A device backend's workers each have their
-/// own device, and host threads of one process share nothing it times: empty there.
+/// How many processes the launcher started on this node, from its environment (Open MPI's
+/// OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS, Slurm's SLURM_NTASKS_PER_NODE); 0 when
+/// none says (not launched, or a launcher that does not tell).
+inline int processes_on_this_node() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    const long n = std::strtol(value, &end, 10);  // Slurm may add "(x3)" after the count
+    if (end != value && n > 0 && n < 1 << 20) return int(n);
+  }
+  return 0;
+}
+
+/// Measured slowdown when `workers` workers compute at once on this machine (CostModel::contention;
+/// threads of one process stand for the processes of a node too): entry n - 1, for n = 2 ...
+/// workers, is the wall time each of n threads takes to profile Model's layers on `x` (each its own
+/// context, all started together) over the wall time one thread takes alone, the fastest of three
+/// rounds that alternate the two for each (never below 1); entry 0 is 1. Workers on cores of
+/// their own still share caches and memory bandwidth, which a profile taken alone does not see;
+/// workers beyond the cores take turns on them. A device backend's workers each have their own
+/// device, and host threads of one process share nothing it times: empty there.
 template <class Model, class Backend>
 std::vector<double> contention(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int workers,
                                int repeats = 3) {
@@ -552,11 +568,13 @@ std::vector<double> contention(ConstView<model_input_t<typename Model::body, typ
   if constexpr (!host_accessible<typename Backend::space>) {
     return {};
   } else {
+    // The wall time of a whole profile, not the medians it reports: a median of short timings
+    // skips the samples a time-sliced thread lost to the others, so it cannot see workers beyond
+    // the cores (4 threads on 2 cores read x1.07-1.17 that way).
     const auto seconds = [&] {
-      const LayerProfile p = profile_layers<Body, Backend>(x, repeats);
-      double total = 0;
-      for (std::size_t l = 0; l < p.forward.size(); ++l) total += p.forward[l] + p.backward_input[l] + p.backward_weight[l];
-      return total;
+      const auto start = std::chrono::steady_clock::now();
+      (void)profile_layers<Body, Backend>(x, repeats);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     const auto together = [&](int n) {
       std::vector<double> each(static_cast<std::size_t>(n), 0.0);
@@ -587,14 +605,15 @@ std::vector<double> contention(ConstView<model_input_t<typename Model::body, typ
     };
     std::vector<double> factors{1.0};
     for (int n = 2; n <= workers; ++n) {
-      // Alone and together alternate, three rounds; the median ratio: a burst of load elsewhere
-      // spoils one round, not the figure.
-      std::vector<double> ratios;
+      // Alone and together alternate, three rounds; the fastest of each. Contention is in every
+      // round together, while a burst of load elsewhere only slows some rounds: a median of the
+      // ratios read x1.46 and x1.83 on a 2-core VM in runs whose layouts then ran as if x1.0.
+      double alone = std::numeric_limits<double>::infinity(), shared = alone;
       for (int round = 0; round < 3; ++round) {
-        const double alone = seconds(), shared = together(n);
-        if (alone > 0) ratios.push_back(shared / alone);
+        alone = std::min(alone, seconds());
+        shared = std::min(shared, together(n));
       }
-      factors.push_back(ratios.empty() ? 1.0 : std::max(1.0, cupipe::detail::median(ratios)));
+      factors.push_back(alone > 0 && std::isfinite(shared) ? std::max(1.0, shared / alone) : 1.0);
     }
     return factors;
   }
@@ -619,9 +638,10 @@ CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backe
   model.action_overhead_seconds = action_overhead_seconds<Backend>(repeats);
   model.wake_seconds = wake_seconds<Backend>();
   // Contention on the microbatch size of the profile's middle point (a quarter of the batch), for
-  // as many workers as this machine has cores (2 to 8).
+  // as many workers as this machine has cores, or as the launcher started processes on this node
+  // if more (they time-slice), 2 to 8.
   const index_t quarter = std::max<index_t>(1, x.rows() / rows_per_sample / 4) * rows_per_sample, width = x.numel() / x.rows();
-  const int cores = int(std::clamp(std::thread::hardware_concurrency(), 2u, 8u));
+  const int cores = std::clamp(std::max(int(std::thread::hardware_concurrency()), processes_on_this_node()), 2, 8);
   model.contention = contention<Model, Backend>(ConstView<model_input_t<Body, typename Backend::value_type>>{x.data(), Shape{quarter, width}},
                                                 cores, repeats);
   // Measured with two microbatches: one microbatch of the whole batch is the one layout whose

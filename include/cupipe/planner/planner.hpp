@@ -98,11 +98,13 @@ struct CostModel {
   /// only where the receiver already waits; planner::wake_seconds measures it. Between processes
   /// the link's latency holds it.
   double wake_seconds = 0;
-  /// In one process: entry n - 1 is how much longer an action takes while n workers compute at
-  /// once than alone (they share caches and memory bandwidth); entry 0 is 1, and more workers than
-  /// entries take the last (planner::calibrate measures as many as the machine has cores, so
-  /// workers beyond the cores, which time-slice, are not measured). Empty: none (a device
-  /// backend, whose workers each have a device). planner::contention measures it.
+  /// Workers that share a machine's cores (threads of one process, or the processes of one node,
+  /// Request::colocated): entry n - 1 is how much longer an action takes while n workers compute
+  /// at once than alone (they share caches and memory bandwidth, and beyond the cores they
+  /// time-slice); entry 0 is 1, and more workers than entries take the last (planner::calibrate
+  /// measures as many as the machine has cores, or as the launcher put processes on this node,
+  /// 2 to 8). Empty: none (a device backend, whose workers each have a device).
+  /// planner::contention measures it.
   std::vector<double> contention{};
   /// The model split over tensor-parallel groups, per degree (empty: no tensor parallelism).
   std::vector<TensorVariant> tensor_variants{};
@@ -141,8 +143,14 @@ struct Request {
   /// training (stale weights), so they are never proposed unless asked for, here or by name.
   bool asynchronous = false;
   /// The workers are threads of one process (an in-process host or multi-GPU run): a flush update
-  /// runs every stage's optimizer step in turn on the calling thread.
+  /// runs every stage's optimizer step in turn on the calling thread, and every worker shares the
+  /// machine's cores (CostModel::contention).
   bool one_process = false;
+  /// Across processes: how many of the layout's workers share one machine's cores, as a launcher
+  /// puts ranks on a node (planner::processes_on_this_node()); their actions slow each other as
+  /// CostModel::contention says. 0 or 1: each worker has a machine (or a device) to itself.
+  /// Ignored with one_process.
+  int colocated = 0;
   /// What the program cannot run, beyond what the policies and `split` refuse: given a schedule's
   /// name, the stages, the replicas and the tensor-parallel ranks, the reason it cannot (the layout
   /// is then refused with it), or an empty string. Empty function: it runs every layout.
@@ -534,10 +542,12 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
 }
 
 /// Per worker of `sim`, `contention` (CostModel::contention) averaged over the time the worker's
-/// actions ran, each instant weighted by the factor for the workers busy then: `replicas` copies of
-/// the pipeline run at once, each as `sim` says. All 1 where `contention` is empty.
+/// actions ran, each instant weighted by the factor for the workers busy on the machine then:
+/// `per_busy` of them for each worker busy in `sim` (replicas in one process: the replica count;
+/// processes of which only some share a node: fewer), rounded up. All 1 where `contention` is
+/// empty.
 inline std::vector<double> contention_factors(const schedule::SimResult& sim, const std::vector<double>& contention,
-                                              int replicas = 1) {
+                                              double per_busy = 1) {
   if (contention.empty()) return std::vector<double>(sim.times.size(), 1.0);
   struct Edge {
     double time;
@@ -564,7 +574,8 @@ inline std::vector<double> contention_factors(const schedule::SimResult& sim, co
     if (i + 1 == edges.size()) break;
     const double span = edges[i + 1].time - e.time;
     if (span <= 0 || busy_workers == 0) continue;
-    const double factor = contention[std::min(contention.size(), std::size_t(busy_workers * std::max(1, replicas))) - 1];
+    const auto machine_busy = std::size_t(std::max(1.0, std::ceil(double(busy_workers) * per_busy - 1e-9)));
+    const double factor = contention[std::min(contention.size(), machine_busy) - 1];
     for (std::size_t w = 0; w < workers; ++w)
       if (running[w] > 0) {
         weighted[w] += span * factor;
@@ -727,8 +738,11 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       // Workers of one process that compute at once slow each other down: each worker's actions
       // take the contention factor averaged over the time they ran, with as many workers busy as
       // the first simulation says, and the plan runs again with those costs.
-      if (request.one_process && p * d > 1 && model.contention.size() > 1) {
-        const std::vector<double> f = contention_factors(sim, model.contention, d);
+      // Across processes, the ranks one node holds share its cores alike; replicas and tensor ranks
+      // run the timeline `sim` has for one pipeline.
+      const int sharing = request.one_process ? p * d * t : std::min(p * d * t, request.colocated);
+      if (sharing > 1 && model.contention.size() > 1) {
+        const std::vector<double> f = contention_factors(sim, model.contention, double(sharing) / double(p));
         const auto scale = [&](std::vector<schedule::StageCosts>& list) {
           for (int k = 0; k < virtual_stages; ++k) {
             schedule::StageCosts& c = list[std::size_t(k)];
@@ -818,6 +832,7 @@ Report search(const Request& request) {
                      model.wake_seconds >= 0,
                  "planner: update_seconds_per_param, step_overhead_seconds, action_overhead_seconds and wake_seconds must not be "
                  "negative");
+  CUPIPE_REQUIRE(request.colocated >= 0, "planner: colocated counts the workers that share a machine; got ", request.colocated);
   for (std::size_t n = 0; n < model.contention.size(); ++n)
     CUPIPE_REQUIRE(model.contention[n] > 0 && std::isfinite(model.contention[n]), "planner: contention[", n,
                    "] (an action's time with ", n + 1, " workers busy over its time alone) must be positive, got ",
