@@ -120,7 +120,8 @@ int sweep_across_ranks(Comms& comms, int max_microbatches, const RunOptions& opt
     request.stage_counts = model.stage_counts;
     request.all_devices = true;
     request.one_process = false;
-    request.colocated = planner::processes_on_this_node();
+    // The first rank's count for every rank, so that all plan from the same numbers.
+    request.colocated = int(everyone.sum_over_world(rank == 0 ? double(planner::processes_on_this_node()) : 0.0));
     request.split = model.split;
     request.max_microbatches = max_microbatches;
     const planner::Report report = plan(request);

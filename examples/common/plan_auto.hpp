@@ -152,7 +152,9 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
   request.max_replicas = topology.replicas;
   request.all_devices = true;
   request.one_process = false;
-  request.colocated = planner::processes_on_this_node();  // ranks sharing a node's cores slow each other
+  // Ranks sharing a node's cores slow each other. The first rank's count for every rank: nodes may
+  // hold different counts, and every rank must plan from the same numbers.
+  request.colocated = int(comm.sum_over_world(topology.rank == 0 ? double(planner::processes_on_this_node()) : 0.0));
   request.max_microbatches = int(std::clamp<index_t>(batch / topology.replicas, 1, 64));
   request.split = std::move(split);
   request.schedules = std::move(schedules);
@@ -184,7 +186,7 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
     // the first rank measured, for as many workers at once as measured.
     const unsigned cores = std::thread::hardware_concurrency();
     if (request.colocated > 1 && request.model.contention.size() > 1) {
-      std::printf("%d processes share this node's %u cores: each action is slowed as measured with", request.colocated, cores);
+      std::printf("%d processes share this node (%u cores): each action is slowed as measured with", request.colocated, cores);
       for (std::size_t n = 1; n < request.model.contention.size(); ++n)
         std::printf(" %zu at once x%.2f%s", n + 1, request.model.contention[n], n + 1 < request.model.contention.size() ? "," : "");
       std::printf("\n");

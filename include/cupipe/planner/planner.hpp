@@ -149,7 +149,8 @@ struct Request {
   /// Across processes: how many of the layout's workers share one machine's cores, as a launcher
   /// puts ranks on a node (planner::processes_on_this_node()); their actions slow each other as
   /// CostModel::contention says. 0 or 1: each worker has a machine (or a device) to itself.
-  /// Ignored with one_process.
+  /// Ignored with one_process. Ranks that plan together must all pass the same count (e.g. the
+  /// first rank's), or their plans may differ.
   int colocated = 0;
   /// What the program cannot run, beyond what the policies and `split` refuse: given a schedule's
   /// name, the stages, the replicas and the tensor-parallel ranks, the reason it cannot (the layout
