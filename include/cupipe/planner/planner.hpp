@@ -317,6 +317,43 @@ inline std::vector<ChunkSizes> chunk_sizes(const CostModel& model, const std::ve
   return sizes;
 }
 
+/// What one action of worker `w` does to the activation values (times rows) StageExecutor and the
+/// in-process transport allocate (see activation_peaks): allocated at its start, freed at its end,
+/// and the message it sends, placed on worker `to` (-1: none).
+struct ActionValues {
+  double allocate = 0, free = 0, message = 0;
+  int to = -1;
+};
+
+inline ActionValues action_values(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
+                                  const std::vector<double>& rows, int w, const schedule::Action& a) {
+  const int last = plan.config.virtual_stages() - 1;
+  const int k = plan.virtual_stage(w, a);
+  const ChunkSizes& c = sizes[std::size_t(k)];
+  const double r = rows[std::size_t(a.microbatch)];
+  ActionValues v;
+  switch (a.kind) {
+    case schedule::ActionKind::F:
+      v.allocate = r * c.record;
+      if (k < last) v = {v.allocate, 0, r * c.out, plan.placement.worker_of(k + 1)};
+      break;
+    case schedule::ActionKind::B:
+      v.allocate = r * (c.grad_record + c.in + (k == last ? c.out : 0.0));
+      v.free = r * c.in;  // dx
+      if (k > 0) {
+        v.message = r * sizes[std::size_t(k - 1)].out;
+        v.to = plan.placement.worker_of(k - 1);
+      }
+      break;
+    case schedule::ActionKind::W: break;
+  }
+  // What the microbatch holds on this stage from its F to its finish: input message, record, dy
+  // and grad record.
+  if (a.kind == schedule::ActionKind::W || (a.kind == schedule::ActionKind::B && !plan.split_backward))
+    v.free += r * (c.in + c.record + c.out + c.grad_record);
+  return v;
+}
+
 /// Each worker's peak activation values (times rows) when `plan` runs with `sim`'s timing: the
 /// allocations of StageExecutor and the in-process transport replayed in simulated time.
 ///   F of virtual stage k: at its start the record (rows x record); at its end the output message
@@ -339,32 +376,14 @@ inline std::vector<double> activation_peaks(const schedule::Plan& plan, const sc
     double values;
   };
   std::vector<Event> events;
-  const int last = plan.config.virtual_stages() - 1;
   for (int w = 0; w < plan.config.stages; ++w) {
     const auto& actions = plan.actions[std::size_t(w)];
     for (std::size_t i = 0; i < actions.size(); ++i) {
-      const schedule::Action& a = actions[i];
-      const int k = plan.virtual_stage(w, a);
-      const ChunkSizes& c = sizes[std::size_t(k)];
-      const double r = rows[std::size_t(a.microbatch)];
+      const ActionValues v = action_values(plan, sizes, rows, w, actions[i]);
       const schedule::ActionTime t = sim.times[std::size_t(w)][i];
-      // What the microbatch holds on this stage from its F to its finish: input message, record,
-      // dy and grad record.
-      const double held = r * (c.in + c.record + c.out + c.grad_record);
-      const bool finishes = a.kind == schedule::ActionKind::W || (a.kind == schedule::ActionKind::B && !plan.split_backward);
-      switch (a.kind) {
-        case schedule::ActionKind::F:
-          events.push_back({t.start, 2, w, r * c.record});
-          if (k < last) events.push_back({t.end, 0, plan.placement.worker_of(k + 1), r * c.out});
-          break;
-        case schedule::ActionKind::B:
-          events.push_back({t.start, 2, w, r * (c.grad_record + c.in + (k == last ? c.out : 0.0))});
-          if (k > 0) events.push_back({t.end, 0, plan.placement.worker_of(k - 1), r * sizes[std::size_t(k - 1)].out});
-          events.push_back({t.end, 1, w, -r * c.in});  // dx
-          break;
-        case schedule::ActionKind::W: break;
-      }
-      if (finishes) events.push_back({t.end, 1, w, -held});
+      events.push_back({t.start, 2, w, v.allocate});
+      if (v.to >= 0) events.push_back({t.end, 0, v.to, v.message});
+      if (v.free > 0) events.push_back({t.end, 1, w, -v.free});
     }
   }
   std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
@@ -474,30 +493,14 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
   for (std::size_t w = 0; w < W; ++w) {
     const auto& actions = plan.actions[w];
     for (std::size_t i = 0; i < actions.size(); ++i) {
-      const schedule::Action& a = actions[i];
-      const int k = plan.virtual_stage(int(w), a);
-      const ChunkSizes& c = sizes[std::size_t(k)];
-      const double r = rows[std::size_t(a.microbatch)];
+      const ActionValues v = action_values(plan, sizes, rows, int(w), actions[i]);
       Slot& s = slots[w][i];
-      const bool finishes = a.kind == schedule::ActionKind::W || (a.kind == schedule::ActionKind::B && !plan.split_backward);
-      if (a.kind == schedule::ActionKind::F) s.allocate += r * c.record;
-      if (a.kind == schedule::ActionKind::B) {
-        s.allocate += r * (c.grad_record + c.in + (k == last ? c.out : 0.0));
-        s.free += r * c.in;  // dx
-      }
-      if (finishes) s.free += r * (c.in + c.record + c.out + c.grad_record);
+      s.allocate = v.allocate;
+      s.free = v.free;
       // The message this action sends, placed on its receiver.
-      int to = -1;
-      double values = 0;
-      if (a.kind == schedule::ActionKind::F && k < last) {
-        to = k + 1;
-        values = r * c.out;
-      } else if (a.kind == schedule::ActionKind::B && k > 0) {
-        to = k - 1;
-        values = r * sizes[std::size_t(k - 1)].out;
-      }
-      if (to < 0) continue;
-      const std::size_t receiver = std::size_t(plan.placement.worker_of(to));
+      if (v.to < 0) continue;
+      const double values = v.message;
+      const std::size_t receiver = std::size_t(v.to);
       if (receiver == w) {
         s.own += values;
         continue;
