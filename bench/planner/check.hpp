@@ -26,6 +26,7 @@ struct Measured {
   double step_seconds = 0;                    ///< per batch: median wall time of train_step / batches
   double makespan_seconds = 0;                ///< per batch: median first action's start to last action's end
   std::vector<double> peak_activation_bytes;  ///< per worker: the allocator's activations peak, most over the steps
+  std::vector<double> pass_seconds;           ///< combined(): each pass's step_seconds, in order
 };
 
 /// Several measurements of one layout as one: the median step and makespan, each worker's largest
@@ -35,6 +36,7 @@ inline Measured combined(const std::vector<Measured>& passes) {
   std::vector<double> steps, spans;
   for (const Measured& m : passes) {
     steps.push_back(m.step_seconds);
+    out.pass_seconds.push_back(m.step_seconds);
     spans.push_back(m.makespan_seconds);
     out.peak_activation_bytes.resize(std::max(out.peak_activation_bytes.size(), m.peak_activation_bytes.size()), 0.0);
     for (std::size_t w = 0; w < m.peak_activation_bytes.size(); ++w)
@@ -49,7 +51,24 @@ inline Measured combined(const std::vector<Measured>& passes) {
 struct Row {
   planner::Layout layout;
   Measured measured;
+  /// Per pass: the layout's step as predicted by a calibration made just before that pass (the
+  /// first pass: layout.step_seconds); empty where the check did not calibrate again.
+  std::vector<double> pass_predicted{};
   double time_error() const { return layout.step_seconds / measured.step_seconds - 1; }
+  /// The median over the passes of each pass's prediction over its measurement, less 1: the error
+  /// with the machine's speed as it was just before each pass (NaN without pass_predicted).
+  double paired_time_error() const {
+    std::vector<double> ratios;
+    for (std::size_t k = 0; k < pass_predicted.size() && k < measured.pass_seconds.size(); ++k)
+      if (std::isfinite(pass_predicted[k])) ratios.push_back(pass_predicted[k] / measured.pass_seconds[k]);
+    return ratios.empty() ? std::nan("") : cupipe::detail::median(ratios) - 1;
+  }
+  /// The slowest pass over the fastest, less 1: how far apart the same layout measured.
+  double pass_spread() const {
+    if (measured.pass_seconds.empty()) return 0;
+    const auto [lo, hi] = std::minmax_element(measured.pass_seconds.begin(), measured.pass_seconds.end());
+    return *hi / *lo - 1;
+  }
   /// The worst worker's predicted / measured activation peak - 1.
   double memory_error() const {
     double worst = 0;
@@ -77,6 +96,9 @@ struct RunOptions {
   /// its own warm-up step); a slow stretch of the machine then spoils one pass of a layout, not all
   /// of its steps.
   int rounds = 3;
+  /// planner_check --model: calibrate again before each pass after the first and set each pass's
+  /// measurement against that calibration's prediction too (Row::paired_time_error).
+  bool recalibrate = true;
   /// Across processes (planner_check --mpi): this rank runs its stage of its replica; its topology's
   /// stage count must be the layout's. Null: every stage in this process.
   std::shared_ptr<comm::Communicator> communicator{};

@@ -19,13 +19,17 @@
 // compiled in, one process (no replicas), the split partition<> gives. Devices are the workers; on
 // a CPU use at most one per core (sleeping layers excepted). Each layout runs --steps steps (3) in
 // --rounds passes over all the layouts (3), each pass with its own warm-up step; the measured step
-// is the median wall time of train_step, the activation peak the allocator's most.
+// is the median wall time of train_step, the activation peak the allocator's most. With --model, each
+// pass after the first calibrates again just before it, and the table sets each pass against its
+// own calibration beside the error against the first (--no-recalibrate: not): a VM's speed drifts
+// over minutes, and that column tells the drift from the cost model's error.
 #include <CLI/CLI.hpp>
 #include <sys/prctl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,21 +75,32 @@ std::string kib(const std::vector<double>& bytes) {
   return out;
 }
 
+/// Per layout of a report, its predicted step for one pass (NaN: not predicted).
+using PassPrediction = std::function<std::vector<double>(int pass)>;
+
 /// Every layout of `report`, in o.rounds passes over all of them that share o.steps (each pass
-/// its own warm-up): the median over the passes, the largest peaks.
-std::vector<Row> measure_all(const ModelCheck& model, const planner::Report& report, index_t batch, const RunOptions& o) {
+/// its own warm-up): the median over the passes, the largest peaks. With `predict`, each pass
+/// first asks it for every layout's prediction (Row::pass_predicted).
+std::vector<Row> measure_all(const ModelCheck& model, const planner::Report& report, index_t batch, const RunOptions& o,
+                             const PassPrediction& predict = {}) {
   const int steps = std::max(1, o.steps), rounds = std::clamp(o.rounds, 1, steps);
   RunOptions pass = o;
   std::vector<std::vector<Measured>> passes(report.ranked.size());
-  for (int r = 0; r < rounds; ++r)
+  std::vector<std::vector<double>> predicted(report.ranked.size());
+  for (int r = 0; r < rounds; ++r) {
+    if (predict) {
+      const std::vector<double> p = predict(r);
+      for (std::size_t i = 0; i < report.ranked.size(); ++i) predicted[i].push_back(i < p.size() ? p[i] : std::nan(""));
+    }
     for (std::size_t i = 0; i < report.ranked.size(); ++i) {
       pass.steps = steps / rounds + (r < steps % rounds ? 1 : 0);  // the passes share the steps
       passes[i].push_back(model.run(report.ranked[i], batch, pass));
       std::fprintf(stderr, "\rpass %d of %d: %zu/%zu layouts measured", r + 1, rounds, i + 1, report.ranked.size());
     }
+  }
   std::fprintf(stderr, "\n");
   std::vector<Row> rows;
-  for (std::size_t i = 0; i < report.ranked.size(); ++i) rows.push_back({report.ranked[i], combined(passes[i])});
+  for (std::size_t i = 0; i < report.ranked.size(); ++i) rows.push_back({report.ranked[i], combined(passes[i]), predicted[i]});
   return rows;
 }
 
@@ -110,18 +125,41 @@ int check_model(const std::string& name, int devices, index_t batch, int max_mic
   const planner::Report report = plan(request_for(model, costs, devices, batch, max_microbatches));
   std::printf("### %s: %d devices, batch %lld\n\n%s\n", model.description.c_str(), devices, (long long)batch,
               ("```\n" + planner::describe(report, costs) + "```").c_str());
-  const std::vector<Row> rows = measure_all(model, report, batch, o);
-  std::printf("\n| layout | predicted step ms | measured step ms | error | predicted activations KiB per worker | measured | worst error "
-              "| within any timing's bounds |\n|---|---|---|---|---|---|---|---|\n");
-  int time_ok = 0, memory_ok = 0, bounded = 0, misses_bounded = 0;
+  // Each pass after the first calibrates again just before it and predicts the same layouts with
+  // that: what the error is with the machine's speed of the moment (a VM's drifts over minutes),
+  // beside the error against the first calibration (what --plan auto would see).
+  const PassPrediction predict = [&](int pass) {
+    std::vector<double> out;
+    if (pass == 0) {
+      for (const planner::Layout& l : report.ranked) out.push_back(l.step_seconds);
+      return out;
+    }
+    const planner::Report now = plan(request_for(model, model.calibrate(batch, counts), devices, batch, max_microbatches));
+    for (const planner::Layout& l : report.ranked) {
+      out.push_back(std::nan(""));
+      for (const planner::Layout& a : now.ranked)
+        if (a.describe() == l.describe()) out.back() = a.step_seconds;
+    }
+    return out;
+  };
+  const std::vector<Row> rows = measure_all(model, report, batch, o, o.recalibrate ? predict : PassPrediction{});
+  std::printf("\n| layout | predicted step ms | measured step ms | error | passes apart | error, each pass against a calibration just "
+              "before it | predicted activations KiB per worker | measured | worst error | within any timing's bounds |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
+  int time_ok = 0, paired_ok = 0, memory_ok = 0, bounded = 0, misses_bounded = 0;
   double worst_time = 0, worst_memory = 0;
-  std::vector<double> widths;  // per worker of each layout: high / low - 1
+  std::vector<double> widths, spreads;  // per worker of each layout: high / low - 1; per layout: passes apart
   for (const Row& r : rows) {
-    std::printf("| %s | %.2f | %.2f | %+.1f%% | %s | %s | %+.1f%% | %s |\n", r.layout.describe().c_str(), r.layout.step_seconds * 1e3,
-                r.measured.step_seconds * 1e3, 100 * r.time_error(), kib(r.layout.peak_activation_bytes).c_str(),
+    char paired[32] = "-";
+    if (std::isfinite(r.paired_time_error())) std::snprintf(paired, sizeof paired, "%+.1f%%", 100 * r.paired_time_error());
+    std::printf("| %s | %.2f | %.2f | %+.1f%% | %.1f%% | %s | %s | %s | %+.1f%% | %s |\n", r.layout.describe().c_str(),
+                r.layout.step_seconds * 1e3, r.measured.step_seconds * 1e3, 100 * r.time_error(), 100 * r.pass_spread(), paired,
+                kib(r.layout.peak_activation_bytes).c_str(),
                 kib(r.measured.peak_activation_bytes).c_str(), 100 * r.memory_error(),
                 r.within_bounds() ? "yes" : ("no: " + kib(r.layout.peak_activation_low_bytes) + " to " + kib(r.layout.peak_activation_high_bytes)).c_str());
     time_ok += std::abs(r.time_error()) <= 0.10;
+    paired_ok += std::abs(r.paired_time_error()) <= 0.10;  // false for NaN
+    spreads.push_back(r.pass_spread());
     memory_ok += std::abs(r.memory_error()) <= 0.05;
     bounded += r.within_bounds();
     for (std::size_t w = 0; w < r.layout.peak_activation_low_bytes.size(); ++w)
@@ -134,6 +172,12 @@ int check_model(const std::string& name, int devices, index_t batch, int max_mic
               "within the bounds of every timing: %d of %zu (of the %zu peaks off by over 5%%, %d)\n",
               time_ok, rows.size(), 100 * worst_time, memory_ok, rows.size(), 100 * worst_memory, bounded, rows.size(),
               rows.size() - std::size_t(memory_ok), misses_bounded);
+  if (o.recalibrate)
+    std::printf("step time within 10%% with each pass against a calibration made just before it: %d of %zu layouts\n", paired_ok,
+                rows.size());
+  if (!spreads.empty())
+    std::printf("the same layout's passes apart (slowest over fastest): %.1f%% (median), %.1f%% (most)\n",
+                100 * cupipe::detail::median(spreads), 100 * *std::max_element(spreads.begin(), spreads.end()));
   if (!widths.empty()) {
     const auto tight = std::count_if(widths.begin(), widths.end(), [](double x) { return x < 1e-9; });
     std::printf("the bounds: equal (no race) for %td of %zu workers; the high bound over the low by %.1f%% (median), %.1f%% (most)\n",
@@ -272,6 +316,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "measured steps per layout (after one warm-up step per pass)")->capture_default_str();
   app.add_option("--rounds", o.rounds, "passes over every layout that share the steps (each its own warm-up); the median")
       ->capture_default_str();
+  app.add_flag("!--no-recalibrate", o.recalibrate,
+               "--model: do not calibrate again before each pass after the first (the paired error column)");
   app.add_flag("--sweep", run_sweep, "20 configurations, every layout measured");
   app.add_flag("--host-cache", host_cache, "the model's step with HostBlockCache off and on, side by side");
   app.add_flag("--asynchronous", include_asynchronous, "plan PipeDream and 2BW layouts too");
