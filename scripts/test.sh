@@ -55,6 +55,9 @@ asan_targets=(mpi_pipeline_check mpi_fault_check mpi_progress_check mpi_tensor_p
 CC=clang CXX=clang++ build "$root/build/asan" -DCUPIPE_ASAN=ON -DCUPIPE_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_TRAINER_SCHEDULES=flush -- "${asan_targets[@]}"
 # The MPI checks one at a time (each starts up to 8 ranks); the fuzzers, which run for a fixed time, all at once.
-(cd "$root/build/asan" && ctest --output-on-failure -L "mpi|build_variant" -LE multi_gpu)
-(cd "$root/build/asan" && ctest --output-on-failure -L fuzz -j 4)
+# A failure in the first does not skip the second: both report, and the script fails after them.
+failed=0
+(cd "$root/build/asan" && ctest --output-on-failure -L "mpi|build_variant" -LE multi_gpu) || failed=1
+(cd "$root/build/asan" && ctest --output-on-failure -L fuzz -j 4) || failed=1
 echo "== done at $(date -u +%H:%M:%S)"
+exit "$failed"

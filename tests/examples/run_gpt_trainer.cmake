@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|data_parallel|cuda|plan|post_validation|bf16
-#         [-DMPIRUN=<mpirun command line, ;-separated>] -P run_gpt_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir>
+#         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|post_validation|bf16 [-DBF16=0|1]
+#         [-DMPIRUN=<mpirun command line, ;-separated>] [-DHOST_TRAINER=<path>] -P run_gpt_trainer.cmake
 # learns: 200 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed. With -DBF16=1 (a
 #         trainer built with bf16 host training) the same 200 steps with --precision bf16 (Host<bfloat16,
