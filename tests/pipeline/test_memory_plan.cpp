@@ -265,6 +265,58 @@ TEST_CASE("profile_layers times a first layer's backward_input where its weight 
 }
 
 namespace {
+/// An identity with one parameter that logs each of its actions ("F1", "B1", "W1") into `log`.
+inline std::vector<std::string> action_log;
+template <int Id>
+struct Logged {
+  static constexpr index_t in_features = any_features;
+  static constexpr index_t out_features_for(index_t in) { return in; }
+  static constexpr bool takes_token_ids = false;
+  static constexpr bool is_loss = false;
+  static constexpr std::array<ParamSpec, 1> params(index_t) { return {{{"scale", 1, 0}}}; }
+  static constexpr index_t saved_per_row(index_t) { return 0; }
+  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
+  static std::string describe() { return "Logged<" + std::to_string(Id) + ">"; }
+  template <class T>
+  static void init(std::span<T> p, index_t, Rng&) {
+    for (T& v : p) v = T(1);
+  }
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
+    copy(be, x, y);
+    action_log.push_back("F" + std::to_string(Id));
+  }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+    copy(be, dy, dx);
+    action_log.push_back("B" + std::to_string(Id));
+  }
+  template <class B, class T>
+  static void backward_weight(B&, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T>, T*) {
+    action_log.push_back("W" + std::to_string(Id));
+  }
+};
+}  // namespace
+
+TEST_CASE("profile_layers runs each repeat in step order: every forward, then the gradients from the last layer", "[planner]") {
+  using Host = backend::Host<float>;
+  std::vector<float> x(8 * 4, 0.5f);
+  action_log.clear();
+  // Sequential runs one initial forward to fill the record, then the timed runs.
+  const LayerProfile profile = profile_layers<LayerSeq<0, 4, Logged<0>, Logged<1>, Logged<2>>, Host>(ConstView<float>{x.data(), Shape{8, 4}}, 2);
+  const std::vector<std::string> run{"F0", "F1", "F2", "B2", "W2", "B1", "W1", "W0"};
+  std::vector<std::string> expected{"F0", "F1", "F2"};
+  for (int r = 0; r < 2; ++r) expected.insert(expected.end(), run.begin(), run.end());
+  CHECK(action_log == expected);
+  REQUIRE(profile.forward.size() == 3);
+  CHECK(profile.backward_input[0] == 0);  // the first layer's input gradient is never run
+  CHECK(profile.names[2] == "Logged<2> (layer 2)");
+  // The eviction reads at least the last two cache levels, within its bounds.
+  CHECK(cupipe::detail::eviction_bytes() >= (std::size_t(8) << 20));
+  CHECK(cupipe::detail::eviction_bytes() <= (std::size_t(64) << 20));
+}
+
+namespace {
 /// A small float MLP and `rows` rows of inputs for it, to calibrate.
 struct SmallMlp {
   using Host = backend::Host<float>;

@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "cupipe/backend/staging.hpp"
 #include "cupipe/core/error.hpp"
@@ -104,24 +107,60 @@ inline double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-template <class F>
-double median_seconds(int repeats, F&& f) {
+/// The median of `repeats` timed runs of `f`, each after an untimed run of `before`.
+template <class F, class Before>
+double median_seconds(int repeats, F&& f, Before&& before) {
   std::vector<double> times;
   for (int r = 0; r < std::max(repeats, 1); ++r) {
+    before();
     const auto start = std::chrono::steady_clock::now();
     f();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return median(std::move(times));
 }
+
+template <class F>
+double median_seconds(int repeats, F&& f) {
+  return median_seconds(repeats, std::forward<F>(f), [] {});
+}
+
+/// Bytes evict_host_caches reads: this CPU's last two cache levels as the OS reports them (32 MiB
+/// where it does not), 8 to 64 MiB.
+inline std::size_t eviction_bytes() {
+  long cached = 0;
+#if defined(_SC_LEVEL3_CACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+  cached = std::max(0L, sysconf(_SC_LEVEL3_CACHE_SIZE)) + std::max(0L, sysconf(_SC_LEVEL2_CACHE_SIZE));
+#endif
+  if (cached <= 0) cached = 32L << 20;
+  return std::clamp<std::size_t>(std::size_t(cached), std::size_t(8) << 20, std::size_t(64) << 20);
+}
+
+/// Reads a buffer larger than the CPU's caches (eviction_bytes), one value per 64-byte line, so
+/// that what runs next finds its weights and inputs in memory, not in a cache. Reads only: no dirty
+/// lines are left to be written back during what is timed next. One buffer per thread.
+inline void evict_host_caches() {
+  thread_local const std::vector<std::uint64_t> buffer(eviction_bytes() / sizeof(std::uint64_t), 1);
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < buffer.size(); i += 64 / sizeof(std::uint64_t)) sum += buffer[i];
+  [[maybe_unused]] volatile std::uint64_t sink = sum;
+}
 }  // namespace detail
 
 /// Times each layer of `Body` on `x_host` (one microbatch of real inputs, in host memory) on a fresh
 /// context of `Backend`, median of `repeats` runs. A tensor-parallel Body runs on `group` (a
 /// CountingGroup of one rank's place: each layer's sums are counted into the profile).
+///
+/// Each run goes in step order, as a stage runs a microbatch: every forward, then every input and
+/// weight gradient from the last layer, each action timed alone. With `cold_caches` (host backends)
+/// each run starts by evicting the CPU's caches (detail::evict_host_caches, untimed): inside a step
+/// a layer's input is warm (the action before wrote it) and its weights are not (the step read
+/// every other layer's data since their last use). Timed back to back with warm caches instead, the
+/// MLP's layers ran 12-37% faster than inside its steps on a 2-core EPYC VM (docs/benchmarks.md,
+/// 2026-11-28). Device backends are timed without eviction.
 template <class Body, class Backend>
 LayerProfile profile_layers(ConstView<typename Body::template input_t<typename Backend::value_type>> x_host, int repeats = 5,
-                            CountingGroup* group = nullptr) {
+                            CountingGroup* group = nullptr, bool cold_caches = true) {
   using T = typename Backend::value_type;
   using space = typename Backend::space;
   Backend be;
@@ -147,46 +186,82 @@ LayerProfile profile_layers(ConstView<typename Body::template input_t<typename B
 
   LayerProfile profile;
   profile.rows = rows;
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((void)[&] {
-      using L = typename Body::template layer<I>;
-      const T* p = params.data() + Body::param_offsets[I];
-      T* rec = record.data();
-      auto input = [&] {
-        if constexpr (I == 0) return x;
-        else return ConstViewOn<Backend, T>(Body::template activation<space>(rec, rows, I));
-      }();
-      const ViewOn<Backend, T> saved = Body::template saved<space>(rec, rows, I);
-      const ConstViewOn<Backend, T> g{dy.data(), Shape{rows, Body::widths[I + 1]}};
-      profile.names.push_back(Body::template describe_layer<I>());
-      const int runs = std::max(repeats, 1);  // median_seconds' runs
-      // The sums one run makes, from the group's counts over `runs` runs.
-      const auto count = [&](std::vector<double>& values, std::vector<double>& calls) {
-        values.push_back(group ? group->values / runs : 0.0);
-        calls.push_back(group ? group->calls / runs : 0.0);
-        if (group) group->reset();
-      };
-      if (group) group->reset();
-      profile.forward.push_back(detail::median_seconds(repeats, [&] {
-        L::forward(be, p, input, Body::template activation<space>(rec, rows, I + 1), saved);
-        be.synchronize();
-      }));
-      count(profile.sum_forward, profile.sum_forward_calls);
-      // The first layer has no input gradient; Sequential still runs its backward_input (with no
-      // dx) where its weight gradient needs it (weight_grads_need_backward_input).
-      constexpr bool timed_b = I > 0 || weight_grads_need_backward_input<L>();
-      profile.backward_input.push_back(!timed_b ? 0.0 : detail::median_seconds(repeats, [&] {
-        if constexpr (I > 0) L::backward_input(be, p, input, saved, g, ViewOn<Backend, T>{dx.data(), Shape{rows, Body::widths[I]}});
-        else if constexpr (timed_b) L::backward_input(be, p, input, saved, g, ViewOn<Backend, T>{});
-        be.synchronize();
-      }));
-      count(profile.sum_backward, profile.sum_backward_calls);
-      profile.backward_weight.push_back(detail::median_seconds(repeats, [&] {
-        L::backward_weight(be, input, saved, g, grads.data() + Body::param_offsets[I]);
-        be.synchronize();
-      }));
-    }(), ...);
-  }(std::make_index_sequence<Body::size>());
+  constexpr std::size_t n = Body::size;
+  const int runs = std::max(repeats, 1);
+  const bool cold = cold_caches && host_accessible<space>;
+  // Per layer and action (0 forward, 1 input gradient, 2 weight gradient): each run's seconds, and
+  // the group's sums over all runs.
+  std::vector<double> seconds[3], values[3], calls[3];
+  for (int a = 0; a < 3; ++a) {
+    seconds[a].assign(n * std::size_t(runs), 0.0);
+    values[a].assign(n, 0.0);
+    calls[a].assign(n, 0.0);
+  }
+  const auto timed = [&](int action, std::size_t layer, int run, auto&& work) {
+    if (group) group->reset();
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    be.synchronize();
+    seconds[action][layer * std::size_t(runs) + std::size_t(run)] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (group) values[action][layer] += group->values, calls[action][layer] += group->calls, group->reset();
+  };
+  const auto forward = [&]<std::size_t I>(std::integral_constant<std::size_t, I>, int run) {
+    using L = typename Body::template layer<I>;
+    T* rec = record.data();
+    auto input = [&] {
+      if constexpr (I == 0) return x;
+      else return ConstViewOn<Backend, T>(Body::template activation<space>(rec, rows, I));
+    }();
+    timed(0, I, run, [&] {
+      L::forward(be, params.data() + Body::param_offsets[I], input, Body::template activation<space>(rec, rows, I + 1),
+                 Body::template saved<space>(rec, rows, I));
+    });
+  };
+  const auto backward = [&]<std::size_t I>(std::integral_constant<std::size_t, I>, int run) {
+    using L = typename Body::template layer<I>;
+    const T* p = params.data() + Body::param_offsets[I];
+    T* rec = record.data();
+    auto input = [&] {
+      if constexpr (I == 0) return x;
+      else return ConstViewOn<Backend, T>(Body::template activation<space>(rec, rows, I));
+    }();
+    const ViewOn<Backend, T> saved = Body::template saved<space>(rec, rows, I);
+    const ConstViewOn<Backend, T> g{dy.data(), Shape{rows, Body::widths[I + 1]}};
+    // The first layer has no input gradient; Sequential still runs its backward_input (with no
+    // dx) where its weight gradient needs it (weight_grads_need_backward_input).
+    if constexpr (I > 0)
+      timed(1, I, run, [&] { L::backward_input(be, p, input, saved, g, ViewOn<Backend, T>{dx.data(), Shape{rows, Body::widths[I]}}); });
+    else if constexpr (weight_grads_need_backward_input<L>())
+      timed(1, I, run, [&] { L::backward_input(be, p, input, saved, g, ViewOn<Backend, T>{}); });
+    timed(2, I, run, [&] { L::backward_weight(be, input, saved, g, grads.data() + Body::param_offsets[I]); });
+  };
+  // In step order, as a stage runs a microbatch: every layer's forward, first to last, then each
+  // layer's input and weight gradients, last to first. Each action is timed alone, and reads
+  // what the actions before it left in the caches, as it would in a step (a layer's input, just
+  // written; the next layer's gradient); with cold_caches each run starts from caches that hold
+  // none of it.
+  for (int run = 0; run < runs; ++run) {
+    if (cold) detail::evict_host_caches();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (forward(std::integral_constant<std::size_t, I>{}, run), ...);
+      (backward(std::integral_constant<std::size_t, n - 1 - I>{}, run), ...);
+    }(std::make_index_sequence<n>());
+  }
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (profile.names.push_back(Body::template describe_layer<I>()), ...); }(
+      std::make_index_sequence<n>());
+  std::vector<double>* medians[3] = {&profile.forward, &profile.backward_input, &profile.backward_weight};
+  for (int a = 0; a < 3; ++a)
+    for (std::size_t l = 0; l < n; ++l)
+      medians[a]->push_back(detail::median(std::vector<double>(seconds[a].begin() + std::ptrdiff_t(l * std::size_t(runs)),
+                                                               seconds[a].begin() + std::ptrdiff_t((l + 1) * std::size_t(runs)))));
+  // The sums one run makes.
+  for (std::size_t l = 0; l < n; ++l) {
+    profile.sum_forward.push_back(values[0][l] / runs);
+    profile.sum_forward_calls.push_back(calls[0][l] / runs);
+    profile.sum_backward.push_back(values[1][l] / runs);
+    profile.sum_backward_calls.push_back(calls[1][l] / runs);
+  }
   return profile;
 }
 

@@ -573,7 +573,7 @@ std::vector<double> contention(ConstView<model_input_t<typename Model::body, typ
     // the cores (4 threads on 2 cores read x1.07-1.17 that way).
     const auto seconds = [&] {
       const auto start = std::chrono::steady_clock::now();
-      (void)profile_layers<Body, Backend>(x, repeats);
+      (void)profile_layers<Body, Backend>(x, repeats, nullptr, /*cold_caches=*/false);  // the layers' work alone
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     const auto together = [&](int n) {
