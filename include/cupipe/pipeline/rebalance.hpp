@@ -107,22 +107,15 @@ inline double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-/// The median of `repeats` timed runs of `f`, each after an untimed run of `before`.
-template <class F, class Before>
-double median_seconds(int repeats, F&& f, Before&& before) {
+template <class F>
+double median_seconds(int repeats, F&& f) {
   std::vector<double> times;
   for (int r = 0; r < std::max(repeats, 1); ++r) {
-    before();
     const auto start = std::chrono::steady_clock::now();
     f();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return median(std::move(times));
-}
-
-template <class F>
-double median_seconds(int repeats, F&& f) {
-  return median_seconds(repeats, std::forward<F>(f), [] {});
 }
 
 /// Bytes evict_host_caches reads: this CPU's last two cache levels as the OS reports them (32 MiB
