@@ -148,9 +148,9 @@ inline void evict_host_caches() {
 /// weight gradient from the last layer, each action timed alone. With `cold_caches` (host backends)
 /// each run starts by evicting the CPU's caches (detail::evict_host_caches, untimed): inside a step
 /// a layer's input is warm (the action before wrote it) and its weights are not (the step read
-/// every other layer's data since their last use). Timed back to back with warm caches instead, the
-/// MLP's layers ran 12-37% faster than inside its steps on a 2-core EPYC VM (docs/benchmarks.md,
-/// 2026-11-28). Device backends are timed without eviction.
+/// every other layer's data since their last use). Against each action timed back to back with warm
+/// caches, the MLP's forwards took 12-37% longer inside its steps, and its backwards 7-20%, on a
+/// 2-core EPYC VM (docs/benchmarks.md, 2026-11-28). Device backends are timed without eviction.
 template <class Body, class Backend>
 LayerProfile profile_layers(ConstView<typename Body::template input_t<typename Backend::value_type>> x_host, int repeats = 5,
                             CountingGroup* group = nullptr, bool cold_caches = true) {
