@@ -182,14 +182,11 @@ LayerProfile profile_layers(ConstView<typename Body::template input_t<typename B
   constexpr std::size_t n = Body::size;
   const int runs = std::max(repeats, 1);
   const bool cold = cold_caches && host_accessible<space>;
-  // Per layer and action (0 forward, 1 input gradient, 2 weight gradient): each run's seconds, and
-  // the group's sums over all runs.
-  std::vector<double> seconds[3], values[3], calls[3];
-  for (int a = 0; a < 3; ++a) {
-    seconds[a].assign(n * std::size_t(runs), 0.0);
-    values[a].assign(n, 0.0);
-    calls[a].assign(n, 0.0);
-  }
+  // Per layer and action (0 forward, 1 input gradient, 2 weight gradient): each run's seconds; per
+  // layer, the group's sums over all runs of its forward and input gradient.
+  std::vector<double> seconds[3], values[2], calls[2];
+  for (int a = 0; a < 3; ++a) seconds[a].assign(n * std::size_t(runs), 0.0);
+  for (int a = 0; a < 2; ++a) values[a].assign(n, 0.0), calls[a].assign(n, 0.0);
   const auto timed = [&](int action, std::size_t layer, int run, auto&& work) {
     if (group) group->reset();
     const auto start = std::chrono::steady_clock::now();
@@ -197,28 +194,26 @@ LayerProfile profile_layers(ConstView<typename Body::template input_t<typename B
     be.synchronize();
     seconds[action][layer * std::size_t(runs) + std::size_t(run)] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (group) values[action][layer] += group->values, calls[action][layer] += group->calls, group->reset();
+    if (group && action < 2) values[action][layer] += group->values, calls[action][layer] += group->calls;
+    if (group) group->reset();
   };
-  const auto forward = [&]<std::size_t I>(std::integral_constant<std::size_t, I>, int run) {
+  T* rec = record.data();
+  // Layer I's input: the batch, or the activation the layer before it wrote into the record.
+  const auto input_of = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
+    if constexpr (I == 0) return x;
+    else return ConstViewOn<Backend, T>(Body::template activation<space>(rec, rows, I));
+  };
+  const auto forward = [&]<std::size_t I>(std::integral_constant<std::size_t, I> layer, int run) {
     using L = typename Body::template layer<I>;
-    T* rec = record.data();
-    auto input = [&] {
-      if constexpr (I == 0) return x;
-      else return ConstViewOn<Backend, T>(Body::template activation<space>(rec, rows, I));
-    }();
     timed(0, I, run, [&] {
-      L::forward(be, params.data() + Body::param_offsets[I], input, Body::template activation<space>(rec, rows, I + 1),
+      L::forward(be, params.data() + Body::param_offsets[I], input_of(layer), Body::template activation<space>(rec, rows, I + 1),
                  Body::template saved<space>(rec, rows, I));
     });
   };
-  const auto backward = [&]<std::size_t I>(std::integral_constant<std::size_t, I>, int run) {
+  const auto backward = [&]<std::size_t I>(std::integral_constant<std::size_t, I> layer, int run) {
     using L = typename Body::template layer<I>;
     const T* p = params.data() + Body::param_offsets[I];
-    T* rec = record.data();
-    auto input = [&] {
-      if constexpr (I == 0) return x;
-      else return ConstViewOn<Backend, T>(Body::template activation<space>(rec, rows, I));
-    }();
+    const auto input = input_of(layer);
     const ViewOn<Backend, T> saved = Body::template saved<space>(rec, rows, I);
     const ConstViewOn<Backend, T> g{dy.data(), Shape{rows, Body::widths[I + 1]}};
     // The first layer has no input gradient; Sequential still runs its backward_input (with no
