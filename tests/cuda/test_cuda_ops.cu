@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -601,6 +602,86 @@ TEST_CASE("fused gemm_bias and gemm_bias_gelu match gemm, bias_add and gelu on t
   ops::gemm_bias_gelu(gpu, Transpose::no, Transpose::yes, 1.0f, da.cview(as), db.cview(bs), dbias.cview(Shape{n}),
                       DeviceView<float>{}, g2.view(cs));
   CHECK(relative_error(g2.download(), gelu_want) <= tf32_tolerance);
+}
+
+// Linear's weight gradient takes the fused op on CUDA, and a LinearGELU pairs with the Linear after it
+// (layers/linear.hpp), in fp32 and in bf16 storage; the host backend does neither.
+static_assert(detail::fuses_bias_grad<backend::Cuda<float>, float> && detail::fuses_dgelu<backend::Cuda<float>, float>);
+static_assert(detail::fuses_bias_grad<backend::Cuda<cupipe::bfloat16, float>, cupipe::bfloat16> &&
+              detail::fuses_dgelu<backend::Cuda<cupipe::bfloat16, float>, cupipe::bfloat16>);
+static_assert(backward_pair<LinearGELU<8, 32>, Linear<32, 8>, backend::Cuda<float>, float>::fused);
+static_assert(!backward_pair<LinearGELU<8, 32>, Linear<32, 8>, backend::Host<float>, float>::fused);
+
+TEST_CASE("fused gemm_bias_grad and gemm_dgelu match gemm, bias_backward and gelu_backward on the host", "[gpu][cuda][ops][gemm]") {
+  // (rows, out, in) of a Linear: dy (rows, out), x (rows, in), W (out, in).
+  const GemmCase shape = GENERATE(GemmCase{7, 13, 5}, GemmCase{64, 128, 64}, GemmCase{100, 256, 96}, GemmCase{33, 24, 40},
+                                  GemmCase{0, 8, 16});
+  const auto [rows, out, in] = shape;
+  Rng rng(std::uint64_t(rows * 7 + out * 3 + in));
+  const Shape dys{rows, out}, xs{rows, in}, ws{out, in};
+  const auto dy = random_floats(rng, rows * out), x = random_floats(rng, rows * in), w = random_floats(rng, out * in);
+  const auto dw0 = random_floats(rng, out * in), db0 = random_floats(rng, out + 1), pre = random_floats(rng, rows * in);
+  Gpu gpu;
+  Ref ref;
+  DeviceArray<float, Gpu> ddy(gpu, dy), dx(gpu, x), dwt(gpu, w), dpre(gpu, pre);
+
+  SECTION("gemm_bias_grad accumulates both gradients, call after call") {
+    // The bias gradient at offset 0 (16-byte aligned: the BGRADB epilogue) and at offset 1 (4 bytes:
+    // the unfused path), as a Linear's bias sits in a stage's flat gradients.
+    const index_t offset = GENERATE(index_t(0), index_t(1));
+    DeviceArray<float, Gpu> ddw(gpu, dw0), ddb(gpu, db0);
+    const DeviceView<float> db_view{ddb.buffer.data() + offset, Shape{out}};
+    for (int call = 0; call < 2; ++call)
+      ops::gemm_bias_grad(gpu, 1.0f, ddy.cview(dys), dx.cview(xs), 1.0f, ddw.view(ws), db_view);
+    auto dw_want = cast<double>(dw0);
+    std::vector<double> db_want = cast<double>(db0);
+    for (int call = 0; call < 2; ++call) {
+      dw_want = host_gemm(Transpose::yes, Transpose::no, 1.0, cast<double>(dy), dys, cast<double>(x), xs, 1.0, dw_want, ws);
+      const auto dyd = cast<double>(dy);
+      ops::bias_backward(ref, ConstView<double>{dyd.data(), dys}, TensorView<double>{db_want.data() + offset, Shape{out}});
+    }
+    CAPTURE(rows, out, in, offset);
+    CHECK(relative_error(ddw.download(), dw_want) <= fp32_tolerance);
+    CHECK(relative_error(ddb.download(), db_want) <= fp32_tolerance);  // includes the untouched neighbour
+  }
+  SECTION("gemm_dgelu is the product carried through GELU's gradient") {
+    if (rows == 0) return;  // nothing to compare
+    auto prod = host_gemm(Transpose::no, Transpose::no, 1.0, cast<double>(dy), dys, cast<double>(w), ws, 0.0,
+                          std::vector<double>(std::size_t(rows * in)), xs);
+    const auto pred = cast<double>(pre);
+    std::vector<double> want(prod.size());
+    ops::gelu_backward(ref, ConstView<double>{pred.data(), xs}, ConstView<double>{prod.data(), xs}, TensorView<double>{want.data(), xs});
+    auto d = poisoned<float>(gpu, rows * in);
+    ops::gemm_dgelu(gpu, Transpose::no, Transpose::no, 1.0f, ddy.cview(dys), dwt.cview(ws), dpre.cview(xs), d.view(xs));
+    CAPTURE(rows, out, in);
+    // cuBLASLt's DGELU epilogue may use the hardware tanh approximation, as its GELU does.
+    CHECK(relative_error(d.download(), want) <= tf32_tolerance);
+  }
+}
+
+TEST_CASE("a cuBLASLt plan with an epilogue and no algorithm is unavailable, not an error", "[gpu][cuda][ops][gemm]") {
+  // BGRADB on double operands: an epilogue outside cuBLASLt's fp64 kernels on every architecture we
+  // know. Before, GemmPlan threw when the heuristic offered nothing; now the op falls back. If this
+  // device does have an algorithm, the plan is available and runs, which this case also accepts.
+  Gpu gpu;
+  auto a = gpu.allocate<double>(64, MemoryTag::activations), c = gpu.allocate<double>(64, MemoryTag::activations);
+  gpu::GemmKey key;
+  key.m = key.n = key.k = 8;
+  key.lda = key.ldb = key.ldc = 8;
+  key.ta = Transpose::yes;
+  key.ab_type = key.c_type = CUDA_R_64F;
+  key.compute = CUBLAS_COMPUTE_64F;
+  key.scale_type = CUDA_R_64F;
+  key.epilogue = gpu::GemmEpilogue::bgradb;
+  const double one = 1.0;
+  const gpu::GemmArgs args{a.data(), a.data(), c.data(), c.data(), nullptr, &one, &one};
+  gpu::Context& ctx = gpu.context();
+  std::optional<gpu::GemmPlan> plan;
+  REQUIRE_NOTHROW(plan.emplace(ctx.cublas_lt(), key, args, gpu::Context::gemm_workspace_bytes));
+  WARN("cuBLASLt BGRADB on fp64: " << (plan->available() ? "an algorithm" : "no algorithm (the fallback case)"));
+  if (!plan->available())
+    CHECK_THROWS_WITH(plan->run(ctx.cublas_lt(), key, args, ctx.gemm_workspace(), gpu::Context::gemm_workspace_bytes, ctx.stream()),
+                      Catch::Contains("the caller must fall back"));
 }
 
 TEST_CASE("CUDA ops validate shapes before launching, with the host's messages", "[gpu][cuda][ops][errors]") {

@@ -30,6 +30,37 @@ constexpr double grad_tolerance = 1e-6;
 using Vec = std::vector<double>;
 using Ids = std::vector<std::int32_t>;
 
+/// Host<double> with the two fused ops of the CUDA backend, gemm_bias_grad (Linear's weight and bias
+/// gradients in one call) and gemm_dgelu (a GEMM then GELU's gradient), written with the host's
+/// own ops in the unfused order and counted. On it, Linear takes the fused weight-gradient path and
+/// LayerSeq pairs a LinearGELU with the Linear after it (backward_pair), so the host tests that
+/// plumbing, bit for bit, without a GPU.
+struct FusingHost : backend::Host<double> {
+  static inline int bias_grads = 0;
+  static inline int dgelus = 0;
+};
+void gemm_bias_grad(FusingHost& be, double alpha, ConstView<double> dy, ConstView<double> x, double beta, TensorView<double> dw,
+                    TensorView<double> dbias) {
+  ++FusingHost::bias_grads;
+  backend::Host<double>& host = be;
+  gemm(host, ops::Transpose::yes, ops::Transpose::no, alpha, dy, x, beta, dw);
+  bias_backward(host, dy, dbias);
+}
+void gemm_dgelu(FusingHost& be, ops::Transpose ta, ops::Transpose tb, double alpha, ConstView<double> a, ConstView<double> b,
+                ConstView<double> pre, TensorView<double> d) {
+  ++FusingHost::dgelus;
+  backend::Host<double>& host = be;
+  gemm(host, ta, tb, alpha, a, b, 0.0, d);
+  gelu_backward(host, pre, ConstView<double>(d), d);
+}
+static_assert(detail::fuses_bias_grad<FusingHost, double> && detail::fuses_dgelu<FusingHost, double>);
+static_assert(!detail::fuses_bias_grad<backend::Host<double>, double> && !detail::fuses_dgelu<backend::Host<double>, double>);
+static_assert(backward_pair<Named<"fc", LinearGELU<4, 8>>, Named<"proj", Linear<8, 4>>, FusingHost, double>::fused);
+static_assert(backward_pair<gpt::Init<Named<"fc", LinearGELU<4, 8>>, 2>, LinearNoBias<8, 4>, FusingHost, double>::fused);
+static_assert(!backward_pair<LinearGELU<4, 8>, Linear<8, 4>, backend::Host<double>, double>::fused);  // no gemm_dgelu
+static_assert(!backward_pair<Linear<4, 8>, Linear<8, 4>, FusingHost, double>::fused);               // no GELU before
+static_assert(!backward_pair<LinearGELU<4, 8>, LinearGELU<8, 4>, FusingHost, double>::fused);       // its own GELU first
+
 /// The input of a sequence: int32 token ids (rows, 1) for an Embedding, else values (rows, in).
 template <class Seq>
 struct Input {
@@ -64,10 +95,10 @@ Vec random_params(std::uint64_t seed, Rng& rng) {
 
 /// Checks d sum(r * output) / d (parameters, input) of a LayerSeq against finite differences, with
 /// the fused backward (with_weight_grads = true) and a non-empty dx.
-template <class Seq>
+template <class Seq, class Backend = backend::Host<double>>
 void check_sequence_gradients(std::uint64_t seed, index_t rows, bool away_from_zero = false) {
   Rng rng(seed);
-  backend::Host<double> be;
+  Backend be;
   Vec params = random_params<Seq>(seed, rng);
   Input<Seq> input(rows, rng, away_from_zero);
   const Vec r = uniform_values(std::size_t(rows * Seq::out_features), rng);
@@ -127,6 +158,12 @@ TEST_CASE("causal self-attention and residual blocks: gradients match finite dif
   check_sequence_gradients<LayerSeq<0, 8, AttentionBlock>>(seed, 10);
   check_sequence_gradients<LayerSeq<0, 6, MlpBlock>>(seed, 3);
   check_sequence_gradients<LayerSeq<0, 6, Residual<LayerNorm<6>, LinearGELU<6, 24>, Linear<24, 6>>>>(seed, 3);
+  // The same on a backend that pairs the LinearGELU with the Linear's backward and fuses the bias gradient.
+  FusingHost::dgelus = FusingHost::bias_grads = 0;
+  check_sequence_gradients<LayerSeq<0, 6, Residual<LayerNorm<6>, LinearGELU<6, 24>, Linear<24, 6>>>, FusingHost>(seed, 3);
+  check_sequence_gradients<LayerSeq<0, 5, LinearGELU<5, 7>, Linear<7, 3>>, FusingHost>(seed, 3);  // paired first layer
+  CHECK(FusingHost::dgelus == 2);
+  CHECK(FusingHost::bias_grads == 4);
   // A whole GPT body (embedding, 2 blocks, ln_f, lm_head), and a stage cut inside a block.
   check_sequence_gradients<SmallGpt::body>(seed, 8);
   check_sequence_gradients<LayerSeq<2, 8, gpt::MlpHalf<small_gpt>, gpt::AttentionHalf<small_gpt>>>(seed, 8);
@@ -203,10 +240,10 @@ namespace {
 
 /// Runs backward fused (B with weight gradients) and split (B, then W), from the same non-zero
 /// starting gradients, and requires identical bits.
-template <class Seq>
+template <class Seq, class Backend = backend::Host<double>>
 void check_split_backward_is_bitwise_fused(std::uint64_t seed, index_t rows) {
   Rng rng(seed);
-  backend::Host<double> be;
+  Backend be;
   Vec params = random_params<Seq>(seed, rng);
   Input<Seq> input(rows, rng);
   const Vec dy = uniform_values(std::size_t(rows * Seq::out_features), rng);
@@ -253,6 +290,11 @@ TEST_CASE("zero-bubble split: backward without weight grads, then backward_weigh
   check_split_backward_is_bitwise_fused<LayerSeq<1, 8, AttentionBlock>>(seed, 10);
   // LinearGELU first in a stage: B computes GELU's gradient with no dx, for W's sake.
   check_split_backward_is_bitwise_fused<LayerSeq<1, 5, LinearGELU<5, 7>, Linear<7, 3>>>(seed, 4);
+  // Paired (a backend with gemm_dgelu): the Linear's B writes the LinearGELU's GELU gradient, W reads it.
+  FusingHost::dgelus = 0;
+  check_split_backward_is_bitwise_fused<LayerSeq<1, 5, LinearGELU<5, 7>, Linear<7, 3>>, FusingHost>(seed, 4);
+  check_split_backward_is_bitwise_fused<LayerSeq<2, 8, gpt::MlpHalf<small_gpt>, gpt::AttentionHalf<small_gpt>>, FusingHost>(seed, 8);
+  CHECK(FusingHost::dgelus == 4);  // one per backward, two backwards per check
 }
 
 namespace {
@@ -350,7 +392,7 @@ TEST_CASE("GPT model: nanoGPT's names and shapes, the parameter count, whole seq
   CHECK_THROWS_WITH(gpt::nanogpt_name(small_gpt, "9.x"), Catch::Contains("not a parameter of a GPT with 2 blocks"));
 
   // GPT-2's initialisation: N(0, 0.02) matrices, c_proj scaled by 1 / sqrt(2 L), zero biases, unit LayerNorm.
-  std::vector<double> p(std::size_t(Body::param_count));
+  std::vector<double> p(static_cast<std::size_t>(Body::param_count));
   Body::init(std::span<double>(p), 7);
   auto stddev = [&](const ParamInfo& info) {
     double s = 0;
@@ -456,4 +498,12 @@ TEST_CASE("LinearGELU is Linear then GELU, bitwise, in float, double and bf16", 
                                   Named<"out", Linear<6, 4>>, SoftmaxCrossEntropy<4>>;
   check_fused_equals_unfused<backend::Host<float>, FusedBlock, UnfusedBlock>(seed, rows);
   check_fused_equals_unfused<backend::Host<cupipe::bfloat16, float>, FusedBlock, UnfusedBlock>(seed, rows);
+  // With gemm_dgelu the LinearGELU and the Linear after it run their backward as a pair, and the
+  // bias gradients come from gemm_bias_grad: still bitwise the unfused layers (one GEMM, then GELU's
+  // gradient, as before; only where the GEMM writes changes).
+  FusingHost::dgelus = 0;
+  check_fused_equals_unfused<FusingHost, Fused, Unfused>(seed, rows);
+  check_fused_equals_unfused<FusingHost, FusedFirst, UnfusedFirst>(seed, rows);
+  check_fused_equals_unfused<FusingHost, FusedBlock, UnfusedBlock>(seed, rows);
+  CHECK(FusingHost::dgelus == 3);
 }

@@ -335,20 +335,25 @@ TEST_CASE("bf16 storage: ZeRO-1 without replicas changes nothing (its sharded ru
   CHECK(zero.optimizer_state(1) == plain.optimizer_state(1));
 }
 
-TEST_CASE("bf16 storage: a GPT pipeline (tied wte and lm_head on two stages) is the bf16 Network",
-          "[cpu][training][bf16][pipeline][gpt]") {
-  constexpr gpt::Config c = small_gpt;
+namespace {
+
+/// A GPT pipeline in bf16 storage (tied wte and lm_head on different stages, or on one worker's two
+/// chunks under a V schedule) against the bf16 Network, over three AdamW steps: bitwise with one
+/// microbatch (the same ops in the same order), to accumulation order with two.
+template <class Policy, int Units>
+void check_bf16_gpt_pipeline_against_network() {
   using Model = SmallGpt;
-  using Pipe = Pipeline<partition<Model, 2>, schedule::OneFOneB, Bf16>;
+  using Pipe = Pipeline<partition<Model, Units>, Policy, Bf16>;
   const optim::AdamW adamw({.lr = 3e-3, .weight_decay = 0.1});
   Rng rng(17);
   const auto tokens = [&](index_t sequences) {
-    std::vector<std::int32_t> v(static_cast<std::size_t>(sequences * c.context));
-    for (auto& id : v) id = std::int32_t(rng.below(c.vocab));
+    std::vector<std::int32_t> v(static_cast<std::size_t>(sequences * small_gpt.context));
+    for (auto& id : v) id = std::int32_t(rng.below(small_gpt.vocab));
     return v;
   };
   for (const int m : {1, 2}) {
-    INFO(m << " microbatch(es)");
+    INFO(Policy::name << " on " << Units << " stages with " << m << " microbatch(es)");
+    if (!schedule::check<Policy>({Pipe::stages, m, Pipe::chunks, 1}).empty()) continue;
     Pipe pipe(options_for(m, 5));
     Network<Model, Bf16> net(5);
     REQUIRE(same_bits(pipe.parameters(), net.parameters()));
@@ -368,6 +373,23 @@ TEST_CASE("bf16 storage: a GPT pipeline (tied wte and lm_head on two stages) is 
     if (m == 1) CHECK(same_bits(pipe.parameters(), net.parameters()));
     else CHECK(relative_error(widen(pipe.parameters()), widen(net.parameters())) <= 1e-4);
   }
+}
+
+}  // namespace
+
+// Every synchronous schedule of the registry, as for the MLP: chunked schedules on 4 virtual stages.
+TEST_CASE("bf16 storage: a GPT pipeline (tied wte and lm_head) under every synchronous schedule is the bf16 Network",
+          "[cpu][training][bf16][pipeline][gpt]") {
+  check_bf16_gpt_pipeline_against_network<schedule::GPipe, 2>();
+  check_bf16_gpt_pipeline_against_network<schedule::OneFOneB, 2>();
+  check_bf16_gpt_pipeline_against_network<schedule::Interleaved<2>, 4>();
+  check_bf16_gpt_pipeline_against_network<schedule::BreadthFirst<2>, 4>();
+  check_bf16_gpt_pipeline_against_network<schedule::ZeroBubbleH1, 2>();
+  check_bf16_gpt_pipeline_against_network<schedule::ZeroBubbleH2, 2>();
+  check_bf16_gpt_pipeline_against_network<schedule::ZeroBubbleV, 4>();
+  check_bf16_gpt_pipeline_against_network<schedule::VHalf, 4>();
+  check_bf16_gpt_pipeline_against_network<schedule::VMin, 4>();
+  check_bf16_gpt_pipeline_against_network<schedule::DualPipeV, 4>();
 }
 
 namespace {

@@ -215,6 +215,30 @@ struct whole_layer {
 template <class L>
 using whole_layer_t = typename whole_layer<L>::type;
 
+/// The layer whose forward and backward passes L runs: L itself, or, for a wrapper that changes only
+/// names or initialisation (Named, gpt::Init), the layer it wraps. backward_pair looks through these
+/// wrappers and no others, so a layer that overrides a pass of the layer it derives from is never
+/// paired behind its back.
+template <class L>
+struct passes_of {
+  using type = L;
+};
+template <class L>
+using passes_of_t = typename passes_of<L>::type;
+
+/// Two neighbouring layers of a LayerSeq whose backward passes run as one on backend B with element
+/// type T: Next's input-gradient pass writes what Prev's backward would compute from it, and Prev's
+/// backward starts from there (linear.hpp pairs a LinearGELU with the Linear after it when the
+/// backend fuses GELU's gradient into a GEMM). A specialisation with `fused = true` provides
+///   next_backward_input(be, next_params, dy, prev_saved, rows)   (instead of Next's backward_input)
+///   prev_backward_input(be, prev_params, prev_saved, dx)          (instead of Prev's; dx may be empty)
+/// and leaves Prev's saved area as Prev's own backward_input would, so the weight passes (either
+/// layer's backward_weight) are unchanged. The gradient of Prev's output is then never written.
+template <class Prev, class Next, class B, class T>
+struct backward_pair {
+  static constexpr bool fused = false;
+};
+
 /// Total parameter elements of layer L at input width `in`.
 template <class L>
 constexpr index_t param_elements(index_t in) {

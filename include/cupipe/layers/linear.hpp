@@ -35,6 +35,22 @@ concept fuses_bias_gelu = requires(B& be, ConstViewOn<B, T> a, ViewOn<B, T> y) {
   gemm_bias_gelu(be, ops::Transpose::no, ops::Transpose::yes, T(1), a, a, a, y, y);
 };
 
+/// Whether backend B takes a Linear's bias gradient in its weight-gradient GEMM (an op
+/// gemm_bias_grad(be, alpha, dy, x, beta, dw, dbias): dw = alpha dy^T x + beta dw, dbias += column
+/// sums of dy).
+template <class B, class T>
+concept fuses_bias_grad = requires(B& be, ConstViewOn<B, T> a, ViewOn<B, grad_t<B>> g) {
+  gemm_bias_grad(be, T(1), a, a, T(1), g, g);
+};
+
+/// Whether backend B applies a GELU's gradient inside a GEMM (an op gemm_dgelu(be, ta, tb, alpha, a,
+/// b, pre, d): d = (alpha op(a) op(b)) * gelu'(pre)), so a Linear after a LinearGELU can write the
+/// GELU input's gradient directly (LayerSeq's backward pairs them).
+template <class B, class T>
+concept fuses_dgelu = requires(B& be, ConstViewOn<B, T> a, ViewOn<B, T> d) {
+  gemm_dgelu(be, ops::Transpose::no, ops::Transpose::no, T(1), a, a, a, d);
+};
+
 /// Rows [t Out/Parts, (t+1) Out/Parts) of Linear<In, Out>'s W and b on tensor-parallel rank t: the
 /// input is whole, the output this rank's slice of features, and the input gradient a partial sum,
 /// summed over the group (nothing to sum with one part). With `Gelu`, GELU follows on the slice (a
@@ -110,14 +126,54 @@ struct OutputSplitLinear {
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), grad_out, weight<B>(p), T(0), dx);
     tensor_group_sum<Parts>(be, dx, "ColumnParallelLinear");
   }
+
+  // --- the pairing of a LinearGELU with the Linear after it (LayerSeq's backward) -----------------
+  // With a backend that has gemm_dgelu, the Linear's input-gradient GEMM applies the GELU's gradient
+  // in its epilogue and writes the LinearGELU's GELU-input gradient (the second half of its saved
+  // area) directly; the LinearGELU's backward_input then only multiplies by its weights. The values
+  // are those of the unpaired passes (one GEMM, then GELU's gradient of its result), and the
+  // gradient of the LinearGELU's output, which nothing else reads, is never written.
+
+  /// Whether this layer's backward can take its GELU-input gradient from the next layer.
+  static constexpr bool gelu_grad_from_next = Gelu && Parts == 1;
+  /// Whether this layer's input gradient can go through a GELU before it (no group sum to wait for).
+  static constexpr bool input_grad_through_gelu = !Gelu && Parts == 1;
+
+  /// GELU's input (pre) and its gradient (dpre) inside a saved area of `rows` rows.
+  template <class B, class T>
+  static ConstViewOn<B, T> gelu_input(T* saved, index_t rows) requires(Gelu) { return {saved, Shape{rows, part_out}}; }
+  template <class B, class T>
+  static ViewOn<B, T> gelu_input_grad(T* saved, index_t rows) requires(Gelu) { return {saved + rows * part_out, Shape{rows, part_out}}; }
+
+  /// dpre = (dy W) * gelu'(pre): this Linear's input gradient through the previous layer's GELU.
+  template <class B, class T>
+  static void backward_input_through_gelu(B& be, const T* p, ConstViewOn<B, T> dy, ConstViewOn<B, T> pre, ViewOn<B, T> dpre)
+    requires(input_grad_through_gelu)
+  {
+    gemm_dgelu(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, weight<B>(p), pre, dpre);
+  }
+
+  /// dx = dpre W, with dpre already in the saved area (written by the next layer).
+  template <class B, class T>
+  static void backward_input_from_gelu_grad(B& be, const T* p, T* saved, ViewOn<B, T> dx) requires(gelu_grad_from_next) {
+    if (dx.empty()) return;
+    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(gelu_input_grad<B>(saved, dx.rows())),
+         weight<B>(p), T(0), dx);
+  }
   // dW += g^T x;  db += sum over rows of g (with a bias); g is dy, or with GELU the gradient of
-  // GELU's input that backward_input left in the saved area.
+  // GELU's input that backward_input left in the saved area. A backend with gemm_bias_grad (CUDA:
+  // cuBLASLt's BGRADB epilogue) takes db in the GEMM's pass.
   template <class B, class T = typename B::value_type>
   static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T> saved, ConstViewOn<B, T> dy, grad_t<B>* g) {
     const index_t rows = dy.rows();
     const ConstViewOn<B, T> grad_out = Gelu ? ConstViewOn<B, T>{saved.data() + rows * part_out, Shape{rows, part_out}} : dy;
-    gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), grad_out, x, T(1), ViewOn<B, grad_t<B>>{g, Shape{part_out, In}});
-    if constexpr (Bias) bias_backward(be, grad_out, ViewOn<B, grad_t<B>>{g + part_out * In, Shape{part_out}});
+    const ViewOn<B, grad_t<B>> dw{g, Shape{part_out, In}};
+    if constexpr (Bias && fuses_bias_grad<B, T>) {
+      gemm_bias_grad(be, T(1), grad_out, x, T(1), dw, ViewOn<B, grad_t<B>>{g + part_out * In, Shape{part_out}});
+    } else {
+      gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), grad_out, x, T(1), dw);
+      if constexpr (Bias) bias_backward(be, grad_out, ViewOn<B, grad_t<B>>{g + part_out * In, Shape{part_out}});
+    }
   }
 
  private:
@@ -156,5 +212,36 @@ struct LinearGELU : detail::OutputSplitLinear<In, Out, 1, true, true> {
 /// LinearNoBias<In, Out>: y = x W^T, as torch.nn.Linear(In, Out, bias=False) (GPT-2's lm_head).
 template <index_t In, index_t Out>
 using LinearNoBias = Linear<In, Out, false>;
+
+namespace detail {
+template <class L>
+inline constexpr bool is_linear_gelu = false;
+template <index_t In, index_t Out>
+inline constexpr bool is_linear_gelu<LinearGELU<In, Out>> = true;
+template <class L>
+inline constexpr bool is_linear = false;
+template <index_t In, index_t Out, bool Bias>
+inline constexpr bool is_linear<Linear<In, Out, Bias>> = true;
+}  // namespace detail
+
+/// A LinearGELU and the Linear after it (GPT-2's mlp.c_fc and mlp.c_proj), on a backend with
+/// gemm_dgelu: the Linear's input-gradient GEMM applies the GELU's gradient in its epilogue and
+/// writes the LinearGELU's GELU-input gradient; the LinearGELU's backward then only multiplies by its
+/// weights. Same values as the unpaired passes: one GEMM, then GELU's gradient of its result.
+template <class Prev, class Next, class B, class T>
+  requires(detail::is_linear_gelu<passes_of_t<Prev>> && detail::is_linear<passes_of_t<Next>> && detail::fuses_dgelu<B, T>)
+struct backward_pair<Prev, Next, B, T> {
+  using P = passes_of_t<Prev>;
+  using N = passes_of_t<Next>;
+  static constexpr bool fused = true;
+
+  static void next_backward_input(B& be, const T* next_params, ConstViewOn<B, T> dy, T* prev_saved, index_t rows) {
+    N::backward_input_through_gelu(be, next_params, dy, P::template gelu_input<B>(prev_saved, rows),
+                                   P::template gelu_input_grad<B>(prev_saved, rows));
+  }
+  static void prev_backward_input(B& be, const T* prev_params, T* prev_saved, ViewOn<B, T> dx) {
+    P::backward_input_from_gelu_grad(be, prev_params, prev_saved, dx);
+  }
+};
 
 }  // namespace cupipe

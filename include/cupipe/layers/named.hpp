@@ -119,6 +119,9 @@ struct whole_layer<Named<Name, L>> {
   using type = Named<Name, whole_layer_t<L>>;
 };
 
+template <fixed_string Name, class L>
+struct passes_of<Named<Name, L>> : passes_of<L> {};
+
 /// Whether L is a Named layer.
 template <class L>
 inline constexpr bool is_named = requires { L::layer_name; };

@@ -306,7 +306,9 @@ struct LayerSeq {
       }(std::make_index_sequence<size>());
   }
 
-  /// Backward through every layer, last to first, from dy (rows, out_features).
+  /// Backward through every layer, last to first, from dy (rows, out_features). Two neighbours that
+  /// a backward_pair fuses on B (a LinearGELU and the Linear after it, on CUDA) run their input
+  /// passes as one.
   /// - dx (rows, in_features) receives the input gradient; pass an empty view to skip it (first stage).
   /// - with_weight_grads: also accumulate parameter gradients into `grads` now (the fused B of flush
   ///   schedules); otherwise leave them to backward_weight (the W of zero-bubble schedules).
@@ -410,6 +412,13 @@ struct LayerSeq {
     }
   }
 
+  /// Whether layers I - 1 and I run their backward as a pair on B (layer.hpp's backward_pair).
+  template <std::size_t I, class B, class T>
+  static constexpr bool paired_with_previous() {
+    if constexpr (I == 0 || I >= size) return false;
+    else return backward_pair<layer<I - 1>, layer<I>, B, T>::fused;
+  }
+
   template <std::size_t I, class B, class T>
   static void backward_layer(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, const T* record, index_t rows, ConstViewOn<B, T> dy,
                              ViewOn<B, T> dx, grad_t<B>* grads, T* grad_record, bool with_weight_grads) {
@@ -417,7 +426,17 @@ struct LayerSeq {
     T* rec = const_cast<T*>(record);
     const ConstViewOn<B, T> g = I + 1 == size ? dy : ConstViewOn<B, T>(output_grad<typename B::space>(grad_record, rows, I));
     try {
-      if constexpr (I == 0) {
+      if constexpr (paired_with_previous<I, B, T>()) {
+        // Layer I's input gradient goes through layer I - 1's backward (backward_pair), into its saved area.
+        backward_pair<layer<I - 1>, L, B, T>::next_backward_input(be, params + param_offsets[I], g,
+                                                                  rec + rows * (saved_base + saved_offsets[I - 1]), rows);
+      } else if constexpr (paired_with_previous<I + 1, B, T>()) {
+        // Layer I + 1 has done the first half of this layer's backward.
+        using Pair = backward_pair<L, layer<I + 1>, B, T>;
+        T* mine = rec + rows * (saved_base + saved_offsets[I]);
+        if constexpr (I == 0) Pair::prev_backward_input(be, params, mine, dx);
+        else Pair::prev_backward_input(be, params + param_offsets[I], mine, output_grad<typename B::space>(grad_record, rows, I - 1));
+      } else if constexpr (I == 0) {
         if (!dx.empty() || weight_grads_need_backward_input<L>())
           L::backward_input(be, params, x0, saved<typename B::space>(rec, rows, 0), g, dx);
       } else {

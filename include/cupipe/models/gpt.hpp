@@ -97,6 +97,8 @@ struct TiedLMHead : Named<"lm_head", HeadLinear<V, C, TP>> {
 
 namespace cupipe {
 template <class L, index_t Layers>
+struct passes_of<gpt::Init<L, Layers>> : passes_of<L> {};
+template <class L, index_t Layers>
 struct whole_layer<gpt::Init<L, Layers>> {
   using type = gpt::Init<whole_layer_t<L>, Layers>;
 };

@@ -3,9 +3,14 @@
 //   gemm            c = alpha op(a) op(b) + beta c                  (the host op's contract)
 //   gemm_bias       y = alpha op(a) op(b) + bias                    (bias fused into the epilogue)
 //   gemm_bias_gelu  y = gelu(alpha op(a) op(b) + bias), pre = the argument of gelu (optional)
+//   gemm_bias_grad  dw = alpha dy^T x + beta dw, dbias += column sums of dy (Linear's weight
+//                   gradient; the bias gradient from the GEMM's BGRADB epilogue)
+//   gemm_dgelu      d = (alpha op(a) op(b)) * gelu'(pre) (a Linear's input gradient carried
+//                   through the GELU before it: cuBLASLt's DGELU epilogue)
 //   gemm on bf16 a and b: fp32 accumulation, c in fp32 or bf16
-// Where cuBLASLt cannot fuse an epilogue (double, k == 0, an unaligned auxiliary matrix), the same
-// result comes from the plain product followed by the elementwise kernels.
+// Where cuBLASLt cannot fuse an epilogue (double, k == 0, an unaligned bias or auxiliary matrix, or
+// no algorithm from the heuristic), the same result comes from the plain product followed by the
+// elementwise and reduction kernels.
 #pragma once
 
 #include <cublasLt.h>
@@ -20,6 +25,7 @@
 #include "cupipe/backend/cuda/device_guard.cuh"
 #include "cupipe/backend/cuda/gemm_plan.cuh"
 #include "cupipe/backend/cuda/kernels/elementwise.cuh"
+#include "cupipe/backend/cuda/kernels/reduce.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"
 #include "cupipe/backend/cuda/stream.cuh"
 #include "cupipe/backend/op_checks.hpp"
@@ -37,10 +43,11 @@ template <> inline constexpr cudaDataType_t cuda_type<double> = CUDA_R_64F;
 template <> inline constexpr cudaDataType_t cuda_type<bfloat16> = CUDA_R_16BF;
 
 /// One product through a cached plan: c = alpha op(a) op(b) + beta c, with `epilogue` applied.
+/// Returns false, having launched nothing, when cuBLASLt has no algorithm for a fused epilogue.
 template <class T, class BC, class AB, class C, class S>
-void lt_matmul(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, S alpha, const AB* a, index_t lda, const AB* b,
-               index_t ldb, S beta, C* c, index_t m, index_t n, index_t k, gpu::GemmEpilogue epilogue,
-               const C* bias = nullptr, C* aux = nullptr) {
+[[nodiscard]] bool lt_matmul(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, S alpha, const AB* a, index_t lda,
+                             const AB* b, index_t ldb, S beta, C* c, index_t m, index_t n, index_t k,
+                             gpu::GemmEpilogue epilogue, const C* bias = nullptr, const C* aux = nullptr) {
   gpu::Context& ctx = be.context();
   gpu::GemmKey key;
   key.m = m, key.n = n, key.k = k;
@@ -61,10 +68,32 @@ void lt_matmul(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, S alpha, co
   key.align_b = gpu::alignment_of(b);
   key.align_c = gpu::alignment_of(c);
   key.align_bias = bias ? gpu::alignment_of(bias) : std::uint8_t(16);
-  const gpu::GemmArgs args{a, b, c, bias, aux, &alpha, &beta};
+  key.align_aux = aux ? gpu::alignment_of(aux) : std::uint8_t(16);
+  const gpu::GemmArgs args{a, b, c, bias, const_cast<C*>(aux), &alpha, &beta};
   void* workspace = ctx.gemm_workspace();
   gpu::GemmPlan& plan = ctx.gemm_plans().get(ctx.cublas_lt(), key, args, gpu::Context::gemm_workspace_bytes);
+  if (!plan.available()) return false;
   plan.run(ctx.cublas_lt(), key, args, workspace, gpu::Context::gemm_workspace_bytes, ctx.stream());
+  return true;
+}
+
+/// The plain product (no epilogue, so a plan always exists): c = alpha op(a) op(b) + beta c.
+template <class T, class BC, class AB, class C, class S>
+void lt_matmul_plain(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, S alpha, const AB* a, index_t lda, const AB* b,
+                     index_t ldb, S beta, C* c, index_t m, index_t n, index_t k) {
+  const bool ran = lt_matmul(be, ta, tb, alpha, a, lda, b, ldb, beta, c, m, n, k, gpu::GemmEpilogue::none);
+  CUPIPE_REQUIRE(ran, "gemm: a plan without an epilogue always has an algorithm (GemmPlan throws otherwise)");
+}
+
+/// Whether cuBLASLt may fuse an epilogue for these operands: float scales (not double), a nonempty
+/// k, a bias (or bias gradient) on 16 bytes (an unaligned one can fault in the epilogue; PyTorch
+/// falls back there too), and an auxiliary matrix on 16 bytes with a leading dimension n divisible
+/// by 8. A Linear's bias sits unpadded in the stage's flat parameters and an auxiliary matrix in a
+/// layer's saved area at an offset that depends on the rows, so either is often off.
+template <class S>
+bool epilogue_fusable(index_t n, index_t k, const void* bias, const void* aux) {
+  return k > 0 && !std::is_same_v<S, double> && (bias == nullptr || gpu::alignment_of(bias) >= 16) &&
+         (aux == nullptr || (n % 8 == 0 && gpu::alignment_of(aux) >= 16));
 }
 
 /// The shared body of every GEMM entry point, after the host's shape checks; bias and pre may be null.
@@ -77,19 +106,11 @@ void gemm_impl(backend::Cuda<T, BC>& be, std::string_view op, Transpose ta, Tran
   using DC = gpu::kernels::device_t<C>;
   auto* dc = gpu::kernels::device_ptr(c.data());
   const index_t lda = std::max<index_t>(a.cols(), 1), ldb = std::max<index_t>(b.cols(), 1);
-  // cuBLASLt fuses bias (and GELU) for float scales; its auxiliary matrix needs a leading dimension
-  // divisible by 8, and a bias under 16-byte alignment can fault in its epilogue (PyTorch falls back
-  // there too). A Linear's bias sits unpadded in the stage's flat parameters, so it often is.
-  // The auxiliary matrix (GELU's input) sits in a layer's saved area, at an offset that depends
-  // on the rows and on the layers before it: it takes the same 16-byte alignment.
-  const bool fusable = bias != nullptr && k > 0 && !std::is_same_v<S, double> &&
-                       (pre == nullptr || (n % 8 == 0 && gpu::alignment_of(pre) >= 16)) && gpu::alignment_of(bias) >= 16;
-  if (fusable) {
+  if (bias != nullptr && epilogue_fusable<S>(n, k, bias, pre)) {
     const auto epilogue = !gelu ? gpu::GemmEpilogue::bias
                           : pre ? gpu::GemmEpilogue::bias_gelu_aux
                                 : gpu::GemmEpilogue::bias_gelu;
-    lt_matmul(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), m, n, k, epilogue, bias, pre);
-    return;
+    if (lt_matmul(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), m, n, k, epilogue, bias, pre)) return;
   }
   // Unfused: the product and bias into GELU's input (`pre` where asked for, else c), then GELU
   // from there into c; no copy between the two. (beta is 0 whenever gelu is set.)
@@ -98,9 +119,59 @@ void gemm_impl(backend::Cuda<T, BC>& be, std::string_view op, Transpose ta, Tran
   if (k == 0)
     gpu::kernels::transform(be.context(), m * n, gpu::kernels::ScaleOp<DC>{gpu::kernels::acc_t<DC>(beta)}, dout);
   else
-    lt_matmul(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, beta, out, m, n, k, gpu::GemmEpilogue::none);
+    lt_matmul_plain(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, beta, out, m, n, k);
   if (bias) gpu::kernels::bias_add(be.context(), dout, gpu::kernels::device_ptr(bias), m, n);
   if (gelu) gpu::kernels::transform(be.context(), m * n, gpu::kernels::GeluForwardOp<DC>{}, static_cast<const DC*>(dout), dc);
+}
+
+/// dw (n_out, n_in) = alpha dy^T x + beta dw and dbias (n_out) += column sums of dy, after the shape
+/// checks. cuBLASLt's BGRADB epilogue writes the sums (it cannot add them), so they land in scratch
+/// and one small kernel adds them to dbias: that replaces the unfused path's two-kernel column
+/// reduction, which reads all of dy again.
+template <class T, class BC, class AB, class C, class S>
+void gemm_bias_grad_impl(backend::Cuda<T, BC>& be, S alpha, DeviceConstView<AB> dy, DeviceConstView<AB> x, S beta,
+                         DeviceView<C> dw, DeviceView<C> dbias) {
+  const auto [m, n, k] = checks::gemm<AB, C>("gemm_bias_grad", Transpose::yes, Transpose::no, dy, x, dw);
+  check_view(dbias, Shape{dw.rows()}, "gemm_bias_grad", "dbias");
+  if (m == 0 || n == 0) return;
+  const gpu::DeviceGuard guard(be.device());
+  gpu::Context& ctx = be.context();
+  const index_t lda = std::max<index_t>(dy.cols(), 1), ldb = std::max<index_t>(x.cols(), 1);
+  if (epilogue_fusable<S>(n, k, nullptr, nullptr)) {
+    C* sums = static_cast<C*>(ctx.scratch(std::size_t(m) * sizeof(C)));  // the pool's blocks are 256-byte aligned
+    if (lt_matmul(be, Transpose::yes, Transpose::no, alpha, dy.data(), lda, x.data(), ldb, beta, dw.data(), m, n, k,
+                  gpu::GemmEpilogue::bgradb, static_cast<const C*>(sums))) {
+      using DC = gpu::kernels::device_t<C>;
+      gpu::kernels::transform(ctx, m, gpu::kernels::AxpyOp<DC, DC>{gpu::kernels::acc_t<DC>(1)},
+                              static_cast<const DC*>(gpu::kernels::device_ptr(sums)), gpu::kernels::device_ptr(dbias.data()));
+      return;
+    }
+  }
+  gemm_impl<T, BC, AB, C, S>(be, "gemm_bias_grad", Transpose::yes, Transpose::no, alpha, dy, x, beta, dw, nullptr, false, nullptr);
+  using DA = gpu::kernels::device_t<AB>;
+  gpu::kernels::column_sums<1, C>(ctx, dy.rows(), dy.cols(), gpu::kernels::ColumnValue<DA>{gpu::kernels::device_ptr(dy.data()), dy.cols()},
+                                  dbias.data());
+}
+
+/// d (m, n) = (alpha op(a) op(b)) * gelu'(pre), after the shape checks: the GELU's gradient applied
+/// in the GEMM's epilogue (DGELU), or by the GELU backward kernel in place after the product.
+template <class T, class BC, class AB, class S>
+void gemm_dgelu_impl(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, S alpha, DeviceConstView<AB> a, DeviceConstView<AB> b,
+                     DeviceConstView<AB> pre, DeviceView<AB> d) {
+  const auto [m, n, k] = checks::gemm<AB, AB>("gemm_dgelu", ta, tb, a, b, d);
+  check_view(pre, d.shape(), "gemm_dgelu", "pre");
+  if (m == 0 || n == 0) return;
+  const gpu::DeviceGuard guard(be.device());
+  const index_t lda = std::max<index_t>(a.cols(), 1), ldb = std::max<index_t>(b.cols(), 1);
+  if (epilogue_fusable<S>(n, k, nullptr, pre.data()) &&
+      lt_matmul(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, S(0), d.data(), m, n, k, gpu::GemmEpilogue::dgelu,
+                static_cast<const AB*>(nullptr), pre.data()))
+    return;
+  gemm_impl<T, BC, AB, AB, S>(be, "gemm_dgelu", ta, tb, alpha, a, b, S(0), d, nullptr, false, nullptr);
+  using DA = gpu::kernels::device_t<AB>;
+  auto* dd = gpu::kernels::device_ptr(d.data());
+  gpu::kernels::transform(be.context(), m * n, gpu::kernels::GeluBackwardOp<DA>{}, gpu::kernels::device_ptr(pre.data()),
+                          static_cast<const DA*>(dd), dd);
 }
 
 }  // namespace cuda_detail
@@ -154,6 +225,41 @@ void gemm_bias_gelu(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> 
   if (!pre.empty()) check_view(pre, y.shape(), "gemm_bias_gelu", "pre");
   cuda_detail::gemm_impl<T, T, T, T, T>(be, "gemm_bias_gelu", ta, tb, alpha, a, b, T(0), y, bias.data(), true,
                                      pre.empty() ? nullptr : pre.data());
+}
+
+/// Linear's weight gradient in one GEMM: dw (n_out, n_in) = alpha dy^T x + beta dw (dy (rows, n_out),
+/// x (rows, n_in)), and dbias (n_out) += the column sums of dy, taken in the GEMM's pass.
+template <class T>
+void gemm_bias_grad(backend::Cuda<T>& be, Scalar<T> alpha, DeviceConstView<T> dy, DeviceConstView<T> x, Scalar<T> beta,
+                    DeviceView<T> dw, DeviceView<T> dbias) {
+  gpu::NvtxRange range("cupipe::gemm_bias_grad");
+  cuda_detail::gemm_bias_grad_impl<T, T, T, T, T>(be, alpha, dy, x, beta, dw, dbias);
+}
+
+/// The same on bf16 dy and x: fp32 accumulation into fp32 gradients.
+template <class BC>
+void gemm_bias_grad(backend::Cuda<bfloat16, BC>& be, ComputeScalar alpha, DeviceConstView<bfloat16> dy, DeviceConstView<bfloat16> x,
+                    ComputeScalar beta, DeviceView<float> dw, DeviceView<float> dbias) {
+  gpu::NvtxRange range("cupipe::gemm_bias_grad_bf16");
+  cuda_detail::gemm_bias_grad_impl<bfloat16, BC, bfloat16, float, float>(be, alpha.value, dy, x, beta.value, dw, dbias);
+}
+
+/// d = (alpha op(a) op(b)) * gelu'(pre), tanh-form GELU: a Linear's input gradient carried through
+/// the GELU that produced its input (pre: GELU's input, the shape of d). Equals gemm into d followed
+/// by gelu_backward(pre, d, d).
+template <class T>
+void gemm_dgelu(backend::Cuda<T>& be, Transpose ta, Transpose tb, Scalar<T> alpha, DeviceConstView<T> a, DeviceConstView<T> b,
+                DeviceConstView<T> pre, DeviceView<T> d) {
+  gpu::NvtxRange range("cupipe::gemm_dgelu");
+  cuda_detail::gemm_dgelu_impl<T, T, T, T>(be, ta, tb, alpha, a, b, pre, d);
+}
+
+/// The same on bf16: fp32 accumulation and GELU gradient, d rounded once.
+template <class BC>
+void gemm_dgelu(backend::Cuda<bfloat16, BC>& be, Transpose ta, Transpose tb, ComputeScalar alpha, DeviceConstView<bfloat16> a,
+                DeviceConstView<bfloat16> b, DeviceConstView<bfloat16> pre, DeviceView<bfloat16> d) {
+  gpu::NvtxRange range("cupipe::gemm_dgelu_bf16");
+  cuda_detail::gemm_dgelu_impl<bfloat16, BC, bfloat16, float>(be, ta, tb, alpha.value, a, b, pre, d);
 }
 
 }  // namespace cupipe::ops

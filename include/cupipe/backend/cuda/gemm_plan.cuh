@@ -5,7 +5,11 @@
 //
 // Row-major problems map onto column-major cuBLASLt by the usual identity C^T = op(B)^T op(A)^T:
 // cuBLASLt's A is our b, its B is our a, and its (m, n) are our (n, m). A bias epilogue then adds a
-// vector along cuBLASLt's rows, which are our columns: exactly a row-major per-feature bias.
+// vector along cuBLASLt's rows, which are our columns: exactly a row-major per-feature bias. BGRADB
+// sums cuBLASLt's B (our a) over k, one value per column of its D (a row of ours): for a weight
+// gradient dW (out, in) = dy^T x, that is the column sums of dy, the bias gradient.
+// A fused epilogue the heuristic has no algorithm for leaves an unavailable plan in the cache (so
+// the heuristic is asked once per key), and the op that asked runs its unfused form instead.
 #pragma once
 
 #include <cublasLt.h>
@@ -32,7 +36,14 @@ enum class GemmEpilogue : std::uint8_t {
   bias,           // d = alpha op(a) op(b) + beta c + bias
   bias_gelu,      // d = gelu(... + bias)
   bias_gelu_aux,  // the same, and the pre-activation written to an auxiliary matrix
+  dgelu,          // d = (alpha op(a) op(b)) * gelu'(aux), aux the pre-activation (read)
+  bgradb,         // d = alpha op(a) op(b) + beta c; bias (written, not added to) = sums of op(a) over k
 };
+
+/// Whether the epilogue reads or writes the auxiliary matrix (row-major (m, n), like d).
+constexpr bool uses_aux(GemmEpilogue e) noexcept { return e == GemmEpilogue::bias_gelu_aux || e == GemmEpilogue::dgelu; }
+/// Whether the epilogue reads or writes the bias pointer.
+constexpr bool uses_bias(GemmEpilogue e) noexcept { return e != GemmEpilogue::none && e != GemmEpilogue::dgelu; }
 
 /// Arithmetic of float GEMMs: exact fp32, or TF32 tensor cores (about 1e-3 relative error).
 enum class MathMode : std::uint8_t { fp32, tf32 };
@@ -69,7 +80,7 @@ struct GemmKey {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cudaDataType_t scale_type = CUDA_R_32F;
   GemmEpilogue epilogue = GemmEpilogue::none;
-  std::uint8_t align_a = 16, align_b = 16, align_c = 16, align_bias = 16;
+  std::uint8_t align_a = 16, align_b = 16, align_c = 16, align_bias = 16, align_aux = 16;
 
   bool operator==(const GemmKey&) const = default;
 };
@@ -85,7 +96,7 @@ struct GemmKeyHash {
     mix(std::uint64_t(key.ldc));
     mix(std::uint64_t(key.ta) | std::uint64_t(key.tb) << 8 | std::uint64_t(key.epilogue) << 16 |
         std::uint64_t(key.align_a) << 24 | std::uint64_t(key.align_b) << 32 | std::uint64_t(key.align_c) << 40 |
-        std::uint64_t(key.align_bias) << 48);
+        std::uint64_t(key.align_bias) << 48 | std::uint64_t(key.align_aux) << 56);
     mix(std::uint64_t(key.ab_type) | std::uint64_t(key.c_type) << 16 | std::uint64_t(key.compute) << 32 |
         std::uint64_t(key.scale_type) << 48);
     return h;
@@ -110,16 +121,24 @@ struct GemmCandidate {
   float waves;
 };
 
-/// The descriptors of one problem key and the algorithm picked for it. Move-only.
+/// The descriptors of one problem key and the algorithm picked for it. Move-only. A plan with a fused
+/// epilogue that cuBLASLt has no algorithm for is unavailable (available() false, and run() refuses);
+/// one without an epilogue throws instead, since there is nothing to fall back to.
 class GemmPlan {
  public:
   GemmPlan(cublasLtHandle_t handle, const GemmKey& key, const GemmArgs& args, std::size_t workspace_bytes) {
     try {
       build(key, args);
       const auto found = heuristics(handle, key, workspace_bytes, 1);
-      if (found.empty())
+      if (found.empty()) {
+        if (key.epilogue != GemmEpilogue::none) {
+          destroy();
+          return;
+        }
         CUPIPE_THROW("gemm: cuBLASLt has no algorithm for (m, n, k) = (", key.m, ", ", key.n, ", ", key.k,
                      ") with these types, transposes and alignments");
+      }
+      available_ = true;
       algo_ = found.front().algo;
       workspace_ = found.front().workspace_bytes;
     } catch (...) {
@@ -133,7 +152,8 @@ class GemmPlan {
         b_(std::exchange(other.b_, nullptr)),
         c_(std::exchange(other.c_, nullptr)),
         algo_(other.algo_),
-        workspace_(other.workspace_) {}
+        workspace_(other.workspace_),
+        available_(std::exchange(other.available_, false)) {}
   GemmPlan& operator=(GemmPlan&&) = delete;
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -173,6 +193,7 @@ class GemmPlan {
   /// Sets this launch's pointers and enqueues the product on `stream`, with `algo` (default: the plan's).
   void run(cublasLtHandle_t handle, const GemmKey& key, const GemmArgs& args, void* workspace,
            std::size_t workspace_bytes, cudaStream_t stream, const cublasLtMatmulAlgo_t* algo = nullptr) {
+    CUPIPE_REQUIRE(available_, "gemm: cuBLASLt has no algorithm for this fused epilogue; the caller must fall back");
     set_pointers(key, args);
     // cuBLASLt's A is our b and its B our a (see the top of this file).
     CUPIPE_CHECK_CUBLAS(cublasLtMatmul(handle, desc_, args.alpha, args.b, a_, args.a, b_, args.beta, args.c, c_,
@@ -180,6 +201,8 @@ class GemmPlan {
   }
 
   std::size_t workspace_bytes() const noexcept { return workspace_; }
+  /// Whether cuBLASLt offered an algorithm (always, without an epilogue).
+  bool available() const noexcept { return available_; }
 
  private:
   template <class V>
@@ -201,14 +224,16 @@ class GemmPlan {
       case GemmEpilogue::bias: epilogue = CUBLASLT_EPILOGUE_BIAS; break;
       case GemmEpilogue::bias_gelu: epilogue = CUBLASLT_EPILOGUE_GELU_BIAS; break;
       case GemmEpilogue::bias_gelu_aux: epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+      case GemmEpilogue::dgelu: epilogue = CUBLASLT_EPILOGUE_DGELU; break;
+      case GemmEpilogue::bgradb: epilogue = CUBLASLT_EPILOGUE_BGRADB; break;
     }
     CUPIPE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    if (key.epilogue != GemmEpilogue::none) {
+    if (uses_bias(key.epilogue)) {
       const std::int32_t bias_type = key.c_type;
       CUPIPE_CHECK_CUBLAS(
           cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
     }
-    if (key.epilogue == GemmEpilogue::bias_gelu_aux) {
+    if (uses_aux(key.epilogue)) {
       const std::int64_t aux_ld = key.n;  // the pre-activation is row-major (m, n), like d
       CUPIPE_CHECK_CUBLAS(
           cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
@@ -223,10 +248,10 @@ class GemmPlan {
   }
 
   void set_pointers(const GemmKey& key, const GemmArgs& args) {
-    if (key.epilogue != GemmEpilogue::none)
+    if (uses_bias(key.epilogue))
       CUPIPE_CHECK_CUBLAS(
           cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias, sizeof args.bias));
-    if (key.epilogue == GemmEpilogue::bias_gelu_aux)
+    if (uses_aux(key.epilogue))
       CUPIPE_CHECK_CUBLAS(
           cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &args.aux, sizeof args.aux));
   }
@@ -244,6 +269,7 @@ class GemmPlan {
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;  // in cuBLASLt's roles
   cublasLtMatmulAlgo_t algo_{};
   std::size_t workspace_ = 0;
+  bool available_ = false;
 };
 
 /// Plans by key, built on first use. Owned by one context, so used by one thread at a time.
