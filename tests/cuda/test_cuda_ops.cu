@@ -579,6 +579,11 @@ TEST_CASE("fused gemm_bias and gemm_bias_gelu match gemm, bias_add and gelu on t
   const Shape as{m, k}, bs{n, k}, cs{m, n};  // Linear's layout: x (m, k) W^T, W (n, k)
   const auto a = random_floats(rng, m * k), b = random_floats(rng, n * k), bias = random_floats(rng, n);
   Gpu gpu;
+  // fp32: exact products, and the GELU from the kernels (gelu_epilogue_allowed); tf32: TF32 products
+  // and cuBLASLt's GELU epilogue, which may use the hardware tanh approximation.
+  const bool tf32 = GENERATE(false, true);
+  gpu.math = tf32 ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
+  const double tolerance = tf32 ? tf32_tolerance : fp32_tolerance;
   Ref ref;
   DeviceArray<float, Gpu> da(gpu, a), db(gpu, b), dbias(gpu, bias);
   auto pre_want = host_gemm(Transpose::no, Transpose::yes, 1.0, cast<double>(a), as, cast<double>(b), bs, 0.0,
@@ -588,20 +593,20 @@ TEST_CASE("fused gemm_bias and gemm_bias_gelu match gemm, bias_add and gelu on t
   std::vector<double> gelu_want(pre_want.size());
   ops::gelu_forward(ref, ConstView<double>{pre_want.data(), cs}, TensorView<double>{gelu_want.data(), cs});
 
+  CAPTURE(m, n, k, tf32);
   auto y = poisoned<float>(gpu, m * n);
   ops::gemm_bias(gpu, Transpose::no, Transpose::yes, 1.0f, da.cview(as), db.cview(bs), dbias.cview(Shape{n}), y.view(cs));
-  CHECK(relative_error(y.download(), pre_want) <= fp32_tolerance);
+  CHECK(relative_error(y.download(), pre_want) <= tolerance);
 
-  // cuBLASLt's GELU epilogue may use the hardware tanh approximation: looser than fp32.
   auto g = poisoned<float>(gpu, m * n), pre = poisoned<float>(gpu, m * n);
   ops::gemm_bias_gelu(gpu, Transpose::no, Transpose::yes, 1.0f, da.cview(as), db.cview(bs), dbias.cview(Shape{n}),
                       pre.view(cs), g.view(cs));
-  CHECK(relative_error(g.download(), gelu_want) <= tf32_tolerance);
-  CHECK(relative_error(pre.download(), pre_want) <= fp32_tolerance);
+  CHECK(relative_error(g.download(), gelu_want) <= tolerance);
+  CHECK(relative_error(pre.download(), pre_want) <= tolerance);
   auto g2 = poisoned<float>(gpu, m * n);
   ops::gemm_bias_gelu(gpu, Transpose::no, Transpose::yes, 1.0f, da.cview(as), db.cview(bs), dbias.cview(Shape{n}),
                       DeviceView<float>{}, g2.view(cs));
-  CHECK(relative_error(g2.download(), gelu_want) <= tf32_tolerance);
+  CHECK(relative_error(g2.download(), gelu_want) <= tolerance);
 }
 
 // Linear's weight gradient takes the fused op on CUDA, and a LinearGELU pairs with the Linear after it
@@ -622,6 +627,10 @@ TEST_CASE("fused gemm_bias_grad and gemm_dgelu match gemm, bias_backward and gel
   const auto dy = random_floats(rng, rows * out), x = random_floats(rng, rows * in), w = random_floats(rng, out * in);
   const auto dw0 = random_floats(rng, out * in), db0 = random_floats(rng, out + 1), pre = random_floats(rng, rows * in);
   Gpu gpu;
+  // fp32: exact products and the GELU kernel; tf32: TF32 products, the BGRADB and DGELU epilogues.
+  const bool tf32 = GENERATE(false, true);
+  gpu.math = tf32 ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
+  const double tolerance = tf32 ? tf32_tolerance : fp32_tolerance;
   Ref ref;
   DeviceArray<float, Gpu> ddy(gpu, dy), dx(gpu, x), dwt(gpu, w), dpre(gpu, pre);
 
@@ -640,9 +649,9 @@ TEST_CASE("fused gemm_bias_grad and gemm_dgelu match gemm, bias_backward and gel
       const auto dyd = cast<double>(dy);
       ops::bias_backward(ref, ConstView<double>{dyd.data(), dys}, TensorView<double>{db_want.data() + offset, Shape{out}});
     }
-    CAPTURE(rows, out, in, offset);
-    CHECK(relative_error(ddw.download(), dw_want) <= fp32_tolerance);
-    CHECK(relative_error(ddb.download(), db_want) <= fp32_tolerance);  // includes the untouched neighbour
+    CAPTURE(rows, out, in, offset, tf32);
+    CHECK(relative_error(ddw.download(), dw_want) <= tolerance);
+    CHECK(relative_error(ddb.download(), db_want) <= tolerance);  // includes the untouched neighbour
   }
   SECTION("gemm_dgelu is the product carried through GELU's gradient") {
     if (rows == 0) return;  // nothing to compare
@@ -653,9 +662,8 @@ TEST_CASE("fused gemm_bias_grad and gemm_dgelu match gemm, bias_backward and gel
     ops::gelu_backward(ref, ConstView<double>{pred.data(), xs}, ConstView<double>{prod.data(), xs}, TensorView<double>{want.data(), xs});
     auto d = poisoned<float>(gpu, rows * in);
     ops::gemm_dgelu(gpu, Transpose::no, Transpose::no, 1.0f, ddy.cview(dys), dwt.cview(ws), dpre.cview(xs), d.view(xs));
-    CAPTURE(rows, out, in);
-    // cuBLASLt's DGELU epilogue may use the hardware tanh approximation, as its GELU does.
-    CHECK(relative_error(d.download(), want) <= tf32_tolerance);
+    CAPTURE(rows, out, in, tf32);
+    CHECK(relative_error(d.download(), want) <= tolerance);
   }
 }
 

@@ -10,7 +10,8 @@
 //   gemm on bf16 a and b: fp32 accumulation, c in fp32 or bf16
 // Where cuBLASLt cannot fuse an epilogue (double, k == 0, an unaligned bias or auxiliary matrix, or
 // no algorithm from the heuristic), the same result comes from the plain product followed by the
-// elementwise and reduction kernels.
+// elementwise and reduction kernels; so does a GELU epilogue on float in MathMode::fp32 (see
+// gelu_epilogue_allowed).
 #pragma once
 
 #include <cublasLt.h>
@@ -85,6 +86,16 @@ void lt_matmul_plain(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, S alp
   CUPIPE_REQUIRE(ran, "gemm: a plan without an epilogue always has an algorithm (GemmPlan throws otherwise)");
 }
 
+/// Whether a GELU epilogue (GELU_AUX_BIAS, DGELU) may run: not for float operands in MathMode::fp32.
+/// cuBLASLt does not document the accuracy of its GELU (it may use the hardware tanh approximation,
+/// about 5e-4), and fp32 mode promises fp32 accuracy, so there the GELU kernels (libdevice tanhf)
+/// run after the product. TF32's products are 1e-3 relative already, and bf16's outputs round at
+/// 4e-3, so both keep the epilogue.
+template <class AB, class T, class BC>
+bool gelu_epilogue_allowed(const backend::Cuda<T, BC>& be) {
+  return !std::is_same_v<AB, float> || be.math != gpu::MathMode::fp32;
+}
+
 /// Whether cuBLASLt may fuse an epilogue for these operands: float scales (not double), a nonempty
 /// k, a bias (or bias gradient) on 16 bytes (an unaligned one can fault in the epilogue; PyTorch
 /// falls back there too), and an auxiliary matrix on 16 bytes with a leading dimension n divisible
@@ -106,7 +117,7 @@ void gemm_impl(backend::Cuda<T, BC>& be, std::string_view op, Transpose ta, Tran
   using DC = gpu::kernels::device_t<C>;
   auto* dc = gpu::kernels::device_ptr(c.data());
   const index_t lda = std::max<index_t>(a.cols(), 1), ldb = std::max<index_t>(b.cols(), 1);
-  if (bias != nullptr && epilogue_fusable<S>(n, k, bias, pre)) {
+  if (bias != nullptr && epilogue_fusable<S>(n, k, bias, pre) && (!gelu || gelu_epilogue_allowed<AB>(be))) {
     const auto epilogue = !gelu ? gpu::GemmEpilogue::bias
                           : pre ? gpu::GemmEpilogue::bias_gelu_aux
                                 : gpu::GemmEpilogue::bias_gelu;
@@ -163,7 +174,7 @@ void gemm_dgelu_impl(backend::Cuda<T, BC>& be, Transpose ta, Transpose tb, S alp
   if (m == 0 || n == 0) return;
   const gpu::DeviceGuard guard(be.device());
   const index_t lda = std::max<index_t>(a.cols(), 1), ldb = std::max<index_t>(b.cols(), 1);
-  if (epilogue_fusable<S>(n, k, nullptr, pre.data()) &&
+  if (gelu_epilogue_allowed<AB>(be) && epilogue_fusable<S>(n, k, nullptr, pre.data()) &&
       lt_matmul(be, ta, tb, alpha, a.data(), lda, b.data(), ldb, S(0), d.data(), m, n, k, gpu::GemmEpilogue::dgelu,
                 static_cast<const AB*>(nullptr), pre.data()))
     return;
