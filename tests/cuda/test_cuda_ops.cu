@@ -635,21 +635,24 @@ TEST_CASE("fused gemm_bias_grad and gemm_dgelu match gemm, bias_backward and gel
   DeviceArray<float, Gpu> ddy(gpu, dy), dx(gpu, x), dwt(gpu, w), dpre(gpu, pre);
 
   SECTION("gemm_bias_grad accumulates both gradients, call after call") {
-    // The bias gradient at offset 0 (16-byte aligned: the BGRADB epilogue) and at offset 1 (4 bytes:
-    // the unfused path), as a Linear's bias sits in a stage's flat gradients.
+    // The bias gradient at offset 0 and at offset 1 (4 bytes: the BGRADB sums go to scratch either
+    // way; the add into dbias then takes the kernel's unaligned path), as a Linear's bias sits in a
+    // stage's flat gradients. alpha 1 takes the epilogue (Linear's case), alpha 0.5 the unfused
+    // path (the sums are never scaled), so both paths run in both math modes.
     const index_t offset = GENERATE(index_t(0), index_t(1));
+    const float alpha = GENERATE(1.0f, 0.5f);
     DeviceArray<float, Gpu> ddw(gpu, dw0), ddb(gpu, db0);
     const DeviceView<float> db_view{ddb.buffer.data() + offset, Shape{out}};
     for (int call = 0; call < 2; ++call)
-      ops::gemm_bias_grad(gpu, 1.0f, ddy.cview(dys), dx.cview(xs), 1.0f, ddw.view(ws), db_view);
+      ops::gemm_bias_grad(gpu, alpha, ddy.cview(dys), dx.cview(xs), 1.0f, ddw.view(ws), db_view);
     auto dw_want = cast<double>(dw0);
     std::vector<double> db_want = cast<double>(db0);
     for (int call = 0; call < 2; ++call) {
-      dw_want = host_gemm(Transpose::yes, Transpose::no, 1.0, cast<double>(dy), dys, cast<double>(x), xs, 1.0, dw_want, ws);
+      dw_want = host_gemm(Transpose::yes, Transpose::no, alpha, cast<double>(dy), dys, cast<double>(x), xs, 1.0, dw_want, ws);
       const auto dyd = cast<double>(dy);
       ops::bias_backward(ref, ConstView<double>{dyd.data(), dys}, TensorView<double>{db_want.data() + offset, Shape{out}});
     }
-    CAPTURE(rows, out, in, offset, tf32);
+    CAPTURE(rows, out, in, offset, alpha, tf32);
     CHECK(relative_error(ddw.download(), dw_want) <= tolerance);
     CHECK(relative_error(ddb.download(), db_want) <= tolerance);  // includes the untouched neighbour
   }
@@ -664,6 +667,40 @@ TEST_CASE("fused gemm_bias_grad and gemm_dgelu match gemm, bias_backward and gel
     ops::gemm_dgelu(gpu, Transpose::no, Transpose::no, 1.0f, ddy.cview(dys), dwt.cview(ws), dpre.cview(xs), d.view(xs));
     CAPTURE(rows, out, in, tf32);
     CHECK(relative_error(d.download(), want) <= tolerance);
+  }
+  SECTION("bf16 operands: fp32 gradients, a bf16 GELU-input gradient") {
+    if (rows == 0 || tf32) return;  // bf16 has no TF32 setting; one pass is enough
+    using Bf16Gpu = backend::Cuda<cupipe::bfloat16, float>;
+    Bf16Gpu g16;
+    const auto round = [](const std::vector<float>& v) {
+      std::vector<cupipe::bfloat16> out;
+      for (float f : v) out.push_back(cupipe::bfloat16(f));
+      return out;
+    };
+    const auto widen = [](const std::vector<cupipe::bfloat16>& v) {
+      std::vector<double> out;
+      for (cupipe::bfloat16 b : v) out.push_back(double(float(b)));
+      return out;
+    };
+    const auto dy16 = round(dy), x16 = round(x), w16 = round(w), pre16 = round(pre);
+    DeviceArray<cupipe::bfloat16, Bf16Gpu> ddy16(g16, dy16), dx16(g16, x16), dw16(g16, w16), dpre16(g16, pre16);
+    DeviceArray<float, Bf16Gpu> ddw(g16, dw0), ddb(g16, std::vector<float>(db0.begin(), db0.begin() + out));
+    ops::gemm_bias_grad(g16, 1.0f, ddy16.cview(dys), dx16.cview(xs), 1.0f, ddw.view(ws), ddb.view(Shape{out}));
+    const auto dw_want = host_gemm(Transpose::yes, Transpose::no, 1.0, widen(dy16), dys, widen(x16), xs, 1.0, cast<double>(dw0), ws);
+    std::vector<double> db_want(db0.begin(), db0.begin() + out);
+    const auto dyw = widen(dy16);
+    ops::bias_backward(ref, ConstView<double>{dyw.data(), dys}, TensorView<double>{db_want.data(), Shape{out}});
+    CAPTURE(rows, out, in);
+    CHECK(relative_error(ddw.download(), dw_want) <= fp32_tolerance);  // exact bf16 products, fp32 sums
+    CHECK(relative_error(ddb.download(), db_want) <= fp32_tolerance);
+
+    auto prod = host_gemm(Transpose::no, Transpose::no, 1.0, dyw, dys, widen(w16), ws, 0.0, std::vector<double>(std::size_t(rows * in)), xs);
+    const auto prew = widen(pre16);
+    std::vector<double> want(prod.size());
+    ops::gelu_backward(ref, ConstView<double>{prew.data(), xs}, ConstView<double>{prod.data(), xs}, TensorView<double>{want.data(), xs});
+    DeviceArray<cupipe::bfloat16, Bf16Gpu> d16(g16, rows * in);
+    ops::gemm_dgelu(g16, Transpose::no, Transpose::no, 1.0f, ddy16.cview(dys), dw16.cview(ws), dpre16.cview(xs), d16.view(xs));
+    CHECK(relative_error(widen(d16.download()), want) <= bf16_tolerance);
   }
 }
 

@@ -130,9 +130,10 @@ struct OutputSplitLinear {
   // --- the pairing of a LinearGELU with the Linear after it (LayerSeq's backward) -----------------
   // With a backend that has gemm_dgelu, the Linear's input-gradient GEMM applies the GELU's gradient
   // in its epilogue and writes the LinearGELU's GELU-input gradient (the second half of its saved
-  // area) directly; the LinearGELU's backward_input then only multiplies by its weights. The values
-  // are those of the unpaired passes (one GEMM, then GELU's gradient of its result), and the
-  // gradient of the LinearGELU's output, which nothing else reads, is never written.
+  // area) directly; the LinearGELU's backward_input then only multiplies by its weights. The
+  // arithmetic is the unpaired passes' (one GEMM, then GELU's gradient of its result) up to the
+  // rounding of a fused epilogue (bf16 rounds once instead of twice; on the host, bit for bit),
+  // and the gradient of the LinearGELU's output, which nothing else reads, is never written.
 
   /// Whether this layer's backward can take its GELU-input gradient from the next layer.
   static constexpr bool gelu_grad_from_next = Gelu && Parts == 1;
@@ -227,7 +228,8 @@ inline constexpr bool is_linear<Linear<In, Out, Bias>> = true;
 /// A LinearGELU and the Linear after it (GPT-2's mlp.c_fc and mlp.c_proj), on a backend with
 /// gemm_dgelu: the Linear's input-gradient GEMM applies the GELU's gradient in its epilogue and
 /// writes the LinearGELU's GELU-input gradient; the LinearGELU's backward then only multiplies by its
-/// weights. Same values as the unpaired passes: one GEMM, then GELU's gradient of its result.
+/// weights. The unpaired passes' arithmetic (one GEMM, then GELU's gradient of its result), up to
+/// the rounding of a fused epilogue.
 template <class Prev, class Next, class B, class T>
   requires(detail::is_linear_gelu<passes_of_t<Prev>> && detail::is_linear<passes_of_t<Next>> && detail::fuses_dgelu<B, T>)
 struct backward_pair<Prev, Next, B, T> {

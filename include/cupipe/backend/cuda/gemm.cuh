@@ -144,11 +144,13 @@ void gemm_bias_grad_impl(backend::Cuda<T, BC>& be, S alpha, DeviceConstView<AB> 
                          DeviceView<C> dw, DeviceView<C> dbias) {
   const auto [m, n, k] = checks::gemm<AB, C>("gemm_bias_grad", Transpose::yes, Transpose::no, dy, x, dw);
   check_view(dbias, Shape{dw.rows()}, "gemm_bias_grad", "dbias");
-  if (m == 0 || n == 0) return;
+  if (m == 0) return;  // (n == 0: no weight gradient, but the bias sums still count)
   const gpu::DeviceGuard guard(be.device());
   gpu::Context& ctx = be.context();
   const index_t lda = std::max<index_t>(dy.cols(), 1), ldb = std::max<index_t>(x.cols(), 1);
-  if (epilogue_fusable<S>(n, k, nullptr, nullptr)) {
+  // Only with alpha 1 (Linear's): cuBLASLt does not say whether alpha scales BGRADB's sums, and the
+  // op's contract is the unscaled sums.
+  if (n > 0 && alpha == S(1) && epilogue_fusable<S>(n, k, nullptr, nullptr)) {
     C* sums = static_cast<C*>(ctx.scratch(std::size_t(m) * sizeof(C)));  // the pool's blocks are 256-byte aligned
     if (lt_matmul(be, Transpose::yes, Transpose::no, alpha, dy.data(), lda, x.data(), ldb, beta, dw.data(), m, n, k,
                   gpu::GemmEpilogue::bgradb, static_cast<const C*>(sums))) {

@@ -162,6 +162,7 @@ class GemmPlan {
   /// Up to `count` algorithms cuBLASLt proposes for this plan's problem, best first.
   std::vector<GemmCandidate> heuristics(cublasLtHandle_t handle, const GemmKey& key, std::size_t workspace_bytes,
                                         int count) const {
+    if (desc_ == nullptr) return {};  // an unavailable plan keeps no descriptors
     cublasLtMatmulPreference_t pref = nullptr;
     CUPIPE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
     // An array, not a std::vector: nvcc 13.0's front end fails on vector<T> of this unnamed struct.
@@ -177,7 +178,12 @@ class GemmPlan {
       set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
       const cublasStatus_t status =
           cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, c_, c_, pref, count, results.get(), &found);
-      if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUPIPE_CHECK_CUBLAS(status);
+      // No algorithm: NOT_SUPPORTED; for an epilogue this cuBLASLt cannot combine with these types,
+      // some versions answer INVALID_VALUE instead. Either way the caller falls back.
+      const bool none_found = status == CUBLAS_STATUS_NOT_SUPPORTED ||
+                              (key.epilogue != GemmEpilogue::none && status == CUBLAS_STATUS_INVALID_VALUE);
+      if (none_found) found = 0;
+      else CUPIPE_CHECK_CUBLAS(status);
     } catch (...) {
       cublasLtMatmulPreferenceDestroy(pref);
       throw;
