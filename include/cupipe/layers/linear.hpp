@@ -115,9 +115,8 @@ struct OutputSplitLinear {
                   "LinearGELU's backward_input writes GELU's input gradient into its saved area: pass a writable view");
     ConstViewOn<B, T> grad_out = dy;
     if constexpr (Gelu) {
-      const index_t rows = dy.rows();
-      const ViewOn<B, T> dpre{saved.data() + rows * part_out, Shape{rows, part_out}};
-      gelu_backward(be, ConstViewOn<B, T>{saved.data(), Shape{rows, part_out}}, dy, dpre);
+      const ViewOn<B, T> dpre = gelu_input_grad<B>(saved.data(), dy.rows());
+      gelu_backward(be, gelu_input<B>(saved.data(), dy.rows()), dy, dpre);
       grad_out = dpre;
     } else {
       (void)saved;
@@ -135,11 +134,6 @@ struct OutputSplitLinear {
   // rounding of a fused epilogue (bf16 rounds once instead of twice; on the host, bit for bit),
   // and the gradient of the LinearGELU's output, which nothing else reads, is never written.
 
-  /// Whether this layer's backward can take its GELU-input gradient from the next layer.
-  static constexpr bool gelu_grad_from_next = Gelu && Parts == 1;
-  /// Whether this layer's input gradient can go through a GELU before it (no group sum to wait for).
-  static constexpr bool input_grad_through_gelu = !Gelu && Parts == 1;
-
   /// GELU's input (pre) and its gradient (dpre) inside a saved area of `rows` rows.
   template <class B, class T>
   static ConstViewOn<B, T> gelu_input(T* saved, index_t rows) requires(Gelu) { return {saved, Shape{rows, part_out}}; }
@@ -149,14 +143,14 @@ struct OutputSplitLinear {
   /// dpre = (dy W) * gelu'(pre): this Linear's input gradient through the previous layer's GELU.
   template <class B, class T>
   static void backward_input_through_gelu(B& be, const T* p, ConstViewOn<B, T> dy, ConstViewOn<B, T> pre, ViewOn<B, T> dpre)
-    requires(input_grad_through_gelu)
+    requires(!Gelu && Parts == 1)  // one part: no group sum to wait for before the GELU
   {
     gemm_dgelu(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, weight<B>(p), pre, dpre);
   }
 
   /// dx = dpre W, with dpre already in the saved area (written by the next layer).
   template <class B, class T>
-  static void backward_input_from_gelu_grad(B& be, const T* p, T* saved, ViewOn<B, T> dx) requires(gelu_grad_from_next) {
+  static void backward_input_from_gelu_grad(B& be, const T* p, T* saved, ViewOn<B, T> dx) requires(Gelu && Parts == 1) {
     if (dx.empty()) return;
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(gelu_input_grad<B>(saved, dx.rows())),
          weight<B>(p), T(0), dx);

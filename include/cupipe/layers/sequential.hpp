@@ -429,11 +429,11 @@ struct LayerSeq {
       if constexpr (paired_with_previous<I, B, T>()) {
         // Layer I's input gradient goes through layer I - 1's backward (backward_pair), into its saved area.
         backward_pair<layer<I - 1>, L, B, T>::next_backward_input(be, params + param_offsets[I], g,
-                                                                  rec + rows * (saved_base + saved_offsets[I - 1]), rows);
+                                                                  saved<typename B::space>(rec, rows, I - 1).data(), rows);
       } else if constexpr (paired_with_previous<I + 1, B, T>()) {
         // Layer I + 1 has done the first half of this layer's backward.
         using Pair = backward_pair<L, layer<I + 1>, B, T>;
-        T* mine = rec + rows * (saved_base + saved_offsets[I]);
+        T* mine = saved<typename B::space>(rec, rows, I).data();
         if constexpr (I == 0) Pair::prev_backward_input(be, params, mine, dx);
         else Pair::prev_backward_input(be, params + param_offsets[I], mine, output_grad<typename B::space>(grad_record, rows, I - 1));
       } else if constexpr (I == 0) {
