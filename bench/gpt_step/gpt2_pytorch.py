@@ -25,8 +25,9 @@ V, T, L, H, C = 50304, 1024, 12, 12, 768
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, C=C, H=H):
         super().__init__()
+        self.C, self.H = C, H
         self.ln_1 = nn.LayerNorm(C)
         self.c_attn = nn.Linear(C, 3 * C)
         self.attn_proj = nn.Linear(C, C)
@@ -36,6 +37,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         b, t, _ = x.shape
+        C, H = self.C, self.H
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (z.view(b, t, H, C // H).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -44,11 +46,13 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self):
+    """GPT-2-124M by default; bench/cpu_vs_pytorch/gpt_pytorch.py builds gpt::tiny's shape from it."""
+
+    def __init__(self, V=V, T=T, L=L, H=H, C=C):
         super().__init__()
         self.wte = nn.Embedding(V, C)
         self.wpe = nn.Embedding(T, C)
-        self.blocks = nn.ModuleList(Block() for _ in range(L))
+        self.blocks = nn.ModuleList(Block(C, H) for _ in range(L))
         self.ln_f = nn.LayerNorm(C)
         self.lm_head = nn.Linear(C, V, bias=False)
         self.lm_head.weight = self.wte.weight

@@ -387,8 +387,11 @@ TEST_CASE("causal attention: forward matches the masked-softmax formula, backwar
   const auto seed = std::uint64_t(GENERATE(take(2, random(1, 1000000))));
   Rng rng(seed);
   backend::Host<double> be;
-  // (heads, head_dim, T, sequences): T = 1, odd T, one head and several.
-  for (const auto& [heads, D, T, S] : {std::array<index_t, 4>{1, 4, 1, 3}, {2, 3, 7, 2}, {4, 2, 5, 1}, {3, 2, 8, 2}}) {
+  // (heads, head_dim, T, sequences): T = 1, odd T, one head and several; T = 130 runs three blocks of
+  // queries (64, 64, 2: ops::attention_query_block), whose keys, dk and dv span the blocks.
+  static_assert(ops::attention_query_block == 64, "T = 130 below is meant to end in a partial third block");
+  for (const auto& [heads, D, T, S] :
+       {std::array<index_t, 4>{1, 4, 1, 3}, {2, 3, 7, 2}, {4, 2, 5, 1}, {3, 2, 8, 2}, {2, 2, 130, 1}}) {
     const index_t C = heads * D, rows = T * S;
     Vec qkv = uniform_values(std::size_t(rows * 3 * C), rng, -1.5, 1.5), out(std::size_t(rows * C)),
         lse(std::size_t(rows * heads));

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cupipe/backend/host/host.hpp"
+#include "cupipe/backend/host/vector_math.hpp"
 #include "cupipe/backend/op_checks.hpp"
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/error.hpp"
@@ -104,26 +105,35 @@ void relu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
   }
 }
 
-/// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+/// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). For float, tanh is
+/// host_math's, so the loop is vector code (libm's tanhf was a call per element). In place is fine:
+/// element i reads only element i.
 template <class T>
 void gelu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
   checks::gelu_forward(x, y);
-  for (index_t i = 0; i < x.numel(); ++i) {
-    const T v = x[i];
+  const T* in = x.data();
+  T* out = y.data();
+  const index_t n = x.numel();
+  for (index_t i = 0; i < n; ++i) {
+    const T v = in[i];
     const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
-    y[i] = T(0.5) * v * (T(1) + std::tanh(inner));
+    out[i] = T(0.5) * v * (T(1) + host_math::tanh_of(inner));
   }
 }
 
 template <class T>
 void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
   checks::gelu_backward(x, dy, dx);
-  for (index_t i = 0; i < x.numel(); ++i) {
-    const T v = x[i];
+  const T* in = x.data();
+  const T* g = dy.data();
+  T* out = dx.data();
+  const index_t n = x.numel();
+  for (index_t i = 0; i < n; ++i) {
+    const T v = in[i];
     const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
-    const T t = std::tanh(inner);
+    const T t = host_math::tanh_of(inner);
     const T dinner = T(gelu_k) * (T(1) + T(3 * gelu_c) * v * v);
-    dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
+    out[i] = g[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
   }
 }
 
@@ -358,8 +368,51 @@ void embedding_backward(backend::Host<T>& be, ConstView<std::int32_t> ids, Const
 
 // ---------------------------------------------------------------------------------------------
 // Causal multi-head self-attention (layout in op_checks.hpp): for query t of a sequence and head h,
-// out_t = sum_{u <= t} softmax_u(q_t . k_u / sqrt(head_dim)) v_u. Written the way the flash kernels
-// compute it (one query row at a time, its log-sum-exp kept), never forming a (T, T) matrix.
+// out_t = sum_{u <= t} softmax_u(q_t . k_u / sqrt(head_dim)) v_u. The log-sum-exp of each query row is
+// kept, as the flash kernels keep it, and the backward recomputes the probabilities from it.
+//
+// The products run in BLAS, a block of attention_query_block queries of one head at a time against
+// the keys up to the block's last query: scores S = scale Q K^T, then P V; in the backward also
+// dO V^T, dS K and dS^T Q. So the scratch is two blocks of scores, never a (T, T) matrix, and the
+// keys after a block are never touched. Written as dot products per (query, key) pair instead, these
+// loops were 30% of a gpt::tiny step on the CPU (perf, 2-core VM), one multiply-add at a time.
+// Within a block's diagonal the probabilities of later keys are exactly 0, so a finite value there
+// changes nothing; a NaN or infinity in a later key's v or k reaches the block's earlier rows (0 times
+// NaN), as it does in the tiled CUDA kernels.
+
+/// Queries per block of the host attention.
+inline constexpr index_t attention_query_block = 64;
+
+namespace detail {
+
+/// c (m, n; rows ldc apart) = alpha op(a) op(b) + beta c over strided rows: the attention's products
+/// on one head's columns of qkv.
+template <class T>
+void gemm_rows(Transpose ta, Transpose tb, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda, const T* b,
+               index_t ldb, T beta, T* c, index_t ldc) {
+  const auto cta = ta == Transpose::yes ? CblasTrans : CblasNoTrans;
+  const auto ctb = tb == Transpose::yes ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
+/// One head's view of a sequence in qkv (W columns a row): q, k and v start h * D into each third.
+template <class T>
+struct HeadRows {
+  const T* q;
+  const T* k;
+  const T* v;
+};
+
+template <class T>
+HeadRows<T> head_rows(const T* qkv, index_t first_row, index_t W, index_t C, index_t h, index_t D) {
+  const T* row = qkv + first_row * W + h * D;
+  return {row, row + C, row + 2 * C};
+}
+
+}  // namespace detail
 
 template <class T>
 void causal_attention_forward(backend::Host<T>&, ConstView<T> qkv, TensorView<T> out, TensorView<T> lse,
@@ -367,31 +420,38 @@ void causal_attention_forward(backend::Host<T>&, ConstView<T> qkv, TensorView<T>
   checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
   const index_t C = qkv.cols() / 3, D = C / heads, W = qkv.cols();
   const T scale = T(1) / std::sqrt(T(D));
-  std::vector<T> score(static_cast<std::size_t>(seq_len));
+  const index_t block = std::min(attention_query_block, seq_len);
+  std::vector<T> scores(static_cast<std::size_t>(block * seq_len));  // then the probabilities
+  std::vector<T> exps(static_cast<std::size_t>(seq_len));
+  T* e = exps.data();
   for (index_t s0 = 0; s0 < qkv.rows(); s0 += seq_len)
-    for (index_t h = 0; h < heads; ++h)
-      for (index_t t = 0; t < seq_len; ++t) {
-        const T* q = qkv.data() + (s0 + t) * W + h * D;
-        T max = -std::numeric_limits<T>::infinity();
-        for (index_t u = 0; u <= t; ++u) {
-          const T* k = qkv.data() + (s0 + u) * W + C + h * D;
-          T dot = 0;
-          for (index_t d = 0; d < D; ++d) dot += q[d] * k[d];
-          score[std::size_t(u)] = dot * scale;
-          max = std::max(max, score[std::size_t(u)]);
+    for (index_t h = 0; h < heads; ++h) {
+      const detail::HeadRows<T> head = detail::head_rows(qkv.data(), s0, W, C, h, D);
+      for (index_t t0 = 0; t0 < seq_len; t0 += block) {
+        const index_t rows = std::min(block, seq_len - t0), keys = t0 + rows;
+        T* S = scores.data();  // (rows, keys), rows `keys` apart
+        // (rows, D) x (keys, D)^T -> (rows, keys)
+        detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, scale, head.q + t0 * W, W, head.k, W, T(0), S, keys);
+        for (index_t i = 0; i < rows; ++i) {
+          T* s = S + i * keys;
+          const index_t t = t0 + i;
+          T max = -std::numeric_limits<T>::infinity();
+          for (index_t u = 0; u <= t; ++u) max = std::max(max, s[u]);
+          // The exponentials in a loop of their own, which vectorises; the sum in order after it.
+          for (index_t u = 0; u <= t; ++u) e[u] = host_math::exp_of(s[u] - max);
+          T sum = 0;
+          for (index_t u = 0; u <= t; ++u) sum += e[u];
+          const T l = max + std::log(sum);
+          lse.at(s0 + t, h) = l;
+          // exp(s - l), not e / sum: bitwise the probabilities the backward recomputes.
+          for (index_t u = 0; u <= t; ++u) s[u] = host_math::exp_of(s[u] - l);
+          std::fill(s + t + 1, s + keys, T(0));
         }
-        T sum = 0;
-        for (index_t u = 0; u <= t; ++u) sum += std::exp(score[std::size_t(u)] - max);
-        const T l = max + std::log(sum);
-        lse.at(s0 + t, h) = l;
-        T* o = out.data() + (s0 + t) * C + h * D;
-        std::fill_n(o, D, T(0));
-        for (index_t u = 0; u <= t; ++u) {
-          const T p = std::exp(score[std::size_t(u)] - l);
-          const T* v = qkv.data() + (s0 + u) * W + 2 * C + h * D;
-          for (index_t d = 0; d < D; ++d) o[d] += p * v[d];
-        }
+        // (rows, keys) x (keys, D) -> (rows, D)
+        detail::gemm_rows(Transpose::no, Transpose::no, rows, D, keys, T(1), S, keys, head.v, W, T(0),
+                          out.data() + (s0 + t0) * C + h * D, C);
       }
+    }
 }
 
 /// dqkv (overwritten) from dout, with P recomputed from q, k and the saved log-sum-exp:
@@ -403,37 +463,49 @@ void causal_attention_backward(backend::Host<T>&, ConstView<T> qkv, ConstView<T>
   checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
   const index_t C = qkv.cols() / 3, D = C / heads, W = qkv.cols();
   const T scale = T(1) / std::sqrt(T(D));
-  std::fill_n(dqkv.data(), dqkv.numel(), T(0));
+  const index_t block = std::min(attention_query_block, seq_len);
+  std::vector<T> probabilities(static_cast<std::size_t>(block * seq_len));
+  std::vector<T> score_grads(static_cast<std::size_t>(block * seq_len));
+  std::fill_n(dqkv.data(), dqkv.numel(), T(0));  // dk and dv add up over the query blocks
   for (index_t s0 = 0; s0 < qkv.rows(); s0 += seq_len)
-    for (index_t h = 0; h < heads; ++h)
-      for (index_t t = 0; t < seq_len; ++t) {
-        const index_t rt = s0 + t;
-        const T* q = qkv.data() + rt * W + h * D;
-        const T* go = dout.data() + rt * C + h * D;
-        const T* o = out.data() + rt * C + h * D;
-        T* dq = dqkv.data() + rt * W + h * D;
-        T delta = 0;
-        for (index_t d = 0; d < D; ++d) delta += go[d] * o[d];
-        for (index_t u = 0; u <= t; ++u) {
-          const index_t ru = s0 + u;
-          const T* k = qkv.data() + ru * W + C + h * D;
-          const T* v = qkv.data() + ru * W + 2 * C + h * D;
-          T dot = 0, dp = 0;
-          for (index_t d = 0; d < D; ++d) {
-            dot += q[d] * k[d];
-            dp += go[d] * v[d];
+    for (index_t h = 0; h < heads; ++h) {
+      const detail::HeadRows<T> head = detail::head_rows(qkv.data(), s0, W, C, h, D);
+      T* dq = dqkv.data() + s0 * W + h * D;
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      const T* go = dout.data() + s0 * C + h * D;
+      const T* o = out.data() + s0 * C + h * D;
+      for (index_t t0 = 0; t0 < seq_len; t0 += block) {
+        const index_t rows = std::min(block, seq_len - t0), keys = t0 + rows;
+        T* P = probabilities.data();  // (rows, keys)
+        T* dS = score_grads.data();   // (rows, keys): dout . v first, then the scores' gradient
+        detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, scale, head.q + t0 * W, W, head.k, W, T(0), P, keys);
+        // (rows, D) x (keys, D)^T -> (rows, keys)
+        detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, T(1), go + t0 * C, C, head.v, W, T(0), dS, keys);
+        for (index_t i = 0; i < rows; ++i) {
+          const index_t t = t0 + i;
+          T* p = P + i * keys;
+          T* ds = dS + i * keys;
+          const T* go_t = go + t * C;
+          const T* o_t = o + t * C;
+          T delta = 0;
+          for (index_t d = 0; d < D; ++d) delta += go_t[d] * o_t[d];
+          const T l = lse.at(s0 + t, h);
+          for (index_t u = 0; u <= t; ++u) {
+            p[u] = host_math::exp_of(p[u] - l);
+            ds[u] = p[u] * (ds[u] - delta) * scale;
           }
-          const T p = std::exp(dot * scale - lse.at(rt, h));
-          const T ds = p * (dp - delta) * scale;
-          T* dk = dqkv.data() + ru * W + C + h * D;
-          T* dv = dqkv.data() + ru * W + 2 * C + h * D;
-          for (index_t d = 0; d < D; ++d) {
-            dv[d] += p * go[d];
-            dq[d] += ds * k[d];
-            dk[d] += ds * q[d];
-          }
+          std::fill(p + t + 1, p + keys, T(0));
+          std::fill(ds + t + 1, ds + keys, T(0));
         }
+        // dv (keys, D) += P^T (keys, rows) x dout (rows, D)
+        detail::gemm_rows(Transpose::yes, Transpose::no, keys, D, rows, T(1), P, keys, go + t0 * C, C, T(1), dv, W);
+        // dq (rows, D) = dS (rows, keys) x k (keys, D)
+        detail::gemm_rows(Transpose::no, Transpose::no, rows, D, keys, T(1), dS, keys, head.k, W, T(0), dq + t0 * W, W);
+        // dk (keys, D) += dS^T (keys, rows) x q (rows, D)
+        detail::gemm_rows(Transpose::yes, Transpose::no, keys, D, rows, T(1), dS, keys, head.q + t0 * W, W, T(1), dk, W);
       }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
