@@ -391,7 +391,7 @@ TEST_CASE("causal attention: forward matches the masked-softmax formula, backwar
   // queries (64, 64, 2: ops::attention_query_block), whose keys, dk and dv span the blocks.
   static_assert(ops::attention_query_block == 64, "T = 130 below is meant to end in a partial third block");
   for (const auto& [heads, D, T, S] :
-       {std::array<index_t, 4>{1, 4, 1, 3}, {2, 3, 7, 2}, {4, 2, 5, 1}, {3, 2, 8, 2}, {2, 2, 130, 1}}) {
+       {std::array<index_t, 4>{1, 4, 1, 3}, {2, 3, 7, 2}, {4, 2, 5, 1}, {3, 2, 8, 2}, {2, 2, 130, 2}}) {
     const index_t C = heads * D, rows = T * S;
     Vec qkv = uniform_values(std::size_t(rows * 3 * C), rng, -1.5, 1.5), out(std::size_t(rows * C)),
         lse(std::size_t(rows * heads));

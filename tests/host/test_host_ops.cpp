@@ -125,6 +125,39 @@ TEST_CASE("float and double agree: layernorm forward and both backwards", "[cpu]
   });
 }
 
+TEST_CASE("float and double agree: causal attention over several query blocks, and GELU in place",
+          "[cpu][host][precision][attention]") {
+  Rng rng{std::uint64_t(GENERATE(take(2, random(1, 1000000))))};
+  // Two sequences of 130 tokens: query blocks of 64, 64 and 2 (ops::attention_query_block), in float
+  // through cblas_sgemm and host_math::exp, in double through cblas_dgemm and libm.
+  const index_t heads = 3, D = 4, C = heads * D, T = 130, rows = 2 * T;
+  const Vec qkv = float_exact(std::size_t(rows * 3 * C), rng, -1.5, 1.5), dout = float_exact(std::size_t(rows * C), rng);
+  check_float_double_agree([&]<class T_>(backend::Host<T_>& be) {
+    const auto q = cast_all<T_>(qkv), g = cast_all<T_>(dout);
+    std::vector<T_> out(dout.size()), lse(static_cast<std::size_t>(rows * heads)), dqkv(qkv.size());
+    ops::causal_attention_forward(be, cview(q, Shape{rows, 3 * C}), view(out, Shape{rows, C}), view(lse, Shape{rows, heads}),
+                                  heads, T);
+    ops::causal_attention_backward(be, cview(q, Shape{rows, 3 * C}), cview(out, Shape{rows, C}), cview(lse, Shape{rows, heads}),
+                                   cview(g, Shape{rows, C}), view(dqkv, Shape{rows, 3 * C}), heads, T);
+    return Outputs{as_double(out), as_double(lse), as_double(dqkv)};
+  });
+  // GELU's ops take their output in place of an input (the layers' paired backward does): the same
+  // values as into a separate buffer.
+  const index_t n = 301;
+  const Vec x = float_exact(std::size_t(n), rng, -6, 6), dy = float_exact(std::size_t(n), rng);
+  const auto xf = cast_all<float>(x), dyf = cast_all<float>(dy);
+  backend::Host<float> be;
+  std::vector<float> y(xf.size()), dx(xf.size());
+  ops::gelu_forward(be, cview(xf, Shape{n}), view(y, Shape{n}));
+  ops::gelu_backward(be, cview(xf, Shape{n}), cview(dyf, Shape{n}), view(dx, Shape{n}));
+  auto in_place = xf;
+  ops::gelu_forward(be, cview(in_place, Shape{n}), view(in_place, Shape{n}));
+  CHECK(in_place == y);
+  auto grad_in_place = dyf;
+  ops::gelu_backward(be, cview(xf, Shape{n}), cview(grad_in_place, Shape{n}), view(grad_in_place, Shape{n}));
+  CHECK(grad_in_place == dx);
+}
+
 TEST_CASE("float and double agree: softmax cross-entropy and embedding", "[cpu][host][precision]") {
   Rng rng{std::uint64_t(GENERATE(take(2, random(1, 1000000))))};
   const index_t rows = 9, classes = 10, vocab = 12, dim = 7;

@@ -376,9 +376,9 @@ void embedding_backward(backend::Host<T>& be, ConstView<std::int32_t> ids, Const
 // dO V^T, dS K and dS^T Q. So the scratch is two blocks of scores, never a (T, T) matrix, and the
 // keys after a block are never touched. Written as dot products per (query, key) pair instead, these
 // loops were 30% of a gpt::tiny step on the CPU (perf, 2-core VM), one multiply-add at a time.
-// Within a block's diagonal the probabilities of later keys are exactly 0, so a finite value there
-// changes nothing; a NaN or infinity in a later key's v or k reaches the block's earlier rows (0 times
-// NaN), as it does in the tiled CUDA kernels.
+// Within a block's diagonal the probabilities of later keys are set to exactly 0, so a finite value
+// there changes nothing. A NaN or infinity does reach the block's earlier rows through those zeros
+// (0 times NaN): in the forward a later key's v; in the backward a later key's k or query's q or dout.
 
 /// Queries per block of the host attention.
 inline constexpr index_t attention_query_block = 64;

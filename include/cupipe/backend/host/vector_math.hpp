@@ -7,7 +7,7 @@
 // Accuracy: within 2 ulp of the exact result for every float (tests/host/test_vector_math.cpp checks a
 // sweep of the whole range against long double). Unlike libm, exp() returns 0 where the exact result
 // is subnormal (below about -87.34). double keeps libm: the float64 finite-difference checks of the
-// layers stay exact.
+// layers stay exact. Code built with -ffast-math gets libm for float too (arithmetic_rewritten).
 #pragma once
 
 #include <bit>
@@ -41,7 +41,7 @@ inline float exp(float x) noexcept {
   const float er = 1.0f + r + r * r * q;
   // 2^n for n in [-126, 128]: 2^128 is not a float, so n = 128 scales by 2^127 and then by 2.
   const std::int32_t top = ni > 127 ? 1 : 0;
-  const float scale = std::bit_cast<float>((ni - top + 127) << 23);
+  const float scale = std::bit_cast<float>(static_cast<std::uint32_t>(ni - top + 127) << 23);  // (NaN: any bits, unused)
   float result = er * scale * (top ? 2.0f : 1.0f);
   result = below ? 0.0f : result;
   result = above ? HUGE_VALF : result;
@@ -64,17 +64,26 @@ inline float tanh(float x) noexcept {
   return std::copysign(small ? near_zero : away, x);
 }
 
+/// Whether this translation unit lets the compiler rewrite floating-point arithmetic (-ffast-math,
+/// -ffinite-math-only): it could fold exp()'s rounding step (x + magic - magic) away, or drop its NaN
+/// test, so tanh_of and exp_of use libm there.
+#if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__)
+inline constexpr bool arithmetic_rewritten = true;
+#else
+inline constexpr bool arithmetic_rewritten = false;
+#endif
+
 /// tanh for the host ops' element type: the vectorisable one for float, libm's otherwise.
 template <class T>
 T tanh_of(T x) noexcept {
-  if constexpr (std::is_same_v<T, float>) return host_math::tanh(x);
+  if constexpr (std::is_same_v<T, float> && !arithmetic_rewritten) return host_math::tanh(x);
   else return std::tanh(x);
 }
 
 /// e^x for the host ops' element type: the vectorisable one for float, libm's otherwise.
 template <class T>
 T exp_of(T x) noexcept {
-  if constexpr (std::is_same_v<T, float>) return host_math::exp(x);
+  if constexpr (std::is_same_v<T, float> && !arithmetic_rewritten) return host_math::exp(x);
   else return std::exp(x);
 }
 
