@@ -32,21 +32,31 @@ namespace cupipe::ops {
 
 // ---------------------------------------------------------------------------------------------
 // GEMM: c = alpha * op(a) * op(b) + beta * c, with op(a) (m, k), op(b) (k, n), c (m, n).
+namespace detail {
+
+/// c (m, n; rows ldc apart) = alpha op(a) op(b) + beta c over strided rows: gemm's
+/// views, and the attention's products on one head's columns of qkv.
+template <class T>
+void gemm_rows(Transpose ta, Transpose tb, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda, const T* b,
+               index_t ldb, T beta, T* c, index_t ldc) {
+  const auto cta = ta == Transpose::yes ? CblasTrans : CblasNoTrans;
+  const auto ctb = tb == Transpose::yes ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
+}  // namespace detail
+
 template <class T>
 void gemm(backend::Host<T>&, Transpose ta, Transpose tb, Scalar<T> alpha, ConstView<T> a, ConstView<T> b, Scalar<T> beta,
           TensorView<T> c) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "host gemm supports float and double");
   const auto [m, n, k] = checks::gemm<T, T>("gemm", ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
-  const auto cta = ta == Transpose::yes ? CblasTrans : CblasNoTrans;
-  const auto ctb = tb == Transpose::yes ? CblasTrans : CblasNoTrans;
-  const int lda = static_cast<int>(std::max<index_t>(a.cols(), 1)), ldb = static_cast<int>(std::max<index_t>(b.cols(), 1));
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a.data(), lda, b.data(), ldb, beta,
-                c.data(), int(n));
-  else
-    cblas_dgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a.data(), lda, b.data(), ldb, beta,
-                c.data(), int(n));
+  detail::gemm_rows<T>(ta, tb, m, n, k, alpha, a.data(), std::max<index_t>(a.cols(), 1), b.data(),
+                       std::max<index_t>(b.cols(), 1), beta, c.data(), n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -384,19 +394,6 @@ void embedding_backward(backend::Host<T>& be, ConstView<std::int32_t> ids, Const
 inline constexpr index_t attention_query_block = 64;
 
 namespace detail {
-
-/// c (m, n; rows ldc apart) = alpha op(a) op(b) + beta c over strided rows: the attention's products
-/// on one head's columns of qkv.
-template <class T>
-void gemm_rows(Transpose ta, Transpose tb, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda, const T* b,
-               index_t ldb, T beta, T* c, index_t ldc) {
-  const auto cta = ta == Transpose::yes ? CblasTrans : CblasNoTrans;
-  const auto ctb = tb == Transpose::yes ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
-}
 
 /// One head's view of a sequence in qkv (W columns a row): q, k and v start h * D into each third.
 template <class T>
