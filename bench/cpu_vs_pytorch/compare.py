@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 
-def run(command, threads):
+def run(command, threads, extra_env=None):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               OPENBLAS_NUM_THREADS=str(threads))
+               OPENBLAS_NUM_THREADS=str(threads), **(extra_env or {}))
     out = subprocess.run(command, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"compare.py: {' '.join(command)} failed:\n{out.stderr}")

@@ -68,10 +68,12 @@ void bias_add(backend::Host<T>&, TensorView<T> y, ConstView<T> bias) {
   checks::bias_add(y, bias);
   const index_t cols = y.cols();
   const T* __restrict b = bias.data();
-  for (index_t r = 0; r < y.rows(); ++r) {
-    T* __restrict row = y.data() + r * cols;
-    for (index_t c = 0; c < cols; ++c) row[c] += b[c];
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t r = 0; r < y.rows(); ++r) {
+      T* __restrict row = y.data() + r * cols;
+      for (index_t c = 0; c < cols; ++c) row[c] += b[c];
+    }
+  });
 }
 
 /// dbias (n) += column sums of dy (rows, n).
@@ -80,10 +82,12 @@ void bias_backward(backend::Host<T>&, ConstView<T> dy, TensorView<T> dbias) {
   checks::bias_backward(dy, dbias);
   const index_t cols = dy.cols();
   T* __restrict sums = dbias.data();
-  for (index_t r = 0; r < dy.rows(); ++r) {
-    const T* __restrict row = dy.data() + r * cols;
-    for (index_t c = 0; c < cols; ++c) sums[c] += row[c];
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t r = 0; r < dy.rows(); ++r) {
+      const T* __restrict row = dy.data() + r * cols;
+      for (index_t c = 0; c < cols; ++c) sums[c] += row[c];
+    }
+  });
 }
 
 template <class T>
@@ -95,10 +99,12 @@ void relu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
   const T* __restrict in = x.data();
   T* __restrict out = y.data();
   const index_t n = x.numel();
-  for (index_t i = 0; i < n; ++i) {
-    const T v = in[i];
-    out[i] = !(v <= T(0)) ? v : T(0);
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < n; ++i) {
+      const T v = in[i];
+      out[i] = !(v <= T(0)) ? v : T(0);
+    }
+  });
 }
 
 /// dx = dy where x > 0, else 0 (x is the forward input).
@@ -109,10 +115,12 @@ void relu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
   const T* __restrict g = dy.data();
   T* __restrict out = dx.data();
   const index_t n = x.numel();
-  for (index_t i = 0; i < n; ++i) {
-    const T gi = g[i];  // loaded unconditionally, so the loop vectorises into a blend
-    out[i] = in[i] > T(0) ? gi : T(0);
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < n; ++i) {
+      const T gi = g[i];  // loaded unconditionally, so the loop vectorises into a blend
+      out[i] = in[i] > T(0) ? gi : T(0);
+    }
+  });
 }
 
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). For float, tanh is
@@ -124,11 +132,13 @@ void gelu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
   const T* in = x.data();
   T* out = y.data();
   const index_t n = x.numel();
-  for (index_t i = 0; i < n; ++i) {
-    const T v = in[i];
-    const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
-    out[i] = T(0.5) * v * (T(1) + host_math::tanh_of(inner));
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < n; ++i) {
+      const T v = in[i];
+      const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
+      out[i] = T(0.5) * v * (T(1) + host_math::tanh_of(inner));
+    }
+  });
 }
 
 template <class T>
@@ -138,27 +148,33 @@ void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
   const T* g = dy.data();
   T* out = dx.data();
   const index_t n = x.numel();
-  for (index_t i = 0; i < n; ++i) {
-    const T v = in[i];
-    const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
-    const T t = host_math::tanh_of(inner);
-    const T dinner = T(gelu_k) * (T(1) + T(3 * gelu_c) * v * v);
-    out[i] = g[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < n; ++i) {
+      const T v = in[i];
+      const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
+      const T t = host_math::tanh_of(inner);
+      const T dinner = T(gelu_k) * (T(1) + T(3 * gelu_c) * v * v);
+      out[i] = g[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
+    }
+  });
 }
 
 /// y = a + b (the residual connection); y may alias a or b.
 template <class T>
 void residual_add(backend::Host<T>&, ConstView<T> a, ConstView<T> b, TensorView<T> y) {
   checks::residual_add(a, b, y);
-  for (index_t i = 0; i < a.numel(); ++i) y[i] = a[i] + b[i];
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < a.numel(); ++i) y[i] = a[i] + b[i];
+  });
 }
 
 /// y += alpha * x.
 template <class T>
 void axpy(backend::Host<T>&, Scalar<T> alpha, ConstView<T> x, TensorView<T> y) {
   checks::axpy(x, y);
-  for (index_t i = 0; i < x.numel(); ++i) y[i] += alpha * x[i];
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < x.numel(); ++i) y[i] += alpha * x[i];
+  });
 }
 
 template <class T>
@@ -182,18 +198,20 @@ void layernorm_forward(backend::Host<T>&, ConstView<T> x, ConstView<T> gamma, Co
                        TensorView<T> mean, TensorView<T> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_forward(x, gamma, beta, y, mean, rstd);
-  for (index_t r = 0; r < rows; ++r) {
-    const T* xr = x.data() + r * n;
-    T sum = 0;
-    for (index_t c = 0; c < n; ++c) sum += xr[c];
-    const T mu = sum / T(n);
-    T var = 0;
-    for (index_t c = 0; c < n; ++c) var += (xr[c] - mu) * (xr[c] - mu);
-    const T rs = T(1) / std::sqrt(var / T(n) + T(eps));
-    mean[r] = mu;
-    rstd[r] = rs;
-    for (index_t c = 0; c < n; ++c) y.at(r, c) = (xr[c] - mu) * rs * gamma[c] + beta[c];
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t r = 0; r < rows; ++r) {
+      const T* xr = x.data() + r * n;
+      T sum = 0;
+      for (index_t c = 0; c < n; ++c) sum += xr[c];
+      const T mu = sum / T(n);
+      T var = 0;
+      for (index_t c = 0; c < n; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+      const T rs = T(1) / std::sqrt(var / T(n) + T(eps));
+      mean[r] = mu;
+      rstd[r] = rs;
+      for (index_t c = 0; c < n; ++c) y.at(r, c) = (xr[c] - mu) * rs * gamma[c] + beta[c];
+    }
+  });
 }
 
 /// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma, xhat = (x - mean) * rstd.
@@ -202,22 +220,25 @@ void layernorm_backward_input(backend::Host<T>&, ConstView<T> x, ConstView<T> ga
                               ConstView<T> rstd, ConstView<T> dy, TensorView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_input(x, gamma, mean, rstd, dy, dx);
-  for (index_t r = 0; r < rows; ++r) {
-    T mean_g = 0, mean_gx = 0;
-    for (index_t c = 0; c < n; ++c) {
-      const T g = dy.at(r, c) * gamma[c];
-      const T xhat = (x.at(r, c) - mean[r]) * rstd[r];
-      mean_g += g;
-      mean_gx += g * xhat;
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t r = 0; r < rows; ++r) {
+      T mean_g = 0, mean_gx = 0;
+      for (index_t c = 0; c < n; ++c) {
+        const T g = dy.at(r, c) * gamma[c];
+        const T xhat = (x.at(r, c) - mean[r]) * rstd[r];
+        mean_g += g;
+        mean_gx += g * xhat;
+      }
+      mean_g /= T(n);
+      mean_gx /= T(n);
+      const T mu = mean[r], rs = rstd[r];  // locals: dx's stores cannot change them
+      for (index_t c = 0; c < n; ++c) {
+        const T g = dy.at(r, c) * gamma[c];
+        const T xhat = (x.at(r, c) - mu) * rs;
+        dx.at(r, c) = rs * (g - mean_g - xhat * mean_gx);
+      }
     }
-    mean_g /= T(n);
-    mean_gx /= T(n);
-    for (index_t c = 0; c < n; ++c) {
-      const T g = dy.at(r, c) * gamma[c];
-      const T xhat = (x.at(r, c) - mean[r]) * rstd[r];
-      dx.at(r, c) = rstd[r] * (g - mean_g - xhat * mean_gx);
-    }
-  }
+  });
 }
 
 /// dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy.
@@ -226,11 +247,15 @@ void layernorm_backward_weight(backend::Host<T>&, ConstView<T> x, ConstView<T> m
                                ConstView<T> dy, TensorView<T> dgamma, TensorView<T> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_weight(x, mean, rstd, dy, dgamma, dbeta);
-  for (index_t r = 0; r < rows; ++r)
-    for (index_t c = 0; c < n; ++c) {
-      dgamma[c] += dy.at(r, c) * (x.at(r, c) - mean[r]) * rstd[r];
-      dbeta[c] += dy.at(r, c);
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t r = 0; r < rows; ++r) {
+      const T mu = mean[r], rs = rstd[r];
+      for (index_t c = 0; c < n; ++c) {
+        dgamma[c] += dy.at(r, c) * (x.at(r, c) - mu) * rs;
+        dbeta[c] += dy.at(r, c);
+      }
     }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -429,21 +454,23 @@ void causal_attention_forward(backend::Host<T>&, ConstView<T> qkv, TensorView<T>
         T* S = scores.data();  // (rows, keys), rows `keys` apart
         // (rows, D) x (keys, D)^T -> (rows, keys)
         detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, scale, head.q + t0 * W, W, head.k, W, T(0), S, keys);
-        for (index_t i = 0; i < rows; ++i) {
-          T* s = S + i * keys;
-          const index_t t = t0 + i;
-          T max = -std::numeric_limits<T>::infinity();
-          for (index_t u = 0; u <= t; ++u) max = std::max(max, s[u]);
-          // The exponentials in a loop of their own, which vectorises; the sum in order after it.
-          for (index_t u = 0; u <= t; ++u) e[u] = host_math::exp_of(s[u] - max);
-          T sum = 0;
-          for (index_t u = 0; u <= t; ++u) sum += e[u];
-          const T l = max + std::log(sum);
-          lse.at(s0 + t, h) = l;
-          // exp(s - l), not e / sum: bitwise the probabilities the backward recomputes.
-          for (index_t u = 0; u <= t; ++u) s[u] = host_math::exp_of(s[u] - l);
-          std::fill(s + t + 1, s + keys, T(0));
-        }
+        host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+          for (index_t i = 0; i < rows; ++i) {
+            T* s = S + i * keys;
+            const index_t t = t0 + i;
+            T max = -std::numeric_limits<T>::infinity();
+            for (index_t u = 0; u <= t; ++u) max = std::max(max, s[u]);
+            // The exponentials in a loop of their own, which vectorises; the sum in order after it.
+            for (index_t u = 0; u <= t; ++u) e[u] = host_math::exp_of(s[u] - max);
+            T sum = 0;
+            for (index_t u = 0; u <= t; ++u) sum += e[u];
+            const T l = max + std::log(sum);
+            lse.at(s0 + t, h) = l;
+            // exp(s - l), not e / sum: bitwise the probabilities the backward recomputes.
+            for (index_t u = 0; u <= t; ++u) s[u] = host_math::exp_of(s[u] - l);
+            std::fill(s + t + 1, s + keys, T(0));
+          }
+        });
         // (rows, keys) x (keys, D) -> (rows, D)
         detail::gemm_rows(Transpose::no, Transpose::no, rows, D, keys, T(1), S, keys, head.v, W, T(0),
                           out.data() + (s0 + t0) * C + h * D, C);
@@ -479,22 +506,24 @@ void causal_attention_backward(backend::Host<T>&, ConstView<T> qkv, ConstView<T>
         detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, scale, head.q + t0 * W, W, head.k, W, T(0), P, keys);
         // (rows, D) x (keys, D)^T -> (rows, keys)
         detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, T(1), go + t0 * C, C, head.v, W, T(0), dS, keys);
-        for (index_t i = 0; i < rows; ++i) {
-          const index_t t = t0 + i;
-          T* p = P + i * keys;
-          T* ds = dS + i * keys;
-          const T* go_t = go + t * C;
-          const T* o_t = o + t * C;
-          T delta = 0;
-          for (index_t d = 0; d < D; ++d) delta += go_t[d] * o_t[d];
-          const T l = lse.at(s0 + t, h);
-          for (index_t u = 0; u <= t; ++u) {
-            p[u] = host_math::exp_of(p[u] - l);
-            ds[u] = p[u] * (ds[u] - delta) * scale;
+        host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+          for (index_t i = 0; i < rows; ++i) {
+            const index_t t = t0 + i;
+            T* p = P + i * keys;
+            T* ds = dS + i * keys;
+            const T* go_t = go + t * C;
+            const T* o_t = o + t * C;
+            T delta = 0;
+            for (index_t d = 0; d < D; ++d) delta += go_t[d] * o_t[d];
+            const T l = lse.at(s0 + t, h);
+            for (index_t u = 0; u <= t; ++u) {
+              p[u] = host_math::exp_of(p[u] - l);
+              ds[u] = p[u] * (ds[u] - delta) * scale;
+            }
+            std::fill(p + t + 1, p + keys, T(0));
+            std::fill(ds + t + 1, ds + keys, T(0));
           }
-          std::fill(p + t + 1, p + keys, T(0));
-          std::fill(ds + t + 1, ds + keys, T(0));
-        }
+        });
         // dv (keys, D) += P^T (keys, rows) x dout (rows, D)
         detail::gemm_rows(Transpose::yes, Transpose::no, keys, D, rows, T(1), P, keys, go + t0 * C, C, T(1), dv, W);
         // dq (rows, D) = dS (rows, keys) x k (keys, D)
@@ -530,11 +559,13 @@ template <class T>
 void sgd_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, TensorView<T> velocity,
                 const SgdHyper& h, Scalar<T> grad_scale) {
   checks::sgd_update(param, grad, velocity);
-  for (index_t i = 0; i < param.numel(); ++i) {
-    const T g = grad[i] * grad_scale + T(h.weight_decay) * param[i];
-    velocity[i] = T(h.momentum) * velocity[i] + g;
-    param[i] -= T(h.lr) * (h.nesterov ? g + T(h.momentum) * velocity[i] : velocity[i]);
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < param.numel(); ++i) {
+      const T g = grad[i] * grad_scale + T(h.weight_decay) * param[i];
+      velocity[i] = T(h.momentum) * velocity[i] + g;
+      param[i] -= T(h.lr) * (h.nesterov ? g + T(h.momentum) * velocity[i] : velocity[i]);
+    }
+  });
 }
 
 /// `step` counts from 1 (the first update uses step 1 for the bias corrections). One pass over the
@@ -555,14 +586,16 @@ void adamw_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, Ten
   T* __restrict m1 = m.data();
   T* __restrict m2 = v.data();
   const index_t n = param.numel();
-  for (index_t i = 0; i < n; ++i) {
-    const T gi = g[i] * scale;
-    const T mi = beta1 * m1[i] + one_minus_beta1 * gi;
-    const T vi = beta2 * m2[i] + one_minus_beta2 * gi * gi;
-    m1[i] = mi;
-    m2[i] = vi;
-    p[i] = p[i] * decay - lr * (mi / bias1) / (std::sqrt(vi / bias2) + eps);
-  }
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < n; ++i) {
+      const T gi = g[i] * scale;
+      const T mi = beta1 * m1[i] + one_minus_beta1 * gi;
+      const T vi = beta2 * m2[i] + one_minus_beta2 * gi * gi;
+      m1[i] = mi;
+      m2[i] = vi;
+      p[i] = p[i] * decay - lr * (mi / bias1) / (std::sqrt(vi / bias2) + eps);
+    }
+  });
 }
 
 }  // namespace cupipe::ops

@@ -8,12 +8,24 @@
 // sweep of the whole range against long double). Unlike libm, exp() returns 0 where the exact result
 // is subnormal (below about -87.34). double keeps libm: the float64 finite-difference checks of the
 // layers stay exact. Code built with -ffast-math gets libm for float too (arithmetic_rewritten).
+//
+// Run-time instruction sets (vectorised()): a build for generic x86-64 vectorises with SSE2 only, 4
+// floats a lane group. The host ops' float loops are compiled a second and third time for AVX2 and
+// AVX-512F and the widest this CPU runs is picked once, at the first call. Every clone computes the
+// same bits: the loops are element-wise (no reductions the compiler could reorder) and cupipe::host
+// builds with -ffp-contract=off, so no clone fuses a multiply and an add the others round twice
+// (tests/host/test_vector_isa.cpp compares every clone against the baseline, bitwise).
 #pragma once
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
+
+#include "cupipe/core/error.hpp"
 
 namespace cupipe::host_math {
 
@@ -85,6 +97,122 @@ template <class T>
 T exp_of(T x) noexcept {
   if constexpr (std::is_same_v<T, float> && !arithmetic_rewritten) return host_math::exp(x);
   else return std::exp(x);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The vector instruction set of the host's float loops, chosen at run time.
+
+/// Whether the float loops are compiled for AVX2 and AVX-512F beside the baseline: x86-64 with GCC
+/// or Clang (their target attribute). Define it 0 to build the baseline only.
+#ifndef CUPIPE_HOST_ISA_DISPATCH
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CUPIPE_HOST_ISA_DISPATCH 1
+#else
+#define CUPIPE_HOST_ISA_DISPATCH 0
+#endif
+#endif
+
+/// The instruction sets a vectorised() loop can run with, narrowest first.
+enum class VectorIsa : int { baseline = 0, avx2 = 1, avx512 = 2 };
+
+inline constexpr std::string_view name(VectorIsa isa) noexcept {
+  switch (isa) {
+    case VectorIsa::avx2: return "avx2";
+    case VectorIsa::avx512: return "avx512";
+    default: return "baseline";
+  }
+}
+
+/// "baseline", "avx2" or "avx512" as a VectorIsa; anything else throws, naming `what` (the setting).
+inline VectorIsa parse_vector_isa(std::string_view text, std::string_view what) {
+  for (VectorIsa isa : {VectorIsa::baseline, VectorIsa::avx2, VectorIsa::avx512})
+    if (text == name(isa)) return isa;
+  CUPIPE_THROW(what, "=", text, ": expected baseline, avx2 or avx512");
+}
+
+/// The widest instruction set this CPU and its OS run (both checked by the compiler's
+/// __builtin_cpu_supports); baseline where CUPIPE_HOST_ISA_DISPATCH is 0.
+inline VectorIsa widest_vector_isa() noexcept {
+#if CUPIPE_HOST_ISA_DISPATCH
+  static const VectorIsa widest = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return VectorIsa::avx512;
+    if (__builtin_cpu_supports("avx2")) return VectorIsa::avx2;
+    return VectorIsa::baseline;
+  }();
+  return widest;
+#else
+  return VectorIsa::baseline;
+#endif
+}
+
+namespace detail {
+/// The chosen VectorIsa, or -1 before the first vector_isa() or set_vector_isa().
+inline std::atomic<int>& chosen_vector_isa() noexcept {
+  static std::atomic<int> chosen{-1};
+  return chosen;
+}
+
+inline VectorIsa runnable(VectorIsa isa, std::string_view what) {
+  CUPIPE_REQUIRE(isa <= widest_vector_isa(), what, "=", name(isa), ": this CPU runs at most ", name(widest_vector_isa()),
+                 CUPIPE_HOST_ISA_DISPATCH ? "" : " (this build has CUPIPE_HOST_ISA_DISPATCH=0)");
+  return isa;
+}
+
+#if CUPIPE_HOST_ISA_DISPATCH
+// The clones: `body` inlines into each (it is marked CUPIPE_VECTOR_BODY; its target is the default,
+// a subset of theirs, so both compilers inline it) and is compiled there for the wider target. The
+// body comes by value: its captures are then this frame's own, and the compiler keeps them in
+// registers (through a reference, a float store in the loop might alias a captured float, and GCC
+// reloaded AdamW's hyper-parameters every element: the MLP's step 28% slower).
+template <class Body>
+[[gnu::target("avx2")]] void run_avx2(Body body) {
+  body();
+}
+template <class Body>
+[[gnu::target("avx512f")]] void run_avx512(Body body) {
+  body();
+}
+#endif
+}  // namespace detail
+
+/// The instruction set the float loops use: set_vector_isa()'s if called, else the environment
+/// variable CUPIPE_HOST_ISA's (read at the first call), else the widest the CPU runs. A
+/// CUPIPE_HOST_ISA that names no set, or one this CPU lacks, throws here, at every call.
+inline VectorIsa vector_isa() {
+  const int chosen = detail::chosen_vector_isa().load(std::memory_order_relaxed);
+  if (chosen >= 0) return VectorIsa(chosen);
+  VectorIsa isa = widest_vector_isa();
+  if (const char* env = std::getenv("CUPIPE_HOST_ISA"); env != nullptr && *env != 0)
+    isa = detail::runnable(parse_vector_isa(env, "CUPIPE_HOST_ISA"), "CUPIPE_HOST_ISA");
+  detail::chosen_vector_isa().store(int(isa), std::memory_order_relaxed);
+  return isa;
+}
+
+/// Makes the float loops use `isa` from now on (for a comparison, or to rule the vector code out
+/// while debugging); throws if this CPU does not run it. The results do not change, only the speed.
+inline void set_vector_isa(VectorIsa isa) {
+  detail::chosen_vector_isa().store(int(detail::runnable(isa, "set_vector_isa")), std::memory_order_relaxed);
+}
+
+/// Marks a lambda given to vectorised() so that it inlines into each clone.
+#define CUPIPE_VECTOR_BODY __attribute__((always_inline))
+
+/// Runs `body()`, compiled for vector_isa(), when T is float; any other T runs the baseline (double
+/// is the finite-difference oracle's type and gains little from the width). `body` is a lambda that
+/// captures by value ([=]: pointers, views and scalars), for the reason given at run_avx2.
+template <class T, class Body>
+void vectorised(Body body) {
+#if CUPIPE_HOST_ISA_DISPATCH
+  if constexpr (std::is_same_v<T, float>) {
+    switch (vector_isa()) {
+      case VectorIsa::avx512: detail::run_avx512(body); return;
+      case VectorIsa::avx2: detail::run_avx2(body); return;
+      default: break;
+    }
+  }
+#endif
+  body();
 }
 
 }  // namespace cupipe::host_math
