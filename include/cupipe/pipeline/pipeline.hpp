@@ -396,7 +396,6 @@ class Pipeline {
         steps[t].plan = &plans[t];
         steps[t].x = x_staging[t](first, batches[t].x);
         steps[t].labels = label_staging[t](last, batches[t].labels);
-        steps[t].optimizer = &optimizers[t];
         steps[t].losses.assign(std::size_t(plans[t].microbatches()), 0.0);
       }
       out.resize(count);
@@ -821,7 +820,7 @@ class Pipeline {
           }
           schedule::Action local = a;
           local.microbatch -= t * m;
-          executor_->template execute<Optimizer>(w, local, steps[std::size_t(first + t)]);
+          executor_->execute(w, local, steps[std::size_t(first + t)]);
         },
         [&] { transport_->abort(); }, origin, first);
     finish_transport(failure);
@@ -948,7 +947,12 @@ class Pipeline {
     early_sums_ = overlaps_gradient_sums();
     StepStats stats;
     try {
-      stats = run(x, labels, &optimizer);
+      // A flush schedule updates after the actions (flush_step): its steps run one instantiation of
+      // the runtime whatever the optimizer.
+      if constexpr (update_rule == schedule::UpdateRule::flush)
+        stats = run(x, labels, {});
+      else
+        stats = run(x, labels, Executor::StepOptimizer::of(optimizer));
     } catch (...) {
       early_sums_ = false;
       throw;
@@ -962,7 +966,7 @@ class Pipeline {
   StepStats forward_backward_resident(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels) {
     static_assert(update_rule == schedule::UpdateRule::flush,
                   "forward_backward: asynchronous schedules update inside the step; use train_step");
-    return run(x, labels, static_cast<const optim::SGD*>(nullptr));
+    return run(x, labels, {});
   }
 
   /// The last stage's output for x (empty where another process runs the last stage).
@@ -971,9 +975,10 @@ class Pipeline {
     return executor_->predict(x, pipeline::predict_message_id);
   }
 
-  /// One step over a checked batch already in the backend's memory.
-  template <class Optimizer>
-  StepStats run(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels, const Optimizer* optimizer) {
+  /// One step over a checked batch already in the backend's memory; `optimizer` updates inside it
+  /// (asynchronous schedules; empty for flush schedules).
+  StepStats run(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
+                typename Executor::StepOptimizer optimizer) {
     const index_t n = x.rows();
     int base = 0;
     states_.for_each([&](auto, auto& st) { base = st.weights.latest(); });
@@ -1008,7 +1013,7 @@ class Pipeline {
     std::exception_ptr failure = runtime_->run(
         plan_,
         [&](int w, const schedule::Action& a) {
-          executor_->template execute<Optimizer>(w, a, step);
+          executor_->execute(w, a, step);
           if (early_sums_) start_sum_after(w, a);
         },
         [&] { transport_->abort(); });

@@ -93,6 +93,30 @@ class StageExecutor {
   /// converting HandOverTransport with a backend per worker.
   using TransportType = typename detail::transport_for<Contexts, workers>::type;
 
+  /// The optimizer an asynchronous schedule's step updates with, its type erased: only the update
+  /// itself is compiled per optimizer type, not the executor and the runtime around it (a trainer
+  /// that offers SGD and AdamW compiled every schedule's whole step twice: half its build time).
+  /// Empty for flush schedules, which update after the step.
+  struct StepOptimizer {
+    const void* optimizer = nullptr;
+    /// Applies *optimizer to virtual stage k's gradients, writing the weights at params (that stage's
+    /// element type), clipped by that stage's own gradient norm.
+    void (*update)(const void* optimizer, States& states, int k, void* params) = nullptr;
+
+    template <class Optimizer>
+    static StepOptimizer of(const Optimizer& optimizer) {
+      return {&optimizer, [](const void* erased, States& states, int k, void* params) {
+                const auto& o = *static_cast<const Optimizer*>(erased);
+                states.visit(k, [&](auto, auto& st) {
+                  const double norm = std::sqrt(gradient_sum_of_squares(st));
+                  update_stage(st, static_cast<typename std::remove_cvref_t<decltype(st)>::T*>(params), o,
+                               optim::clip_factor(norm, o.clip_norm()));
+                });
+              }};
+    }
+    explicit operator bool() const noexcept { return optimizer != nullptr; }
+  };
+
   /// One step's inputs and outputs, shared by every worker.
   struct Step {
     const StepPlan* plan = nullptr;
@@ -103,7 +127,8 @@ class StageExecutor {
     /// forward of the last virtual stage leaves its loss here and collect_losses reads them all with
     /// one copy after the step. Empty: each loss is read back (a wait on a device) as it is computed.
     typename LastBackend::template buffer<grad_t<LastBackend>> loss_slots{};
-    const void* optimizer = nullptr;        ///< asynchronous schedules update inside the step
+    /// Asynchronous schedules update inside the step, with this optimizer (see StepOptimizer).
+    StepOptimizer optimizer{};
     std::int64_t batches_before = 0;        ///< batches finished before this step (2BW versions)
   };
 
@@ -145,15 +170,14 @@ class StageExecutor {
   }
 
   /// Runs action `a` of worker `w`.
-  template <class Optimizer>
   void execute(int w, const schedule::Action& a, Step& step) {
     if (a.overlap) take_partner_input(w, a);
     states_.visit(plan_.virtual_stage(w, a), [&](auto k, auto& st) {
       constexpr int K = decltype(k)::value;
       switch (a.kind) {
         case schedule::ActionKind::F: forward<K>(st, a.microbatch, step, a.overlap); break;
-        case schedule::ActionKind::B: backward<K, Optimizer>(st, a.microbatch, step); break;
-        case schedule::ActionKind::W: weight<K, Optimizer>(st, a.microbatch, step); break;
+        case schedule::ActionKind::B: backward<K>(st, a.microbatch, step); break;
+        case schedule::ActionKind::W: weight<K>(st, a.microbatch, step); break;
       }
     });
   }
@@ -271,7 +295,7 @@ class StageExecutor {
     st.in_flight.emplace(j, std::move(f));
   }
 
-  template <int K, class Optimizer, class St>
+  template <int K, class St>
   void backward(St& st, int j, Step& step) {
     using Seq = stage_seq<K>;
     using B = stage_backend<K>;
@@ -303,10 +327,10 @@ class StageExecutor {
                   f.grad_record.data(), !split_backward);
     if constexpr (K > 0)
       send_message<K, K - 1>({Flow::gradient, K - 1, j}, ConstViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}});
-    if constexpr (!split_backward) finish<Optimizer>(st, j, step);
+    if constexpr (!split_backward) finish<K>(st, j, step);
   }
 
-  template <int K, class Optimizer, class St>
+  template <int K, class St>
   void weight(St& st, int j, Step& step) {
     using Seq = stage_seq<K>;
     auto it = st.in_flight.find(j);
@@ -315,12 +339,12 @@ class StageExecutor {
     Seq::backward_weight(*st.be, stage_input<K, St>(f, step, j), f.record.data(),
                          ConstViewOn<stage_backend<K>, typename St::T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
                          f.grad_record.data(), st.grads.data());
-    finish<Optimizer>(st, j, step);
+    finish<K>(st, j, step);
   }
 
   /// The microbatch is done on this stage: free what it held, then apply the asynchronous update
   /// its completion triggers, keeping exactly the versions unfinished microbatches still need.
-  template <class Optimizer, class St>
+  template <int K, class St>
   void finish(St& st, int j, Step& step) {
     st.in_flight.erase(j);
     st.done[std::size_t(j)] = 1;
@@ -328,7 +352,7 @@ class StageExecutor {
       const schedule::Config& c = plan_.config;
       const bool update = update_rule == schedule::UpdateRule::per_microbatch ||
                           ++st.done_in_batch[std::size_t(j / c.microbatches)] == c.microbatches;
-      if (!update || step.optimizer == nullptr) return;
+      if (!update || !step.optimizer) return;
       // The oldest version an unfinished microbatch will use: of this step, or the next step's first.
       int needed = schedule::version_of(plan_, offsets_, c.total_microbatches(), st.weights.latest(), step.batches_before);
       for (std::size_t i = 0; i < st.done.size(); ++i)
@@ -336,9 +360,7 @@ class StageExecutor {
       st.weights.drop_below(std::min(needed, st.weights.latest()));
       typename St::T* params = needed > st.weights.latest() ? st.weights.advance_in_place() : st.weights.advance();
       sum_over_replicas(comm_, st);  // every replica of this stage runs the same actions, so they meet here
-      const auto& optimizer = *static_cast<const Optimizer*>(step.optimizer);
-      const double norm = std::sqrt(gradient_sum_of_squares(st));
-      update_stage(st, params, optimizer, optim::clip_factor(norm, optimizer.clip_norm()));
+      step.optimizer.update(step.optimizer.optimizer, states_, K, params);
     }
   }
 
