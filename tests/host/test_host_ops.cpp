@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "cupipe/backend/host/ops.hpp"
@@ -565,4 +566,58 @@ TEST_CASE("a null input throws cupipe::error naming the op, before anything is w
   // An empty view may be null: nothing to read.
   CHECK(ops::sum_of_squares(be, ConstView<double>{nullptr, Shape{0, 3}}) == 0.0);
 #undef NULL_NAMED
+}
+
+TEST_CASE("host backend: under the poison every new buffer starts as 0xFF bytes, a reused one too",
+          "[cpu][host][memory]") {
+  struct Restore {
+    bool was = backend::host_poison();
+    ~Restore() { backend::set_host_poison(was); }
+  } restore;
+  backend::Host<float> be;
+  backend::set_host_poison(true);
+  // Large enough for HostBlockCache (a freed block waits there and comes back), and small.
+  for (const index_t count : {index_t(HostBlockCache::smallest / sizeof(float)) + 3, index_t(5)}) {
+    CAPTURE(count);
+    for (int round = 0; round < 2; ++round) {
+      auto a = be.allocate<float>(count, MemoryTag::activations);
+      for (index_t i = 0; i < count; ++i) REQUIRE(std::isnan(a[i]));
+      for (index_t i = 0; i < count; ++i) a[i] = 1.0f;  // what the next round must not see
+    }
+    auto ids = be.allocate<std::int32_t>(count, MemoryTag::workspace);
+    for (index_t i = 0; i < count; ++i) REQUIRE(ids[i] == -1);
+    auto wide = be.allocate<double>(count, MemoryTag::workspace);
+    for (index_t i = 0; i < count; ++i) REQUIRE(std::isnan(wide[i]));
+  }
+  // Accounted as before.
+  const std::int64_t before = be.memory.in_use(MemoryTag::activations);
+  {
+    auto a = be.allocate<float>(10, MemoryTag::activations);
+    CHECK(be.memory.in_use(MemoryTag::activations) == before + std::int64_t(10 * sizeof(float)));
+  }
+  CHECK(be.memory.in_use(MemoryTag::activations) == before);
+}
+
+TEST_CASE("host backend: CUPIPE_HOST_POISON is read once and a bad value is refused", "[cpu][host][memory][errors]") {
+  struct Restore {
+    bool was = backend::host_poison();
+    ~Restore() {
+      backend::set_host_poison(was);
+      ::setenv("CUPIPE_HOST_POISON", was ? "1" : "0", 1);
+    }
+  } restore;
+  const auto read = [](const char* value) {
+    if (value) ::setenv("CUPIPE_HOST_POISON", value, 1);
+    else ::unsetenv("CUPIPE_HOST_POISON");
+    backend::detail::host_poison_state().store(-1);
+    return backend::host_poison();
+  };
+  CHECK(read("1"));
+  CHECK_FALSE(read("0"));
+  CHECK_FALSE(read(nullptr));
+  CHECK_FALSE(read(""));
+  CHECK_THROWS_WITH(read("yes"), Contains("CUPIPE_HOST_POISON=yes: expected 1"));
+  CHECK_THROWS_WITH(backend::host_poison(), Contains("CUPIPE_HOST_POISON=yes"));  // every call, not once
+  backend::set_host_poison(true);  // set_host_poison wins over the environment
+  CHECK(backend::host_poison());
 }

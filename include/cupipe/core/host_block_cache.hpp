@@ -19,6 +19,10 @@
 
 namespace cupipe {
 
+/// What a new host block holds: zeros (HostBuffer's default), 0xFF bytes (a NaN in every float
+/// type, -1 in every signed integer: see backend::Host's poison) or whatever its last user left.
+enum class BlockFill { zero, poison, none };
+
 namespace detail {
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool address_sanitizer = true;
@@ -61,10 +65,10 @@ class HostBlockCache {
     return *cache;
   }
 
-  /// A zeroed block of `bytes` (at least 1), from the cache where one of its size waits (the one
-  /// freed last). Where the allocator has no memory left, the cache frees what it holds and tries
-  /// once more.
-  void* allocate(std::size_t bytes) {
+  /// A block of `bytes` (at least 1), filled as `fill` says, from the cache where one of its size
+  /// waits (the one freed last). Where the allocator has no memory left, the cache frees what it
+  /// holds and tries once more.
+  void* allocate(std::size_t bytes, BlockFill fill = BlockFill::zero) {
     const std::size_t size = rounded(bytes);
     void* block = cached(size) ? take(size) : nullptr;
     if (block == nullptr) {
@@ -75,7 +79,8 @@ class HostBlockCache {
         block = ::operator new(size, std::align_val_t(alignment));
       }
     }
-    std::memset(block, 0, size);  // outside the lock: other workers' allocations do not wait for it
+    // Outside the lock: other workers' allocations do not wait for it.
+    if (fill != BlockFill::none) std::memset(block, fill == BlockFill::zero ? 0 : 0xFF, size);
     return block;
   }
 

@@ -113,7 +113,8 @@ void check_view(const TensorView<T, Space>& view, const Shape& expected, std::st
     CUPIPE_THROW(who, ": ", what, " of shape ", expected, " is a null pointer");
 }
 
-/// An owning, zero-initialised host array, optionally accounted to a MemoryTracker under a tag.
+/// An owning host array, zero-initialised unless the constructor is told otherwise (BlockFill),
+/// optionally accounted to a MemoryTracker under a tag.
 /// Large arrays come from HostBlockCache, so a step that frees and reallocates its activations
 /// reuses the same pages instead of faulting in fresh ones.
 template <class T>
@@ -123,12 +124,13 @@ class HostBuffer {
 
  public:
   HostBuffer() = default;
-  explicit HostBuffer(index_t count, MemoryTracker* tracker = nullptr, MemoryTag tag = MemoryTag::workspace)
+  explicit HostBuffer(index_t count, MemoryTracker* tracker = nullptr, MemoryTag tag = MemoryTag::workspace,
+                      BlockFill fill = BlockFill::zero)
       : size_(count), tracker_(tracker), tag_(tag) {
     CUPIPE_REQUIRE(count >= 0, "negative buffer size ", count);
     CUPIPE_REQUIRE(std::size_t(count) <= std::size_t(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(T), "buffer of ",
                    count, " elements of ", sizeof(T), " bytes is larger than any address space");
-    if (count) data_ = static_cast<T*>(HostBlockCache::instance().allocate(bytes()));
+    if (count) data_ = static_cast<T*>(HostBlockCache::instance().allocate(bytes(), fill));
     if (tracker_) tracker_->allocate(tag_, bytes());
   }
   HostBuffer(HostBuffer&& other) noexcept { swap(other); }
