@@ -947,12 +947,7 @@ class Pipeline {
     early_sums_ = overlaps_gradient_sums();
     StepStats stats;
     try {
-      // A flush schedule updates after the actions (flush_step): its steps run one instantiation of
-      // the runtime whatever the optimizer.
-      if constexpr (update_rule == schedule::UpdateRule::flush)
-        stats = run(x, labels, {});
-      else
-        stats = run(x, labels, Executor::StepOptimizer::of(optimizer));
+      stats = run(x, labels, Executor::StepOptimizer::of(optimizer));
     } catch (...) {
       early_sums_ = false;
       throw;

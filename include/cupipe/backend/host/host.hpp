@@ -94,7 +94,7 @@ struct Host : ops::Dispatch {
   /// `count` elements whose contents are unspecified, as a device's are: the CUDA backend does not
   /// clear what it allocates, so the layers, the ops and the pipeline write every element before
   /// they read it, and this backend, the CUDA kernels' oracle, holds them to it. Not clearing also
-  /// saves a pass over every activation (2-6% of the GPT's step on one core). With host_poison()
+  /// saves a pass over every activation (4.4% of the GPT's step on one core: docs/benchmarks.md). With host_poison()
   /// each buffer starts as 0xFF bytes, a NaN in every float type, so a read of an element nothing
   /// wrote turns into a NaN a test sees; the tests run with it (tests/CMakeLists.txt).
   template <class U = S>
