@@ -183,6 +183,7 @@ if wants gpt; then
     step gpt_fp32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
     step gpt_tf32_tiled timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
     step gpt_bf16 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16
+    step gpt_bf16_tiled timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16 --attention tiled
   else skip gpt "no bench_gpt_step"; fi
 fi
 if wants torch; then
@@ -213,7 +214,7 @@ fi
     grep -E "tests passed|tests failed|Failed|\*\*\*|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Skipped|Not Run" "$out/$f.log" | head -40
     echo '```'
   done
-  for f in kernels pipeline mlp gpt_tf32 gpt_fp32 gpt_tf32_tiled torch_eager_tf32 torch_eager_bf16 torch_compile_tf32 torch_compile_bf16; do
+  for f in kernels pipeline mlp gpt_tf32 gpt_fp32 gpt_tf32_tiled gpt_bf16 gpt_bf16_tiled torch_eager_tf32 torch_eager_bf16 torch_compile_tf32 torch_compile_bf16; do
     [ -f "$out/$f.log" ] || continue
     echo; echo "## $f"; echo; echo '```'
     case "$f" in
@@ -237,7 +238,7 @@ for key, fname in (("kernels", "kernels.json"), ("pipeline", "pipeline.json")):
     if os.path.exists(p):
         try: res[key] = json.load(open(p))
         except ValueError as e: res[key] = f"unreadable: {e}"
-for name in ("gpt_tf32", "gpt_fp32", "gpt_tf32_tiled"):
+for name in ("gpt_tf32", "gpt_fp32", "gpt_tf32_tiled", "gpt_bf16", "gpt_bf16_tiled"):
     p = os.path.join(out, name + ".log")
     if os.path.exists(p):
         lines = [l for l in open(p) if l.startswith("{")]

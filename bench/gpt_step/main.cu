@@ -53,9 +53,6 @@ int run(int argc, char** argv) {
   CUPIPE_REQUIRE(attention == "simple" || attention == "tiled",
                  "bench_gpt_step: --attention must be simple or tiled, got '", attention, "'");
   CUPIPE_REQUIRE(batch > 0 && steps > 0 && microbatches > 0, "bench_gpt_step: --batch, --steps and --microbatches must be positive");
-  if (bf16 && attention == "tiled")
-    CUPIPE_THROW("bench_gpt_step: the tiled attention kernel has no bf16 version yet; use --attention simple with "
-                 "--precision bf16");
   const gpu::MathMode mode = math == "tf32" ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
   const std::string gemms = bf16 ? "bf16" : math;
 

@@ -157,7 +157,15 @@ TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy (whole and vocabulary
   Gpu gpu;
   Cpu cpu;
   SECTION("causal attention, lse in float") {
-    const index_t heads = 4, seq = 17, sequences = 3, C = 64, rows = seq * sequences;
+    // Both kernel choices; for the tiled kernels a ragged single tile (T 17), a ragged second tile
+    // (T 130) with several sequences, and a head of 96 columns, which falls back to the simple kernels.
+    const auto kernel = GENERATE(gpu::AttentionKernel::simple, gpu::AttentionKernel::tiled);
+    const auto [heads, seq, sequences, C] =
+        GENERATE(table<index_t, index_t, index_t, index_t>({{4, 17, 3, 64}, {2, 130, 2, 128}, {1, 40, 2, 96}}));
+    CAPTURE(int(kernel), heads, seq, sequences, C);
+    CHECK(gpu::kernels::tiled_attention::takes<BF>(C / heads) == (C / heads <= 64));
+    gpu.attention = kernel;
+    const index_t rows = seq * sequences;
     const auto qkv = random_bf16(rng, rows * 3 * C, -1.5, 1.5), dout = random_bf16(rng, rows * C);
     std::vector<BF> out_cpu(static_cast<std::size_t>(rows * C)), dqkv_cpu(qkv.size());
     std::vector<float> lse_cpu(static_cast<std::size_t>(rows * heads));

@@ -31,7 +31,7 @@ namespace cupipe::gpu {
 /// Which causal-attention kernels a context runs (backend/cuda/kernels/attention*.cuh).
 enum class AttentionKernel : std::uint8_t {
   simple,  ///< a warp per query or key, K and V read from global memory per query; every head size
-  tiled,   ///< 64-row tiles in shared memory (FlashAttention-2's blocking); fp32, heads of up to 64
+  tiled,   ///< 64-row tiles in shared memory (FlashAttention-2's blocking); float or bf16 storage, heads of up to 64
            ///< columns (others run the simple kernels). Not yet run on a GPU: opt in until it has.
 };
 

@@ -278,10 +278,10 @@ void causal_attention_forward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, D
                               index_t heads, index_t seq_len) {
   checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_forward");
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (gpu::kernels::tiled_attention::takes<T>(1) && std::is_same_v<C, float>) {
     if (be.attention == gpu::AttentionKernel::tiled && gpu::kernels::tiled_attention::takes<T>(qkv.cols() / 3 / heads)) {
-      gpu::kernels::tiled_attention::forward(be.context(), qkv.data(), out.data(), lse.data(), qkv.rows(), qkv.cols() / 3,
-                                             int(heads), seq_len);
+      gpu::kernels::tiled_attention::forward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
+                                             lse.data(), qkv.rows(), qkv.cols() / 3, int(heads), seq_len);
       return;
     }
   }
@@ -296,9 +296,10 @@ void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, 
   checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_backward");
   auto delta = be.template allocate<C>(qkv.rows() * heads, MemoryTag::workspace);
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (gpu::kernels::tiled_attention::takes<T>(1) && std::is_same_v<C, float>) {
     if (be.attention == gpu::AttentionKernel::tiled && gpu::kernels::tiled_attention::takes<T>(qkv.cols() / 3 / heads)) {
-      gpu::kernels::tiled_attention::backward(be.context(), qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(),
+      gpu::kernels::tiled_attention::backward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
+                                              lse.data(), cuda_detail::device_ptr(dout.data()), cuda_detail::device_ptr(dqkv.data()),
                                               delta.data(), qkv.rows(), qkv.cols() / 3, int(heads), seq_len);
       return;
     }

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Causal self-attention in tiles (FlashAttention-2's blocking), fp32, head dimension up to 64: the
-// fast path that backend::Cuda::attention = gpu::AttentionKernel::tiled selects.
+// Causal self-attention in tiles (FlashAttention-2's blocking), head dimension up to 64, float or
+// bf16 storage with float arithmetic (tiles, softmax statistics, lse and delta in float; each output
+// rounded once on its store, as the host backend's bf16 op): the fast path that
+// backend::Cuda::attention = gpu::AttentionKernel::tiled selects.
 //
 // The simple kernels of attention.cuh give each query (or key) one warp and read every K and V row
 // from global memory once per query: 25.8 GB per forward at GPT-2 small's shape, 13.9 ms on an H100
@@ -40,12 +42,13 @@ inline constexpr int stride = max_head_dim + 1;  // padded row: a column walk hi
 inline constexpr int threads = 256;              // 16 x 16
 inline constexpr int tile_floats = tile * stride;
 
-/// Stages `rows` rows (of `D` columns, `row_stride` apart) into a tile; the rest of the tile is zero,
-/// so padded rows and columns add nothing to a dot product.
-__device__ __forceinline__ void load_tile(float* to, const float* from, index_t row_stride, index_t rows, index_t D) {
+/// Stages `rows` rows (of `D` columns, `row_stride` apart) into a tile of floats (bf16 widened
+/// exactly); the rest of the tile is zero, so padded rows and columns add nothing to a dot product.
+template <class T>
+__device__ __forceinline__ void load_tile(float* to, const T* from, index_t row_stride, index_t rows, index_t D) {
   for (int idx = int(threadIdx.x); idx < tile * max_head_dim; idx += threads) {
     const int r = idx / max_head_dim, d = idx % max_head_dim;
-    to[r * stride + d] = r < rows && d < D ? from[index_t(r) * row_stride + d] : 0.0f;
+    to[r * stride + d] = r < rows && d < D ? to_acc(from[index_t(r) * row_stride + d]) : 0.0f;
   }
 }
 
@@ -95,17 +98,17 @@ __device__ __forceinline__ void rows_times_tile(float (&acc)[4][4], const float*
 }
 
 // grid (ceil(T / tile), H, S), 256 threads, 3 tiles of dynamic shared memory: Q, K (then P), V.
-// A template only so that every translation unit may include it (header-only).
-template <int = 0>
+// T: the storage type (float or __nv_bfloat16); arithmetic, tiles and lse in float.
+template <class T>
 __global__ void __launch_bounds__(threads)
-    forward_kernel(const float* qkv, float* out, float* lse, index_t C, int H, index_t Tn, float scale) {
+    forward_kernel(const T* qkv, T* out, float* lse, index_t C, int H, index_t Tn, float scale) {
   extern __shared__ float smem[];
   float* const qs = smem;
   float* const ks = qs + tile_floats;  // K, then P = softmax numerators of the tile
   float* const vs = ks + tile_floats;
   const int tx = int(threadIdx.x) % 16, ty = int(threadIdx.x) / 16, h = int(blockIdx.y);
   const index_t D = C / H, row3 = 3 * C, t0 = index_t(blockIdx.x) * tile, s0 = index_t(blockIdx.z) * Tn;
-  const float* const head = qkv + s0 * row3 + index_t(h) * D;  // q of the sequence's first row
+  const T* const head = qkv + s0 * row3 + index_t(h) * D;  // q of the sequence's first row
   load_tile(qs, head + t0 * row3, row3, Tn - t0 < tile ? Tn - t0 : tile, D);
   float m[4], l[4], o[4][4];
 #pragma unroll
@@ -159,20 +162,19 @@ __global__ void __launch_bounds__(threads)
   for (int i = 0; i < 4; ++i) {
     const index_t t = t0 + ty + 16 * i;
     if (t >= Tn) continue;
-    float* const row = out + (s0 + t) * C + index_t(h) * D;
+    T* const row = out + (s0 + t) * C + index_t(h) * D;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      if (tx + 16 * j < D) row[tx + 16 * j] = o[i][j] / l[i];
+      if (tx + 16 * j < D) row[tx + 16 * j] = from_acc<T>(o[i][j] / l[i]);
     if (tx == 0) lse[(s0 + t) * H + h] = m[i] + dev_log(l[i]);
   }
 }
 
 // dk, dv: grid (ceil(T / tile), H, S) over key tiles; 6 tiles of dynamic shared memory (K, V of the
 // block's keys; Q, dout, P^T, dS^T of each query tile) and the query tile's lse and delta.
-// A template only so that every translation unit may include it (header-only).
-template <int = 0>
+template <class T>
 __global__ void __launch_bounds__(threads)
-    dkv_kernel(const float* qkv, const float* lse, const float* dout, const float* delta, float* dqkv, index_t C, int H,
+    dkv_kernel(const T* qkv, const float* lse, const T* dout, const float* delta, T* dqkv, index_t C, int H,
                index_t Tn, float scale) {
   extern __shared__ float smem[];
   float* const ks = smem;
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__(threads)
   float* const delta_s = lse_s + tile;
   const int tx = int(threadIdx.x) % 16, ty = int(threadIdx.x) / 16, h = int(blockIdx.y);
   const index_t D = C / H, row3 = 3 * C, k0 = index_t(blockIdx.x) * tile, s0 = index_t(blockIdx.z) * Tn;
-  const float* const head = qkv + s0 * row3 + index_t(h) * D;
+  const T* const head = qkv + s0 * row3 + index_t(h) * D;
   const index_t keys = Tn - k0 < tile ? Tn - k0 : tile;
   load_tile(ks, head + k0 * row3 + C, row3, keys, D);
   load_tile(vs, head + k0 * row3 + 2 * C, row3, keys, D);
@@ -224,22 +226,21 @@ __global__ void __launch_bounds__(threads)
   for (int i = 0; i < 4; ++i) {
     const index_t u = k0 + ty + 16 * i;
     if (u >= Tn) continue;
-    float* const row = dqkv + (s0 + u) * row3 + index_t(h) * D;
+    T* const row = dqkv + (s0 + u) * row3 + index_t(h) * D;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       if (tx + 16 * j < D) {
-        row[C + tx + 16 * j] = dk[i][j];
-        row[2 * C + tx + 16 * j] = dv[i][j];
+        row[C + tx + 16 * j] = from_acc<T>(dk[i][j]);
+        row[2 * C + tx + 16 * j] = from_acc<T>(dv[i][j]);
       }
   }
 }
 
 // dq: grid (ceil(T / tile), H, S) over query tiles; 5 tiles of dynamic shared memory (Q, dout of the
 // block's queries; K, V, dS of each key tile).
-// A template only so that every translation unit may include it (header-only).
-template <int = 0>
+template <class T>
 __global__ void __launch_bounds__(threads)
-    dq_kernel(const float* qkv, const float* lse, const float* dout, const float* delta, float* dqkv, index_t C, int H,
+    dq_kernel(const T* qkv, const float* lse, const T* dout, const float* delta, T* dqkv, index_t C, int H,
               index_t Tn, float scale) {
   extern __shared__ float smem[];
   float* const qs = smem;
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(threads)
   float* const dss = vs + tile_floats;  // dS: [query][key]
   const int tx = int(threadIdx.x) % 16, ty = int(threadIdx.x) / 16, h = int(blockIdx.y);
   const index_t D = C / H, row3 = 3 * C, t0 = index_t(blockIdx.x) * tile, s0 = index_t(blockIdx.z) * Tn;
-  const float* const head = qkv + s0 * row3 + index_t(h) * D;
+  const T* const head = qkv + s0 * row3 + index_t(h) * D;
   const index_t queries = Tn - t0 < tile ? Tn - t0 : tile;
   load_tile(qs, head + t0 * row3, row3, queries, D);
   load_tile(gs, dout + (s0 + t0) * C + index_t(h) * D, C, queries, D);
@@ -287,10 +288,10 @@ __global__ void __launch_bounds__(threads)
   for (int i = 0; i < 4; ++i) {
     const index_t t = t0 + ty + 16 * i;
     if (t >= Tn) continue;
-    float* const row = dqkv + (s0 + t) * row3 + index_t(h) * D;
+    T* const row = dqkv + (s0 + t) * row3 + index_t(h) * D;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      if (tx + 16 * j < D) row[tx + 16 * j] = dq[i][j];
+      if (tx + 16 * j < D) row[tx + 16 * j] = from_acc<T>(dq[i][j]);
   }
 }
 
@@ -304,35 +305,43 @@ void allow_shared(Kernel kernel, std::size_t bytes) {
   CUPIPE_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-/// Whether the tiled kernels take a head of D columns in element type T.
+/// Whether the tiled kernels take a head of D columns in element type T: float or bf16 storage
+/// (host or device spelling), heads of 1 to 64 columns. Double stays on the simple kernels.
 template <class T>
 constexpr bool takes(index_t D) {
-  return std::is_same_v<T, float> && D >= 1 && D <= max_head_dim;
+  using E = std::remove_const_t<T>;
+  return (std::is_same_v<E, float> || std::is_same_v<E, bfloat16> || std::is_same_v<E, __nv_bfloat16>) && D >= 1 &&
+         D <= max_head_dim;
 }
 
-inline void forward(Context& ctx, const float* qkv, float* out, float* lse, index_t rows, index_t C, int H, index_t Tn) {
+/// T: float or __nv_bfloat16 (the device spelling; kernels::device_ptr converts).
+template <class T>
+void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index_t C, int H, index_t Tn) {
+  static_assert(takes<T>(1), "tiled attention: float or bf16 storage");
   if (rows == 0) return;
   const dim3 grid(unsigned((Tn + tile - 1) / tile), unsigned(H), unsigned(rows / Tn));
   const float scale = 1.0f / std::sqrt(float(C / H));  // as the host op
-  allow_shared(forward_kernel<>, forward_bytes);
-  forward_kernel<><<<grid, threads, forward_bytes, ctx.stream()>>>(qkv, out, lse, C, H, Tn, scale);
+  allow_shared(forward_kernel<T>, forward_bytes);
+  forward_kernel<T><<<grid, threads, forward_bytes, ctx.stream()>>>(qkv, out, lse, C, H, Tn, scale);
   CUPIPE_CHECK_LAUNCH();
 }
 
 /// dqkv (overwritten) from dout; `delta` is a workspace of rows * H floats.
-inline void backward(Context& ctx, const float* qkv, const float* out, const float* lse, const float* dout, float* dqkv,
-                     float* delta, index_t rows, index_t C, int H, index_t Tn) {
+template <class T>
+void backward(Context& ctx, const T* qkv, const T* out, const float* lse, const T* dout, T* dqkv, float* delta, index_t rows,
+              index_t C, int H, index_t Tn) {
+  static_assert(takes<T>(1), "tiled attention: float or bf16 storage");
   if (rows == 0) return;
   const unsigned delta_blocks = unsigned((rows * H + attention_warps - 1) / attention_warps);
   attention_delta_kernel<<<delta_blocks, 32 * attention_warps, 0, ctx.stream()>>>(out, dout, delta, rows, C, H);
   CUPIPE_CHECK_LAUNCH();
   const dim3 grid(unsigned((Tn + tile - 1) / tile), unsigned(H), unsigned(rows / Tn));
   const float scale = 1.0f / std::sqrt(float(C / H));
-  allow_shared(dkv_kernel<>, dkv_bytes);
-  dkv_kernel<><<<grid, threads, dkv_bytes, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale);
+  allow_shared(dkv_kernel<T>, dkv_bytes);
+  dkv_kernel<T><<<grid, threads, dkv_bytes, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale);
   CUPIPE_CHECK_LAUNCH();
-  allow_shared(dq_kernel<>, dq_bytes);
-  dq_kernel<><<<grid, threads, dq_bytes, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale);
+  allow_shared(dq_kernel<T>, dq_bytes);
+  dq_kernel<T><<<grid, threads, dq_bytes, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale);
   CUPIPE_CHECK_LAUNCH();
 }
 
