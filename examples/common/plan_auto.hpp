@@ -37,7 +37,7 @@ inline std::vector<int> profiled_microbatch_counts(index_t samples) {
   return planner::planned_microbatch_counts({1, 2, 3, 4}, samples, 64);
 }
 
-/// Plans one process on `workers` workers (one core each) for `batch` samples, with the stage counts
+/// Plans one process on `workers` workers (one BLAS thread each) for `batch` samples, with the stage counts
 /// and splits the program compiles (`split`: a virtual stage count's cuts, empty where it has none)
 /// and the schedules it compiles (`schedules`; empty: every one), prints the report, and returns the
 /// best layout (throws, naming the refusals, when none fits).
@@ -53,12 +53,13 @@ planner::Layout plan_in_process(planner::CostModel model, int workers, index_t b
   request.max_replicas = 1;
   request.all_devices = false;
   request.one_process = true;
+  request.cores = int(std::thread::hardware_concurrency());
   request.max_microbatches = int(std::min<index_t>(64, batch));
   request.split = std::move(split);
   const planner::Report report = plan(request);
   const planner::Layout best = report.best();
-  std::printf("--plan auto on %d workers (one core each), predicted from a profile of this machine:\n%s", workers,
-              planner::describe(report, request.model).c_str());
+  std::printf("--plan auto on %d workers (one BLAS thread each, %u cores), predicted from a profile of this machine:\n%s", workers,
+              unsigned(request.cores), planner::describe(report, request.model).c_str());
   return best;
 }
 
@@ -155,6 +156,7 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
   // Ranks sharing a node's cores slow each other. The first rank's count for every rank: nodes may
   // hold different counts, and every rank must plan from the same numbers.
   request.colocated = int(comm.sum_over_world(topology.rank == 0 ? double(planner::processes_on_this_node()) : 0.0));
+  request.cores = int(comm.sum_over_world(topology.rank == 0 ? double(std::thread::hardware_concurrency()) : 0.0));
   request.max_microbatches = int(std::clamp<index_t>(batch / topology.replicas, 1, 64));
   request.split = std::move(split);
   request.schedules = std::move(schedules);

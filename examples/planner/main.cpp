@@ -23,6 +23,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cupipe/cupipe.hpp"
@@ -219,6 +220,7 @@ int main(int argc, char** argv) {
       request.model.tensor_sum_bytes_per_second = tensor_sum.bytes_per_second;
       request.one_process = false;  // hand-overs between processes
       request.colocated = planner::processes_on_this_node();
+      request.cores = int(std::thread::hardware_concurrency());
       if (!json)
         std::printf("measured over MPI with %d processes: hand-over latency %.1f us, %.2f GB/s; gradient sum over %d "
                     "replicas %.2f GB/s\n",
@@ -252,7 +254,7 @@ int main(int argc, char** argv) {
       std::cout << nlohmann::json{{"predicted", true},          {"considered", report.considered},
                                   {"fit", report.ranked.size()}, {"search_seconds", seconds},
                                   {"ranked", ranked},          {"rejected", rejected},
-                                  {"measured_comm", measured_comm}}
+                                  {"measured_comm", measured_comm}, {"caveats", report.caveats}}
                        .dump()
                 << "\n";
     } else {

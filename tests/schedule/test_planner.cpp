@@ -420,6 +420,30 @@ TEST_CASE("planner: in one process a waiting receiver wakes later, the sender is
   CHECK(plan(request).best().step_seconds == Approx(separate).epsilon(1e-12));
 }
 
+TEST_CASE("planner: a layout with more workers than cores carries a caveat", "[planner]") {
+  planner::Request request = two_workers_in_one_process(2);
+  CHECK(plan(request).caveats.empty());  // cores unknown: no caveat
+  request.cores = 2;
+  CHECK(plan(request).caveats.empty());  // two workers, two cores
+  request.cores = 1;
+  const planner::Report one_core = plan(request);
+  REQUIRE(one_core.best().stages == 2);
+  REQUIRE(one_core.caveats.size() == 1);
+  CHECK_THAT(one_core.caveats[0], Catch::StartsWith("2 workers share 1 cores"));
+  CHECK_THAT(planner::describe(one_core, request.model), Catch::Contains("caveat: 2 workers share 1 cores"));
+  // Across processes, the processes on the node count, whatever the layout.
+  request.one_process = false;
+  request.max_replicas = 1;
+  request.cores = 2;
+  request.colocated = 2;
+  CHECK(plan(request).caveats.empty());
+  request.colocated = 4;
+  REQUIRE(plan(request).caveats.size() == 1);
+  CHECK_THAT(plan(request).caveats[0], Catch::StartsWith("4 processes share 2 cores"));
+  request.cores = -1;
+  CHECK_THROWS_WITH(plan(request), Catch::Contains("cores counts the machine's cores"));
+}
+
 TEST_CASE("planner: contention weights each instant by the workers busy then", "[planner]") {
   // Worker 0 runs [0, 2], worker 1 [1, 3] and [3, 4]: alone for 1, together for 1, alone for 1 more.
   schedule::SimResult sim;

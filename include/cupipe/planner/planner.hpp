@@ -152,6 +152,12 @@ struct Request {
   /// Ignored with one_process. Ranks that plan together must all pass the same count (e.g. the
   /// first rank's), or their plans may differ.
   int colocated = 0;
+  /// The cores of the machine the workers share (std::thread::hardware_concurrency()); 0: unknown.
+  /// Where the best layout puts more workers on them than there are cores (one_process: its
+  /// workers; across processes: `colocated`), the report says its prediction is weaker there
+  /// (Report::caveats): the workers take turns on the cores, and the cost model charges only the
+  /// contention it measured, not the waits for a core.
+  int cores = 0;
   /// What the program cannot run, beyond what the policies and `split` refuse: given a schedule's
   /// name, the stages, the replicas and the tensor-parallel ranks, the reason it cannot (the layout
   /// is then refused with it), or an empty string. Empty function: it runs every layout.
@@ -193,6 +199,9 @@ struct Report {
   std::vector<Layout> ranked;     ///< best first: every layout that fits and that its policy accepts
   std::vector<Rejected> rejected;
   std::size_t considered = 0;
+  /// Where a prediction is known to be weaker than the cost model's usual accuracy, one sentence
+  /// each (Request::cores).
+  std::vector<std::string> caveats;
   const Layout& best() const {
     CUPIPE_REQUIRE(!ranked.empty(), "planner: no layout fits (", rejected.size(), " refused; see Report::rejected)");
     return ranked.front();
@@ -837,6 +846,7 @@ Report search(const Request& request) {
                  "planner: update_seconds_per_param, step_overhead_seconds, action_overhead_seconds and wake_seconds must not be "
                  "negative");
   CUPIPE_REQUIRE(request.colocated >= 0, "planner: colocated counts the workers that share a machine; got ", request.colocated);
+  CUPIPE_REQUIRE(request.cores >= 0, "planner: cores counts the machine's cores (0: unknown); got ", request.cores);
   for (std::size_t n = 0; n < model.contention.size(); ++n)
     CUPIPE_REQUIRE(model.contention[n] > 0 && std::isfinite(model.contention[n]), "planner: contention[", n,
                    "] (an action's time with ", n + 1, " workers busy over its time alone) must be positive, got ",
@@ -931,6 +941,16 @@ Report search(const Request& request) {
     return *std::max_element(a.peak_bytes.begin(), a.peak_bytes.end()) <
            *std::max_element(b.peak_bytes.begin(), b.peak_bytes.end());
   });
+  if (request.cores > 0 && !report.ranked.empty()) {
+    const Layout& best = report.ranked.front();
+    const int sharing = request.one_process ? best.stages * best.replicas * best.tensor : request.colocated;
+    if (sharing > request.cores)
+      report.caveats.push_back(std::to_string(sharing) + (request.one_process ? " workers" : " processes") + " share " +
+                               std::to_string(request.cores) +
+                               " cores: they take turns on them, and the cost model charges only the contention it "
+                               "measured, not the waits for a core (4 processes on 2 cores measured 1-41% slower "
+                               "than predicted: docs/planner.md)");
+  }
   return report;
 }
 
@@ -979,6 +999,7 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
         << why_slower(report.ranked[i], best) << "\n";
   out << report.considered << " layouts considered, " << report.ranked.size() << " fit, " << report.rejected.size()
       << " refused\n";
+  for (const std::string& caveat : report.caveats) out << "caveat: " << caveat << "\n";
   return out.str();
 }
 
