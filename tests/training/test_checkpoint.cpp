@@ -110,6 +110,15 @@ TEMPLATE_TEST_CASE("checkpoint round trip restores parameters, optimizer state a
     require_same_state(loaded, sample_state<T>(2));
     CHECK(fresh.updates() == 2);
   }
+  SECTION("a default TrainingState records the trainer's own update count") {
+    const auto adamw = scheduled_adamw();
+    OneFOneB4<T> pipe({.microbatches = 4, .seed = 5});
+    train(pipe, adamw, 0, 2);
+    io::save_checkpoint(prefix, pipe, adamw, io::TrainingState{});
+    OneFOneB4<T> fresh({.microbatches = 4, .seed = 99});
+    CHECK(io::load_checkpoint(prefix, fresh, adamw).updates == 2);
+    CHECK(fresh.updates() == 2);
+  }
   SECTION("before any update: zero optimizer state, as at the start") {
     const optim::AdamW adamw;
     OneFOneB4<T> pipe({.microbatches = 1, .seed = 5});

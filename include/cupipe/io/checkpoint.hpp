@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <concepts>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
@@ -298,6 +299,11 @@ template <class Trainer, class Optimizer>
 void save_checkpoint(const std::filesystem::path& prefix, Trainer& trainer, const Optimizer&, TrainingState state) {
   using T = typename std::decay_t<decltype(trainer.parameters())>::value_type;
   const auto table = trainer.parameter_table();
+  // A default TrainingState records no updates, yet the optimizer state saved beside it is that of
+  // the trainer's updates so far: take the trainer's count, or AdamW's bias correction and an LR
+  // schedule would restart from 0 after a load (a newcomer's trainer did exactly that).
+  if constexpr (requires { { trainer.updates() } -> std::convertible_to<std::int64_t>; })
+    if (state.updates == 0) state.updates = trainer.updates();
   const std::string save_id = std::to_string(state.updates) + "-" + std::to_string(Rng(std::uint64_t(
       std::chrono::steady_clock::now().time_since_epoch().count())).next_u64());
 
