@@ -278,7 +278,7 @@ void causal_attention_forward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, D
                               index_t heads, index_t seq_len) {
   checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_forward");
-  if constexpr (gpu::kernels::tiled_attention::takes<T>(1) && std::is_same_v<C, float>) {
+  if constexpr (gpu::kernels::tiled_attention::stores<T> && std::is_same_v<C, float>) {
     if (be.attention == gpu::AttentionKernel::tiled && gpu::kernels::tiled_attention::takes<T>(qkv.cols() / 3 / heads)) {
       gpu::kernels::tiled_attention::forward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
                                              lse.data(), qkv.rows(), qkv.cols() / 3, int(heads), seq_len);
@@ -296,7 +296,7 @@ void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, 
   checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_backward");
   auto delta = be.template allocate<C>(qkv.rows() * heads, MemoryTag::workspace);
-  if constexpr (gpu::kernels::tiled_attention::takes<T>(1) && std::is_same_v<C, float>) {
+  if constexpr (gpu::kernels::tiled_attention::stores<T> && std::is_same_v<C, float>) {
     if (be.attention == gpu::AttentionKernel::tiled && gpu::kernels::tiled_attention::takes<T>(qkv.cols() / 3 / heads)) {
       gpu::kernels::tiled_attention::backward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
                                               lse.data(), cuda_detail::device_ptr(dout.data()), cuda_detail::device_ptr(dqkv.data()),

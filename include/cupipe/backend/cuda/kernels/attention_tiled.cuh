@@ -305,19 +305,24 @@ void allow_shared(Kernel kernel, std::size_t bytes) {
   CUPIPE_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-/// Whether the tiled kernels take a head of D columns in element type T: float or bf16 storage
-/// (host or device spelling), heads of 1 to 64 columns. Double stays on the simple kernels.
+/// The storage types the tiled kernels take: float and bf16 (host or device spelling). Double stays
+/// on the simple kernels.
+template <class T>
+inline constexpr bool stores = std::is_same_v<std::remove_const_t<T>, float> ||
+                               std::is_same_v<std::remove_const_t<T>, bfloat16> ||
+                               std::is_same_v<std::remove_const_t<T>, __nv_bfloat16>;
+
+/// Whether the tiled kernels take a head of D columns in element type T: a type they store, heads
+/// of 1 to 64 columns.
 template <class T>
 constexpr bool takes(index_t D) {
-  using E = std::remove_const_t<T>;
-  return (std::is_same_v<E, float> || std::is_same_v<E, bfloat16> || std::is_same_v<E, __nv_bfloat16>) && D >= 1 &&
-         D <= max_head_dim;
+  return stores<T> && D >= 1 && D <= max_head_dim;
 }
 
 /// T: float or __nv_bfloat16 (the device spelling; kernels::device_ptr converts).
 template <class T>
 void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index_t C, int H, index_t Tn) {
-  static_assert(takes<T>(1), "tiled attention: float or bf16 storage");
+  static_assert(stores<T>, "tiled attention: float or bf16 storage");
   if (rows == 0) return;
   const dim3 grid(unsigned((Tn + tile - 1) / tile), unsigned(H), unsigned(rows / Tn));
   const float scale = 1.0f / std::sqrt(float(C / H));  // as the host op
@@ -330,7 +335,7 @@ void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index
 template <class T>
 void backward(Context& ctx, const T* qkv, const T* out, const float* lse, const T* dout, T* dqkv, float* delta, index_t rows,
               index_t C, int H, index_t Tn) {
-  static_assert(takes<T>(1), "tiled attention: float or bf16 storage");
+  static_assert(stores<T>, "tiled attention: float or bf16 storage");
   if (rows == 0) return;
   const unsigned delta_blocks = unsigned((rows * H + attention_warps - 1) / attention_warps);
   attention_delta_kernel<<<delta_blocks, 32 * attention_warps, 0, ctx.stream()>>>(out, dout, delta, rows, C, H);
