@@ -58,6 +58,13 @@ TEST_CASE("cupipe::error carries message, call, file and line", "[cpu][core][err
       CHECK(std::string(e->what()) == e->message() + " (at " + e->file() + ":" + std::to_string(line) + ")");
     }
   }
+  SECTION("what() names a library header from its include root, other files as given") {
+    const cupipe::error e("bad file", "", "/opt/x/include/cupipe/io/checkpoint.hpp", 7);
+    CHECK(std::string(e.what()) == "bad file (at cupipe/io/checkpoint.hpp:7)");
+    CHECK(e.file() == "/opt/x/include/cupipe/io/checkpoint.hpp");
+    const cupipe::error user("bad flag", "", "/home/me/trainer/main.cpp", 9);
+    CHECK(std::string(user.what()) == "bad flag (at /home/me/trainer/main.cpp:9)");
+  }
   SECTION("constructed directly, e.g. to rethrow with more context") {
     const cupipe::error e("cudaMalloc failed: out of memory", "cudaMalloc(&p, 1 << 30)", "alloc.cuh", 42);
     CHECK(std::string(e.what()) == "cudaMalloc failed: out of memory [cudaMalloc(&p, 1 << 30)] (at alloc.cuh:42)");

@@ -32,8 +32,16 @@ class error : public std::runtime_error {
                             const std::string& file, int line) {
     std::string out = message;
     if (!call.empty()) out += " [" + call + "]";
-    out += " (at " + file + ":" + std::to_string(line) + ")";
+    out += " (at " + std::string(shown_file(file)) + ":" + std::to_string(line) + ")";
     return out;
+  }
+
+  /// The file as what() names it: a library header from its include root ("cupipe/io/checkpoint.hpp",
+  /// wherever it is installed or checked out), anything else as given. file() keeps the full path.
+  static std::string_view shown_file(std::string_view file) {
+    constexpr std::string_view root = "/include/cupipe/";
+    const std::size_t at = file.rfind(root);
+    return at == std::string_view::npos ? file : file.substr(at + root.size() - std::string_view("cupipe/").size());
   }
 
   std::string message_;
