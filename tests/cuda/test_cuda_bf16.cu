@@ -38,7 +38,6 @@ std::vector<double> widen(const std::vector<BF>& v) {
   for (const BF& x : v) out.push_back(double(float(x)));
   return out;
 }
-std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 /// Every element within `ulps` bf16 ulps of the host's (2^-8 relative each) plus 1e-6 of the largest.
 bool within_bf16(const std::vector<BF>& got, const std::vector<BF>& want, double ulps = 2) {

@@ -170,7 +170,7 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   const auto kernel = GENERATE(gpu::AttentionKernel::simple, gpu::AttentionKernel::tiled);
   const auto [heads, D, T, S] = GENERATE(table<index_t, index_t, index_t, index_t>(
       {{1, 4, 1, 3}, {2, 32, 7, 2}, {4, 16, 64, 2}, {12, 64, 128, 1}, {2, 96, 33, 1}, {1, 256, 40, 1}, {2, 64, 200, 2},
-       {3, 48, 130, 1}, {1, 64, 65, 3}}));
+       {3, 48, 130, 1}, {1, 64, 65, 3}, {1, 1, 5, 2}, {2, 33, 63, 1}}));
   Rng rng(std::uint64_t(heads * 1000 + D * 10 + T));
   Gpu gpu;
   gpu.attention = kernel;
@@ -190,6 +190,14 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   CAPTURE(int(kernel), heads, D, T, S);
   CHECK(relative_error(out.download(), rout) <= fp32_tolerance);
   CHECK(relative_error(lse.download(), rlse) <= fp32_tolerance);
+  if (kernel == gpu::AttentionKernel::tiled && D <= 64) {
+    // The op ran the tiled kernel, not a silent fallback: the same bits as calling that kernel directly.
+    auto direct = poisoned<float>(gpu, n * C), direct_lse = poisoned<float>(gpu, n * heads);
+    gpu::kernels::tiled_attention::forward(gpu.context(), dqkv_in.cview(sq).data(), direct.view(so).data(),
+                                           direct_lse.view(sl).data(), n, C, int(heads), T);
+    CHECK(direct.download() == out.download());
+    CHECK(direct_lse.download() == lse.download());
+  }
   // Backward from the GPU's own forward, against the host's from its own.
   ops::causal_attention_backward(gpu, dqkv_in.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), dqkv.view(sq), heads, T);
   ops::causal_attention_backward(ref, ConstView<double>{qkvd.data(), sq}, ConstView<double>{rout.data(), so},
@@ -286,6 +294,63 @@ TEST_CASE("softmax cross-entropy with masked (-inf) logits is finite and matches
   const auto got_d = dlog.download();
   for (float v : got_d) REQUIRE(std::isfinite(v));  // a masked logit's gradient is 0, not NaN
   CHECK(relative_error(got_d, rd) <= fp32_tolerance);
+}
+
+TEST_CASE("causal attention refuses more sequences than its grid takes, before it sizes its scratch",
+          "[gpu][cuda][ops][attention][errors]") {
+  const auto kernel = GENERATE(gpu::AttentionKernel::simple, gpu::AttentionKernel::tiled);
+  Gpu gpu;
+  gpu.attention = kernel;
+  const index_t rows = 65536;  // sequences of one row: one more than gridDim.z takes
+  auto qkv = gpu.allocate(rows * 3, MemoryTag::activations);
+  auto out = gpu.allocate(rows, MemoryTag::activations), lse = gpu.allocate(rows, MemoryTag::activations);
+  auto dqkv = gpu.allocate(rows * 3, MemoryTag::gradients);
+  const Shape sq{rows, 3}, so{rows, 1}, sl{rows, 1};
+  CHECK_THROWS_WITH(ops::causal_attention_forward(gpu, DeviceConstView<float>(qkv.view(sq)), out.view(so), lse.view(sl), 1, 1),
+                    Catch::Contains("65536 sequences of 1 rows") && Catch::Contains("split the microbatch"));
+  const std::int64_t workspace = gpu.memory.in_use(MemoryTag::workspace);
+  CHECK_THROWS_WITH(ops::causal_attention_backward(gpu, DeviceConstView<float>(qkv.view(sq)), DeviceConstView<float>(out.view(so)),
+                                                   DeviceConstView<float>(lse.view(sl)), DeviceConstView<float>(out.view(so)),
+                                                   dqkv.view(sq), 1, 1),
+                    Catch::Contains("more than the attention kernels' grid takes"));
+  CHECK(gpu.memory.in_use(MemoryTag::workspace) == workspace);
+}
+
+TEST_CASE("softmax cross-entropy: a NaN logit makes the loss and its row's gradient NaN, as on the host", "[gpu][cuda][ops]") {
+  // Row 1 holds -inf, -inf, -inf, NaN in its first pack (and in its first four logits when a thread
+  // takes one at a time): that thread's partial has no finite logit, and the NaN must not be dropped
+  // as an empty partial would be.
+  const index_t cols = GENERATE(as<index_t>{}, 7, 32, 1000);
+  constexpr index_t rows = 3;
+  Rng rng{std::uint64_t(cols) + 11};
+  Gpu gpu;
+  Ref ref;
+  const Shape s{rows, cols}, r{rows};
+  auto z = random_floats(rng, rows * cols, -4, 4);
+  for (index_t c = 0; c < 3; ++c) z[std::size_t(cols + c)] = -std::numeric_limits<float>::infinity();
+  z[std::size_t(cols + 3)] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::int32_t> labels(std::size_t(rows), std::int32_t(cols - 1));
+  const auto zd = cast<double>(z);
+  DeviceArray<float, Gpu> dz(gpu, z);
+  DeviceArray<std::int32_t, Gpu> dl(gpu, labels);
+  auto loss = poisoned<float>(gpu, 1);
+  // Poisoned outputs are NaN already: write a finite value first, so a NaN read back was computed.
+  ops::fill(gpu, loss.view(Shape{1}), 0.0f);
+  ops::softmax_cross_entropy_forward(gpu, dz.cview(s), dl.cview(r), loss.view(Shape{1}), rows);
+  std::vector<double> rloss(1);
+  const ConstView<std::int32_t> hl{labels.data(), r};
+  ops::softmax_cross_entropy_forward(ref, ConstView<double>{zd.data(), s}, hl, TensorView<double>{rloss.data(), Shape{1}}, rows);
+  REQUIRE(std::isnan(rloss[0]));
+  CHECK(std::isnan(loss.download()[0]));
+  DeviceArray<float, Gpu> dlog(gpu, std::vector<float>(std::size_t(rows * cols), 0.0f));
+  ops::softmax_cross_entropy_backward(gpu, dz.cview(s), dl.cview(r), dlog.view(s), rows);
+  std::vector<double> rd(z.size());
+  ops::softmax_cross_entropy_backward(ref, ConstView<double>{zd.data(), s}, hl, TensorView<double>{rd.data(), s}, rows);
+  const auto got = dlog.download();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(cols, i);
+    CHECK(std::isnan(got[i]) == std::isnan(rd[i]));
+  }
 }
 
 TEST_CASE("bias_backward refuses more rows than its grid takes before it sizes its scratch", "[gpu][cuda][ops][errors]") {

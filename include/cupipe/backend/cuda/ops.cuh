@@ -273,10 +273,20 @@ void layernorm_backward_weight(backend::Cuda<T, C>& be, DeviceConstView<T> x, De
 // Causal self-attention (layout in op_checks.hpp), flash-style kernels (kernels/attention.cuh); the
 // log-sum-exp per row and head is in the compute type.
 
+namespace cuda_detail {
+/// Both attention kernels put the heads in gridDim.y and the sequences in gridDim.z, 65535 at most each.
+inline void require_attention_grid(std::string_view op, index_t rows, index_t heads, index_t seq_len) {
+  CUPIPE_REQUIRE(rows / seq_len <= 65535 && heads <= 65535, op, ": ", rows / seq_len, " sequences of ", seq_len,
+                 " rows and ", heads, " heads in one call, more than the attention kernels' grid takes (65535 of each); "
+                 "split the microbatch");
+}
+}  // namespace cuda_detail
+
 template <class T, class C>
 void causal_attention_forward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, DeviceView<T> out, DeviceView<C> lse,
                               index_t heads, index_t seq_len) {
   checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
+  cuda_detail::require_attention_grid("causal_attention_forward", qkv.rows(), heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_forward");
   if constexpr (gpu::kernels::tiled_attention::stores<T> && std::is_same_v<C, float>) {
     if (be.attention == gpu::AttentionKernel::tiled && gpu::kernels::tiled_attention::takes<T>(qkv.cols() / 3 / heads)) {
@@ -294,6 +304,7 @@ template <class T, class C>
 void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, DeviceConstView<T> out, DeviceConstView<C> lse,
                                DeviceConstView<T> dout, DeviceView<T> dqkv, index_t heads, index_t seq_len) {
   checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
+  cuda_detail::require_attention_grid("causal_attention_backward", qkv.rows(), heads, seq_len);
   const cuda_detail::OpScope scope(be, "cupipe::causal_attention_backward");
   auto delta = be.template allocate<C>(qkv.rows() * heads, MemoryTag::workspace);
   if constexpr (gpu::kernels::tiled_attention::stores<T> && std::is_same_v<C, float>) {

@@ -114,10 +114,13 @@ struct MaxSum {
   A sum;
 };
 
+/// Empty partials (max -inf, sum 0: no logit, or only masked ones) drop out. A partial whose logits
+/// were NaN (and -inf) has max -inf but sum NaN: it is not empty, and its NaN reaches the result, as
+/// the host's sum does (NaN * exp(-inf) = NaN).
 template <class A>
 __device__ __forceinline__ MaxSum<A> combine(MaxSum<A> a, MaxSum<A> b) {
-  if (a.max == -INFINITY) return b;
-  if (b.max == -INFINITY) return a;
+  if (a.max == -INFINITY && a.sum == A(0)) return b;
+  if (b.max == -INFINITY && b.sum == A(0)) return a;
   const A m = a.max > b.max ? a.max : b.max;
   return {m, a.sum * dev_exp(a.max - m) + b.sum * dev_exp(b.max - m)};
 }
