@@ -39,9 +39,9 @@ class error : public std::runtime_error {
   /// The file as what() names it: a library header from its include root ("cupipe/io/checkpoint.hpp",
   /// wherever it is installed or checked out), anything else as given. file() keeps the full path.
   static std::string_view shown_file(std::string_view file) {
-    constexpr std::string_view root = "/include/cupipe/";
-    const std::size_t at = file.rfind(root);
-    return at == std::string_view::npos ? file : file.substr(at + root.size() - std::string_view("cupipe/").size());
+    constexpr std::string_view include_dir = "/include/";
+    const std::size_t at = file.rfind("/include/cupipe/");
+    return at == std::string_view::npos ? file : file.substr(at + include_dir.size());
   }
 
   std::string message_;

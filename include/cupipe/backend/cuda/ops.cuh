@@ -274,11 +274,12 @@ void layernorm_backward_weight(backend::Cuda<T, C>& be, DeviceConstView<T> x, De
 // log-sum-exp per row and head is in the compute type.
 
 namespace cuda_detail {
-/// Both attention kernels put the heads in gridDim.y and the sequences in gridDim.z, 65535 at most each.
+/// Both attention kernels put the heads in gridDim.y and the sequences in gridDim.z.
 inline void require_attention_grid(std::string_view op, index_t rows, index_t heads, index_t seq_len) {
-  CUPIPE_REQUIRE(rows / seq_len <= 65535 && heads <= 65535, op, ": ", rows / seq_len, " sequences of ", seq_len,
-                 " rows and ", heads, " heads in one call, more than the attention kernels' grid takes (65535 of each); "
-                 "split the microbatch");
+  constexpr index_t most = gpu::kernels::max_grid_yz;
+  CUPIPE_REQUIRE(rows / seq_len <= most && heads <= most, op, ": ", rows / seq_len, " sequences of ", seq_len,
+                 " rows and ", heads, " heads in one call, more than the attention kernels' grid takes (", most,
+                 " of each); split the microbatch");
 }
 }  // namespace cuda_detail
 

@@ -107,6 +107,9 @@ __device__ __forceinline__ T block_sum(T v, T* shared) {
   return warp_sum(v);
 }
 
+/// The largest gridDim.y or gridDim.z a launch takes; kernels that put a count there refuse more first.
+inline constexpr index_t max_grid_yz = 65535;
+
 /// A running softmax normaliser: max m and sum of exp(z - m).
 template <class A>
 struct MaxSum {

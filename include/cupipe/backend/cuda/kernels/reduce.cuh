@@ -68,8 +68,8 @@ void column_sums(Context& ctx, index_t rows, index_t cols, F f, T* out0, T* out1
   if (rows == 0 || cols == 0) return;
   const index_t chunks = (rows + column_chunk_rows - 1) / column_chunk_rows;
   // Refused before the scratch is sized for it: a too-large input must not grow the scratch first.
-  CUPIPE_REQUIRE(chunks <= 65535, "column sums: ", rows, " rows is more than this kernel's grid allows (at most ",
-                 index_t(65535) * column_chunk_rows, ")");
+  CUPIPE_REQUIRE(chunks <= max_grid_yz, "column sums: ", rows, " rows is more than this kernel's grid allows (at most ",
+                 max_grid_yz * column_chunk_rows, ")");
   auto* partial = static_cast<A*>(ctx.scratch(std::size_t(chunks * K * cols) * sizeof(A)));
   const dim3 block(column_tile, column_row_lanes);
   const dim3 grid(unsigned((cols + column_tile - 1) / column_tile), unsigned(chunks));
