@@ -3,9 +3,9 @@
 #   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir>
 #         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|post_validation|bf16 [-DBF16=0|1]
 #         [-DMPIRUN=<mpirun command line, ;-separated>] [-DHOST_TRAINER=<path>] -P run_gpt_trainer.cmake
-# learns: 200 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
+# learns: 100 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed. With -DBF16=1 (a
-#         trainer built with bf16 host training) the same 200 steps with --precision bf16 (Host<bfloat16,
+#         trainer built with bf16 host training) the same 100 steps with --precision bf16 (Host<bfloat16,
 #         float>) also learn and end within 1.5% of the fp32 run.
 # resume: 6 steps, save, resume to 12, save; against 12 straight steps: the same tensor bytes in both
 #         files (weights with nanoGPT's names, AdamW state) and the same data position.
@@ -39,7 +39,7 @@ set(common --data "${DATA_DIR}" --schedule 1f1b --stages 2 --microbatches 4 --ba
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 if(MODE STREQUAL "learns")
-  run_trainer(--steps 200 --warmup 20 --lr 3e-3 --eval-every 100 --eval-batches 4 --sample 60)
+  run_trainer(--steps 100 --warmup 10 --lr 3e-3 --eval-every 50 --eval-batches 4 --sample 60)
   foreach(key held_out_loss held_out_bits_per_byte unigram_loss train_loss steps seconds tokens_per_second
               bubble_fraction_measured curve)
     string(JSON value ERROR_VARIABLE missing GET "${summary}" ${key})
@@ -51,26 +51,28 @@ if(MODE STREQUAL "learns")
   string(JSON unigram GET "${summary}" unigram_loss)
   string(JSON points LENGTH "${summary}" curve)
   if(NOT held_out LESS unigram)
-    message(FATAL_ERROR "held-out loss ${held_out} after 200 steps is not below the unigram baseline ${unigram}")
+    message(FATAL_ERROR "held-out loss ${held_out} after 100 steps is not below the unigram baseline ${unigram}")
   endif()
   if(NOT points EQUAL 2)
-    message(FATAL_ERROR "expected 2 evaluations on the curve (steps 100 and 200), got ${points}")
+    message(FATAL_ERROR "expected 2 evaluations on the curve (steps 50 and 100), got ${points}")
   endif()
   message("learned: held-out loss ${held_out} < unigram ${unigram}")
   if(BF16)
-    # The same 200 steps in bf16: it learns too, and lands within 1.5% of fp32 (0.05% apart when
-    # written; the 1,000-step curves of both are in docs/benchmarks.md).
+    # The same 100 steps in bf16: it learns too, and lands within 1.5% of fp32 (0.36% apart when
+    # written, 2.917 against 2.907 with a unigram baseline of 3.312; the 1,000-step curves of both
+    # are in docs/benchmarks.md). 100 steps, not 200: the margin over the baseline was already 0.4
+    # nats at 100, and the test is CI's longest (177 s of two threads at 200).
     set(fp32_held_out "${held_out}")
-    run_trainer(--steps 200 --warmup 20 --lr 3e-3 --eval-every 100 --eval-batches 4 --sample 0 --precision bf16)
+    run_trainer(--steps 100 --warmup 10 --lr 3e-3 --eval-every 50 --eval-batches 4 --sample 0 --precision bf16)
     string(JSON precision GET "${summary}" precision)
     string(JSON held_out GET "${summary}" held_out_loss)
     if(NOT precision STREQUAL "bf16")
       message(FATAL_ERROR "the summary reports precision '${precision}', expected bf16: ${summary}")
     endif()
     if(NOT held_out LESS unigram)
-      message(FATAL_ERROR "bf16: held-out loss ${held_out} after 200 steps is not below the unigram baseline ${unigram}")
+      message(FATAL_ERROR "bf16: held-out loss ${held_out} after 100 steps is not below the unigram baseline ${unigram}")
     endif()
-    expect_close("bf16 against fp32 held-out loss after 200 steps" "${held_out}" "${fp32_held_out}" 15000)
+    expect_close("bf16 against fp32 held-out loss after 100 steps" "${held_out}" "${fp32_held_out}" 15000)
     message("bf16 learned too: held-out loss ${held_out} (fp32 ${fp32_held_out})")
   endif()
 elseif(MODE STREQUAL "resume")
