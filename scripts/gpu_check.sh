@@ -9,7 +9,8 @@
 # OUT/<step>.log and reported PASS, FAIL, SKIP or TIMEOUT with the command that reproduces it; a
 # failing step does not stop the others, and the exit status is non-zero when any step failed.
 #
-#   scripts/gpu_check.sh [--out DIR] [--build DIR] [--deps DIR] [--steps LIST] [--quick] [--label TEXT]
+#   scripts/gpu_check.sh [--out DIR] [--build DIR] [--deps DIR] [--steps LIST] [--deadline S] [--pack FILE]
+#                        [--quick] [--label TEXT]
 #
 #   --out DIR     where the report and logs go (default out/gpu_check)
 #   --build DIR   the CUDA build folder (default build/gpu)
@@ -17,27 +18,41 @@
 #                 themselves, which are unpacked into DIR/root first. scripts/gpu_deps.sh DIR fetches
 #                 them on a Debian machine: Catch2, OpenBLAS, nlohmann-json, CLI11, zlib, and the data
 #                 (Fashion-MNIST, fortunes).
-#   --steps LIST  a comma-separated subset of: build,test,sanitize,kernels,pipeline,mlp,gpt,torch
+#   --steps LIST  a comma-separated subset of build,test,gpt,torch,sanitize,kernels,mlp,pipeline, run in
+#                 the order given (build always first); the default is that list, most wanted first:
+#                 what has never run on a GPU is checked before it is timed
+#   --deadline S  finish within S seconds of the start: a step that would start with under 10 s left
+#                 is skipped (SKIP, "deadline"), a running one is stopped at the deadline (TIMEOUT),
+#                 and 15 s are kept for the report and the pack. For a lease with a limit per call.
+#   --pack FILE   at the end, pack the output folder into FILE (.tgz): one file to bring back
 #   --quick       fewer repeats and steps (a smoke run; its figures are not for the record)
 #   --label TEXT  what is being checked, for the report (default: git describe, when there is a .git)
 #
 # Environment: CUPIPE_GPU_TARGETS=a,b builds only those targets; CUPIPE_SANITIZER_TIMEOUT=S bounds
-# each compute-sanitizer run (default 300 s). The whole run takes about 10 minutes on an H100 machine
-# with 16 cores, 4 to 6 minutes of it building (docs/gpu_notes.md).
+# each compute-sanitizer run (default 300 s). The whole run took about 10 minutes on an H100 machine
+# with 16 cores, 4 to 6 minutes of it building (docs/gpu_notes.md has a plan for a 15-minute lease).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/out/gpu_check"
 build="$root/build/gpu"
 deps=""
-steps="build,test,sanitize,kernels,pipeline,mlp,gpt,torch"
+all_steps="build,test,gpt,torch,sanitize,kernels,mlp,pipeline"
+steps="$all_steps"
 quick=0
 label=""
+deadline=""
+pack=""
+started=$SECONDS
 while [ $# -gt 0 ]; do
   case "$1" in
+    --out|--build|--deps|--steps|--deadline|--pack|--label)
+      [ $# -ge 2 ] || { echo "gpu_check: $1 needs a value (see --help)" >&2; exit 2; } ;;&
     --out) out="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --deps) deps="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
+    --deadline) deadline="$2"; shift 2 ;;
+    --pack) pack="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
     --label) label="$2"; shift 2 ;;
     -h|--help) awk 'NR > 2 && /^#/ { sub(/^# ?/, ""); print; next } NR > 2 { exit }' "$0"; exit 0 ;;
@@ -45,13 +60,21 @@ while [ $# -gt 0 ]; do
   esac
 done
 for s in ${steps//,/ }; do
-  case "$s" in build|test|sanitize|kernels|pipeline|mlp|gpt|torch) ;;
-    *) echo "gpu_check: unknown step '$s' in --steps (build,test,sanitize,kernels,pipeline,mlp,gpt,torch)" >&2; exit 2 ;;
+  case ",$all_steps," in *",$s,"*) ;;
+    *) echo "gpu_check: unknown step '$s' in --steps ($all_steps)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$deadline" ] && ! { [[ "$deadline" =~ ^[0-9]+$ ]] && [ "$deadline" -ge 30 ]; }; then
+  echo "gpu_check: --deadline takes whole seconds, at least 30 (15 are kept for the report), got '$deadline'" >&2; exit 2
+fi
 wants() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out" || { echo "gpu_check: cannot create $out" >&2; exit 2; }
 out="$(cd "$out" && pwd)"
+if [ -n "$pack" ]; then
+  mkdir -p "$(dirname "$pack")" && pack="$(cd "$(dirname "$pack")" && pwd)/$(basename "$pack")" ||
+    { echo "gpu_check: cannot create the folder of --pack $pack" >&2; exit 2; }
+  case "$pack" in "$out"/*) echo "gpu_check: --pack $pack lies inside --out $out" >&2; exit 2 ;; esac
+fi
 jobs="$(nproc)"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 command -v nvcc >/dev/null || { echo "gpu_check: no nvcc on PATH or in /usr/local/cuda/bin" >&2; exit 2; }
@@ -94,12 +117,21 @@ export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 : >"$out/steps.tsv"
 failed=0
 # step NAME COMMAND...: runs the command with its output in OUT/NAME.log, and records the outcome.
+# With --deadline, a step with under 10 s left is skipped and a running one stops at the deadline.
 step() {
   local name="$1"; shift
-  local t0 t1 rc status
+  local t0 t1 rc status left=""
+  if [ -n "$deadline" ]; then
+    left=$(( deadline - 15 - (SECONDS - started) ))
+    if [ "$left" -lt 10 ]; then skip "$name" "deadline: ${deadline} s, $(( SECONDS - started )) s gone"; return 0; fi
+  fi
   echo "== $name: $*"
   t0=$(date +%s.%N)
-  ( cd "$root" && "$@" ) >"$out/$name.log" 2>&1
+  if [ -n "$left" ]; then
+    ( cd "$root" && timeout --kill-after=5 "$left" "$@" ) >"$out/$name.log" 2>&1
+  else
+    ( cd "$root" && "$@" ) >"$out/$name.log" 2>&1
+  fi
   rc=$?
   t1=$(date +%s.%N)
   if [ $rc -eq 0 ]; then status=PASS; elif [ $rc -eq 77 ]; then status=SKIP
@@ -126,30 +158,30 @@ cat "$out/machine.txt"
 
 targets=(test_cuda_ops test_cuda_pipeline gpt_train mlp_fashion_mnist bench_kernels bench_gpt_step pipeline_throughput)
 if [ -n "${CUPIPE_GPU_TARGETS:-}" ]; then read -ra targets <<<"${CUPIPE_GPU_TARGETS//,/ }"; fi
-if wants build; then
+run_build() {
   step configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
     -DCUPIPE_ENABLE_CUDA=ON -DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_BUILD_BENCH=ON \
     "-DCUPIPE_TEST_AREAS_ONLY=cuda;comm;examples" "${cmake_args[@]}"
   # NCCL's two-rank check exists where NCCL and MPI were found (it skips with fewer than two GPUs).
   if cmake --build "$build" --target help 2>/dev/null | grep -q "^nccl_check:"; then targets+=(nccl_check); fi
   step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
-fi
+}
 bin_ok() { [ -x "$build/$1" ]; }
 
-if wants test; then
+run_test() {
   if bin_ok tests/cuda/test_cuda_ops; then
     # Serially: a GPU test that times two streams against one kernel alone wants the GPU to itself.
     step test ctest --test-dir "$build" --output-on-failure --timeout 300 -L "gpu|multi_gpu" -LE headers
   else skip test "the build did not produce the test programs"; fi
-fi
+}
 
-if wants mlp; then
+run_mlp() {
   if bin_ok examples/mlp_fashion_mnist/mlp_fashion_mnist && [ -d "$fashion" ]; then
     step mlp timeout 180 "$build/examples/mlp_fashion_mnist/mlp_fashion_mnist" --backend cuda --data "$fashion" --stages 2 \
       --schedule 1f1b --epochs "$([ $quick = 1 ] && echo 1 || echo 3)" --progress lines
   else skip mlp "no mlp_fashion_mnist or no Fashion-MNIST in $fashion"; fi
-fi
-if wants sanitize; then
+}
+run_sanitize() {
   if command -v compute-sanitizer >/dev/null && bin_ok tests/cuda/test_cuda_ops; then
     # Each under a deadline (TIMEOUT in the report): the tools slow kernels down many times over.
     cs=(timeout "${CUPIPE_SANITIZER_TIMEOUT:-300}" compute-sanitizer --error-exitcode 1 --print-limit 20)
@@ -162,31 +194,31 @@ if wants sanitize; then
     step initcheck_ops "${cs[@]}" --tool initcheck "$build/tests/cuda/test_cuda_ops"
     step initcheck_pipeline "${cs[@]}" --tool initcheck "$build/tests/cuda/test_cuda_pipeline" "~[multi_gpu]"
   else skip sanitize "no compute-sanitizer or no test programs"; fi
-fi
+}
 
 repeats=(); [ $quick = 1 ] && repeats=(--quick)
-if wants kernels; then
+run_kernels() {
   if bin_ok bench/kernels/bench_kernels; then
     step kernels timeout 300 "$build/bench/kernels/bench_kernels" --json "$out/kernels.json" "${repeats[@]}"
   else skip kernels "no bench_kernels"; fi
-fi
-if wants pipeline; then
+}
+run_pipeline() {
   if bin_ok bench/pipeline_throughput/pipeline_throughput; then
     step pipeline timeout 300 "$build/bench/pipeline_throughput/pipeline_throughput" --models mlp,wide --stages 2,4 \
       --microbatches 8,16,32 --json "$out/pipeline.json"
   else skip pipeline "no pipeline_throughput"; fi
-fi
+}
 gpt_steps=20; [ $quick = 1 ] && gpt_steps=5
-if wants gpt; then
+run_gpt() {
   if bin_ok bench/gpt_step/bench_gpt_step; then
     step gpt_tf32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
-    step gpt_fp32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
     step gpt_tf32_tiled timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
     step gpt_bf16 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16
     step gpt_bf16_tiled timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16 --attention tiled
+    step gpt_fp32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
   else skip gpt "no bench_gpt_step"; fi
-fi
-if wants torch; then
+}
+run_torch() {
   if command -v python3 >/dev/null && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     py=(python3 "$root/bench/gpt_step/gpt2_pytorch.py" --batch 8 --steps $gpt_steps --json "$out/torch.jsonl")
     rm -f "$out/torch.jsonl"
@@ -195,7 +227,13 @@ if wants torch; then
     step torch_compile_tf32 "${py[@]}" --precision tf32 --compile
     step torch_compile_bf16 "${py[@]}" --precision bf16 --compile
   else skip torch "no python3 with PyTorch and CUDA"; fi
-fi
+}
+
+# Build first, then the other steps in the order --steps gives.
+wants build && run_build
+for s in ${steps//,/ }; do
+  [ "$s" = build ] || "run_$s"
+done
 
 # ---- the report ----------------------------------------------------------------------------------
 {
@@ -250,4 +288,9 @@ json.dump(res, open(os.path.join(out, "results.json"), "w"), indent=1)
 EOF
 echo "== report: $out/report.md"
 awk -F'\t' '{ printf "%-20s %-5s %8s s\n", $1, $2, $3 }' "$out/steps.tsv"
+if [ -n "$pack" ]; then
+  if tar czf "$pack" -C "$(dirname "$out")" "$(basename "$out")"; then echo "== packed: $pack ($(du -h "$pack" | cut -f1))"
+  else echo "gpu_check: could not pack $out into $pack" >&2; failed=1; fi
+fi
+echo "== done in $(( SECONDS - started )) s"
 exit $failed

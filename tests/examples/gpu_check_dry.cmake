@@ -1,0 +1,85 @@
+# SPDX-License-Identifier: Apache-2.0
+# scripts/gpu_check.sh without a GPU, against stand-ins for nvidia-smi, nvcc and cmake on PATH: what a
+# lease with a limit per call depends on, checked where CI runs.
+#   cmake -DSCRIPT=<scripts/gpu_check.sh> -DWORK_DIR=<scratch folder> -P gpu_check_dry.cmake
+# 1. Steps run in the order --steps gives (the build first): with no programs built, test, torch and
+#    gpt each record a skip, in that order; the run passes, and --pack holds the report.
+# 2. --deadline 30 (15 s kept for the report): the stand-in configure, which sleeps 60 s, is stopped at
+#    the deadline (TIMEOUT), the build after it is skipped ("deadline"), the run fails, the report and
+#    the pack are still written, and the whole run ends in well under the 60 s.
+cmake_minimum_required(VERSION 3.19)
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(bin "${WORK_DIR}/bin")
+file(MAKE_DIRECTORY "${bin}" "${WORK_DIR}/empty_build")
+file(WRITE "${bin}/nvidia-smi" "#!/bin/sh\necho 'stand-in GPU, 0.0, 1 MiB, 1 MHz, 1 W'\n")
+file(WRITE "${bin}/nvcc" "#!/bin/sh\necho 'Cuda compilation tools, release 0.0, V0.0.0'\n")
+# The configure step sleeps; `cmake --version`, `cmake --build DIR --target help` (the NCCL probe) and
+# the build answer at once.
+file(WRITE "${bin}/cmake" "#!/bin/sh\ncase \"$*\" in --version) echo 'cmake version 0.0' ;; *--build*) ;; *) exec sleep 60 ;; esac\n")
+foreach(tool nvidia-smi nvcc cmake)
+  file(CHMOD "${bin}/${tool}" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE)
+endforeach()
+set(path "${bin}:$ENV{PATH}")
+
+function(check_run label expect_rc)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env "PATH=${path}" bash "${SCRIPT}" ${ARGN}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 55)
+  message("$ gpu_check.sh ${ARGN}\n${out}${err}")
+  if(NOT rc STREQUAL "${expect_rc}")
+    message(FATAL_ERROR "${label}: gpu_check.sh exited '${rc}', expected ${expect_rc}")
+  endif()
+endfunction()
+
+function(read_steps out_dir out_var)
+  if(NOT EXISTS "${out_dir}/steps.tsv" OR NOT EXISTS "${out_dir}/report.md")
+    message(FATAL_ERROR "no steps.tsv or report.md in ${out_dir}")
+  endif()
+  file(STRINGS "${out_dir}/steps.tsv" rows)
+  set(summary "")
+  foreach(row IN LISTS rows)
+    string(REPLACE "\t" ";" cells "${row}")
+    list(GET cells 0 name)
+    list(GET cells 1 status)
+    list(GET cells 3 why)
+    list(APPEND summary "${name}=${status}")
+    set(why_${name} "${why}" PARENT_SCOPE)
+  endforeach()
+  set(${out_var} "${summary}" PARENT_SCOPE)
+endfunction()
+
+function(check_pack pack)
+  file(MAKE_DIRECTORY "${pack}.unpacked")
+  execute_process(COMMAND ${CMAKE_COMMAND} -E tar xzf "${pack}" WORKING_DIRECTORY "${pack}.unpacked" RESULT_VARIABLE rc)
+  file(GLOB report "${pack}.unpacked/*/report.md")
+  if(NOT rc EQUAL 0 OR NOT report)
+    message(FATAL_ERROR "${pack} does not unpack to a folder holding report.md")
+  endif()
+endfunction()
+
+# 1. The order of --steps, and the pack.
+check_run("order" 0 --steps test,torch,gpt --build "${WORK_DIR}/empty_build" --out "${WORK_DIR}/order"
+          --pack "${WORK_DIR}/order.tgz" --label dry)
+read_steps("${WORK_DIR}/order" steps)
+if(NOT steps STREQUAL "test=SKIP;torch=SKIP;gpt=SKIP")
+  message(FATAL_ERROR "order: expected the steps test, torch, gpt, each skipped, in that order; steps.tsv says ${steps}")
+endif()
+check_pack("${WORK_DIR}/order.tgz")
+
+# 2. The deadline.
+string(TIMESTAMP t0 "%s")
+check_run("deadline" 1 --steps build --build "${WORK_DIR}/deadline_build" --out "${WORK_DIR}/deadline" --deadline 30
+          --pack "${WORK_DIR}/deadline.tgz" --label dry)
+string(TIMESTAMP t1 "%s")
+math(EXPR took "${t1} - ${t0}")
+read_steps("${WORK_DIR}/deadline" steps)
+if(NOT steps STREQUAL "configure=TIMEOUT;build=SKIP")
+  message(FATAL_ERROR "deadline: expected configure stopped (TIMEOUT) and build skipped; steps.tsv says ${steps}")
+endif()
+if(NOT why_build MATCHES "^deadline: 30 s")
+  message(FATAL_ERROR "deadline: the build's skip does not give the deadline as its reason: '${why_build}'")
+endif()
+if(took GREATER 40)
+  message(FATAL_ERROR "deadline: a run with --deadline 30 took ${took} s")
+endif()
+check_pack("${WORK_DIR}/deadline.tgz")
+message("gpu_check.sh runs its steps in the order given, keeps a deadline of 30 s (${took} s) and packs its report")
