@@ -464,6 +464,45 @@ TEST_CASE("planner: contention weights each instant by the workers busy then", "
   sim.times = {{{0, 1}}, {{0, 1}}};
   CHECK(planner::detail::contention_factors(sim, {1.0, 1.5}, 0.5) == std::vector<double>{1.0, 1.0});
   CHECK(planner::detail::contention_factors(sim, {1.0, 1.5, 2.0}, 1.5) == std::vector<double>{2.0, 2.0});
+  // With the cores known, three workers busy at once on two cores each have two thirds of a core.
+  sim.times = {{{0, 1}}, {{0, 1}}, {{0, 1}}, {}};
+  CHECK(planner::detail::contention_factors(sim, {1.0, 1.5}, 1, 2) == std::vector<double>{2.25, 2.25, 2.25, 1.0});
+  CHECK(planner::detail::contention_factors(sim, {1.0, 1.5}, 1, 4) == std::vector<double>{1.5, 1.5, 1.5, 1.0});
+}
+
+TEST_CASE("planner: beyond the measured contention, workers that outnumber the cores share them", "[planner]") {
+  using planner::detail::contention_at;
+  const std::vector<double> two = {1.0, 1.5};
+  CHECK(contention_at(two, 1, 2) == 1.0);
+  CHECK(contention_at(two, 2, 2) == 1.5);
+  CHECK(contention_at(two, 3, 0) == 1.5);                   // cores unknown: the last entry
+  CHECK(contention_at(two, 3, 2) == Approx(2.25).epsilon(1e-12));  // 1.5 x 3/2
+  CHECK(contention_at(two, 4, 2) == Approx(3.0).epsilon(1e-12));
+  CHECK(contention_at(two, 5, 8) == 1.5);                   // within 8 cores: no turns to take
+  CHECK(contention_at(two, 12, 8) == Approx(1.5 * 12 / 8).epsilon(1e-12));
+  // Measured beyond the cores (4 processes of a node on 2 cores): the entries hold the turns already.
+  const std::vector<double> four = {1.0, 1.2, 1.9, 2.6};
+  CHECK(contention_at(four, 4, 2) == 2.6);
+  CHECK(contention_at(four, 6, 2) == Approx(2.6 * 6 / 4).epsilon(1e-12));
+  // In the planner: three workers of one process on two cores, three microbatches of GPipe (the
+  // three busy at once in its middle), predicted slower than where the cores are unknown or four.
+  planner::Request request = two_workers_in_one_process(3);
+  request.devices = 3;
+  request.stage_counts = {3};
+  request.model = uniform(3);
+  request.model.contention = {1.0, 1.1};
+  const auto step = [&](int cores) {
+    request.cores = cores;
+    const planner::Report report = plan(request);
+    const auto it = std::find_if(report.ranked.begin(), report.ranked.end(),
+                                 [&](const planner::Layout& l) { return l.stages == 3 && l.microbatches == 3; });
+    REQUIRE(it != report.ranked.end());
+    return it->step_seconds;
+  };
+  const double unknown = step(0), four_cores = step(4), two_cores = step(2);
+  CHECK(four_cores == Approx(unknown).epsilon(1e-12));
+  CHECK(two_cores > unknown * 1.01);
+  CHECK(two_cores < unknown * 1.5);  // only the part of the step with all three busy takes turns
 }
 
 TEST_CASE("planner: in one process, workers computing at once are slower by the measured contention", "[planner]") {

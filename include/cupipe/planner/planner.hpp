@@ -101,9 +101,11 @@ struct CostModel {
   /// Workers that share a machine's cores (threads of one process, or the processes of one node,
   /// Request::colocated): entry n - 1 is how much longer an action takes while n workers compute
   /// at once than alone (they share caches and memory bandwidth, and beyond the cores they
-  /// time-slice); entry 0 is 1, and more workers than entries take the last (planner::calibrate
-  /// measures as many as the machine has cores, or as the launcher put processes on this node,
-  /// 2 to 8). Empty: none (a device backend, whose workers each have a device).
+  /// time-slice); entry 0 is 1, and more workers than entries take the last, times their share
+  /// of a core where they also outnumber Request::cores (planner::detail::contention_at;
+  /// planner::calibrate measures as many as the machine has cores, or as the launcher put
+  /// processes on this node, 2 to 8). Empty: none (a device backend, whose workers each have a
+  /// device).
   /// planner::contention measures it.
   std::vector<double> contention{};
   /// The model split over tensor-parallel groups, per degree (empty: no tensor parallelism).
@@ -153,10 +155,11 @@ struct Request {
   /// first rank's), or their plans may differ.
   int colocated = 0;
   /// The cores of the machine the workers share (std::thread::hardware_concurrency()); 0: unknown.
-  /// Where the best layout puts more workers on them than there are cores (one_process: its
-  /// workers; across processes: `colocated`), the report says its prediction is weaker there
-  /// (Report::caveats): the workers take turns on the cores, and the cost model charges only the
-  /// contention it measured, not the waits for a core.
+  /// Known, more workers computing at once than the cores and than CostModel::contention's entries
+  /// each take their share of a core (detail::contention_at). Where the best layout puts more
+  /// workers on the machine than there are cores (one_process: its workers; across processes:
+  /// `colocated`), the report says its prediction is weaker there (Report::caveats): the workers
+  /// take turns on the cores, and the cost model charges their shares, not the waits for a turn.
   int cores = 0;
   /// What the program cannot run, beyond what the policies and `split` refuse: given a schedule's
   /// name, the stages, the replicas and the tensor-parallel ranks, the reason it cannot (the layout
@@ -554,13 +557,25 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
   return out;
 }
 
+/// The factor for `busy` workers computing at once on a machine of `cores` cores (0: unknown), from
+/// `contention` (CostModel::contention, not empty): its entry where it has one; beyond it, its last
+/// entry, and where `busy` exceeds the cores too, that times busy / max(entries, cores), since each
+/// worker then has that share of a core (a last entry measured beyond the cores, processes of a
+/// node that take turns, already holds the turns up to its count).
+inline double contention_at(const std::vector<double>& contention, std::size_t busy, int cores) {
+  if (busy <= contention.size()) return contention[busy - 1];
+  const std::size_t saturated = std::max(contention.size(), std::size_t(std::max(cores, 0)));
+  if (cores <= 0 || busy <= saturated) return contention.back();
+  return contention.back() * double(busy) / double(saturated);
+}
+
 /// Per worker of `sim`, `contention` (CostModel::contention) averaged over the time the worker's
-/// actions ran, each instant weighted by the factor for the workers busy on the machine then:
-/// `per_busy` of them for each worker busy in `sim` (replicas in one process: the replica count;
-/// processes of which only some share a node: fewer), rounded up. All 1 where `contention` is
-/// empty.
+/// actions ran, each instant weighted by the factor for the workers busy on the machine then
+/// (contention_at, on `cores` cores; 0: unknown): `per_busy` of them for each worker busy in `sim`
+/// (replicas in one process: the replica count; processes of which only some share a node: fewer),
+/// rounded up. All 1 where `contention` is empty.
 inline std::vector<double> contention_factors(const schedule::SimResult& sim, const std::vector<double>& contention,
-                                              double per_busy = 1) {
+                                              double per_busy = 1, int cores = 0) {
   if (contention.empty()) return std::vector<double>(sim.times.size(), 1.0);
   struct Edge {
     double time;
@@ -588,7 +603,7 @@ inline std::vector<double> contention_factors(const schedule::SimResult& sim, co
     const double span = edges[i + 1].time - e.time;
     if (span <= 0 || busy_workers == 0) continue;
     const auto machine_busy = std::size_t(std::max(1.0, std::ceil(double(busy_workers) * per_busy - 1e-9)));
-    const double factor = contention[std::min(contention.size(), machine_busy) - 1];
+    const double factor = contention_at(contention, machine_busy, cores);
     for (std::size_t w = 0; w < workers; ++w)
       if (running[w] > 0) {
         weighted[w] += span * factor;
@@ -755,7 +770,7 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       // run the timeline `sim` has for one pipeline.
       const int sharing = request.one_process ? p * d * t : std::min(p * d * t, request.colocated);
       if (sharing > 1 && model.contention.size() > 1) {
-        const std::vector<double> f = contention_factors(sim, model.contention, double(sharing) / double(p));
+        const std::vector<double> f = contention_factors(sim, model.contention, double(sharing) / double(p), request.cores);
         const auto scale = [&](std::vector<schedule::StageCosts>& list) {
           for (int k = 0; k < virtual_stages; ++k) {
             schedule::StageCosts& c = list[std::size_t(k)];
@@ -947,9 +962,9 @@ Report search(const Request& request) {
     if (sharing > request.cores)
       report.caveats.push_back(std::to_string(sharing) + (request.one_process ? " workers" : " processes") + " share " +
                                std::to_string(request.cores) +
-                               " cores: they take turns on them, and the cost model charges only the contention it "
-                               "measured, not the waits for a core (4 processes on 2 cores measured 1-41% slower "
-                               "than predicted: docs/planner.md)");
+                               " cores: they take turns on them, and the cost model charges each its share of a core, "
+                               "not the waits for a turn (4 processes on 2 cores measured 1-41% slower than predicted: "
+                               "docs/planner.md)");
   }
   return report;
 }
