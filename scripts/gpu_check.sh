@@ -12,7 +12,8 @@
 #   scripts/gpu_check.sh [--out DIR] [--build DIR] [--deps DIR] [--steps LIST] [--deadline S] [--pack FILE]
 #                        [--quick] [--label TEXT]
 #
-#   --out DIR     where the report and logs go (default out/gpu_check)
+#   --out DIR     where the report and logs go (default out/gpu_check); the logs and results of an
+#                 earlier run there are removed first
 #   --build DIR   the CUDA build folder (default build/gpu)
 #   --deps DIR    for a machine without apt: Debian packages unpacked here (dpkg -x), or the .deb files
 #                 themselves, which are unpacked into DIR/root first. scripts/gpu_deps.sh DIR fetches
@@ -21,9 +22,11 @@
 #   --steps LIST  a comma-separated subset of build,test,gpt,torch,sanitize,kernels,mlp,pipeline, run in
 #                 the order given (build always first); the default is that list, most wanted first:
 #                 what has never run on a GPU is checked before it is timed
-#   --deadline S  finish within S seconds of the start: a step that would start with under 10 s left
-#                 is skipped (SKIP, "deadline"), a running one is stopped at the deadline (TIMEOUT),
-#                 and 15 s are kept for the report and the pack. For a lease with a limit per call.
+#   --deadline S  finish within S seconds of the start, for a lease with a limit per call: 15 s are
+#                 kept for the report and the pack, a step that would start with under 10 s left
+#                 before them is skipped (SKIP, "deadline"), and a running one is stopped when they
+#                 begin (DEADLINE; the run then exits non-zero, as for a step past its own limit,
+#                 TIMEOUT)
 #   --pack FILE   at the end, pack the output folder into FILE (.tgz): one file to bring back
 #   --quick       fewer repeats and steps (a smoke run; its figures are not for the record)
 #   --label TEXT  what is being checked, for the report (default: git describe, when there is a .git)
@@ -64,14 +67,18 @@ for s in ${steps//,/ }; do
     *) echo "gpu_check: unknown step '$s' in --steps ($all_steps)" >&2; exit 2 ;;
   esac
 done
-if [ -n "$deadline" ] && ! { [[ "$deadline" =~ ^[0-9]+$ ]] && [ "$deadline" -ge 30 ]; }; then
+[ -n "${steps//[ ,]/}" ] || { echo "gpu_check: --steps names no step ($all_steps)" >&2; exit 2; }
+if [ -n "$deadline" ] && ! { [[ "$deadline" =~ ^[1-9][0-9]*$ ]] && [ "$deadline" -ge 30 ]; }; then
   echo "gpu_check: --deadline takes whole seconds, at least 30 (15 are kept for the report), got '$deadline'" >&2; exit 2
 fi
 wants() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out" || { echo "gpu_check: cannot create $out" >&2; exit 2; }
-out="$(cd "$out" && pwd)"
+out="$(cd "$out" && pwd -P)"
+# What an earlier run left here would otherwise be reported as this run's.
+rm -f "$out"/*.log "$out"/steps.tsv "$out"/report.md "$out"/results.json "$out"/machine.txt "$out"/kernels.json \
+  "$out"/pipeline.json "$out"/torch.jsonl
 if [ -n "$pack" ]; then
-  mkdir -p "$(dirname "$pack")" && pack="$(cd "$(dirname "$pack")" && pwd)/$(basename "$pack")" ||
+  mkdir -p "$(dirname "$pack")" && pack="$(cd "$(dirname "$pack")" && pwd -P)/$(basename "$pack")" ||
     { echo "gpu_check: cannot create the folder of --pack $pack" >&2; exit 2; }
   case "$pack" in "$out"/*) echo "gpu_check: --pack $pack lies inside --out $out" >&2; exit 2 ;; esac
 fi
@@ -116,26 +123,32 @@ export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 # ---- steps: each logged, timed and recorded ------------------------------------------------------
 : >"$out/steps.tsv"
 failed=0
-# step NAME COMMAND...: runs the command with its output in OUT/NAME.log, and records the outcome.
-# With --deadline, a step with under 10 s left is skipped and a running one stops at the deadline.
+# step NAME [--limit S] COMMAND...: runs the command with its output in OUT/NAME.log, stopped after S
+# seconds (TIMEOUT) or at the deadline (DEADLINE), whichever comes first, and records the outcome. With
+# --deadline, a step with under 10 s left is skipped instead. One `timeout` per step: a nested one would
+# put the command in a process group of its own, which the outer one's kill would not reach.
+seconds_left() { echo $(( deadline - 15 - (SECONDS - started) )); }
 step() {
   local name="$1"; shift
-  local t0 t1 rc status left=""
+  local t0 t1 rc status limit="" left="" cause=TIMEOUT
+  if [ "${1:-}" = --limit ]; then limit="$2"; shift 2; fi
   if [ -n "$deadline" ]; then
-    left=$(( deadline - 15 - (SECONDS - started) ))
+    left=$(seconds_left)
     if [ "$left" -lt 10 ]; then skip "$name" "deadline: ${deadline} s, $(( SECONDS - started )) s gone"; return 0; fi
+    if [ -z "$limit" ] || [ "$left" -lt "$limit" ]; then limit="$left"; cause=DEADLINE; fi
   fi
   echo "== $name: $*"
   t0=$(date +%s.%N)
-  if [ -n "$left" ]; then
-    ( cd "$root" && timeout --kill-after=5 "$left" "$@" ) >"$out/$name.log" 2>&1
+  if [ -n "$limit" ]; then
+    ( cd "$root" && timeout --kill-after=5 "$limit" "$@" ) >"$out/$name.log" 2>&1
   else
     ( cd "$root" && "$@" ) >"$out/$name.log" 2>&1
   fi
   rc=$?
   t1=$(date +%s.%N)
   if [ $rc -eq 0 ]; then status=PASS; elif [ $rc -eq 77 ]; then status=SKIP
-  elif [ $rc -eq 124 ]; then status=TIMEOUT; failed=1; else status=FAIL; failed=1; fi
+  elif [ -n "$limit" ] && { [ $rc -eq 124 ] || [ $rc -eq 137 ]; }; then status=$cause; failed=1
+  else status=FAIL; failed=1; fi
   local secs; secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$secs" "$*" >>"$out/steps.tsv"
   echo "   $status (rc $rc) in $secs s; log: $out/$name.log"
@@ -177,14 +190,14 @@ run_test() {
 
 run_mlp() {
   if bin_ok examples/mlp_fashion_mnist/mlp_fashion_mnist && [ -d "$fashion" ]; then
-    step mlp timeout 180 "$build/examples/mlp_fashion_mnist/mlp_fashion_mnist" --backend cuda --data "$fashion" --stages 2 \
+    step mlp --limit 180 "$build/examples/mlp_fashion_mnist/mlp_fashion_mnist" --backend cuda --data "$fashion" --stages 2 \
       --schedule 1f1b --epochs "$([ $quick = 1 ] && echo 1 || echo 3)" --progress lines
   else skip mlp "no mlp_fashion_mnist or no Fashion-MNIST in $fashion"; fi
 }
 run_sanitize() {
   if command -v compute-sanitizer >/dev/null && bin_ok tests/cuda/test_cuda_ops; then
     # Each under a deadline (TIMEOUT in the report): the tools slow kernels down many times over.
-    cs=(timeout "${CUPIPE_SANITIZER_TIMEOUT:-300}" compute-sanitizer --error-exitcode 1 --print-limit 20)
+    cs=(--limit "${CUPIPE_SANITIZER_TIMEOUT:-300}" compute-sanitizer --error-exitcode 1 --print-limit 20)
     # API errors are not reported: the tests provoke some on purpose (the pool's out-of-memory path), and
     # the library checks every API call's return code itself; kernels' accesses are what is checked here.
     step memcheck_ops "${cs[@]}" --tool memcheck --leak-check full --report-api-errors no "$build/tests/cuda/test_cuda_ops"
@@ -199,27 +212,28 @@ run_sanitize() {
 repeats=(); [ $quick = 1 ] && repeats=(--quick)
 run_kernels() {
   if bin_ok bench/kernels/bench_kernels; then
-    step kernels timeout 300 "$build/bench/kernels/bench_kernels" --json "$out/kernels.json" "${repeats[@]}"
+    step kernels --limit 300 "$build/bench/kernels/bench_kernels" --json "$out/kernels.json" "${repeats[@]}"
   else skip kernels "no bench_kernels"; fi
 }
 run_pipeline() {
   if bin_ok bench/pipeline_throughput/pipeline_throughput; then
-    step pipeline timeout 300 "$build/bench/pipeline_throughput/pipeline_throughput" --models mlp,wide --stages 2,4 \
+    step pipeline --limit 300 "$build/bench/pipeline_throughput/pipeline_throughput" --models mlp,wide --stages 2,4 \
       --microbatches 8,16,32 --json "$out/pipeline.json"
   else skip pipeline "no pipeline_throughput"; fi
 }
 gpt_steps=20; [ $quick = 1 ] && gpt_steps=5
 run_gpt() {
   if bin_ok bench/gpt_step/bench_gpt_step; then
-    step gpt_tf32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
-    step gpt_tf32_tiled timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
-    step gpt_bf16 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16
-    step gpt_bf16_tiled timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16 --attention tiled
-    step gpt_fp32 timeout 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
+    step gpt_tf32 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
+    step gpt_tf32_tiled --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
+    step gpt_bf16 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16
+    step gpt_bf16_tiled --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16 --attention tiled
+    step gpt_fp32 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
   else skip gpt "no bench_gpt_step"; fi
 }
 run_torch() {
-  if command -v python3 >/dev/null && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  if command -v python3 >/dev/null &&
+     timeout 60 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     py=(python3 "$root/bench/gpt_step/gpt2_pytorch.py" --batch 8 --steps $gpt_steps --json "$out/torch.jsonl")
     rm -f "$out/torch.jsonl"
     step torch_eager_tf32 "${py[@]}" --precision tf32
@@ -232,7 +246,12 @@ run_torch() {
 # Build first, then the other steps in the order --steps gives.
 wants build && run_build
 for s in ${steps//,/ }; do
-  [ "$s" = build ] || "run_$s"
+  [ "$s" = build ] && continue
+  # A group's own checks (torch's import) must not eat the time kept for the report either.
+  if [ -n "$deadline" ] && [ "$(seconds_left)" -lt 10 ]; then
+    skip "$s" "deadline: ${deadline} s, $(( SECONDS - started )) s gone"; continue
+  fi
+  "run_$s"
 done
 
 # ---- the report ----------------------------------------------------------------------------------
