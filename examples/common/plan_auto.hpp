@@ -189,8 +189,11 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
     const unsigned cores = std::thread::hardware_concurrency();
     if (request.colocated > 1 && request.model.contention.size() > 1) {
       std::printf("%d processes share this node (%u cores): each action is slowed as measured with", request.colocated, cores);
-      for (std::size_t n = 1; n < request.model.contention.size(); ++n)
-        std::printf(" %zu at once x%.2f%s", n + 1, request.model.contention[n], n + 1 < request.model.contention.size() ? "," : "");
+      const std::size_t entries = request.model.contention.size();
+      for (std::size_t n = 1; n < entries; ++n)
+        std::printf(" %zu at once x%.2f%s", n + 1, request.model.contention[n], n + 1 < entries ? "," : "");
+      if (std::size_t(request.colocated) > std::max<std::size_t>(entries, cores) && cores > 0)
+        std::printf("; more at once each take their share of a core on top");
       std::printf("\n");
     }
   }

@@ -503,6 +503,16 @@ TEST_CASE("planner: beyond the measured contention, workers that outnumber the c
   CHECK(four_cores == Approx(unknown).epsilon(1e-12));
   CHECK(two_cores > unknown * 1.01);
   CHECK(two_cores < unknown * 1.5);  // only the part of the step with all three busy takes turns
+  // The oracle: the same as a third entry measured at 1.1 x 3/2, with the cores unknown.
+  request.model.contention = {1.0, 1.1, 1.65};
+  CHECK(step(0) == Approx(two_cores).epsilon(1e-12));
+  // One entry (an action alone): nothing to charge with the cores unknown; with two cores, three
+  // workers busy at once each have two thirds of one.
+  request.model.contention = {1.0};
+  const double alone = step(0), one_entry = step(2);
+  CHECK(one_entry > alone * 1.01);
+  request.model.contention = {1.0, 1.0, 1.5};
+  CHECK(step(0) == Approx(one_entry).epsilon(1e-12));
 }
 
 TEST_CASE("planner: in one process, workers computing at once are slower by the measured contention", "[planner]") {

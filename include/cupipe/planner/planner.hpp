@@ -101,8 +101,8 @@ struct CostModel {
   /// Workers that share a machine's cores (threads of one process, or the processes of one node,
   /// Request::colocated): entry n - 1 is how much longer an action takes while n workers compute
   /// at once than alone (they share caches and memory bandwidth, and beyond the cores they
-  /// time-slice); entry 0 is 1, and more workers than entries take the last, times their share
-  /// of a core where they also outnumber Request::cores (planner::detail::contention_at;
+  /// time-slice); entry 0 is 1, and more workers than entries take the last, times
+  /// n / max(entries, Request::cores) where they also outnumber the cores (detail::contention_at;
   /// planner::calibrate measures as many as the machine has cores, or as the launcher put
   /// processes on this node, 2 to 8). Empty: none (a device backend, whose workers each have a
   /// device).
@@ -160,6 +160,8 @@ struct Request {
   /// workers on the machine than there are cores (one_process: its workers; across processes:
   /// `colocated`), the report says its prediction is weaker there (Report::caveats): the workers
   /// take turns on the cores, and the cost model charges their shares, not the waits for a turn.
+  /// std::thread::hardware_concurrency() counts the machine's cores, not a container's CPU quota:
+  /// under a quota, pass the quota.
   int cores = 0;
   /// What the program cannot run, beyond what the policies and `split` refuse: given a schedule's
   /// name, the stages, the replicas and the tensor-parallel ranks, the reason it cannot (the layout
@@ -561,8 +563,9 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
 /// `contention` (CostModel::contention, not empty): its entry where it has one; beyond it, its last
 /// entry, and where `busy` exceeds the cores too, that times busy / max(entries, cores), since each
 /// worker then has that share of a core (a last entry measured beyond the cores, processes of a
-/// node that take turns, already holds the turns up to its count).
+/// node that take turns, already holds the turns up to its count). 1 for no worker busy.
 inline double contention_at(const std::vector<double>& contention, std::size_t busy, int cores) {
+  if (busy == 0) return 1.0;
   if (busy <= contention.size()) return contention[busy - 1];
   const std::size_t saturated = std::max(contention.size(), std::size_t(std::max(cores, 0)));
   if (cores <= 0 || busy <= saturated) return contention.back();
@@ -769,7 +772,9 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       // Across processes, the ranks one node holds share its cores alike; replicas and tensor ranks
       // run the timeline `sim` has for one pipeline.
       const int sharing = request.one_process ? p * d * t : std::min(p * d * t, request.colocated);
-      if (sharing > 1 && model.contention.size() > 1) {
+      // One entry (an action alone) still charges turns on too few cores.
+      if (sharing > 1 && !model.contention.empty() &&
+          (model.contention.size() > 1 || (request.cores > 0 && sharing > request.cores))) {
         const std::vector<double> f = contention_factors(sim, model.contention, double(sharing) / double(p), request.cores);
         const auto scale = [&](std::vector<schedule::StageCosts>& list) {
           for (int k = 0; k < virtual_stages; ++k) {
@@ -962,9 +967,9 @@ Report search(const Request& request) {
     if (sharing > request.cores)
       report.caveats.push_back(std::to_string(sharing) + (request.one_process ? " workers" : " processes") + " share " +
                                std::to_string(request.cores) +
-                               " cores: they take turns on them, and the cost model charges each its share of a core, "
-                               "not the waits for a turn (4 processes on 2 cores measured 1-41% slower than predicted: "
-                               "docs/planner.md)");
+                               " cores: they take turns on them, and the cost model charges the slowdown measured for "
+                               "that many workers (beyond it, each its share of a core), not the waits for a turn "
+                               "(4 processes on 2 cores measured 1-41% slower than predicted: docs/planner.md)");
   }
   return report;
 }
