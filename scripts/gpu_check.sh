@@ -128,13 +128,14 @@ failed=0
 # --deadline, a step with under 10 s left is skipped instead. One `timeout` per step: a nested one would
 # put the command in a process group of its own, which the outer one's kill would not reach.
 seconds_left() { echo $(( deadline - 15 - (SECONDS - started) )); }
+skip_for_deadline() { skip "$1" "deadline: ${deadline} s, $(( SECONDS - started )) s gone"; }
 step() {
   local name="$1"; shift
   local t0 t1 rc status limit="" left="" cause=TIMEOUT
   if [ "${1:-}" = --limit ]; then limit="$2"; shift 2; fi
   if [ -n "$deadline" ]; then
     left=$(seconds_left)
-    if [ "$left" -lt 10 ]; then skip "$name" "deadline: ${deadline} s, $(( SECONDS - started )) s gone"; return 0; fi
+    if [ "$left" -lt 10 ]; then skip_for_deadline "$name"; return 0; fi
     if [ -z "$limit" ] || [ "$left" -lt "$limit" ]; then limit="$left"; cause=DEADLINE; fi
   fi
   echo "== $name: $*"
@@ -248,9 +249,7 @@ wants build && run_build
 for s in ${steps//,/ }; do
   [ "$s" = build ] && continue
   # A group's own checks (torch's import) must not eat the time kept for the report either.
-  if [ -n "$deadline" ] && [ "$(seconds_left)" -lt 10 ]; then
-    skip "$s" "deadline: ${deadline} s, $(( SECONDS - started )) s gone"; continue
-  fi
+  if [ -n "$deadline" ] && [ "$(seconds_left)" -lt 10 ]; then skip_for_deadline "$s"; continue; fi
   "run_$s"
 done
 

@@ -192,8 +192,10 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
       const std::size_t entries = request.model.contention.size();
       for (std::size_t n = 1; n < entries; ++n)
         std::printf(" %zu at once x%.2f%s", n + 1, request.model.contention[n], n + 1 < entries ? "," : "");
-      if (std::size_t(request.colocated) > std::max<std::size_t>(entries, cores) && cores > 0)
-        std::printf("; more at once each take their share of a core on top");
+      // Beyond what was measured: what the planner charges (the last entry, times a share of the cores).
+      if (std::size_t(request.colocated) > entries)
+        std::printf("; %d at once charged x%.2f", request.colocated,
+                    planner::detail::contention_at(request.model.contention, std::size_t(request.colocated), request.cores));
       std::printf("\n");
     }
   }
