@@ -225,10 +225,12 @@ run_pipeline() {
 gpt_steps=20; [ $quick = 1 ] && gpt_steps=5
 run_gpt() {
   if bin_ok bench/gpt_step/bench_gpt_step; then
+    # bf16 first: its default attention (auto) is cuDNN's fused SDPA, which has never run on a GPU.
+    step gpt_bf16 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16
+    step gpt_bf16_b64 --limit 240 "$build/bench/gpt_step/bench_gpt_step" --batch 64 --microbatches 8 --steps 5 --precision bf16
+    step gpt_bf16_tiled --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16 --attention tiled
     step gpt_tf32 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
     step gpt_tf32_tiled --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
-    step gpt_bf16 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16
-    step gpt_bf16_tiled --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16 --attention tiled
     step gpt_fp32 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math fp32
   else skip gpt "no bench_gpt_step"; fi
 }
@@ -241,6 +243,7 @@ run_torch() {
     step torch_eager_bf16 "${py[@]}" --precision bf16
     step torch_compile_tf32 "${py[@]}" --precision tf32 --compile
     step torch_compile_bf16 "${py[@]}" --precision bf16 --compile
+    step torch_sdpa python3 "$root/bench/gpt_step/sdpa_pytorch.py" --json "$out/sdpa.json"
   else skip torch "no python3 with PyTorch and CUDA"; fi
 }
 

@@ -6,7 +6,7 @@
 // PaLM/llm.c count: 6 N for the parameters (N counted once for the tied wte/lm_head) plus 6 L C T
 // for causal attention.
 //   bench_gpt_step [--batch B] [--steps N] [--math fp32|tf32] [--precision fp32|bf16] [--microbatches M]
-//                  [--attention simple|tiled]
+//                  [--attention auto|cudnn|tiled|simple]
 // With --precision bf16 the peak is a bf16 GEMM's (fp32 accumulation) and --math does not apply.
 #include <chrono>
 #include <cstdio>
@@ -35,7 +35,7 @@ int run(int argc, char** argv) {
   using Pipe = Pipeline<partition<Model, 1>, schedule::GPipe, backend::Cuda<Storage, float>>;
   constexpr bool bf16 = std::is_same_v<Storage, cupipe::bfloat16>;  // in full: OpenBLAS declares a ::bfloat16 too
   int batch = 8, steps = 10, microbatches = 1;
-  std::string math = "fp32", attention = "simple";
+  std::string math = "fp32", attention = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -47,11 +47,10 @@ int run(int argc, char** argv) {
     else if (arg == "--precision" && has_value) ++i;  // read by main
     else CUPIPE_THROW("bench_gpt_step: unknown argument '", arg,
                       "' (--batch B, --steps N, --microbatches M, --math fp32|tf32, --precision fp32|bf16, "
-                      "--attention simple|tiled)");
+                      "--attention auto|cudnn|tiled|simple)");
   }
   CUPIPE_REQUIRE(math == "fp32" || math == "tf32", "bench_gpt_step: --math must be fp32 or tf32, got '", math, "'");
-  CUPIPE_REQUIRE(attention == "simple" || attention == "tiled",
-                 "bench_gpt_step: --attention must be simple or tiled, got '", attention, "'");
+  const gpu::AttentionKernel attention_kernel = gpu::parse_attention(attention, "bench_gpt_step: --attention");
   CUPIPE_REQUIRE(batch > 0 && steps > 0 && microbatches > 0, "bench_gpt_step: --batch, --steps and --microbatches must be positive");
   const gpu::MathMode mode = math == "tf32" ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
   const std::string gemms = bf16 ? "bf16" : math;
@@ -59,8 +58,11 @@ int run(int argc, char** argv) {
   const double peak = gpu::measured_gemm_tflops<Storage>(0, mode);
   Pipe pipe({.microbatches = microbatches, .seed = 1});
   pipe.backend(0).math = mode;
-  pipe.backend(0).attention = attention == "tiled" ? gpu::AttentionKernel::tiled : gpu::AttentionKernel::simple;
+  pipe.backend(0).attention = attention_kernel;
   const index_t rows = index_t(batch) * config.context;
+  // What the attention runs, as its first call would choose it (one microbatch's rows).
+  const std::string attention_line =
+      ops::attention_choice(pipe.backend(0), rows / microbatches, config.channels, config.heads, config.context).describe();
   Rng rng(2);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(rows)), next(ids.size());
   for (auto& t : ids) t = std::int32_t(rng.below(50257));
@@ -79,7 +81,7 @@ int run(int argc, char** argv) {
   const double achieved = tokens_per_second * flops_per_token / 1e12;
   std::printf("GPT-2 124M shape (V %lld, T %lld, %lld x C %lld, %lld heads), batch %d x %lld tokens, %s GEMMs, %s attention\n",
               (long long)config.vocab, (long long)config.context, (long long)config.layers, (long long)config.channels,
-              (long long)config.heads, batch, (long long)config.context, gemms.c_str(), attention.c_str());
+              (long long)config.heads, batch, (long long)config.context, gemms.c_str(), attention_line.c_str());
   std::printf("step %.1f ms, %.0f tokens/s, %.1f TFLOP/s achieved; measured %s GEMM peak %.1f TFLOP/s: MFU %.1f%% "
               "(loss %.4f)\n", per_step * 1e3, tokens_per_second, achieved, gemms.c_str(), peak, 100 * achieved / peak, loss);
   std::printf("{\"tokens_per_second\":%.1f,\"step_ms\":%.3f,\"achieved_tflops\":%.3f,\"peak_tflops\":%.3f,\"mfu\":%.4f}\n",

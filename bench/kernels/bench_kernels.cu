@@ -301,36 +301,57 @@ void softmax_xent(Bench& b, State& state) {
 
 /// Causal attention at GPT-2 small's shape: 8 sequences of T tokens, 12 heads of 64 columns. FLOPs
 /// counted as the algorithm's: forward 2 products (QK^T, PV), backward 5 (S again, dP, dV, dQ, dK), each
-/// 2 * T (T + 1) / 2 * D per sequence and head. cuDNN's fused SDPA takes fp16, bf16 or fp8 tensors only,
-/// and these rows are fp32, so there is no cuDNN row.
+/// 2 * T (T + 1) / 2 * D per sequence and head (FlashAttention's count, halved for the causal mask).
+/// Paths (backend/cuda/attention_path.cuh): simple and tiled in fp32 and bf16, cuDNN's fused SDPA in
+/// bf16 only (it takes no fp32); a path that cannot run here is a skipped row with cuDNN's reason.
 void attention(Bench& b, State& state) {
-  Gpu& be = b.be;
-  const index_t T = state.integer("context"), heads = 12, C = 768, n = 8 * T;
-  const std::string pass = state.text("pass");
-  be.attention = state.text("kernel") == "tiled" ? gpu::AttentionKernel::tiled : gpu::AttentionKernel::simple;
-  struct Restore {  // the other benches' context runs the default kernels, also after a throw
-    Gpu& be;
-    ~Restore() { be.attention = gpu::AttentionKernel::simple; }
-  } restore{be};
-  const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};
-  auto qkv = be.allocate(n * 3 * C, MemoryTag::activations), out = be.allocate(n * C, MemoryTag::activations);
-  auto lse = be.allocate(n * heads, MemoryTag::activations), dout = be.allocate(n * C, MemoryTag::activations);
-  auto dqkv = be.allocate(n * 3 * C, MemoryTag::activations);
-  fill_random(be, qkv.data(), n * 3 * C, 21);
-  fill_random(be, dout.data(), n * C, 22);
-  ops::causal_attention_forward(be, qkv.view(sq), out.view(so), lse.view(sl), heads, T);
-  const double pairs = 8.0 * double(heads) * double(T) * double(T + 1) / 2.0, D = double(C / heads);
-  state.summary("shape", "shape", "8 x " + std::to_string(T) + " tokens, 12 heads x 64");
-  if (pass == "forward") {
-    state.add_flops(2 * 2 * pairs * D);
-    state.exec(b.timer, [&] { ops::causal_attention_forward(be, qkv.view(sq), out.view(so), lse.view(sl), heads, T); });
-  } else {
-    state.add_flops(5 * 2 * pairs * D);
-    state.exec(b.timer, [&] {
-      ops::causal_attention_backward(be, qkv.view(sq), out.view(so), lse.view(sl), dout.view(so), dqkv.view(sq), heads, T);
-    });
-  }
-  be.context().pool().trim();
+  on_precision(b, state, [&]<class B>(B& be, CudaTimer& timer) {
+    using T = typename B::value_type;
+    using C = typename B::compute_type;
+    const index_t T_ = state.integer("context"), heads = 12, width = 768, n = 8 * T_;
+    const std::string pass = state.text("pass");
+    const gpu::AttentionKernel asked = gpu::parse_attention(state.text("kernel"), "bench_kernels: kernel");
+    const gpu::AttentionKernel before = be.attention;
+    struct Restore {  // the other benches' context runs as it did, also after a throw
+      B& be;
+      gpu::AttentionKernel kernel;
+      ~Restore() { be.attention = kernel; }
+    } restore{be, before};
+    be.attention = asked;
+    gpu::AttentionChoice choice;
+    try {
+      choice = ops::attention_choice(be, n, width, heads, T_);
+    } catch (const std::exception& e) {
+      state.skip(e.what());
+      return;
+    }
+    if (choice.kernel != asked) {
+      state.skip("runs " + std::string(gpu::to_string(choice.kernel)) + ": " + choice.reason);
+      return;
+    }
+    const Shape sq{n, 3 * width}, so{n, width}, sl{n, heads};
+    auto qkv = be.template allocate<T>(n * 3 * width, MemoryTag::activations);
+    auto out = be.template allocate<T>(n * width, MemoryTag::activations);
+    auto lse = be.template allocate<C>(n * heads, MemoryTag::activations);
+    auto dout = be.template allocate<T>(n * width, MemoryTag::activations);
+    auto dqkv = be.template allocate<T>(n * 3 * width, MemoryTag::activations);
+    fill_random(be, qkv.data(), n * 3 * width, 21);
+    fill_random(be, dout.data(), n * width, 22);
+    ops::causal_attention_forward(be, DeviceConstView<T>(qkv.view(sq)), out.view(so), lse.view(sl), heads, T_);
+    const double pairs = 8.0 * double(heads) * double(T_) * double(T_ + 1) / 2.0, D = double(width / heads);
+    state.summary("shape", "shape", "8 x " + std::to_string(T_) + " tokens, 12 heads x 64");
+    if (pass == "forward") {
+      state.add_flops(2 * 2 * pairs * D);
+      state.exec(timer, [&] { ops::causal_attention_forward(be, DeviceConstView<T>(qkv.view(sq)), out.view(so), lse.view(sl), heads, T_); });
+    } else {
+      state.add_flops(5 * 2 * pairs * D);
+      state.exec(timer, [&] {
+        ops::causal_attention_backward(be, DeviceConstView<T>(qkv.view(sq)), DeviceConstView<T>(out.view(so)),
+                                       DeviceConstView<C>(lse.view(sl)), DeviceConstView<T>(dout.view(so)), dqkv.view(sq), heads, T_);
+      });
+    }
+    be.context().pool().trim();
+  });
 }
 
 void adamw(Bench& b, State& state) {
@@ -463,11 +484,12 @@ int run(int argc, char** argv) {
   add("softmax_xent", softmax_xent).int_axis("vocab", {quick ? 8192 : 50257}).axis("pass", {"forward", "backward"});
   add("adamw", adamw).int_axis("parameters", {124'000'000});
   add("attention", attention)
+      .axis("precision", {"fp32", "bf16"})
       .int_axis("context", {quick ? 256 : 1024})
-      .axis("kernel", {"simple", "tiled"})
+      .axis("kernel", {"simple", "tiled", "cudnn"})
       .axis("pass", {"forward", "backward"})
-      .note("Hand-written causal attention (fp32): simple (a warp per query) and tiled (64-row tiles in shared memory); "
-            "cuDNN's fused SDPA takes fp16/bf16/fp8 only, so it is not compared.");
+      .note("Causal attention: simple (a warp per query), tiled (64-row tiles in shared memory), cudnn (cuDNN's fused "
+            "SDPA, bf16 only). PyTorch's flash SDPA at the same shape: bench/gpt_step/sdpa_pytorch.py, same lease.");
   std::vector<std::string> problems;
   for (const Problem& p : gpt2_problems) problems.emplace_back(p.name);
   add("gemm", gemm)

@@ -21,8 +21,21 @@ template <gpt::Config config>
 int train_preset(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
                  const DeviceRate& rate, gpu::MathMode math) {
   int rc = 1;
-  auto set_math = [math](auto& pipe) {
+  // The first line of a CUDA run says which attention path runs (backend/cuda/attention_path.cuh:
+  // CUPIPE_ATTENTION chooses another), as the first local stage's first microbatch will take it.
+  auto say_attention = [&f, &launch](auto& pipe) {
+    for (int k = 0; k < pipe.plan().config.stages; ++k) {
+      if (!pipe.local(k)) continue;
+      const index_t rows = index_t((f.batch + f.microbatches - 1) / f.microbatches) * config.context;
+      const std::string line =
+          ops::attention_choice(pipe.backend(k), rows, config.channels, config.heads, config.context).describe();
+      if (launch.leader()) std::printf("attention: %s\n", line.c_str());
+      return;
+    }
+  };
+  auto set_math = [math, &say_attention](auto& pipe) {
     for (int k = 0; k < pipe.plan().config.stages; ++k) pipe.backend(k).math = math;
+    say_attention(pipe);
   };
   with_policy(f.schedule, [&]<class Schedule>() {
     if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1) {
@@ -31,7 +44,7 @@ int train_preset(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
           rc = train<config, Schedule, P, backend::Cuda<T>>(f, corpus, split, launch, rate, set_math);
         } else if constexpr (std::is_same_v<Schedule, schedule::OneFOneB>) {
           using Bf16 = backend::Cuda<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
-          rc = train<config, Schedule, P, Bf16>(f, corpus, split, launch, rate);
+          rc = train<config, Schedule, P, Bf16>(f, corpus, split, launch, rate, say_attention);
         } else {
           CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b in this build, not ", Schedule::name,
                        " (each schedule is compiled per GPU architecture; see examples/gpt_train/trainer_cuda.cu)");

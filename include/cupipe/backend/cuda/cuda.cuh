@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "cupipe/backend/capabilities.hpp"
+#include "cupipe/backend/cuda/attention_path.cuh"
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/context.cuh"
 #include "cupipe/backend/cuda/device_guard.cuh"
@@ -25,17 +26,6 @@
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/tensor_group.hpp"
-
-namespace cupipe::gpu {
-
-/// Which causal-attention kernels a context runs (backend/cuda/kernels/attention*.cuh).
-enum class AttentionKernel : std::uint8_t {
-  simple,  ///< a warp per query or key, K and V read from global memory per query; every head size
-  tiled,   ///< 64-row tiles in shared memory (FlashAttention-2's blocking); float or bf16 storage, heads of up to 64
-           ///< columns (others run the simple kernels). Not yet run on a GPU: opt in until it has.
-};
-
-}  // namespace cupipe::gpu
 
 namespace cupipe::backend {
 
@@ -72,8 +62,10 @@ class Cuda : public ops::Dispatch {
   /// Set MathMode::fp32 here (pipe.backend(k).math) or with gpu::set_default_math for bitwise work.
   gpu::MathMode math = gpu::default_math();
 
-  /// The causal-attention kernels: simple (the default, tested on an H100) or tiled (opt in).
-  gpu::AttentionKernel attention = gpu::AttentionKernel::simple;
+  /// The causal-attention path (backend/cuda/attention_path.cuh): automatic (cuDNN's fused SDPA for
+  /// bf16 where it runs, else the simple kernels), cudnn, tiled or simple. From CUPIPE_ATTENTION
+  /// when the context is made, automatic when unset.
+  gpu::AttentionKernel attention = gpu::default_attention();
 
   /// When true (the default), ops that can meet bad input on the device (a label or token id out of
   /// range) wait for their kernels and throw at once, naming the row. When false they only record
@@ -160,9 +152,12 @@ class Cuda : public ops::Dispatch {
   gpu::Context& context() noexcept { return context_; }
   cudaStream_t stream() const noexcept { return context_.stream(); }
   int device() const noexcept { return context_.device(); }
+  /// cuDNN's attention state (handle, graphs), made on the first attention call that may use it.
+  gpu::CudnnAttention& cudnn_attention() noexcept { return cudnn_attention_; }
 
  private:
   gpu::Context context_;
+  gpu::CudnnAttention cudnn_attention_;  // after the context: its handle goes first
 };
 
 }  // namespace cupipe::backend
