@@ -6,7 +6,7 @@
 // PaLM/llm.c count: 6 N for the parameters (N counted once for the tied wte/lm_head) plus 6 L C T
 // for causal attention.
 //   bench_gpt_step [--batch B] [--steps N] [--math fp32|tf32] [--precision fp32|bf16] [--microbatches M]
-//                  [--attention auto|cudnn|tiled|simple]
+//                  [--attention auto|cudnn|mma|tiled|simple]
 // With --precision bf16 the peak is a bf16 GEMM's (fp32 accumulation) and --math does not apply.
 #include <chrono>
 #include <cstdio>
@@ -47,7 +47,7 @@ int run(int argc, char** argv) {
     else if (arg == "--precision" && has_value) ++i;  // read by main
     else CUPIPE_THROW("bench_gpt_step: unknown argument '", arg,
                       "' (--batch B, --steps N, --microbatches M, --math fp32|tf32, --precision fp32|bf16, "
-                      "--attention auto|cudnn|tiled|simple)");
+                      "--attention auto|cudnn|mma|tiled|simple)");
   }
   CUPIPE_REQUIRE(math == "fp32" || math == "tf32", "bench_gpt_step: --math must be fp32 or tf32, got '", math, "'");
   const gpu::AttentionKernel attention_kernel = gpu::parse_attention(attention, "bench_gpt_step: --attention");
@@ -84,8 +84,14 @@ int run(int argc, char** argv) {
               (long long)config.heads, batch, (long long)config.context, gemms.c_str(), attention_line.c_str());
   std::printf("step %.1f ms, %.0f tokens/s, %.1f TFLOP/s achieved; measured %s GEMM peak %.1f TFLOP/s: MFU %.1f%% "
               "(loss %.4f)\n", per_step * 1e3, tokens_per_second, achieved, gemms.c_str(), peak, 100 * achieved / peak, loss);
-  std::printf("{\"tokens_per_second\":%.1f,\"step_ms\":%.3f,\"achieved_tflops\":%.3f,\"peak_tflops\":%.3f,\"mfu\":%.4f}\n",
-              tokens_per_second, per_step * 1e3, achieved, peak, achieved / peak);
+  // What ran, for scripts/gpu_results.py: the precision of the GEMMs, the batch, and the attention path
+  // asked for (auto: the default) and taken.
+  const std::string attention_taken(gpu::to_string(
+      ops::attention_choice(pipe.backend(0), rows / microbatches, config.channels, config.heads, config.context).kernel));
+  std::printf("{\"tokens_per_second\":%.1f,\"step_ms\":%.3f,\"achieved_tflops\":%.3f,\"peak_tflops\":%.3f,\"mfu\":%.4f,"
+              "\"precision\":\"%s\",\"batch\":%d,\"attention\":\"%s\",\"attention_taken\":\"%s\"}\n",
+              tokens_per_second, per_step * 1e3, achieved, peak, achieved / peak, gemms.c_str(), batch, attention.c_str(),
+              attention_taken.c_str());
   return 0;
 }
 

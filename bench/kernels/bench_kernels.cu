@@ -302,8 +302,8 @@ void softmax_xent(Bench& b, State& state) {
 /// Causal attention at GPT-2 small's shape: 8 sequences of T tokens, 12 heads of 64 columns. FLOPs
 /// counted as the algorithm's: forward 2 products (QK^T, PV), backward 5 (S again, dP, dV, dQ, dK), each
 /// 2 * T (T + 1) / 2 * D per sequence and head (FlashAttention's count, halved for the causal mask).
-/// Paths (backend/cuda/attention_path.cuh): simple and tiled in fp32 and bf16, cuDNN's fused SDPA in
-/// bf16 only (it takes no fp32); a path that cannot run here is a skipped row with cuDNN's reason.
+/// Paths (backend/cuda/attention_path.cuh): simple and tiled in fp32 and bf16, ours on tensor cores
+/// (mma) and cuDNN's fused SDPA in bf16 only; a path that cannot run here is a skipped row, with why.
 void attention(Bench& b, State& state) {
   on_precision(b, state, [&]<class B>(B& be, CudaTimer& timer) {
     using T = typename B::value_type;
@@ -486,10 +486,10 @@ int run(int argc, char** argv) {
   add("attention", attention)
       .axis("precision", {"fp32", "bf16"})
       .int_axis("context", {quick ? 256 : 1024})
-      .axis("kernel", {"simple", "tiled", "cudnn"})
+      .axis("kernel", {"simple", "tiled", "mma", "cudnn"})
       .axis("pass", {"forward", "backward"})
-      .note("Causal attention: simple (a warp per query), tiled (64-row tiles in shared memory), cudnn (cuDNN's fused "
-            "SDPA, bf16 only). PyTorch's flash SDPA at the same shape: bench/gpt_step/sdpa_pytorch.py, same lease.");
+      .note("Causal attention: simple (a warp per query), tiled (64-row tiles in shared memory), mma (ours on tensor "
+            "cores, bf16 only), cudnn (cuDNN's fused SDPA, bf16 only). PyTorch's flash SDPA at the same shape: bench/gpt_step/sdpa_pytorch.py, same lease.");
   std::vector<std::string> problems;
   for (const Problem& p : gpt2_problems) problems.emplace_back(p.name);
   add("gemm", gemm)

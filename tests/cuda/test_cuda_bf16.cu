@@ -151,26 +151,24 @@ TEST_CASE("Cuda<bfloat16, float>: LayerNorm keeps float statistics and matches t
   CHECK(relative_error(db.download(), db_cpu) <= fp32_tolerance);
 }
 
-TEST_CASE("Cuda<bfloat16, float>: cuDNN's fused attention matches the bf16 host backend, forward and backward",
-          "[gpu][cuda][bf16][attention][cudnn]") {
-  if constexpr (!gpu::built_with_cudnn) {
-    WARN("built without cuDNN's frontend (CUPIPE_HAS_CUDNN): the cuDNN path is not compiled in, nothing to check");
-    return;
-  }
-  // T 1, 63, 64, 1000 and 1024; heads of 32, 64 and 128 columns; one to twelve heads.
+namespace {
+
+/// A tensor-core attention path (cuDNN's or ours) against the bf16 host op, forward and backward:
+/// T 1, 63, 64, 1000 and 1024; heads of 32, 64 and 128 columns; one to twelve heads.
+void check_tensor_core_attention(gpu::AttentionKernel kernel) {
   const auto [seq, D, heads, sequences] = GENERATE(table<index_t, index_t, index_t, index_t>(
       {{1, 64, 2, 3}, {63, 32, 3, 2}, {64, 64, 4, 2}, {64, 128, 2, 1}, {1000, 128, 2, 1}, {1000, 64, 3, 1},
        {1024, 64, 12, 1}, {1024, 32, 4, 2}, {1024, 128, 1, 1}}));
-  CAPTURE(seq, D, heads, sequences);
+  CAPTURE(gpu::to_string(kernel), seq, D, heads, sequences);
   Rng rng(47);
   Gpu gpu;
   Cpu cpu;
-  gpu.attention = gpu::AttentionKernel::cudnn;  // throws with cuDNN's reason if it refuses the shape
+  gpu.attention = kernel;  // cudnn throws with cuDNN's reason if it refuses the shape
   const index_t C = heads * D, rows = seq * sequences;
   const Shape sq{rows, 3 * C}, so{rows, C}, sl{rows, heads};
   const gpu::AttentionChoice choice = ops::attention_choice(gpu, rows, C, heads, seq);
   INFO(choice.describe());
-  REQUIRE(choice.kernel == gpu::AttentionKernel::cudnn);
+  REQUIRE(choice.kernel == kernel);
 
   const auto qkv = random_bf16(rng, rows * 3 * C, -1.5, 1.5), dout = random_bf16(rng, rows * C);
   std::vector<BF> out_cpu(static_cast<std::size_t>(rows * C)), dqkv_cpu(qkv.size());
@@ -183,8 +181,9 @@ TEST_CASE("Cuda<bfloat16, float>: cuDNN's fused attention matches the bf16 host 
   auto out = poisoned<BF>(gpu, rows * C), dqkv = poisoned<BF>(gpu, rows * 3 * C), again = poisoned<BF>(gpu, rows * 3 * C);
   auto lse = poisoned<float>(gpu, rows * heads);
   ops::causal_attention_forward(gpu, dq.cview(sq), out.view(so), lse.view(sl), heads, seq);
-  // cuDNN rounds the probabilities to bf16 before multiplying by V (as every flash kernel does), where
-  // the host rounds once at the end: a bf16 rounding more per product, so the norm-wise bf16 tolerance.
+  // Tensor-core kernels round the probabilities to bf16 before multiplying by V (every flash kernel
+  // does), where the host rounds once at the end: a bf16 rounding more per product, so the norm-wise
+  // bf16 tolerance rather than one ulp per element.
   CHECK(relative_error(widen(out.download()), widen(out_cpu)) <= bf16_tolerance);
   // The statistics come back in the op's (n, H) layout, in float from fp32 scores.
   CHECK(relative_error(lse.download(), lse_cpu) <= 1e-4);
@@ -196,12 +195,28 @@ TEST_CASE("Cuda<bfloat16, float>: cuDNN's fused attention matches the bf16 host 
   const std::vector<BF> second = again.download();
   CHECK(std::equal(first.begin(), first.end(), second.begin(),
                    [](BF a, BF b) { return std::bit_cast<std::uint16_t>(a) == std::bit_cast<std::uint16_t>(b); }));
-  // The op's lse layout is the same on every path: the simple kernels' backward reads what cuDNN's
-  // forward saved and agrees with the host.
+  // The op's lse layout is the same on every path: the simple kernels' backward reads what this
+  // path's forward saved and agrees with the host.
   gpu.attention = gpu::AttentionKernel::simple;
   auto mixed = poisoned<BF>(gpu, rows * 3 * C);
   ops::causal_attention_backward(gpu, dq.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), mixed.view(sq), heads, seq);
   CHECK(relative_error(widen(mixed.download()), widen(dqkv_cpu)) <= 2 * bf16_tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("Cuda<bfloat16, float>: cuDNN's fused attention matches the bf16 host backend, forward and backward",
+          "[gpu][cuda][bf16][attention][cudnn]") {
+  if constexpr (!gpu::built_with_cudnn) {
+    WARN("built without cuDNN's frontend (CUPIPE_HAS_CUDNN): the cuDNN path is not compiled in, nothing to check");
+    return;
+  }
+  check_tensor_core_attention(gpu::AttentionKernel::cudnn);
+}
+
+TEST_CASE("Cuda<bfloat16, float>: our tensor-core (mma) attention matches the bf16 host backend, forward and backward",
+          "[gpu][cuda][bf16][attention][mma]") {
+  check_tensor_core_attention(gpu::AttentionKernel::mma);
 }
 
 TEST_CASE("the attention path: automatic picks cuDNN for bf16 where it runs, a request it cannot meet says why",
@@ -218,6 +233,11 @@ TEST_CASE("the attention path: automatic picks cuDNN for bf16 where it runs, a r
   CHECK_THAT(f.reason, Catch::Contains("bf16 storage only"));
   fp32.attention = gpu::AttentionKernel::cudnn;
   CHECK_THROWS_WITH(ops::attention_choice(fp32, 128, 128, 2, 64), Catch::Contains("cuDNN path was asked for"));
+  fp32.attention = gpu::AttentionKernel::mma;
+  CHECK_THAT(ops::attention_choice(fp32, 128, 128, 2, 64).reason, Catch::Contains("bf16 storage only"));
+  gpu.attention = gpu::AttentionKernel::mma;
+  CHECK(ops::attention_choice(gpu, 128, 128, 2, 64).kernel == gpu::AttentionKernel::mma);
+  CHECK(ops::attention_choice(gpu, 128, 96, 2, 64).kernel == gpu::AttentionKernel::simple);  // heads of 48
   fp32.attention = gpu::AttentionKernel::tiled;
   CHECK(ops::attention_choice(fp32, 128, 128, 2, 64).kernel == gpu::AttentionKernel::tiled);
   CHECK(ops::attention_choice(fp32, 128, 256, 2, 64).kernel == gpu::AttentionKernel::simple);  // heads of 128

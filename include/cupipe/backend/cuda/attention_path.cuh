@@ -5,12 +5,14 @@
 //              it (CUPIPE_HAS_CUDNN) and cuDNN builds both graphs for the call's sizes; otherwise the
 //              simple kernels, the path a GPU has checked longest.
 //   cudnn      cuDNN's, or an error that says why it cannot run (float storage, no cuDNN, a refusal).
+//   mma        our flash attention on tensor cores (kernels/attention_mma.cuh): bf16 storage, heads of
+//              32, 64 or 128 columns; other calls run the simple kernels. Opt in until a GPU has run it.
 //   tiled      our 64-row tiles (kernels/attention_tiled.cuh), where the head fits (<= 64 columns);
 //              other heads run the simple kernels.
 //   simple     the reference kernels (kernels/attention.cuh): a warp per query or key.
 //
 // A context starts from gpu::default_attention(): CUPIPE_ATTENTION in the environment (auto, cudnn,
-// tiled, simple or reference), automatic when unset. Set backend::Cuda::attention to change one.
+// mma, tiled, simple or reference), automatic when unset. Set backend::Cuda::attention to change one.
 // The forward and the backward of one call must take the same path only in that both read and write
 // the op's own layouts (the cuDNN path transposes its statistics), so a context may switch between
 // them; a trainer prints describe() of its first attention layer's choice.
@@ -23,6 +25,7 @@
 #include <string_view>
 
 #include "cupipe/backend/cuda/cudnn_attention.hpp"
+#include "cupipe/backend/cuda/kernels/attention_mma.cuh"
 #include "cupipe/core/error.hpp"
 
 namespace cupipe::gpu {
@@ -33,6 +36,7 @@ enum class AttentionKernel : std::uint8_t {
   simple,     ///< a warp per query or key, K and V read from global memory per query; every head size
   tiled,      ///< 64-row tiles in shared memory (FlashAttention-2's blocking); heads of up to 64 columns
   cudnn,      ///< cuDNN's fused SDPA on tensor cores: bf16 storage, needs CUPIPE_HAS_CUDNN
+  mma,        ///< our flash attention on tensor cores (mma.sync): bf16 storage, heads of 32, 64 or 128
 };
 
 inline std::string_view to_string(AttentionKernel kernel) noexcept {
@@ -41,18 +45,20 @@ inline std::string_view to_string(AttentionKernel kernel) noexcept {
     case AttentionKernel::simple: return "simple";
     case AttentionKernel::tiled: return "tiled";
     case AttentionKernel::cudnn: return "cudnn";
+    case AttentionKernel::mma: return "mma";
   }
   return "?";
 }
 
-/// "auto", "cudnn", "tiled", "simple" or "reference" (the simple kernels); anything else throws,
+/// "auto", "cudnn", "mma", "tiled", "simple" or "reference" (the simple kernels); anything else throws,
 /// naming `where` the text came from.
 inline AttentionKernel parse_attention(std::string_view text, std::string_view where = "attention kernel") {
   if (text == "auto" || text == "automatic") return AttentionKernel::automatic;
   if (text == "cudnn") return AttentionKernel::cudnn;
+  if (text == "mma") return AttentionKernel::mma;
   if (text == "tiled") return AttentionKernel::tiled;
   if (text == "simple" || text == "reference") return AttentionKernel::simple;
-  CUPIPE_THROW(where, ": '", text, "' is not an attention path; use auto, cudnn, tiled or simple (reference)");
+  CUPIPE_THROW(where, ": '", text, "' is not an attention path; use auto, cudnn, mma, tiled or simple (reference)");
 }
 
 /// CUPIPE_ATTENTION from the environment, read each time a context is made; automatic when unset.
@@ -115,6 +121,11 @@ inline AttentionChoice choose_attention(AttentionKernel requested, bool bf16, bo
                                         CudnnAttention& cudnn) {
   switch (requested) {
     case AttentionKernel::simple: return {AttentionKernel::simple, {}};
+    case AttentionKernel::mma: {
+      if (bf16 && kernels::mma_attention::takes_head(sizes.head_dim)) return {AttentionKernel::mma, {}};
+      return {AttentionKernel::simple, bf16 ? "the mma kernels take heads of 32, 64 or 128 columns, not " + std::to_string(sizes.head_dim)
+                                            : std::string("the mma kernels take bf16 storage only")};
+    }
     case AttentionKernel::tiled:
       if (tiled_takes) return {AttentionKernel::tiled, {}};
       return {AttentionKernel::simple, "the tiled kernels take heads of up to 64 columns, not " + std::to_string(sizes.head_dim)};

@@ -27,6 +27,7 @@
 #include "cupipe/backend/cuda/cuda.cuh"
 #include "cupipe/backend/cuda/gemm.cuh"
 #include "cupipe/backend/cuda/kernels/attention.cuh"
+#include "cupipe/backend/cuda/kernels/attention_mma.cuh"
 #include "cupipe/backend/cuda/kernels/attention_tiled.cuh"
 #include "cupipe/backend/cuda/kernels/elementwise.cuh"
 #include "cupipe/backend/cuda/kernels/embedding.cuh"
@@ -286,7 +287,9 @@ inline void require_attention_grid(std::string_view op, index_t rows, index_t he
 template <class T, class C>
 inline constexpr bool tiled_attention_capable = gpu::kernels::tiled_attention::stores<T> && std::is_same_v<C, float>;
 template <class T, class C>
-inline constexpr bool cudnn_attention_capable = gpu::built_with_cudnn && std::is_same_v<T, bfloat16> && std::is_same_v<C, float>;
+inline constexpr bool bf16_attention = std::is_same_v<T, bfloat16> && std::is_same_v<C, float>;
+template <class T, class C>
+inline constexpr bool cudnn_attention_capable = gpu::built_with_cudnn && bf16_attention<T, C>;
 
 template <class T, class C>
 gpu::AttentionChoice choose_attention_for(backend::Cuda<T, C>& be, index_t rows, index_t width, index_t heads, index_t seq_len) {
@@ -294,8 +297,7 @@ gpu::AttentionChoice choose_attention_for(backend::Cuda<T, C>& be, index_t rows,
   bool tiled = false;
   if constexpr (tiled_attention_capable<T, C>) tiled = gpu::kernels::tiled_attention::takes<T>(D);
   const gpu::cudnn_attention::Sizes sizes{rows / seq_len, seq_len, heads, D};
-  return gpu::choose_attention(be.attention, std::is_same_v<T, bfloat16> && std::is_same_v<C, float>, tiled, sizes,
-                               be.cudnn_attention());
+  return gpu::choose_attention(be.attention, bf16_attention<T, C>, tiled, sizes, be.cudnn_attention());
 }
 
 /// One attention call's rows, width (C) and sizes, and the path it takes.
@@ -342,6 +344,13 @@ void causal_attention_forward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, D
       return;
     }
   }
+  if constexpr (cuda_detail::bf16_attention<T, C>) {  // misaligned rows or too little shared memory: the simple kernels
+    if (kernel == gpu::AttentionKernel::mma && gpu::kernels::mma_attention::takes(be.context(), sizes.head_dim, qkv.data(), out.data())) {
+      gpu::kernels::mma_attention::forward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
+                                           lse.data(), rows, width, int(heads), seq_len);
+      return;
+    }
+  }
   if constexpr (cuda_detail::tiled_attention_capable<T, C>) {
     if (kernel == gpu::AttentionKernel::tiled) {
       gpu::kernels::tiled_attention::forward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
@@ -375,6 +384,15 @@ void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, 
     }
   }
   auto delta = be.template allocate<C>(rows * heads, MemoryTag::workspace);
+  if constexpr (cuda_detail::bf16_attention<T, C>) {
+    if (kernel == gpu::AttentionKernel::mma && gpu::kernels::mma_attention::takes(be.context(), sizes.head_dim, qkv.data(), out.data()) &&
+        gpu::kernels::mma_attention::takes(be.context(), sizes.head_dim, dout.data(), dqkv.data())) {
+      gpu::kernels::mma_attention::backward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
+                                            lse.data(), cuda_detail::device_ptr(dout.data()), cuda_detail::device_ptr(dqkv.data()),
+                                            delta.data(), rows, width, int(heads), seq_len);
+      return;
+    }
+  }
   if constexpr (cuda_detail::tiled_attention_capable<T, C>) {
     if (kernel == gpu::AttentionKernel::tiled) {
       gpu::kernels::tiled_attention::backward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
