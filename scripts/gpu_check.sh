@@ -9,16 +9,20 @@
 # OUT/<step>.log and reported PASS, FAIL, SKIP or TIMEOUT with the command that reproduces it; a
 # failing step does not stop the others, and the exit status is non-zero when any step failed.
 #
-#   scripts/gpu_check.sh [--out DIR] [--build DIR] [--deps DIR] [--steps LIST] [--deadline S] [--pack FILE]
-#                        [--quick] [--label TEXT]
+#   scripts/gpu_check.sh [--out DIR] [--build DIR] [--deps DIR] [--prebuilt PACK] [--steps LIST] [--deadline S]
+#                        [--pack FILE] [--quick] [--label TEXT]
 #
 #   --out DIR     where the report and logs go (default out/gpu_check); the logs and results of an
 #                 earlier run there are removed first
 #   --build DIR   the CUDA build folder (default build/gpu)
 #   --deps DIR    for a machine without apt: Debian packages unpacked here (dpkg -x), or the .deb files
 #                 themselves, which are unpacked into DIR/root first. scripts/gpu_deps.sh DIR fetches
-#                 them on a Debian machine: Catch2, OpenBLAS, nlohmann-json, CLI11, zlib, and the data
-#                 (Fashion-MNIST, fortunes).
+#                 them on a Debian machine: Catch2, OpenBLAS, nlohmann-json, CLI11, zlib, the data
+#                 (Fashion-MNIST, fortunes) and the cuDNN frontend's headers (DIR/cudnn-frontend).
+#   --prebuilt PACK  the programs scripts/gpu_pack.sh built elsewhere (its .tar.xz, or the folder it
+#                 unpacks to): unpacked beside --build (prebuilt/), run with its libraries and data, no
+#                 build. If they do not start here (another libc, a missing library), the script builds
+#                 as without it; the step `prebuilt` in the report says PASS or FALLBACK, and why.
 #   --steps LIST  a comma-separated subset of build,test,gpt,torch,sanitize,kernels,mlp,pipeline, run in
 #                 the order given (build always first); the default is that list, most wanted first:
 #                 what has never run on a GPU is checked before it is timed
@@ -39,6 +43,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/out/gpu_check"
 build="$root/build/gpu"
 deps=""
+prebuilt=""
 all_steps="build,test,gpt,torch,sanitize,kernels,mlp,pipeline"
 steps="$all_steps"
 quick=0
@@ -48,11 +53,12 @@ pack=""
 started=$SECONDS
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out|--build|--deps|--steps|--deadline|--pack|--label)
+    --out|--build|--deps|--prebuilt|--steps|--deadline|--pack|--label)
       [ $# -ge 2 ] || { echo "gpu_check: $1 needs a value (see --help)" >&2; exit 2; } ;;&
     --out) out="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --deps) deps="$2"; shift 2 ;;
+    --prebuilt) prebuilt="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --deadline) deadline="$2"; shift 2 ;;
     --pack) pack="$2"; shift 2 ;;
@@ -68,6 +74,9 @@ for s in ${steps//,/ }; do
   esac
 done
 [ -n "${steps//[ ,]/}" ] || { echo "gpu_check: --steps names no step ($all_steps)" >&2; exit 2; }
+if [ -n "$prebuilt" ] && [ ! -e "$prebuilt" ]; then
+  echo "gpu_check: --prebuilt $prebuilt does not exist (scripts/gpu_pack.sh makes it)" >&2; exit 2
+fi
 if [ -n "$deadline" ] && ! { [[ "$deadline" =~ ^[1-9][0-9]*$ ]] && [ "$deadline" -ge 30 ]; }; then
   echo "gpu_check: --deadline takes whole seconds, at least 30 (15 are kept for the report), got '$deadline'" >&2; exit 2
 fi
@@ -76,7 +85,7 @@ mkdir -p "$out" || { echo "gpu_check: cannot create $out" >&2; exit 2; }
 out="$(cd "$out" && pwd -P)"
 # What an earlier run left here would otherwise be reported as this run's.
 rm -f "$out"/*.log "$out"/steps.tsv "$out"/report.md "$out"/results.json "$out"/machine.txt "$out"/kernels.json \
-  "$out"/pipeline.json "$out"/torch.jsonl
+  "$out"/pipeline.json "$out"/torch.jsonl "$out"/sdpa.json
 if [ -n "$pack" ]; then
   mkdir -p "$(dirname "$pack")" && pack="$(cd "$(dirname "$pack")" && pwd -P)/$(basename "$pack")" ||
     { echo "gpu_check: cannot create the folder of --pack $pack" >&2; exit 2; }
@@ -112,6 +121,9 @@ if [ -n "$deps" ]; then
     cmake_args+=("-DZLIB_INCLUDE_DIR=$prefix/usr/include" "-DZLIB_LIBRARY=$prefix/lib/x86_64-linux-gnu/libz.so.1")
   fi
   [ -d "$prefix/usr/share/games/fortunes" ] && cmake_args+=("-DCUPIPE_FORTUNES_DIR=$prefix/usr/share/games/fortunes")
+  # The cuDNN frontend's headers (gpu_deps.sh puts them beside the .deb files): cuDNN's attention.
+  [ -f "$(cd "$deps" && pwd)/cudnn-frontend/include/cudnn_frontend.h" ] &&
+    cmake_args+=("-DCUDNN_FRONTEND_ROOT=$(cd "$deps" && pwd)/cudnn-frontend")
   [ -d "$prefix/usr/share/datasets/fashion-mnist" ] && cmake_args+=("-DCUPIPE_FASHION_MNIST_DIR=$prefix/usr/share/datasets/fashion-mnist")
   export LD_LIBRARY_PATH="$lib/openblas-pthread:$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
@@ -170,6 +182,51 @@ skip() { printf '%s\tSKIP\t0\t%s\n' "$1" "$2" >>"$out/steps.tsv"; echo "== $1: S
 } >"$out/machine.txt"
 cat "$out/machine.txt"
 
+# ---- programs built elsewhere (gpu_pack.sh), when given and when they start here ------------------
+use_prebuilt() {
+  local from="$prebuilt" dir t0 why=""
+  dir="$(dirname "$build")/prebuilt"
+  t0=$(date +%s.%N)
+  if [ -d "$from" ]; then
+    dir="$(cd "$from" && pwd)"
+    [ -d "$dir/gpu-pack" ] && dir="$dir/gpu-pack"
+  else
+    rm -rf "$dir" && mkdir -p "$dir" || why="could not create $dir"
+    if [ -z "$why" ] && command -v xz >/dev/null; then tar -xJf "$from" -C "$dir" || why="could not unpack $from"
+    elif [ -z "$why" ]; then  # no xz here: Python's tarfile reads .tar.xz itself
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$from" "$dir" || why="could not unpack $from"
+    fi
+    dir="$dir/gpu-pack"
+  fi
+  if [ -z "$why" ] && [ ! -x "$dir/build/tests/cuda/test_cuda_ops" ] && [ ! -x "$dir/build/bench/gpt_step/bench_gpt_step" ]; then
+    why="$from holds no GPU programs"
+  fi
+  if [ -z "$why" ]; then
+    export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # A program that starts can list its tests or print its help without touching the GPU.
+    local probe="$dir/build/tests/cuda/test_cuda_ops" probe_args=(--list-tests)
+    [ -x "$probe" ] || { probe="$dir/build/bench/gpt_step/bench_gpt_step"; probe_args=(--help); }
+    local said rc
+    said=$(timeout 30 "$probe" "${probe_args[@]}" 2>&1 >/dev/null); rc=$?
+    said=$(head -3 <<<"$said")
+    if [ "$rc" = 126 ] || [ "$rc" = 127 ] || [[ "$said" == *"error while loading shared libraries"* ]] ||
+       [[ "$said" == *"GLIBC"*"not found"* ]]; then
+      why="$(basename "$probe") does not start here: ${said:-exit $rc}"
+    fi
+  fi
+  local secs; secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if [ -n "$why" ]; then
+    printf 'prebuilt\tFALLBACK\t%s\t%s\n' "$secs" "building here instead: $why" >>"$out/steps.tsv"
+    echo "== prebuilt: FALLBACK ($why); building here instead"
+    return 1
+  fi
+  build="$dir/build"
+  [ -d "$dir/data/fashion-mnist" ] && fashion="$dir/data/fashion-mnist"
+  printf 'prebuilt\tPASS\t%s\t%s\n' "$secs" "the programs of $from ($(sed -n 's/^commit: //p' "$dir/manifest.txt" 2>/dev/null)), no build" >>"$out/steps.tsv"
+  echo "== prebuilt: PASS, running $build"
+  return 0
+}
+
 targets=(test_cuda_ops test_cuda_pipeline gpt_train mlp_fashion_mnist bench_kernels bench_gpt_step pipeline_throughput)
 if [ -n "${CUPIPE_GPU_TARGETS:-}" ]; then read -ra targets <<<"${CUPIPE_GPU_TARGETS//,/ }"; fi
 run_build() {
@@ -183,9 +240,12 @@ run_build() {
 bin_ok() { [ -x "$build/$1" ]; }
 
 run_test() {
-  if bin_ok tests/cuda/test_cuda_ops; then
+  if bin_ok tests/cuda/test_cuda_ops && [ -f "$build/CTestTestfile.cmake" ]; then
     # Serially: a GPU test that times two streams against one kernel alone wants the GPU to itself.
     step test ctest --test-dir "$build" --output-on-failure --timeout 300 -L "gpu|multi_gpu" -LE headers
+  elif bin_ok tests/cuda/test_cuda_ops; then  # prebuilt: no ctest files, the programs themselves
+    step test --limit 300 "$build/tests/cuda/test_cuda_ops"
+    bin_ok tests/cuda/test_cuda_pipeline && step test_pipeline --limit 300 "$build/tests/cuda/test_cuda_pipeline" "~[multi_gpu]"
   else skip test "the build did not produce the test programs"; fi
 }
 
@@ -228,6 +288,7 @@ run_gpt() {
     # bf16 first: its default attention (auto) is cuDNN's fused SDPA, which has never run on a GPU.
     step gpt_bf16 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16
     step gpt_bf16_b64 --limit 240 "$build/bench/gpt_step/bench_gpt_step" --batch 64 --microbatches 8 --steps 5 --precision bf16
+    step gpt_bf16_mma --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16 --attention mma
     step gpt_bf16_tiled --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --precision bf16 --attention tiled
     step gpt_tf32 --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32
     step gpt_tf32_tiled --limit 180 "$build/bench/gpt_step/bench_gpt_step" --batch 8 --steps $gpt_steps --math tf32 --attention tiled
@@ -247,8 +308,8 @@ run_torch() {
   else skip torch "no python3 with PyTorch and CUDA"; fi
 }
 
-# Build first, then the other steps in the order --steps gives.
-wants build && run_build
+# Build first (unless programs built elsewhere start here), then the other steps in the order --steps gives.
+if [ -n "$prebuilt" ] && use_prebuilt; then :; else wants build && run_build; fi
 for s in ${steps//,/ }; do
   [ "$s" = build ] && continue
   # A group's own checks (torch's import) must not eat the time kept for the report either.
@@ -267,13 +328,14 @@ done
   while IFS=$'\t' read -r name status secs cmd; do
     echo "| $name | $status | $secs | \`${cmd//|/\\|}\` |"
   done <"$out/steps.tsv"
-  for f in test memcheck_ops memcheck_pipeline racecheck_ops initcheck_ops initcheck_pipeline; do
+  for f in test test_pipeline memcheck_ops memcheck_pipeline racecheck_ops initcheck_ops initcheck_pipeline; do
     [ -f "$out/$f.log" ] || continue
     echo; echo "## $f"; echo; echo '```'
     grep -E "tests passed|tests failed|Failed|\*\*\*|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Skipped|Not Run" "$out/$f.log" | head -40
     echo '```'
   done
-  for f in kernels pipeline mlp gpt_tf32 gpt_fp32 gpt_tf32_tiled gpt_bf16 gpt_bf16_tiled torch_eager_tf32 torch_eager_bf16 torch_compile_tf32 torch_compile_bf16; do
+  for f in kernels pipeline mlp gpt_bf16 gpt_bf16_b64 gpt_bf16_mma gpt_bf16_tiled gpt_tf32 gpt_tf32_tiled gpt_fp32 torch_eager_tf32 \
+           torch_eager_bf16 torch_compile_tf32 torch_compile_bf16 torch_sdpa; do
     [ -f "$out/$f.log" ] || continue
     echo; echo "## $f"; echo; echo '```'
     case "$f" in
@@ -297,7 +359,7 @@ for key, fname in (("kernels", "kernels.json"), ("pipeline", "pipeline.json")):
     if os.path.exists(p):
         try: res[key] = json.load(open(p))
         except ValueError as e: res[key] = f"unreadable: {e}"
-for name in ("gpt_tf32", "gpt_fp32", "gpt_tf32_tiled", "gpt_bf16", "gpt_bf16_tiled"):
+for name in ("gpt_bf16", "gpt_bf16_b64", "gpt_bf16_mma", "gpt_bf16_tiled", "gpt_tf32", "gpt_tf32_tiled", "gpt_fp32"):
     p = os.path.join(out, name + ".log")
     if os.path.exists(p):
         lines = [l for l in open(p) if l.startswith("{")]
@@ -305,8 +367,16 @@ for name in ("gpt_tf32", "gpt_fp32", "gpt_tf32_tiled", "gpt_bf16", "gpt_bf16_til
 p = os.path.join(out, "torch.jsonl")
 if os.path.exists(p):
     res["torch"] = [json.loads(l) for l in open(p) if l.strip()]
+p = os.path.join(out, "sdpa.json")
+if os.path.exists(p):
+    try: res["torch_sdpa"] = json.load(open(p))
+    except ValueError as e: res["torch_sdpa"] = f"unreadable: {e}"
 json.dump(res, open(os.path.join(out, "results.json"), "w"), indent=1)
 EOF
+# The figures as rows (bench/results/<date>-<device>.json once committed): scripts/gpu_results.py.
+rm -f "$out"/20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]-*.json
+rows=$(python3 "$root/scripts/gpu_results.py" "$out" --write-dir "$out") && echo "== rows: $rows (commit it as bench/results/$(basename "$rows"))" ||
+  echo "gpu_check: the result rows were not written (python3 failed)"
 echo "== report: $out/report.md"
 awk -F'\t' '{ printf "%-20s %-5s %8s s\n", $1, $2, $3 }' "$out/steps.tsv"
 if [ -n "$pack" ]; then

@@ -9,7 +9,7 @@ packages=(
   catch2 libopenblas-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-dev
-  dataset-fashion-mnist fortunes
+  dataset-fashion-mnist fortunes xz-utils
 )
 
 missing=()
