@@ -467,7 +467,12 @@ inline bool takes(const Context& ctx, index_t D, const void* qkv, const void* ou
   return shared_bytes(D) <= std::size_t(optin);
 }
 
-inline void forward(Context& ctx, const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, index_t rows, index_t C, int H, index_t Tn) {
+// The launchers are templates (T is always __nv_bfloat16) so that only the translation units that call
+// them compile the kernels' device code: an inline function would put all nine kernels in every
+// translation unit that includes ops.cuh.
+template <class T>
+void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index_t C, int H, index_t Tn) {
+  static_assert(std::is_same_v<T, __nv_bfloat16>, "mma attention: bf16 storage");
   if (rows == 0) return;
   const index_t D = C / H;
   const dim3 grid(unsigned((Tn + rows_per_tile - 1) / rows_per_tile), unsigned(H), unsigned(rows / Tn));
@@ -480,8 +485,10 @@ inline void forward(Context& ctx, const __nv_bfloat16* qkv, __nv_bfloat16* out, 
 }
 
 /// dqkv (overwritten) from dout; `delta` is a workspace of rows * H floats.
-inline void backward(Context& ctx, const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* dout,
-                     __nv_bfloat16* dqkv, float* delta, index_t rows, index_t C, int H, index_t Tn) {
+template <class T>
+void backward(Context& ctx, const T* qkv, const T* out, const float* lse, const T* dout, T* dqkv, float* delta, index_t rows,
+              index_t C, int H, index_t Tn) {
+  static_assert(std::is_same_v<T, __nv_bfloat16>, "mma attention: bf16 storage");
   if (rows == 0) return;
   const index_t D = C / H;
   const unsigned delta_blocks = unsigned((rows * H + attention_warps - 1) / attention_warps);
