@@ -45,7 +45,7 @@ using EnginePtr = std::unique_ptr<Engine, EngineDeleter>;
 EnginePtr make_engine();
 
 /// The cuDNN library's version at run time (cudnnGetVersion: 91900 for 9.19.0) and the frontend's
-/// this was compiled with (11300 for 1.13.0), for the line a trainer prints.
+/// this was compiled with (13200 for 1.32.0), for the line a trainer prints.
 std::size_t library_version() noexcept;
 std::size_t frontend_version() noexcept;
 
