@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <tuple>
@@ -69,6 +70,27 @@ class StageStates {
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       ((int(K) == k ? (f(std::integral_constant<int, int(K)>{}, *std::get<K>(states_)), 0) : 0), ...);
     }(std::make_index_sequence<Stages::size>());
+  }
+
+  /// Makes the state of every virtual stage whose worker (`WorkerAt(k)`) has a context in
+  /// `contexts`: `versions[w]` weight versions on worker w, recompute where `recompute` names the
+  /// stage, parameters drawn from `seed` (tensor-parallel rank `tp_rank` draws its part of the
+  /// whole model's), and with ZeRO-1 (`replicas` > 1) this `replica`'s shard of the optimizer state.
+  template <auto WorkerAt, class Contexts>
+  void build(Contexts& contexts, const std::vector<int>& versions, const std::vector<int>& recompute,
+             std::uint64_t seed, int tp_rank, int replicas, int replica) {
+    for_each_slot([&](auto k, auto& slot) {
+      constexpr int K = decltype(k)::value;
+      constexpr int w = WorkerAt(K);
+      if (!contexts.present(w)) return;
+      using Seq = typename Stages::template stage<K>;
+      auto& be = *contexts.template get<w>();
+      const bool again = std::find(recompute.begin(), recompute.end(), K) != recompute.end();
+      slot = std::make_unique<std::remove_reference_t<decltype(*slot)>>(be, versions[std::size_t(w)], again);
+      Seq::init_on(be, slot->master_data(), seed, tp_rank);
+      slot->publish_master(slot->weights.latest_data());
+      if (replicas > 1) slot->shard = Shard::of(Seq::param_count, replicas, replica);
+    });
   }
 
   /// Offset of virtual stage K's parameters in the whole model's flat layout.

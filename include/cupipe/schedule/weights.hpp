@@ -113,5 +113,14 @@ constexpr WeightVersionAnalysis analyze_weight_versions(const Plan& plan) {
 
 /// Weight versions each stage must hold: 1 for flush policies; see analyze_weight_versions.
 constexpr std::vector<int> weight_versions(const Plan& plan) { return analyze_weight_versions(plan).versions; }
+/// The weight versions each worker holds at run time: the plan's, where the plan covers one step; 2BW
+/// also keeps W(t-1) across steps for the next step's first batch, so it holds 2 even where one
+/// step's plan needs only 1.
+constexpr std::vector<int> versions_held(const Plan& plan) {
+  std::vector<int> versions = weight_versions(plan);
+  if (plan.update == UpdateRule::double_buffered)
+    for (int& held : versions) held = held < 2 ? 2 : held;
+  return versions;
+}
 
 }  // namespace cupipe::schedule

@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+// PipelineOptions: what a trainer sets when it builds a Pipeline (microbatches, seed, recompute,
+// devices, deadlines, the communicator, post-validation, ZeRO-1). pipeline/checks.hpp checks them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cupipe/comm/communicator.hpp"
+#include "cupipe/schedule/action.hpp"
+
+namespace cupipe {
+
+struct PipelineOptions {
+  /// Microbatches per batch (flush schedules) or per update period (2BW).
+  int microbatches = 1;
+  /// Asynchronous schedules only: batches that one train_step runs without a flush (0: 1).
+  int batches = 0;
+  /// Seeds the parameter initialisation (identical to Network<Model>(seed)).
+  std::uint64_t seed = 0;
+  /// Throw when a microbatch's loss, or a flush update's global gradient norm, is not finite (the
+  /// update is then not applied).
+  bool check_finite = true;
+  /// Virtual stages that keep only their input after forward and recompute it in backward.
+  std::vector<int> recompute{};
+  /// Device of each worker, for device backends (several workers may share one). Empty: device 0.
+  std::vector<int> devices{};
+  /// Messages a worker's mailbox holds before senders wait; 0: enough for the schedule.
+  std::size_t channel_capacity = 0;
+  /// A receive (or a step's sends) waiting longer than this is an error naming the stage, action
+  /// and peer; 0: no deadline. The default is the collective timeout's: a stage slower than 5
+  /// minutes per action needs a longer one.
+  double transfer_timeout_seconds = comm::Communicator::default_collective_timeout_seconds;
+  /// Across processes: this process runs the stage the communicator's topology gives it, sends to
+  /// and receives from the other stages through it, and sums gradients over its replicas. Null: all
+  /// stages run in this process.
+  std::shared_ptr<comm::Communicator> communicator{};
+  /// The plan a schedule::UserPlan pipeline runs (io::load_plan reads one from a CSV or JSON file); its
+  /// stages, chunks, microbatches, backward split and placement must match the pipeline's. Only
+  /// UserPlan reads it.
+  std::shared_ptr<const schedule::Plan> plan{};
+  /// Flush schedules: optimizer post-validation in train_steps (Qi et al., zero bubble, section 4).
+  /// Each worker applies its update as soon as its own part of a step is done, as if the global
+  /// gradient norm did not clip, and goes on to the next step: no flush separates the steps. The norm
+  /// is checked one step later; an update that should have clipped, or saw a non-finite gradient, is
+  /// rolled back, redone as the flush does it, and the next step is run again. The weights and
+  /// optimizer state are bitwise those of train_step after every step. Costs one copy of each
+  /// stage's weights, gradients and optimizer state. All stages in this process; tied copies (GPT-2's
+  /// wte and lm_head) on one worker, as V-shaped schedules place them.
+  bool post_validation = false;
+  /// ZeRO-1 (Rajbhandari et al., 2020, stage 1), with data-parallel replicas across processes: each
+  /// replica keeps the optimizer state of 1/R of each stage's parameters (R replicas); the gradients
+  /// are reduce-scattered (each replica receives the sums of its shard only), each replica updates
+  /// its shard, and the updated shards are gathered over the replicas: the traffic of one
+  /// all-reduce, as without ZeRO. The weights equal those without it to rounding (the norm and the
+  /// tied copies' sums are added in another order; the update itself is element-wise, the gather
+  /// copies); the optimizer state per replica falls by R. Flush schedules only, not with post_validation; the
+  /// communicator must gather (MpiCommunicator and NcclCommunicator do). Checkpoints hold the whole state, so they load
+  /// with or without ZeRO and under another replica count. Without replicas it changes nothing.
+  bool zero = false;
+};
+
+namespace detail {
+
+/// Instantiated when a stage list cannot be dealt out to the workers of a multi-chunk schedule.
+template <int StageListSize, int ChunksPerWorker>
+struct stage_count_fits_chunks {
+  static_assert(StageListSize % ChunksPerWorker == 0,
+                "Pipeline: the schedule gives each worker V chunks, so the StageList needs a multiple of V stages "
+                "(stage_count_fits_chunks<stages in the list, V> above names both numbers)");
+  static constexpr bool value = StageListSize % ChunksPerWorker == 0;
+};
+
+}  // namespace detail
+
+}  // namespace cupipe
