@@ -227,7 +227,8 @@ int main(int argc, char** argv) {
 #if !CUPIPE_TRAINER_HAS_BF16
       if (f.backend == "host")
         CUPIPE_THROW("--precision bf16 on the host backend is not in this build, which was configured with "
-                     "-DCUPIPE_TRAINER_SCHEDULES=flush; configure without it for bf16 training on the CPU");
+                     "-DCUPIPE_TRAINER_SCHEDULES=", cupipe::examples::trainer_setting,
+                     "; configure without it for bf16 training on the CPU");
 #endif
       if (math->count() > 0)
         CUPIPE_THROW("--math sets how fp32 GEMMs run on CUDA; with --precision bf16 every GEMM takes bf16 inputs and "
@@ -288,20 +289,14 @@ int main(int argc, char** argv) {
 #if CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16") return train_bf16(f, corpus, split, launch);
 #endif
-    int rc = 1;
-    with_policy(f.schedule, [&]<class Schedule>() {
-      auto run = [&]<int P>() {
-        if constexpr (std::is_same_v<Schedule, schedule::OneFOneB> && P <= 2) {
-          if (f.tp == 2) rc = train<gpt::tiny, Schedule, P, backend::Host<T>, 2>(f, corpus, split, launch);
-          if (f.tp == 4) rc = train<gpt::tiny, Schedule, P, backend::Host<T>, 4>(f, corpus, split, launch);
-        }
-        if (f.tp == 1) rc = train<gpt::tiny, Schedule, P, backend::Host<T>>(f, corpus, split, launch);
-      };
-      if constexpr (!cupipe::examples::trainer_builds<Schedule>) cupipe::examples::refuse_unbuilt_schedule<Schedule>();
-      else if constexpr (Schedule::chunks == 1) with_stage_count<1, 2, 4>(f.stages, run);
-      else with_stage_count<1, 2>(f.stages, run);
-    });
-    return rc;
+    using cupipe::examples::ScheduleFamily;
+    switch (cupipe::examples::family_of_name(f.schedule)) {  // require_built_schedule let it through
+#if !CUPIPE_TRAINER_FLUSH_SCHEDULES_ONLY
+      case ScheduleFamily::chunked: return train_host<ScheduleFamily::chunked>(f, corpus, split, launch);
+      case ScheduleFamily::asynchronous: return train_host<ScheduleFamily::asynchronous>(f, corpus, split, launch);
+#endif
+      default: return train_host<ScheduleFamily::flush>(f, corpus, split, launch);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train: %s\n", e.what());
     launcher.abort_job();

@@ -10,6 +10,7 @@
 #include "cupipe/backend/cuda/peak.cuh"
 #include "cupipe/cupipe.cuh"
 #include "trainer.hpp"
+#include "trainer_schedules.hpp"
 
 namespace gpt_trainer {
 
@@ -38,7 +39,8 @@ int train_preset(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
     say_attention(pipe);
   };
   with_policy(f.schedule, [&]<class Schedule>() {
-    if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1) {
+    if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1 &&
+                  cupipe::examples::trainer_builds<Schedule>) {
       with_stage_count<1, 2, 4>(f.stages, [&]<int P>() {
         if (f.precision != "bf16") {
           rc = train<config, Schedule, P, backend::Cuda<T>>(f, corpus, split, launch, rate, set_math);

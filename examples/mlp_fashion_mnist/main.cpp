@@ -102,7 +102,7 @@ inline void check_stage_backends(const Flags& f) {
 #if !CUPIPE_TRAINER_HAS_BF16
   if (!cuda)
     CUPIPE_THROW("--stage-backends ", f.stage_backends, ": host stages of two precisions are not in this build, which "
-                 "was configured with -DCUPIPE_TRAINER_SCHEDULES=flush");
+                 "was configured with -DCUPIPE_TRAINER_SCHEDULES=", cupipe::examples::trainer_setting);
 #endif
 }
 
@@ -187,7 +187,8 @@ int main(int argc, char** argv) {
 #if !CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16" && f.backend == "host")
       CUPIPE_THROW("--precision bf16 on the host backend is not in this build, which was configured with "
-                   "-DCUPIPE_TRAINER_SCHEDULES=flush; configure without it for bf16 training on the CPU");
+                   "-DCUPIPE_TRAINER_SCHEDULES=", cupipe::examples::trainer_setting,
+                   "; configure without it for bf16 training on the CPU");
 #endif
     if (!f.stage_backends.empty()) check_stage_backends(f);
     if (f.precision == "bf16" && f.backend == "cuda" && f.schedule != "1f1b" && f.schedule != "gpipe")
@@ -219,7 +220,6 @@ int main(int argc, char** argv) {
       return train_cuda(f, data.train, data.test, launch);
 #endif
     }
-    int rc = 0;
     // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
     // each keeps them from oversubscribing the cores (11x slower on 2 cores otherwise).
     if (!launch.communicator && (f.stages > 1 || !f.plan.empty())) backend::Host<T>::set_blas_threads(1);
@@ -236,23 +236,15 @@ int main(int argc, char** argv) {
 #if CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16") return train_bf16(f, data.train, data.test, launch);
 #endif
-    with_policy(f.schedule, [&]<class Schedule>() {
-      if constexpr (!cupipe::examples::trainer_builds<Schedule>) {
-        cupipe::examples::refuse_unbuilt_schedule<Schedule>();
-      } else {
-        with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
-          if constexpr (P * Schedule::chunks > 7) {
-            CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
-                         " model chunks but the MLP has 7 layers; use at most 3 stages");
-          } else {
-            rc = with_optimizer(f, [&](auto optimizer) {
-              return train<Schedule, P, backend::Host<T>>(f, data.train, data.test, optimizer, launch);
-            });
-          }
-        });
-      }
-    });
-    return rc;
+    using cupipe::examples::ScheduleFamily;
+    switch (cupipe::examples::family_of_name(f.schedule)) {  // require_built_schedule let it through
+#if !CUPIPE_TRAINER_FLUSH_SCHEDULES_ONLY
+      case ScheduleFamily::chunked: return train_host<ScheduleFamily::chunked>(f, data.train, data.test, launch);
+      case ScheduleFamily::asynchronous:
+        return train_host<ScheduleFamily::asynchronous>(f, data.train, data.test, launch);
+#endif
+      default: return train_host<ScheduleFamily::flush>(f, data.train, data.test, launch);
+    }
   } catch (const cupipe::error& e) {
     std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.what());  // with the failing call and where
     launcher.abort_job();

@@ -23,6 +23,7 @@
 #include "cupipe/cupipe.hpp"
 #include "cupipe/pipeline/rebalance.hpp"
 #include "launch.hpp"
+#include "trainer_schedules.hpp"
 
 namespace fmnist {
 
@@ -366,6 +367,35 @@ int with_optimizer(const Flags& f, Run&& run) {
   if (f.optimizer == "sgd") return run(optim::SGD({.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay}));
   return run(optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}));
 }
+
+/// Trains on backend::Host<float> with a --schedule of family F, at 1 to 4 stages. Each family
+/// is instantiated outside main.cpp (train_flush.cpp; train_other.cpp for the chunked and the
+/// asynchronous), so that they compile side by side; main.cpp calls the one of --schedule's family.
+template <examples::ScheduleFamily F>
+int train_host(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
+  int rc = 1;
+  schedule::with_policy(f.schedule, [&]<class Schedule>() {
+    if constexpr (examples::family_of<Schedule> == F && examples::trainer_builds<Schedule>) {
+      with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
+        if constexpr (P * Schedule::chunks > 7) {
+          CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
+                       " model chunks but the MLP has 7 layers; use at most 3 stages");
+        } else {
+          rc = with_optimizer(f, [&](auto optimizer) {
+            return train<Schedule, P, backend::Host<T>>(f, train_set, test_set, optimizer, launch);
+          });
+        }
+      });
+    }
+  });
+  return rc;
+}
+extern template int train_host<examples::ScheduleFamily::flush>(const Flags&, io::Dataset&, const io::Dataset&,
+                                                                 const Launch&);
+extern template int train_host<examples::ScheduleFamily::chunked>(const Flags&, io::Dataset&, const io::Dataset&,
+                                                                   const Launch&);
+extern template int train_host<examples::ScheduleFamily::asynchronous>(const Flags&, io::Dataset&,
+                                                                        const io::Dataset&, const Launch&);
 
 /// --precision bf16 on the host backend (defined in train_bf16.cpp).
 int train_bf16(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);

@@ -8,6 +8,7 @@
 
 #include "cupipe/cupipe.cuh"
 #include "trainer.hpp"
+#include "trainer_schedules.hpp"
 
 namespace fmnist {
 
@@ -16,7 +17,8 @@ int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
   gpu::set_default_math(f.math == "fp32" ? gpu::MathMode::fp32 : gpu::MathMode::tf32);
   int rc = 1;
   with_policy(f.schedule, [&]<class Schedule>() {
-    if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1) {
+    if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1 &&
+                  cupipe::examples::trainer_builds<Schedule>) {
       with_stage_count<1, 2, 4>(f.stages, [&]<int P>() {
         rc = with_optimizer(f, [&](auto optimizer) {
           if (f.precision != "bf16") return train<Schedule, P, backend::Cuda<T>>(f, train_set, test_set, optimizer, launch);
