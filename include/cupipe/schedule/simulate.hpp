@@ -112,24 +112,31 @@ constexpr double duration(const Plan& plan, const Costs& costs, int stage, const
   return 0;
 }
 
-/// Simulates a plan. Throws cupipe::error (a compile error in constant evaluation) when the plan
-/// cannot run, with verify's reason.
-constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
-  const Config& c = plan.config;
+namespace detail {
+/// Costs given per stage, per virtual stage or per microbatch must have one entry for each.
+constexpr void check_costs(const Config& c, const Costs& costs) {
   const auto p = static_cast<std::size_t>(c.stages);
   if (!costs.per_stage.empty() && costs.per_stage.size() != p)
     CUPIPE_THROW("costs.per_stage holds ", costs.per_stage.size(), " entries, expected one per stage (", p, ")");
   if (!costs.per_virtual_stage.empty() && costs.per_virtual_stage.size() != static_cast<std::size_t>(c.virtual_stages()))
     CUPIPE_THROW("costs.per_virtual_stage holds ", costs.per_virtual_stage.size(), " entries, expected one per virtual stage (",
                  c.virtual_stages(), ")");
-  if (!costs.per_microbatch.empty()) {
-    if (costs.per_microbatch.size() != static_cast<std::size_t>(c.total_microbatches()))
-      CUPIPE_THROW("costs.per_microbatch holds ", costs.per_microbatch.size(), " microbatches, expected ", c.total_microbatches());
-    for (const auto& row : costs.per_microbatch)
-      if (row.size() != static_cast<std::size_t>(c.virtual_stages()))
-        CUPIPE_THROW("costs.per_microbatch holds a row of ", row.size(), " entries, expected one per virtual stage (",
-                     c.virtual_stages(), ")");
-  }
+  if (costs.per_microbatch.empty()) return;
+  if (costs.per_microbatch.size() != static_cast<std::size_t>(c.total_microbatches()))
+    CUPIPE_THROW("costs.per_microbatch holds ", costs.per_microbatch.size(), " microbatches, expected ", c.total_microbatches());
+  for (const auto& row : costs.per_microbatch)
+    if (row.size() != static_cast<std::size_t>(c.virtual_stages()))
+      CUPIPE_THROW("costs.per_microbatch holds a row of ", row.size(), " entries, expected one per virtual stage (",
+                   c.virtual_stages(), ")");
+}
+}  // namespace detail
+
+/// Simulates a plan. Throws cupipe::error (a compile error in constant evaluation) when the plan
+/// cannot run, with verify's reason.
+constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
+  const Config& c = plan.config;
+  const auto p = static_cast<std::size_t>(c.stages);
+  detail::check_costs(c, costs);
   constexpr double unknown = -1;
   std::vector<double> end(static_cast<std::size_t>(detail::action_slots(c)), unknown);
   SimResult out;

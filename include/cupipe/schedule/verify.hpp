@@ -99,6 +99,43 @@ constexpr int slot_of(const Plan& plan, int stage, const Action& a) {
   return action_slot(plan.config, a.kind, plan.virtual_stage(stage, a), a.microbatch);
 }
 
+/// Why workers stopped short of the end of their lists (`pc[w]`: the next action; `sending[w]`: it
+/// ran and waits to hand its output over): the first stuck worker, a blocked sender first. Empty
+/// (verified) when every worker finished.
+constexpr VerifyResult explain_stuck(const Plan& plan, const std::vector<int>& pc, const std::vector<char>& sending) {
+  const Config& c = plan.config;
+  const int p = c.stages;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int s = 0; s < p; ++s) {
+      const auto us = static_cast<std::size_t>(s);
+      const auto& list = plan.actions[us];
+      if (pc[us] >= static_cast<int>(list.size())) continue;
+      const Action& a = list[static_cast<std::size_t>(pc[us])];
+      if (sending[us] && pass == 0) {
+        const Dependency out = output_of(plan, s, a);
+        const auto r = static_cast<std::size_t>(out.stage);
+        Failure fail;
+        fail << "deadlock with blocking (rendezvous) sends: stage " << s << " blocks sending the output of "
+             << Named{a, c.chunks} << " to stage " << out.stage << ", which ";
+        if (pc[r] >= static_cast<int>(plan.actions[r].size())) return fail << "has finished";
+        return fail << "is blocked at " << Named{plan.actions[r][static_cast<std::size_t>(pc[r])], c.chunks}
+                    << (sending[r] ? " (sending its output)" : " (waiting for its input)");
+      }
+      if (!sending[us] && pass == 1) {
+        const Dependency in = input_of(plan, s, a);
+        const auto r = static_cast<std::size_t>(in.stage);
+        Failure fail;
+        fail << "dependency violated: stage " << s << " cannot run " << Named{a, c.chunks} << " because it needs "
+             << Named{in.peer, c.chunks} << " of stage " << in.stage;
+        if (in.stage == s) return fail << ", which comes later on the same stage";
+        return fail << ", which is stuck behind "
+                    << Named{plan.actions[r][static_cast<std::size_t>(pc[r])], c.chunks} << " (a dependency cycle)";
+      }
+    }
+  }
+  return VerifyResult{};
+}
+
 /// Runs every worker's list as a program. With `rendezvous`, a send completes only once its
 /// receiver has posted the matching receive; a worker keeps one receive posted per incoming channel
 /// (sender worker, forward or backward), for the next message it will consume from that channel
@@ -171,36 +208,7 @@ constexpr VerifyResult run_workers(const Plan& plan, bool rendezvous) {
       }
     }
   }
-  // Stuck or finished: explain the first stuck worker, preferring a blocked sender.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int s = 0; s < p; ++s) {
-      const auto us = static_cast<std::size_t>(s);
-      const auto& list = plan.actions[us];
-      if (pc[us] >= static_cast<int>(list.size())) continue;
-      const Action& a = list[static_cast<std::size_t>(pc[us])];
-      if (sending[us] && pass == 0) {
-        const Dependency out = output_of(plan, s, a);
-        const auto r = static_cast<std::size_t>(out.stage);
-        Failure fail;
-        fail << "deadlock with blocking (rendezvous) sends: stage " << s << " blocks sending the output of "
-             << Named{a, c.chunks} << " to stage " << out.stage << ", which ";
-        if (pc[r] >= static_cast<int>(plan.actions[r].size())) return fail << "has finished";
-        return fail << "is blocked at " << Named{plan.actions[r][static_cast<std::size_t>(pc[r])], c.chunks}
-                    << (sending[r] ? " (sending its output)" : " (waiting for its input)");
-      }
-      if (!sending[us] && pass == 1) {
-        const Dependency in = input_of(plan, s, a);
-        const auto r = static_cast<std::size_t>(in.stage);
-        Failure fail;
-        fail << "dependency violated: stage " << s << " cannot run " << Named{a, c.chunks} << " because it needs "
-             << Named{in.peer, c.chunks} << " of stage " << in.stage;
-        if (in.stage == s) return fail << ", which comes later on the same stage";
-        return fail << ", which is stuck behind "
-                    << Named{plan.actions[r][static_cast<std::size_t>(pc[r])], c.chunks} << " (a dependency cycle)";
-      }
-    }
-  }
-  return VerifyResult{};
+  return explain_stuck(plan, pc, sending);
 }
 
 }  // namespace detail

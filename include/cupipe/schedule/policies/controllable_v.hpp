@@ -42,6 +42,35 @@ constexpr int v_peak_memory(const VSlots& t, int horizon, std::vector<int>& occu
   return peak;
 }
 
+/// Each worker's actions from the slots of its four kinds of action (F0, F1, B1, B0), in slot order,
+/// each W in the first free slot after its B.
+constexpr std::vector<std::vector<Action>> v_actions_from_slots(const std::vector<VSlots>& slots, int m, int horizon) {
+  const int p = static_cast<int>(slots.size());
+  std::vector<std::vector<Action>> out(static_cast<std::size_t>(p));
+  constexpr std::array<Action, 4> kinds{Action{ActionKind::F, 0, 0}, Action{ActionKind::F, 0, 1},
+                                        Action{ActionKind::B, 0, 1}, Action{ActionKind::B, 0, 0}};
+  for (int r = 0; r < p; ++r) {
+    std::vector<int> by_slot(static_cast<std::size_t>(horizon), -1);  // k * m + j
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < m; ++j) by_slot[static_cast<std::size_t>(slots[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)][static_cast<std::size_t>(j)])] =
+            k * m + j;
+    auto& list = out[static_cast<std::size_t>(r)];
+    std::vector<Action> weights;  // in the order of their B's
+    std::size_t taken = 0;
+    for (int s = 0; s < horizon; ++s) {
+      if (const int id = by_slot[static_cast<std::size_t>(s)]; id >= 0) {
+        Action a = kinds[static_cast<std::size_t>(id / m)];
+        a.microbatch = id % m;
+        list.push_back(a);
+        if (a.kind == ActionKind::B) weights.push_back({ActionKind::W, a.microbatch, a.chunk});
+      } else if (taken < weights.size()) {
+        list.push_back(weights[taken++]);
+      }
+    }
+  }
+  return out;
+}
+
 /// V-Min and V-Half, built as the paper builds them: a building block (the slots of one microbatch's
 /// F and B on every worker) repeated every 6 slots, so memory follows from each block's lifespans;
 /// then a squeeze that moves warm-up and cool-down actions into earlier free slots wherever no worker's
@@ -109,28 +138,7 @@ constexpr std::vector<std::vector<Action>> controllable_v_actions(const Config& 
     }
   }
 
-  std::vector<std::vector<Action>> out(static_cast<std::size_t>(p));
-  constexpr std::array<Action, 4> kinds{Action{ActionKind::F, 0, 0}, Action{ActionKind::F, 0, 1},
-                                        Action{ActionKind::B, 0, 1}, Action{ActionKind::B, 0, 0}};
-  for (int r = 0; r < p; ++r) {
-    std::vector<int> by_slot(static_cast<std::size_t>(horizon), -1);  // k * m + j
-    for (int k = 0; k < 4; ++k)
-      for (int j = 0; j < m; ++j) by_slot[static_cast<std::size_t>(at(r, k, j))] = k * m + j;
-    auto& list = out[static_cast<std::size_t>(r)];
-    std::vector<Action> weights;  // in the order of their B's
-    std::size_t taken = 0;
-    for (int s = 0; s < horizon; ++s) {
-      if (const int id = by_slot[static_cast<std::size_t>(s)]; id >= 0) {
-        Action a = kinds[static_cast<std::size_t>(id / m)];
-        a.microbatch = id % m;
-        list.push_back(a);
-        if (a.kind == ActionKind::B) weights.push_back({ActionKind::W, a.microbatch, a.chunk});
-      } else if (taken < weights.size()) {
-        list.push_back(weights[taken++]);
-      }
-    }
-  }
-  return out;
+  return v_actions_from_slots(slots, m, horizon);
 }
 
 }  // namespace detail
