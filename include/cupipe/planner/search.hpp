@@ -1,0 +1,400 @@
+// SPDX-License-Identifier: Apache-2.0
+// The planner's search over layouts for one stage count, replica count and tensor-parallel degree:
+// every policy and microbatch count, the balanced split, the simulated step and the memory estimate
+// (search_layouts), with the helpers it prices them by (costs at a row count, links, tensor-parallel
+// sums, contention on shared cores, state bytes).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/memory.hpp"
+#include "cupipe/core/shape.hpp"
+#include "cupipe/schedule/registry.hpp"
+#include "cupipe/schedule/simulate.hpp"
+
+#include "cupipe/planner/activations.hpp"
+#include "cupipe/planner/cost_model.hpp"
+
+namespace cupipe::planner {
+
+namespace detail {
+
+/// The contiguous split of `cost` (per layer) into `parts` non-empty ranges whose largest sum is
+/// smallest; first index of each range, then cost.size(). Dynamic programming, O(parts x n^2).
+inline std::vector<std::size_t> balanced_cuts(const std::vector<double>& cost, int parts) {
+  const std::size_t n = cost.size(), k = std::size_t(parts);
+  CUPIPE_REQUIRE(parts >= 1 && k <= n, "planner: cannot split ", n, " layers into ", parts, " stages");
+  std::vector<double> prefix(n + 1, 0);
+  for (std::size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + cost[i];
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  // best[j][i]: smallest largest-part over the first i layers in j parts; from[j][i]: start of part j.
+  std::vector<std::vector<double>> best(k + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<std::size_t>> from(k + 1, std::vector<std::size_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (std::size_t j = 1; j <= k; ++j)
+    for (std::size_t i = j; i <= n - (k - j); ++i)
+      for (std::size_t s = j - 1; s < i; ++s) {
+        const double candidate = std::max(best[j - 1][s], prefix[i] - prefix[s]);
+        if (candidate < best[j][i]) {
+          best[j][i] = candidate;
+          from[j][i] = s;
+        }
+      }
+  std::vector<std::size_t> cuts(k + 1);
+  cuts[k] = n;
+  for (std::size_t j = k, i = n; j >= 1; --j) {
+    cuts[j - 1] = from[j][i];
+    i = from[j][i];
+  }
+  return cuts;
+}
+
+inline bool named(const Request& r, std::string_view name) {
+  return std::find(r.schedules.begin(), r.schedules.end(), name) != r.schedules.end();
+}
+inline bool wanted(const Request& r, std::string_view name) { return r.schedules.empty() || named(r, name); }
+
+/// Microbatch counts worth trying: powers of two, and multiples of the stage count (2p for DualPipeV).
+inline std::vector<int> microbatch_candidates(int p, index_t samples, int most) {
+  std::vector<int> out;
+  const int limit = int(std::min<index_t>(samples, most));
+  for (int m = 1; m <= limit; m *= 2) out.push_back(m);
+  for (int f : {1, 2, 3, 4}) {
+    const int m = f * p;
+    if (m <= limit) out.push_back(m);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+/// Parameter elements each worker holds: its virtual stages' layers under `cuts` on `plan`'s placement.
+inline std::vector<double> worker_params(const CostModel& model, const schedule::Plan& plan, const std::vector<std::size_t>& cuts) {
+  std::vector<double> params(static_cast<std::size_t>(plan.config.stages), 0.0);
+  for (int k = 0; k + 1 < int(cuts.size()); ++k)
+    for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l)
+      params[std::size_t(plan.placement.worker_of(k))] += model.layers[l].params;
+  return params;
+}
+
+/// Seconds of a layer's action (0 forward, 1 input gradient, 2 weight gradient) for `rows` rows:
+/// between the layer's measured points, or fixed + (time - fixed) x rows / profiled_rows.
+inline double at_rows(const CostModel& model, const LayerCost& layer, int action, double rows) {
+  const std::size_t a = std::size_t(action) + 1;
+  if (layer.points.size() >= 2) {
+    const auto& p = layer.points;
+    std::size_t i = 0;
+    while (i + 2 < p.size() && rows > p[i + 1][0]) ++i;  // the segment [i, i+1] holding rows, or an end one
+    const double slope = (p[i + 1][a] - p[i][a]) / (p[i + 1][0] - p[i][0]);
+    return std::max(0.0, p[i][a] + slope * (rows - p[i][0]));
+  }
+  const double time = action == 0 ? layer.forward : action == 1 ? layer.backward_input : layer.backward_weight;
+  const double fixed = action == 0 ? layer.forward_fixed : action == 1 ? layer.backward_input_fixed : layer.backward_weight_fixed;
+  return fixed + (time - fixed) * rows / double(model.profiled_rows);
+}
+
+/// Seconds of a hand-over of `values` values.
+inline double link_seconds(const CostModel& model, double values) {
+  return model.link_latency + (model.link_bytes_per_second > 0 ? values * model.value_bytes / model.link_bytes_per_second : 0.0);
+}
+
+/// Seconds of one rank's share of `calls` sums over a tensor-parallel group of `t` ranks that
+/// together sum `values` values per rank (a ring all-reduce moves 2 (t - 1) / t of them).
+inline double tensor_sum_seconds(const CostModel& model, int t, double calls, double values) {
+  if (t <= 1 || (calls == 0 && values == 0)) return 0.0;
+  const double bytes = 2.0 * double(t - 1) / double(t) * values * model.gradient_bytes();  // bf16 sums in fp32
+  return calls * model.tensor_sum_latency + (model.tensor_sum_bytes_per_second > 0 ? bytes / model.tensor_sum_bytes_per_second : 0.0);
+}
+
+
+/// The factor for `busy` workers computing at once on a machine of `cores` cores (0: unknown), from
+/// `contention` (CostModel::contention, not empty): its entry where it has one; beyond it, its last
+/// entry, and where `busy` exceeds the cores too, that times busy / max(entries, cores), since each
+/// worker then has that share of a core (a last entry measured beyond the cores, processes of a
+/// node that take turns, already holds the turns up to its count). 1 for no worker busy.
+inline double contention_at(const std::vector<double>& contention, std::size_t busy, int cores) {
+  if (busy == 0) return 1.0;
+  if (busy <= contention.size()) return contention[busy - 1];
+  const std::size_t saturated = std::max(contention.size(), std::size_t(std::max(cores, 0)));
+  if (cores <= 0 || busy <= saturated) return contention.back();
+  return contention.back() * double(busy) / double(saturated);
+}
+
+/// Per worker of `sim`, `contention` (CostModel::contention) averaged over the time the worker's
+/// actions ran, each instant weighted by the factor for the workers busy on the machine then
+/// (contention_at, on `cores` cores; 0: unknown): `per_busy` of them for each worker busy in `sim`
+/// (replicas in one process: the replica count; processes of which only some share a node: fewer),
+/// rounded up. All 1 where `contention` is empty.
+inline std::vector<double> contention_factors(const schedule::SimResult& sim, const std::vector<double>& contention,
+                                              double per_busy = 1, int cores = 0) {
+  if (contention.empty()) return std::vector<double>(sim.times.size(), 1.0);
+  struct Edge {
+    double time;
+    int worker, delta;
+  };
+  std::vector<Edge> edges;
+  for (std::size_t w = 0; w < sim.times.size(); ++w)
+    for (const schedule::ActionTime& t : sim.times[w])
+      if (t.end > t.start) {
+        edges.push_back({t.start, int(w), +1});
+        edges.push_back({t.end, int(w), -1});
+      }
+  // Ends before starts at equal times: an action that ends as the next begins is not two at once.
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.time != b.time ? a.time < b.time : a.delta < b.delta; });
+  const std::size_t workers = sim.times.size();
+  std::vector<int> running(workers, 0);
+  std::vector<double> weighted(workers, 0), busy(workers, 0);
+  int busy_workers = 0;
+  for (std::size_t i = 0; i < edges.size(); ++i) {
+    const Edge& e = edges[i];
+    const int before = running[std::size_t(e.worker)];
+    running[std::size_t(e.worker)] += e.delta;
+    busy_workers += (running[std::size_t(e.worker)] > 0) - (before > 0);
+    if (i + 1 == edges.size()) break;
+    const double span = edges[i + 1].time - e.time;
+    if (span <= 0 || busy_workers == 0) continue;
+    const auto machine_busy = std::size_t(std::max(1.0, std::ceil(double(busy_workers) * per_busy - 1e-9)));
+    const double factor = contention_at(contention, machine_busy, cores);
+    for (std::size_t w = 0; w < workers; ++w)
+      if (running[w] > 0) {
+        weighted[w] += span * factor;
+        busy[w] += span;
+      }
+  }
+  std::vector<double> out(workers, 1.0);
+  for (std::size_t w = 0; w < workers; ++w)
+    if (busy[w] > 0) out[w] = weighted[w] / busy[w];
+  return out;
+}
+
+/// Per-worker bytes of parameters, their gradients, the optimizer's slots and the weight versions
+/// `sim` says the plan holds; `params` is worker_params().
+inline std::vector<double> state_bytes(const CostModel& model, const schedule::SimResult& sim, const std::vector<double>& params) {
+  std::vector<double> bytes(params.size());
+  for (std::size_t w = 0; w < params.size(); ++w) {
+    const int versions = std::max(1, sim.weight_versions[w]);
+    bytes[w] = params[w] * parameter_state_bytes(model.value_bytes, model.compute_bytes, model.optimizer_slots, versions);
+  }
+  return bytes;
+}
+
+inline std::string gigabytes(double bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  out << bytes / 1e9 << " GB";
+  return out.str();
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// Every policy and microbatch count for p stages, d replicas and t tensor-parallel ranks per stage,
+/// into `report`; `model` holds the per-rank layers of t (the request's model for t = 1).
+template <class List, class Split>
+void search_layouts(const Request& request, const CostModel& model, int p, int d, int t, Split& split_into, Report& report) {
+  const std::size_t layers = model.layers.size();
+  const index_t samples = request.batch / d;  // per replica (the first batch % d replicas take one more)
+  const std::string tensor_suffix = t > 1 ? " t=" + std::to_string(t) : std::string();
+  for (const schedule::PolicyInfo& policy : schedule::policy_table<List>()) {
+    if (!wanted(request, policy.name)) continue;
+    const int v = policy.default_chunks, virtual_stages = p * v;
+    const std::string base = std::string(policy.name) + " p=" + std::to_string(p);
+    const std::string where = base + " d=" + std::to_string(d) + tensor_suffix;
+    if (std::size_t(virtual_stages) > layers) {
+      ++report.considered;
+      report.rejected.push_back({where, std::to_string(virtual_stages) + " virtual stages for " + std::to_string(layers) + " layers"});
+      continue;
+    }
+    if (samples < 1) {
+      ++report.considered;
+      report.rejected.push_back({where, "fewer samples than replicas"});
+      continue;
+    }
+    if (policy.update != schedule::UpdateRule::flush && !request.asynchronous && !named(request, policy.name)) {
+      ++report.considered;
+      report.rejected.push_back({where, "asynchronous: stale weights change what training computes; ask for it by name "
+                                        "or with Request::asynchronous"});
+      continue;
+    }
+    if (model.tied && policy.update != schedule::UpdateRule::flush) {
+      ++report.considered;
+      report.rejected.push_back({where, "the model ties weights (as GPT-2's lm_head to wte); only a flush update sums them"});
+      continue;
+    }
+    if (request.refuses) {
+      if (std::string why = request.refuses(policy.name, p, d, t); !why.empty()) {
+        ++report.considered;
+        report.rejected.push_back({where, std::move(why)});
+        continue;
+      }
+    }
+    const std::vector<std::size_t>& cuts = split_into(virtual_stages);
+    if (cuts.empty()) {
+      ++report.considered;
+      report.rejected.push_back({where, "the program has no split into " + std::to_string(virtual_stages) + " virtual stages"});
+      continue;
+    }
+    const std::vector<ChunkSizes> sizes = chunk_sizes(model, cuts);
+    for (int m : microbatch_candidates(p, samples, request.max_microbatches)) {
+      ++report.considered;
+      const schedule::Config config{p, m, v, policy.default_batches};
+      const std::string name = base + " m=" + std::to_string(m) + " d=" + std::to_string(d) + tensor_suffix;
+      if (const std::string_view why = policy.check(config); !why.empty()) {
+        report.rejected.push_back({name, std::string(why)});
+        continue;
+      }
+      const schedule::Plan plan = policy.generate(config);
+      // Microbatch rows as the runtime splits a replica's samples (the first samples % m take one
+      // more); the step time scales with the largest.
+      // The batches' samples split into microbatches as the runtime splits them (split_rows: the
+      // first n % parts take one more); every time scales with the largest.
+      const index_t n = samples * config.batches;
+      const int parts = config.total_microbatches();
+      std::vector<double> rows(static_cast<std::size_t>(parts));
+      for (int j = 0; j < parts; ++j)
+        rows[std::size_t(j)] = double(n / parts + (j < n % parts ? 1 : 0)) * double(model.rows_per_sample);
+      const double largest_rows = *std::max_element(rows.begin(), rows.end());
+      const std::vector<double> params = worker_params(model, plan, cuts);
+      // Each virtual stage's own costs (chunks of one worker may cost differently), for each
+      // microbatch size (at most two: a batch that does not split evenly).
+      double widest = 0;
+      for (int k = 1; k < virtual_stages; ++k) widest = std::max(widest, model.layers[cuts[std::size_t(k)]].in);
+      const auto stage_costs = [&](double r) {
+        std::vector<schedule::StageCosts> out(static_cast<std::size_t>(virtual_stages), schedule::StageCosts{0, 0, 0});
+        for (int k = 0; k < virtual_stages; ++k) {
+          schedule::StageCosts& c = out[std::size_t(k)];
+          double chunk_params = 0;
+          for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) {
+            const LayerCost& layer = model.layers[l];
+            const double f = at_rows(model, layer, 0, r), b = at_rows(model, layer, 1, r), w = at_rows(model, layer, 2, r);
+            // The group sums run inside the action: the forward's (a row-parallel output) and the
+            // input gradient's (a column-parallel input).
+            const double sf = tensor_sum_seconds(model, t, layer.sum_forward_calls, r * layer.sum_forward);
+            const double sb = tensor_sum_seconds(model, t, layer.sum_backward_calls, r * layer.sum_backward);
+            c.forward += f + sf;
+            c.backward += policy.split_backward ? b + sb : b + sb + w;
+            c.weight += policy.split_backward ? w : 0.0;
+            chunk_params += layer.params;
+          }
+          // The runtime's own cost of each action (with the W inside the B where it is not split).
+          c.forward += model.action_overhead_seconds;
+          c.backward += model.action_overhead_seconds;
+          if (policy.split_backward) c.weight += model.action_overhead_seconds;
+          // In one process the sender copies a message into the receiver's memory inside its action
+          // (LocalTransport): F sends its output, B its input gradient.
+          if (request.one_process) {
+            if (k + 1 < virtual_stages) c.forward += link_seconds(model, r * sizes[std::size_t(k)].out);
+            if (k > 0) c.backward += link_seconds(model, r * sizes[std::size_t(k)].in);
+          }
+          // Asynchronous schedules update inside the timeline, on the worker, each chunk its own
+          // parameters: PipeDream after every microbatch's backward, 2BW once per batch (spread
+          // over its microbatches here).
+          if (policy.update != schedule::UpdateRule::flush)
+            (policy.split_backward ? c.weight : c.backward) +=
+                chunk_params * model.update_seconds_per_param /
+                (policy.update == schedule::UpdateRule::double_buffered ? double(m) : 1.0);
+        }
+        return out;
+      };
+      schedule::Costs costs;
+      const double smallest_rows = *std::min_element(rows.begin(), rows.end());
+      if (smallest_rows == largest_rows) {
+        costs.per_virtual_stage = stage_costs(largest_rows);
+      } else {
+        const std::vector<schedule::StageCosts> large = stage_costs(largest_rows), small = stage_costs(smallest_rows);
+        for (double r : rows) costs.per_microbatch.push_back(r == largest_rows ? large : small);
+      }
+      // Between processes a hand-over delays its receiver without occupying the sender; in one
+      // process the sender's copy is in its action (above) and a receiver that sat waiting for it
+      // wakes wake_seconds later.
+      costs.transfer = virtual_stages > 1 && !request.one_process ? model.link_latency + (model.link_bytes_per_second > 0
+                                                                      ? largest_rows * widest * model.value_bytes / model.link_bytes_per_second
+                                                                      : 0.0)
+                                          : 0.0;
+      costs.wake = request.one_process ? model.wake_seconds : 0.0;
+      schedule::SimResult sim = schedule::simulate(plan, costs);
+      // Workers of one process that compute at once slow each other down: each worker's actions
+      // take the contention factor averaged over the time they ran, with as many workers busy as
+      // the first simulation says, and the plan runs again with those costs.
+      // Across processes, the ranks one node holds share its cores alike; replicas and tensor ranks
+      // run the timeline `sim` has for one pipeline.
+      const int sharing = request.one_process ? p * d * t : std::min(p * d * t, request.colocated);
+      // One entry (an action alone) still charges turns on too few cores.
+      if (sharing > 1 && !model.contention.empty() &&
+          (model.contention.size() > 1 || (request.cores > 0 && sharing > request.cores))) {
+        const std::vector<double> f = contention_factors(sim, model.contention, double(sharing) / double(p), request.cores);
+        const auto scale = [&](std::vector<schedule::StageCosts>& list) {
+          for (int k = 0; k < virtual_stages; ++k) {
+            schedule::StageCosts& c = list[std::size_t(k)];
+            const double x = f[std::size_t(plan.placement.worker_of(k))];
+            c = {c.forward * x, c.backward * x, c.weight * x};
+          }
+        };
+        if (!costs.per_virtual_stage.empty()) scale(costs.per_virtual_stage);
+        for (std::vector<schedule::StageCosts>& list : costs.per_microbatch) scale(list);
+        sim = schedule::simulate(plan, costs);
+      }
+      Layout layout;
+      layout.schedule = std::string(policy.name);
+      layout.stages = p;
+      layout.chunks = v;
+      layout.microbatches = m;
+      layout.replicas = d;
+      layout.tensor = t;
+      layout.batches = config.batches;
+      layout.cuts = cuts;
+      layout.bubble = sim.bubble_fraction;
+      const std::vector<double> values = activation_peaks(plan, sim, sizes, rows);
+      const ActivationBounds bounds = activation_bounds(plan, sizes, rows);
+      layout.peak_bytes = state_bytes(model, sim, params);
+      layout.most_bytes = layout.peak_bytes;
+      const double value_bytes = double(model.value_bytes);
+      for (std::size_t w = 0; w < values.size(); ++w) {
+        layout.peak_activation_bytes.push_back(values[w] * value_bytes);
+        layout.peak_activation_low_bytes.push_back(bounds.low[w] * value_bytes);
+        layout.peak_activation_high_bytes.push_back(bounds.high[w] * value_bytes);
+        layout.peak_bytes[w] += layout.peak_activation_bytes[w];
+        layout.most_bytes[w] += layout.peak_activation_high_bytes[w];
+      }
+      const double most_params = *std::max_element(params.begin(), params.end());
+      if (d > 1 && model.allreduce_bytes_per_second > 0)
+        layout.allreduce_seconds =
+            2.0 * double(d - 1) / double(d) * most_params * model.gradient_bytes() / model.allreduce_bytes_per_second;
+      // A flush schedule updates after the step: every worker its own stages at once, or, in one
+      // process, the calling thread every stage in turn.
+      if (policy.update == schedule::UpdateRule::flush) {
+        double update = 0;
+        for (double w : params) update = request.one_process ? update + w : std::max(update, w);
+        layout.update_seconds = update * model.update_seconds_per_param;
+      }
+      layout.step_seconds =
+          (sim.makespan + layout.update_seconds + model.step_overhead_seconds) / double(config.batches) + layout.allreduce_seconds;
+      if (request.memory_bytes > 0) {
+        const auto most = std::max_element(layout.most_bytes.begin(), layout.most_bytes.end());
+        if (*most > request.memory_bytes) {
+          report.rejected.push_back({name, "worker " + std::to_string(most - layout.most_bytes.begin()) + " needs " +
+                                               gigabytes(*most) + ", over the " + gigabytes(request.memory_bytes) +
+                                               " a device has"});
+          continue;
+        }
+      }
+      report.ranked.push_back(std::move(layout));
+    }
+  }
+}
+
+}  // namespace detail
+
+}  // namespace cupipe::planner
