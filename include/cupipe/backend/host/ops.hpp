@@ -30,7 +30,6 @@
 
 namespace cupipe::ops {
 
-// ---------------------------------------------------------------------------------------------
 // GEMM: c = alpha * op(a) * op(b) + beta * c, with op(a) (m, k), op(b) (k, n), c (m, n).
 namespace detail {
 
@@ -59,7 +58,6 @@ void gemm(backend::Host<T>&, Transpose ta, Transpose tb, Scalar<T> alpha, ConstV
                        std::max<index_t>(b.cols(), 1), beta, c.data(), n);
 }
 
-// ---------------------------------------------------------------------------------------------
 // Elementwise and broadcast ops.
 
 /// y (rows, n) += bias (n) on every row.
@@ -189,7 +187,6 @@ void fill(backend::Host<T>&, TensorView<T> y, Scalar<T> value) {
   std::fill_n(y.data(), y.numel(), value);
 }
 
-// ---------------------------------------------------------------------------------------------
 // LayerNorm over the last axis: y = (x - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps),
 // with the biased variance (as PyTorch). mean and rstd (rows) are saved for backward.
 
@@ -258,7 +255,6 @@ void layernorm_backward_weight(backend::Host<T>&, ConstView<T> x, ConstView<T> m
   });
 }
 
-// ---------------------------------------------------------------------------------------------
 // Fused softmax cross-entropy. loss (1,) = sum over rows of (logsumexp(z_r) - z_r[label_r]) / normalizer.
 // The caller passes the normalizer (the whole batch's sample count), so that microbatches of a
 // split batch, ragged ones included, sum to the mean over the batch.
@@ -354,7 +350,6 @@ void softmax_cross_entropy_part_backward(backend::Host<T>&, ConstView<T> logits,
   }
 }
 
-// ---------------------------------------------------------------------------------------------
 // Embedding: y (rows, dim) = table[ids] with table (vocab, dim). Backward accumulates rows of dy into
 // dtable in row order, so it is deterministic. With a VocabPart the table holds rows [first, first +
 // rows) of a whole vocabulary: ids outside the part give zero rows and add no gradient.
@@ -401,7 +396,6 @@ void embedding_backward(backend::Host<T>& be, ConstView<std::int32_t> ids, Const
   embedding_backward(be, ids, dy, dtable, VocabPart{0, dtable.rows()});
 }
 
-// ---------------------------------------------------------------------------------------------
 // Causal multi-head self-attention (layout in op_checks.hpp): for query t of a sequence and head h,
 // out_t = sum_{u <= t} softmax_u(q_t . k_u / sqrt(head_dim)) v_u. The log-sum-exp of each query row is
 // kept, as the flash kernels keep it, and the backward recomputes the probabilities from it.
@@ -534,7 +528,6 @@ void causal_attention_backward(backend::Host<T>&, ConstView<T> qkv, ConstView<T>
     }
 }
 
-// ---------------------------------------------------------------------------------------------
 // Optimizer updates and reductions.
 
 /// Sum of squares of all elements, accumulated in double: four interleaved partial sums (element i
