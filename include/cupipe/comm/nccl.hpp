@@ -37,25 +37,24 @@
 // - Communicators come from ncclCommSplit of the world communicator (NCCL >= 2.18), else from
 //   ncclCommInitRank per group with a unique id exchanged by the bootstrap (MPI or a shared file).
 //
+// Its parts: nccl_check.hpp (CUPIPE_COMM_CHECK_NCCL), nccl_bootstrap.hpp (unique ids, groups),
+// nccl_channels.hpp (the ring's channels), nccl_pinned.hpp (message headers, host staging).
+//
 // Threads: as with MPI, the stage's worker thread and the caller's thread never use it at once.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -73,35 +72,15 @@
 #include "cupipe/comm/pending_sends.hpp"
 #include "cupipe/comm/wait.hpp"
 #include "cupipe/comm/message.hpp"
+#include "cupipe/comm/nccl_bootstrap.hpp"
+#include "cupipe/comm/nccl_channels.hpp"
+#include "cupipe/comm/nccl_check.hpp"
+#include "cupipe/comm/nccl_pinned.hpp"
 #include "cupipe/comm/topology.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
-#include "cupipe/io/atomic_file.hpp"
 
 namespace cupipe::comm {
-
-namespace detail {
-[[noreturn]] inline void throw_nccl(ncclResult_t status, const char* call, const char* file, int line) {
-  ::cupipe::detail::throw_error(std::string("NCCL: ") + ncclGetErrorString(status), call, file, line);
-}
-}  // namespace detail
-
-}  // namespace cupipe::comm
-
-/// Throws cupipe::error naming the NCCL call and NCCL's description of the error.
-#define CUPIPE_COMM_CHECK_NCCL(call)                                                              \
-  do {                                                                                            \
-    const ncclResult_t cupipe_nccl_rc_ = (call);                                                  \
-    if (cupipe_nccl_rc_ != ncclSuccess) [[unlikely]]                                              \
-      ::cupipe::comm::detail::throw_nccl(cupipe_nccl_rc_, #call, __FILE__, __LINE__);             \
-  } while (0)
-
-namespace cupipe::comm {
-
-/// How ranks agree on a unique id for a group when communicators cannot be split: every rank of
-/// the world calls it with the same name, its group's color (or -1 outside any group) and whether
-/// it is the group's root; the root makes the id, the other members get it.
-using IdExchange = std::function<ncclUniqueId(const std::string& name, int color, bool root, const ncclUniqueId& made)>;
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -126,7 +105,7 @@ class NcclCommunicator final : public Communicator {
       CUPIPE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(double) * scalar_slots));
       CUPIPE_CHECK_CUDA(cudaMemset(scalar_, 0, sizeof(double) * scalar_slots));
       headers_.emplace();
-      (void)pinned(sizeof(double) * scalar_slots);  // the small host sums never pin memory in a step
+      (void)pinned_.at_least(sizeof(double) * scalar_slots);  // the small host sums never pin memory in a step
       make_channels();
       connect_channels();
       connect_collectives();
@@ -150,19 +129,7 @@ class NcclCommunicator final : public Communicator {
     if (rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
     CUPIPE_REQUIRE(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
                    "NcclCommunicator::from_mpi: MPI_Bcast of the NCCL unique id failed");
-    IdExchange exchange = [comm, rank](const std::string&, int color, bool root, const ncclUniqueId& made) {
-      // The group's members form an MPI communicator of their own; its root broadcasts.
-      MPI_Comm sub = MPI_COMM_NULL;
-      CUPIPE_REQUIRE(MPI_Comm_split(comm, color < 0 ? MPI_UNDEFINED : color, root ? -1 : rank, &sub) == MPI_SUCCESS,
-                     "NcclCommunicator: MPI_Comm_split for a unique id exchange failed");
-      ncclUniqueId out = made;
-      if (sub != MPI_COMM_NULL) {
-        const int rc = MPI_Bcast(&out, int(sizeof out), MPI_BYTE, 0, sub);
-        MPI_Comm_free(&sub);
-        CUPIPE_REQUIRE(rc == MPI_SUCCESS, "NcclCommunicator: MPI_Bcast of a group's unique id failed");
-      }
-      return out;
-    };
+    IdExchange exchange = detail::mpi_id_exchange(comm, rank);
     return std::make_shared<NcclCommunicator>(size, rank, stages, device, id, std::move(exchange), tensor, order);
   }
 #endif
@@ -173,21 +140,18 @@ class NcclCommunicator final : public Communicator {
   /// most CUPIPE_NCCL_ID_TIMEOUT seconds (default 300).
   static std::shared_ptr<NcclCommunicator> from_environment(int stages, int device, int tensor = 1,
                                                             RankOrder order = RankOrder::stages_outermost) {
-    const int rank = environment_int("RANK");
-    const int world = environment_int("WORLD_SIZE");
+    const int rank = detail::environment_int("RANK");
+    const int world = detail::environment_int("WORLD_SIZE");
     const char* file = std::getenv("CUPIPE_NCCL_ID_FILE");
     CUPIPE_REQUIRE(file && *file, "NcclCommunicator::from_environment: set CUPIPE_NCCL_ID_FILE to a path every rank "
                                   "can read (rank 0 writes the NCCL unique id there)");
     const char* limit = std::getenv("CUPIPE_NCCL_ID_TIMEOUT");
     const double timeout = limit && *limit ? std::strtod(limit, nullptr) : 300.0;
     const std::filesystem::path base(file);
-    IdExchange exchange = [base, timeout](const std::string& name, int color, bool root, const ncclUniqueId& made) {
-      if (color < 0) return made;
-      return share_id_through_file(base.string() + "." + name + "." + std::to_string(color), root, made, timeout);
-    };
+    IdExchange exchange = detail::file_id_exchange(base, timeout);
     ncclUniqueId id{};
     if (rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
-    id = share_id_through_file(base, rank == 0, id, timeout);
+    id = detail::share_id_through_file(base, rank == 0, id, timeout);
     return std::make_shared<NcclCommunicator>(world, rank, stages, device, id, std::move(exchange), tensor, order);
   }
 
@@ -324,66 +288,11 @@ class NcclCommunicator final : public Communicator {
   static constexpr std::size_t header_bytes = 256;  // keeps the payload 256-byte aligned
   static constexpr std::size_t scalar_slots = 64;    // doubles in the device buffer for host sums
 
-  struct Header {
-    std::int32_t flow;
-    std::int32_t virtual_stage;
-    std::int32_t microbatch;
-    std::int32_t reserved;
-    std::int64_t bytes;
-  };
+  using Header = detail::NcclHeader;
 
-  /// One direction of one flow between two neighbouring stages: a two-rank communicator in which
-  /// this rank only sends or only receives, with its own stream.
-  struct Channel {
-    ncclComm_t comm = nullptr;
-    int peer = 0;  ///< the other rank within `comm`
-    gpu::Stream stream;
-    gpu::Event received{false};
-  };
+  using Channel = detail::NcclChannel;
 
-  /// Pinned header slots, allocated once (cudaMallocHost synchronises the device, so never inside
-  /// a step): received() for the receive in progress (the host waits for it), and a ring for the
-  /// sends. A send's slot is read only by its header's host-to-device copy; the slot's event marks
-  /// that copy done, and take() waits for it before the ring comes round again. The copy stream
-  /// waits only for the callers' kernels, never for NCCL, so that wait is short and always ends.
-  class HeaderRing {
-   public:
-    static constexpr int slots = 64;
-    HeaderRing() {
-      void* pinned = nullptr;
-      CUPIPE_CHECK_CUDA(cudaMallocHost(&pinned, sizeof(Header) * (slots + 1)));
-      headers_ = static_cast<Header*>(pinned);
-      copied_.reserve(slots);
-      for (int i = 0; i < slots; ++i) copied_.emplace_back(false);
-    }
-    HeaderRing(const HeaderRing&) = delete;
-    HeaderRing& operator=(const HeaderRing&) = delete;
-    ~HeaderRing() { release(); }
-    /// The next send slot, its previous copy done; mark(slot, stream) after enqueuing its copy.
-    int take() {
-      const int slot = next_;
-      next_ = (next_ + 1) % slots;
-      if (used_[std::size_t(slot)]) copied_[std::size_t(slot)].synchronize();
-      used_[std::size_t(slot)] = false;
-      return slot;
-    }
-    Header* at(int slot) noexcept { return &headers_[slot]; }
-    void mark(int slot, cudaStream_t stream) {
-      copied_[std::size_t(slot)].record(stream);
-      used_[std::size_t(slot)] = true;
-    }
-    Header* received() noexcept { return &headers_[slots]; }
-    void release() noexcept {
-      if (headers_) (void)cudaFreeHost(headers_);
-      headers_ = nullptr;
-    }
-
-   private:
-    Header* headers_ = nullptr;
-    std::vector<gpu::Event> copied_;
-    std::array<bool, slots> used_{};
-    int next_ = 0;
-  };
+  using HeaderRing = detail::NcclHeaderRing;
 
   /// A send in flight: the pooled copy it transmits, its header's slot and the event that marks it done.
   struct Send {
@@ -416,60 +325,10 @@ class NcclCommunicator final : public Communicator {
     return device;
   }
 
-  static int environment_int(const char* name) {
-    const char* value = std::getenv(name);
-    CUPIPE_REQUIRE(value && *value, "NcclCommunicator::from_environment: ", name, " is not set (the launcher sets RANK "
-                                    "and WORLD_SIZE; set them by hand otherwise)");
-    char* end = nullptr;
-    const long parsed = std::strtol(value, &end, 10);
-    CUPIPE_REQUIRE(end && *end == '\0' && parsed >= 0, "NcclCommunicator::from_environment: ", name, "='", value,
-                   "' is not a non-negative integer");
-    return int(parsed);
-  }
-
-  /// The root writes `id` to `path` atomically; the others poll until the file appears.
-  static ncclUniqueId share_id_through_file(const std::filesystem::path& path, bool root, const ncclUniqueId& id,
-                                            double timeout_seconds) {
-    if (root) {
-      io::write_file_atomically(path, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&id), sizeof id));
-      return id;
-    }
-    ncclUniqueId out{};
-    const bool found = wait_until(
-        [&] {
-          std::ifstream in(path, std::ios::binary);
-          return in && in.read(reinterpret_cast<char*>(&out), sizeof out) && in.gcount() == std::streamsize(sizeof out);
-        },
-        timeout_seconds);
-    if (!found)
-      CUPIPE_THROW("NcclCommunicator: the NCCL unique id file '", path.string(), "' did not appear within ",
-                   timeout_seconds, " s; is rank 0 running, and is the path on a filesystem every rank sees?");
-    return out;
-  }
-
   /// A communicator of the world's ranks with the same `color` (ordered by `key`); a negative
   /// color leaves this rank out (it gets null).
   ncclComm_t group(const std::string& name, int color, int key, int size) {
-    ncclComm_t out = nullptr;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
-    (void)name;
-    (void)size;
-    CUPIPE_COMM_CHECK_NCCL(ncclCommSplit(world_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &out, nullptr));
-    return out;
-#else
-    {
-      CUPIPE_REQUIRE(bool(exchange_), "NcclCommunicator: this NCCL (", NCCL_VERSION_CODE, ") cannot split communicators; "
-                                      "construct it through from_mpi or from_environment, which exchange group ids");
-      // Keys run 0 .. size-1 within a group; key 0 makes the group's id.
-      const bool root = color >= 0 && key == 0;
-      ncclUniqueId id{};
-      if (root) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
-      id = exchange_(name, color, root, id);
-      if (color < 0) return nullptr;
-      CUPIPE_COMM_CHECK_NCCL(ncclCommInitRank(&out, size, id, key));
-      return out;
-    }
-#endif
+    return detail::split_group(world_, exchange_, name, color, key, size);
   }
 
   /// The two-rank channels to this rank's neighbours in the pipeline ring (ring: interleaved
@@ -477,15 +336,12 @@ class NcclCommunicator final : public Communicator {
   void make_channels() {
     const int p = topology_.stages;
     const int s = topology_.stage();
-    const int links = p == 1 ? 0 : p == 2 ? 1 : p;  // link l joins stages l and (l + 1) % p
+    const int links = detail::ring_links(p);
     for (int l = 0; l < links; ++l) {
       const int a = l, b = (l + 1) % p;
       const bool member = s == a || s == b;
-      // Four channels per link: a->b and b->a, each for activations and for gradients.
       for (int c = 0; c < 4; ++c) {
-        const int sender = c < 2 ? a : b;
-        const int receiver = c < 2 ? b : a;
-        const Flow flow = c % 2 == 0 ? Flow::activation : Flow::gradient;
+        const auto [sender, receiver, flow] = detail::link_channel(a, b, c);
         // The pair's rank order: the sender first (key 0), so the peer is 1 - own index.
         const int own = s == sender ? 0 : 1;
         const std::string name = "link" + std::to_string(l) + "c" + std::to_string(c);
@@ -509,7 +365,7 @@ class NcclCommunicator final : public Communicator {
   void connect_channels() {
     const int p = topology_.stages;
     const int s = topology_.stage();
-    const int links = p == 1 ? 0 : p == 2 ? 1 : p;
+    const int links = detail::ring_links(p);
     auto* bytes = static_cast<std::uint8_t*>(scalar_);
     for (int l = 0; l < links; ++l) {
       const int a = l, b = (l + 1) % p;
@@ -517,9 +373,7 @@ class NcclCommunicator final : public Communicator {
       std::vector<Channel*> used;
       CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
       for (int c = 0; c < 4; ++c) {
-        const int sender = c < 2 ? a : b;
-        const int receiver = c < 2 ? b : a;
-        const Flow flow = c % 2 == 0 ? Flow::activation : Flow::gradient;
+        const auto [sender, receiver, flow] = detail::link_channel(a, b, c);
         const bool sends = s == sender;
         Channel& channel = channels_.at({sends ? receiver : sender, sends ? Direction::send : Direction::receive, flow});
         if (sends) CUPIPE_COMM_CHECK_NCCL(ncclSend(bytes + c, 1, ncclUint8, channel.peer, channel.comm, channel.stream));
@@ -601,21 +455,6 @@ class NcclCommunicator final : public Communicator {
     return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   }
 
-  /// Pinned host memory of at least `bytes` for staging host arrays; it grows (cudaMallocHost,
-  /// which synchronises the device) only when a larger array comes, never for the small sums the
-  /// constructor provides for.
-  std::byte* pinned(std::size_t bytes) {
-    if (bytes > pinned_bytes_) {
-      const std::size_t grown = std::max(bytes, 2 * pinned_bytes_);
-      void* fresh = nullptr;
-      CUPIPE_CHECK_CUDA(cudaMallocHost(&fresh, grown));
-      if (pinned_) (void)cudaFreeHost(pinned_);
-      pinned_ = fresh;
-      pinned_bytes_ = grown;
-    }
-    return static_cast<std::byte*>(pinned_);
-  }
-
   /// Runs `enqueue(device pointer, stream)` on the collective stream over the `bytes` at `data`
   /// (device memory, or host memory staged through pinned and device buffers both ways) and waits
   /// for it under the collective timeout. `what` names the collective in errors. Host memory goes
@@ -634,7 +473,7 @@ class NcclCommunicator final : public Communicator {
     std::byte* host = nullptr;
     gpu::DeviceBuffer<std::byte> staging;
     if (!device) {
-      host = pinned(bytes);
+      host = pinned_.at_least(bytes);
       std::memcpy(host, data, bytes);
       if (bytes <= sizeof(double) * scalar_slots) {
         target = scalar_;
@@ -718,8 +557,7 @@ class NcclCommunicator final : public Communicator {
     channels_.clear();
     if (scalar_) (void)cudaFree(scalar_);
     scalar_ = nullptr;
-    if (pinned_) (void)cudaFreeHost(pinned_);
-    pinned_ = nullptr;
+    pinned_.release();
     headers_.reset();
   }
 
@@ -743,8 +581,7 @@ class NcclCommunicator final : public Communicator {
   std::optional<HeaderRing> headers_;  // made on the device, after select_device
   PendingSends<Send> pending_;
   void* scalar_ = nullptr;
-  void* pinned_ = nullptr;  ///< host staging for collectives on host memory (pinned)
-  std::size_t pinned_bytes_ = 0;
+  detail::PinnedStaging pinned_;  ///< host staging for collectives on host memory
   bool aborted_ = false;
 };
 
