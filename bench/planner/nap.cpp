@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "check.hpp"
+#include "identity_layers.hpp"
 
 namespace planner_check {
 namespace {
@@ -32,47 +33,20 @@ void nap(double us_per_row, index_t rows) {
 
 /// An identity with one parameter (so its weight gradient is a real action) that sleeps.
 template <int Id>
-struct Nap {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
-  static constexpr bool takes_token_ids = false;
-  static constexpr bool is_loss = false;
-  static constexpr std::array<ParamSpec, 1> params(index_t) { return {{{"scale", 1, 0}}}; }
-  static constexpr index_t saved_per_row(index_t) { return 0; }
-  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
+struct NapHooks {
+  static void forward(const auto& x) { nap(per_row[Id].forward, x.rows()); }
+  static void backward_input(const auto& dy) { nap(per_row[Id].input_grad, dy.rows()); }
+  static void backward_weight(const auto& x) { nap(per_row[Id].weight_grad, x.rows()); }
+};
+template <int Id>
+struct Nap : cupipe::test::IdentityWithWeight<NapHooks<Id>> {
   static std::string describe() { return "Nap<" + std::to_string(Id) + ">"; }
-  template <class T>
-  static void init(std::span<T> p, index_t, Rng&) {
-    for (T& v : p) v = T(1);
-  }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
-    copy(be, x, y);
-    nap(per_row[Id].forward, x.rows());
-  }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
-    copy(be, dy, dx);
-    nap(per_row[Id].input_grad, dy.rows());
-  }
-  template <class B, class T>
-  static void backward_weight(B&, ConstViewOn<B, T> x, ConstViewOn<B, T>, ConstViewOn<B, T>, T*) {
-    nap(per_row[Id].weight_grad, x.rows());
-  }
 };
 
 /// The model's fixed input width, ahead of the naps (a model's first layer has no input gradient).
-struct Entry : Stateless {
+struct Entry : cupipe::test::Identity<> {
   static constexpr index_t in_features = width;
-  static constexpr index_t out_features_for(index_t) { return width; }
-  static constexpr double forward_flops_per_sample(index_t) { return 0; }
   static std::string describe() { return "Entry<8>"; }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) { copy(be, x, y); }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
-    copy(be, dy, dx);
-  }
 };
 
 using Model = Sequential<Entry, Nap<0>, Nap<1>, Nap<2>, Nap<3>, Nap<4>, Nap<5>, Nap<6>, Nap<7>>;

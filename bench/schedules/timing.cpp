@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cupipe/cupipe.hpp"
+#include "identity_layers.hpp"
 
 using namespace cupipe;
 
@@ -41,48 +42,22 @@ void nap(int us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); }
 
 /// An identity of known duration with one parameter, so its weight gradient (W) is a real action.
 template <int Id>
-struct Nap {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
-  static constexpr bool takes_token_ids = false;
-  static constexpr bool is_loss = false;
-  static constexpr std::array<ParamSpec, 1> params(index_t) { return {{{"scale", 1, 0}}}; }
-  static constexpr index_t saved_per_row(index_t) { return 0; }
-  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
+struct NapHooks {
+  static void forward(const auto&) { nap(durations[Id].forward); }
+  static void backward_input(const auto&) { nap(durations[Id].input_grad); }
+  static void backward_weight(const auto&) { nap(durations[Id].weight_grad); }
+};
+template <int Id>
+struct Nap : test::IdentityWithWeight<NapHooks<Id>> {
   static std::string describe() { return "Nap<" + std::to_string(Id) + ">"; }
-  template <class T>
-  static void init(std::span<T> p, index_t, Rng&) {
-    for (T& v : p) v = T(1);
-  }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
-    copy(be, x, y);
-    nap(durations[Id].forward);
-  }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
-    copy(be, dy, dx);
-    nap(durations[Id].input_grad);
-  }
-  template <class B, class T>
-  static void backward_weight(B&, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T>, T*) {
-    nap(durations[Id].weight_grad);
-  }
 };
 
 /// The model's fixed input width, ahead of Nap<0> (the first layer of a model has no input gradient
 /// to compute, and Nap<0>'s must run).
-struct Entry : Stateless {
+struct Entry : test::Identity<> {
   static constexpr index_t in_features = 4;
-  static constexpr index_t out_features_for(index_t) { return 4; }
   static constexpr double forward_flops_per_sample(index_t) { return 4; }
   static std::string describe() { return "Entry<4>"; }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) { copy(be, x, y); }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
-    copy(be, dy, dx);
-  }
 };
 
 template <class Seq>

@@ -150,6 +150,79 @@ TEST_CASE("init is reproducible, and a stage initialises as its slice of the who
 }
 
 // ---------------------------------------------------------------------------------------------
+// LayerDefaults: a layer declares only what differs from the usual values
+
+namespace {
+
+// The example at the top of layers/layer.hpp, as written there.
+struct Identity : LayerDefaults {
+  static std::string describe() { return "Identity"; }
+  template <class B, class T>
+  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) { copy(be, x, y); }
+  template <class B, class T>
+  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy,
+                             ViewOn<B, T> dx) { copy(be, dy, dx); }
+};
+
+/// Identity that hides four defaults, including two of the optional members.
+struct SavesTwoPerValue : Identity {
+  static constexpr index_t saved_per_row(index_t in) { return 2 * in; }
+  static constexpr double forward_flops_per_sample(index_t in) { return 3.0 * double(in); }
+  static constexpr index_t rows_per_sample = 2;
+  static constexpr bool weight_grads_need_backward_input = true;
+};
+
+static_assert(Layer<Identity> && layer_is_complete<Identity>::value && !LossLayer<Identity>);
+static_assert(Identity::in_features == any_features && Identity::out_features_for(5) == 5);
+static_assert(!Identity::takes_token_ids && !Identity::is_loss);
+static_assert(Identity::params(5).empty() && param_elements<Identity>(5) == 0);
+static_assert(Identity::saved_per_row(5) == 0 && Identity::forward_flops_per_sample(5) == 0);
+static_assert(rows_per_sample_of<Identity>() == 1 && !weight_grads_need_backward_input<Identity>() &&
+              !tied_to_input_embedding<Identity>());
+static_assert(Layer<SavesTwoPerValue> && SavesTwoPerValue::saved_per_row(5) == 10);
+static_assert(rows_per_sample_of<SavesTwoPerValue>() == 2 && weight_grads_need_backward_input<SavesTwoPerValue>());
+// A layer without the base, and the library's own layers on it, are Layers as before.
+static_assert(Layer<Linear<3, 2>> && layer_is_complete<Linear<3, 2>>::value && Layer<ReLU> && Layer<GELU>);
+static_assert(LossLayer<SoftmaxCrossEntropy<4>> && ReLU::in_features == any_features && GELU::out_features_for(7) == 7);
+
+using Plain = Sequential<Linear<4, 3>, Linear<3, 2>>;
+using WithIdentity = Sequential<Linear<4, 3>, Identity, Linear<3, 2>>;
+using WithSaves = Sequential<Linear<4, 3>, SavesTwoPerValue, Linear<3, 2>>;
+
+}  // namespace
+
+TEST_CASE("LayerDefaults: an identity adds nothing to a model's parameters, cost or results", "[cpu][layers]") {
+  static_assert(WithIdentity::body::param_count == Plain::body::param_count);
+  static_assert(WithIdentity::body::forward_flops_per_sample == Plain::body::forward_flops_per_sample);
+  static_assert(WithIdentity::body::rows_per_sample == 1 && WithIdentity::body::out_features == 2);
+  // The identity's own saved area is empty: its record holds only its output beside Plain's.
+  static_assert(WithIdentity::body::record_per_row == Plain::body::record_per_row + 3);
+
+  Network<Plain, backend::Host<double>> plain(3);
+  Network<WithIdentity, backend::Host<double>> with_identity(3);
+  with_identity.set_parameters(plain.parameters());
+  const Vec x{0.5, -1.0, 2.0, 0.25, 1.5, 0.75, -0.5, 3.0};
+  const Ids labels{1, 0};
+  const double loss_plain = plain.forward_backward(ConstView<double>{x.data(), Shape{2, 4}}, ConstView<std::int32_t>{labels.data(), Shape{2}});
+  const double loss_identity =
+      with_identity.forward_backward(ConstView<double>{x.data(), Shape{2, 4}}, ConstView<std::int32_t>{labels.data(), Shape{2}});
+  CHECK(loss_identity == loss_plain);
+  CHECK(with_identity.gradients() == plain.gradients());
+}
+
+TEST_CASE("LayerDefaults: a layer's own saved_per_row, cost and rows_per_sample hide the defaults in Sequential",
+          "[cpu][layers]") {
+  static_assert(WithSaves::body::record_per_row == WithIdentity::body::record_per_row + 2 * 3);
+  static_assert(WithSaves::body::forward_flops_per_sample == WithIdentity::body::forward_flops_per_sample + 3.0 * 3);
+  static_assert(WithSaves::body::rows_per_sample == 2);
+  CHECK(WithSaves::body::record_elements(4) == WithIdentity::body::record_elements(4) + 4 * 2 * 3);
+  Network<WithSaves, backend::Host<double>> net(3);
+  const Vec x(16, 0.5);
+  const Ids labels{1, 0, 1, 1};
+  CHECK(std::isfinite(net.forward_backward(ConstView<double>{x.data(), Shape{4, 4}}, ConstView<std::int32_t>{labels.data(), Shape{4}})));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Errors at run time: the layer, and both shapes
 
 TEST_CASE("bad input to a model names the layer and both shapes", "[cpu][layers][errors]") {

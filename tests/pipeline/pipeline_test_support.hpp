@@ -18,12 +18,14 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "cupipe/cupipe.hpp"
 #include "cupipe/pipeline/pipeline.hpp"
 #include "cupipe/schedule/schedule.hpp"
+#include "identity_layers.hpp"
 
 namespace cupipe::test {
 
@@ -123,41 +125,33 @@ inline void reset_knobs() {
   }
 }
 
-/// An identity that sleeps a set time in forward and in backward_input, and can throw in forward on
-/// the microbatch whose first value is `marker` (identities upstream pass it through unchanged).
+/// Knob<Id>'s hooks: the sleeps and the failure knobs[Id] sets.
 template <int Id>
-struct Knob : Stateless {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
-  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
-  static std::string describe() { return "Knob<" + std::to_string(Id) + ">"; }
-
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) {
+struct KnobHooks : NoHooks {
+  static void forward(const auto& x) {
+    using T = std::remove_cvref_t<decltype(x[0])>;
     if (knobs[Id].fail_on_marker && x.numel() > 0 && x[0] == T(marker)) CUPIPE_THROW("injected failure");
-    copy(be, x, y);
     std::this_thread::sleep_for(std::chrono::microseconds(knobs[Id].forward_us.load()));
   }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
-    copy(be, dy, dx);
+  static void backward_input(const auto&) {
     std::this_thread::sleep_for(std::chrono::microseconds(knobs[Id].backward_us.load()));
   }
 };
 
+/// An identity that sleeps a set time in forward and in backward_input, and can throw in forward on
+/// the microbatch whose first value is `marker` (identities upstream pass it through unchanged).
+template <int Id>
+struct Knob : Identity<KnobHooks<Id>> {
+  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
+  static std::string describe() { return "Knob<" + std::to_string(Id) + ">"; }
+};
+
 /// A fixed-width identity: a model must start with a known input width.
 template <index_t W>
-struct Entry : Stateless {
+struct Entry : Identity<> {
   static constexpr index_t in_features = W;
-  static constexpr index_t out_features_for(index_t) { return W; }
   static constexpr double forward_flops_per_sample(index_t) { return W; }
   static std::string describe() { return "Entry<" + std::to_string(W) + ">"; }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstView<T> x, TensorView<T> y, TensorView<T>) { copy(be, x, y); }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstView<T>, ConstView<T>, ConstView<T> dy, TensorView<T> dx) {
-    copy(be, dy, dx);
-  }
 };
 
 /// The message of the cupipe::error `call` throws; fails when it throws nothing.

@@ -268,33 +268,14 @@ namespace {
 /// An identity with one parameter that logs each of its actions ("F1", "B1", "W1") into `log`.
 inline std::vector<std::string> action_log;
 template <int Id>
-struct Logged {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
-  static constexpr bool takes_token_ids = false;
-  static constexpr bool is_loss = false;
-  static constexpr std::array<ParamSpec, 1> params(index_t) { return {{{"scale", 1, 0}}}; }
-  static constexpr index_t saved_per_row(index_t) { return 0; }
-  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
+struct LogHooks {
+  static void forward(const auto&) { action_log.push_back("F" + std::to_string(Id)); }
+  static void backward_input(const auto&) { action_log.push_back("B" + std::to_string(Id)); }
+  static void backward_weight(const auto&) { action_log.push_back("W" + std::to_string(Id)); }
+};
+template <int Id>
+struct Logged : test::IdentityWithWeight<LogHooks<Id>> {
   static std::string describe() { return "Logged<" + std::to_string(Id) + ">"; }
-  template <class T>
-  static void init(std::span<T> p, index_t, Rng&) {
-    for (T& v : p) v = T(1);
-  }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
-    copy(be, x, y);
-    action_log.push_back("F" + std::to_string(Id));
-  }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
-    copy(be, dy, dx);
-    action_log.push_back("B" + std::to_string(Id));
-  }
-  template <class B, class T>
-  static void backward_weight(B&, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T>, T*) {
-    action_log.push_back("W" + std::to_string(Id));
-  }
 };
 }  // namespace
 

@@ -32,35 +32,15 @@ std::vector<test::Batch> make_batches(int count, index_t rows) {
 /// An identity with one parameter whose F, B and W each sleep `nap_us`: a weight gradient that takes
 /// time, which the zero-bubble schedules place (the runtime tests' Knob has no parameters, so no W).
 inline std::atomic<int> nap_us{0};
-template <int Id>
-struct Nap {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
-  static constexpr bool takes_token_ids = false;
-  static constexpr bool is_loss = false;
-  static constexpr std::array<ParamSpec, 1> params(index_t) { return {{{"scale", 1, 0}}}; }
-  static constexpr index_t saved_per_row(index_t) { return 0; }
-  static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
-  static std::string describe() { return "Nap<" + std::to_string(Id) + ">"; }
+struct NapHooks {
   static void nap() { std::this_thread::sleep_for(std::chrono::microseconds(nap_us.load())); }
-  template <class T>
-  static void init(std::span<T> p, index_t, Rng&) {
-    for (T& v : p) v = T(1);
-  }
-  template <class B, class T>
-  static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) {
-    copy(be, x, y);
-    nap();
-  }
-  template <class B, class T>
-  static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
-    copy(be, dy, dx);
-    nap();
-  }
-  template <class B, class T>
-  static void backward_weight(B&, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T>, T*) {
-    nap();
-  }
+  static void forward(const auto&) { nap(); }
+  static void backward_input(const auto&) { nap(); }
+  static void backward_weight(const auto&) { nap(); }
+};
+template <int Id>
+struct Nap : test::IdentityWithWeight<NapHooks> {
+  static std::string describe() { return "Nap<" + std::to_string(Id) + ">"; }
 };
 
 template <class Pipe>

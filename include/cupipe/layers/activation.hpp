@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Shape-preserving activations. They save nothing beyond their input.
+// Shape-preserving activations (LayerDefaults' widths). They save nothing beyond their input.
 #pragma once
 
 #include <string>
@@ -8,9 +8,7 @@
 
 namespace cupipe {
 
-struct ReLU : Stateless {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
+struct ReLU : LayerDefaults {
   static constexpr double forward_flops_per_sample(index_t in) { return double(in); }
   static std::string describe() { return "ReLU"; }
 
@@ -23,9 +21,7 @@ struct ReLU : Stateless {
 };
 
 /// GELU, tanh approximation (torch.nn.GELU(approximate="tanh"), as in GPT-2).
-struct GELU : Stateless {
-  static constexpr index_t in_features = any_features;
-  static constexpr index_t out_features_for(index_t in) { return in; }
+struct GELU : LayerDefaults {
   static constexpr double forward_flops_per_sample(index_t in) { return 8.0 * double(in); }
   static std::string describe() { return "GELU"; }
 

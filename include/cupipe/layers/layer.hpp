@@ -25,6 +25,18 @@
 //                               random stream, and the flush update sums the two copies' gradients
 // The concept Layer checks all of these (the three passes and init for every layer but a loss), and
 // layer_is_complete<L> says in one sentence which one a layer lacks.
+// A layer that derives from LayerDefaults gets the usual values and declares only what differs (its
+// own static member hides the default): not a loss, no token ids, no parameters, nothing saved, no
+// cost, shape-preserving, and empty backward_weight and init. An identity is then
+//   struct Identity : LayerDefaults {
+//     static std::string describe() { return "Identity"; }
+//     template <class B, class T>
+//     static void forward(B& be, const T*, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T>) { copy(be, x, y); }
+//     template <class B, class T>
+//     static void backward_input(B& be, const T*, ConstViewOn<B, T>, ConstViewOn<B, T>, ConstViewOn<B, T> dy,
+//                                ViewOn<B, T> dx) { copy(be, dy, dx); }
+//   };
+// (tests/layers/test_layers.cpp builds and runs it.)
 // Layers call ops unqualified (`gemm(be, ...)`): argument-dependent lookup on the backend picks the
 // op of that backend (see ops::Dispatch).
 #pragma once
@@ -168,10 +180,10 @@ struct layer_is_complete {
                 "backward_input(be, params, x, saved, dy, dx) that Sequential can call");
   static_assert(has_backward_weight,
                 "Sequential: the layer named in layer_is_complete<layer> above has no static "
-                "backward_weight(be, x, saved, dy, grads) that Sequential can call (Stateless provides an empty one)");
+                "backward_weight(be, x, saved, dy, grads) that Sequential can call (LayerDefaults provides an empty one)");
   static_assert(has_init,
                 "Sequential: the layer named in layer_is_complete<layer> above has no static init(params, in, rng) "
-                "that Sequential can call (Stateless provides an empty one)");
+                "that Sequential can call (LayerDefaults provides an empty one)");
   static constexpr bool value = Layer<L>;
 };
 
@@ -247,12 +259,18 @@ constexpr index_t param_elements(index_t in) {
   return n;
 }
 
-/// Defaults for layers without parameters or saved state.
-struct Stateless {
+/// The usual values of a layer's static members, for a layer to derive from and hide what differs
+/// (see the list at the top): not a loss, reads values (not token ids), no parameters, saves nothing,
+/// costs nothing, keeps its input's width, and its backward_weight and init do nothing. The passes
+/// forward and backward_input and describe() have no default: every layer says what it computes.
+struct LayerDefaults {
+  static constexpr index_t in_features = any_features;
+  static constexpr index_t out_features_for(index_t in) { return in; }
   static constexpr bool takes_token_ids = false;
   static constexpr bool is_loss = false;
   static constexpr std::array<ParamSpec, 0> params(index_t) { return {}; }
   static constexpr index_t saved_per_row(index_t) { return 0; }
+  static constexpr double forward_flops_per_sample(index_t) { return 0; }
   template <class T>
   static void init(std::span<T>, index_t, Rng&) {}
   template <class B, class T = typename B::value_type>

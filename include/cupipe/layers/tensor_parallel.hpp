@@ -147,7 +147,7 @@ struct VocabParallelTokenPositionEmbedding : detail::VocabSplitTokenPositionEmbe
 /// columns of softmax - onehot. The loss agrees with the unsplit one to rounding (the exponentials
 /// are summed per part first).
 template <index_t Classes, int Parts>
-struct VocabParallelCrossEntropy : Stateless {
+struct VocabParallelCrossEntropy : LayerDefaults {
   static_assert(Classes > 1 && Parts > 0 && Classes % Parts == 0,
                 "VocabParallelCrossEntropy<Classes, Parts>: Parts must divide Classes");
   static constexpr index_t part_classes = Classes / Parts;

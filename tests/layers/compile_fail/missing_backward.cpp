@@ -5,10 +5,7 @@
 #include "cupipe/backend/host/ops.hpp"
 #include "cupipe/layers/layers.hpp"
 
-struct NoBackward : cupipe::Stateless {
-  static constexpr cupipe::index_t in_features = cupipe::any_features;
-  static constexpr cupipe::index_t out_features_for(cupipe::index_t in) { return in; }
-  static constexpr double forward_flops_per_sample(cupipe::index_t) { return 0; }
+struct NoBackward : cupipe::LayerDefaults {
   static std::string describe() { return "NoBackward"; }
   template <class B, class T>
   static void forward(B& be, const T*, cupipe::ConstView<T> x, cupipe::TensorView<T> y, cupipe::TensorView<T>) {
