@@ -43,6 +43,16 @@ std::array<index_t, 3> gemm(std::string_view op, Transpose ta, Transpose tb, Ten
 
 // ---- elementwise and broadcast ops ----------------------------------------------------------
 
+/// The views of an elementwise op, named in order by `names`: each must be a valid view of the first
+/// one's shape.
+template <class First, class... Rest>
+void same_shape(std::string_view op, const std::array<std::string_view, 1 + sizeof...(Rest)>& names, const First& first,
+                const Rest&... rest) {
+  std::size_t i = 0;
+  check_view(first, first.shape(), op, names[i++]);
+  (check_view(rest, first.shape(), op, names[i++]), ...);
+}
+
 template <class T, class S>
 void bias_add(const TensorView<T, S>& y, TensorView<const T, S> bias) {
   check_view(y, y.shape(), "bias_add", "y");
@@ -57,47 +67,37 @@ void bias_backward(TensorView<const T, S> dy, const TensorView<G, S>& dbias) {
 
 template <class T, class S>
 void relu_forward(TensorView<const T, S> x, const TensorView<T, S>& y) {
-  check_view(x, x.shape(), "relu_forward", "x");
-  check_view(y, x.shape(), "relu_forward", "y");
+  same_shape("relu_forward", {"x", "y"}, x, y);
 }
 
 template <class T, class S>
 void relu_backward(TensorView<const T, S> x, TensorView<const T, S> dy, const TensorView<T, S>& dx) {
-  check_view(x, x.shape(), "relu_backward", "x");
-  check_view(dy, x.shape(), "relu_backward", "dy");
-  check_view(dx, x.shape(), "relu_backward", "dx");
+  same_shape("relu_backward", {"x", "dy", "dx"}, x, dy, dx);
 }
 
 template <class T, class S>
 void gelu_forward(TensorView<const T, S> x, const TensorView<T, S>& y) {
-  check_view(x, x.shape(), "gelu_forward", "x");
-  check_view(y, x.shape(), "gelu_forward", "y");
+  same_shape("gelu_forward", {"x", "y"}, x, y);
 }
 
 template <class T, class S>
 void gelu_backward(TensorView<const T, S> x, TensorView<const T, S> dy, const TensorView<T, S>& dx) {
-  check_view(x, x.shape(), "gelu_backward", "x");
-  check_view(dy, x.shape(), "gelu_backward", "dy");
-  check_view(dx, x.shape(), "gelu_backward", "dx");
+  same_shape("gelu_backward", {"x", "dy", "dx"}, x, dy, dx);
 }
 
 template <class T, class S>
 void residual_add(TensorView<const T, S> a, TensorView<const T, S> b, const TensorView<T, S>& y) {
-  check_view(a, a.shape(), "residual_add", "a");
-  check_view(b, a.shape(), "residual_add", "b");
-  check_view(y, a.shape(), "residual_add", "y");
+  same_shape("residual_add", {"a", "b", "y"}, a, b, y);
 }
 
 template <class T, class S, class Y>
 void axpy(TensorView<const T, S> x, const TensorView<Y, S>& y) {
-  check_view(x, x.shape(), "axpy", "x");
-  check_view(y, x.shape(), "axpy", "y");
+  same_shape("axpy", {"x", "y"}, x, y);
 }
 
 template <class T, class S>
 void copy(TensorView<const T, S> from, const TensorView<T, S>& to) {
-  check_view(from, from.shape(), "copy", "source");
-  check_view(to, from.shape(), "copy", "destination");
+  same_shape("copy", {"source", "destination"}, from, to);
 }
 
 template <class T, class S>
@@ -108,8 +108,7 @@ void fill(const TensorView<T, S>& y) {
 /// The stage-to-stage hand-over (backend/host/host.hpp, backend/cuda/transfer.cuh).
 template <class T, class S>
 void transfer(TensorView<const T, S> src, const TensorView<T, S>& dst) {
-  check_view(src, src.shape(), "transfer", "source");
-  check_view(dst, src.shape(), "transfer", "destination");
+  same_shape("transfer", {"source", "destination"}, src, dst);
 }
 
 // ---- LayerNorm --------------------------------------------------------------------------------
@@ -285,9 +284,7 @@ void sum_of_squares(TensorView<const T, S> x) {
 
 template <class T, class S>
 void sgd_update(const TensorView<T, S>& param, TensorView<const T, S> grad, const TensorView<T, S>& velocity) {
-  check_view(param, param.shape(), "sgd_update", "param");
-  check_view(grad, param.shape(), "sgd_update", "grad");
-  check_view(velocity, param.shape(), "sgd_update", "velocity");
+  same_shape("sgd_update", {"param", "grad", "velocity"}, param, grad, velocity);
 }
 
 /// AdamW's bias corrections count steps from 1 (adamw_update and its bf16 master-weight variant).
@@ -298,10 +295,7 @@ inline void adamw_step(std::int64_t step) {
 template <class T, class S>
 void adamw_update(const TensorView<T, S>& param, TensorView<const T, S> grad, const TensorView<T, S>& m,
                   const TensorView<T, S>& v, std::int64_t step) {
-  check_view(param, param.shape(), "adamw_update", "param");
-  check_view(grad, param.shape(), "adamw_update", "grad");
-  check_view(m, param.shape(), "adamw_update", "m");
-  check_view(v, param.shape(), "adamw_update", "v");
+  same_shape("adamw_update", {"param", "grad", "m", "v"}, param, grad, m, v);
   adamw_step(step);
 }
 

@@ -88,73 +88,56 @@ void bias_backward(backend::Host<T>&, ConstView<T> dy, TensorView<T> dbias) {
   });
 }
 
+namespace detail {
+/// out[i] = f(a[i], ...) for every i < n: an elementwise op's loop, in vector code for float. `f` is
+/// a lambda marked CUPIPE_VECTOR_BODY, so that it inlines into each clone; out may alias an input
+/// (element i reads only elements i).
+template <class T, class F, class... In>
+void elementwise(index_t n, T* out, F f, const In*... in) {
+  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+    for (index_t i = 0; i < n; ++i) out[i] = f(in[i]...);
+  });
+}
+}  // namespace detail
+
 template <class T>
 void relu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
   checks::relu_forward(x, y);
   // NaN propagates, as in torch.relu: mapping it to 0 would hide a diverged model from the loss check.
   // !(v <= 0) holds for v > 0 and for NaN (an unordered compare is false): one compare, so the
   // loop vectorises.
-  const T* __restrict in = x.data();
-  T* __restrict out = y.data();
-  const index_t n = x.numel();
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
-    for (index_t i = 0; i < n; ++i) {
-      const T v = in[i];
-      out[i] = !(v <= T(0)) ? v : T(0);
-    }
-  });
+  detail::elementwise(x.numel(), y.data(), [](T v) CUPIPE_VECTOR_BODY { return !(v <= T(0)) ? v : T(0); }, x.data());
 }
 
 /// dx = dy where x > 0, else 0 (x is the forward input).
 template <class T>
 void relu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
   checks::relu_backward(x, dy, dx);
-  const T* __restrict in = x.data();
-  const T* __restrict g = dy.data();
-  T* __restrict out = dx.data();
-  const index_t n = x.numel();
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
-    for (index_t i = 0; i < n; ++i) {
-      const T gi = g[i];  // loaded unconditionally, so the loop vectorises into a blend
-      out[i] = in[i] > T(0) ? gi : T(0);
-    }
-  });
+  // dy is loaded unconditionally (an argument), so the loop vectorises into a blend.
+  detail::elementwise(x.numel(), dx.data(), [](T v, T g) CUPIPE_VECTOR_BODY { return v > T(0) ? g : T(0); }, x.data(),
+                      dy.data());
 }
 
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). For float, tanh is
-/// host_math's, so the loop is vector code (libm's tanhf was a call per element). In place is fine:
-/// element i reads only element i.
+/// host_math's, so the loop is vector code (libm's tanhf was a call per element). In place is fine.
 template <class T>
 void gelu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
   checks::gelu_forward(x, y);
-  const T* in = x.data();
-  T* out = y.data();
-  const index_t n = x.numel();
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
-    for (index_t i = 0; i < n; ++i) {
-      const T v = in[i];
-      const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
-      out[i] = T(0.5) * v * (T(1) + host_math::tanh_of(inner));
-    }
-  });
+  detail::elementwise(x.numel(), y.data(), [](T v) CUPIPE_VECTOR_BODY {
+    const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
+    return T(0.5) * v * (T(1) + host_math::tanh_of(inner));
+  }, x.data());
 }
 
 template <class T>
 void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorView<T> dx) {
   checks::gelu_backward(x, dy, dx);
-  const T* in = x.data();
-  const T* g = dy.data();
-  T* out = dx.data();
-  const index_t n = x.numel();
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
-    for (index_t i = 0; i < n; ++i) {
-      const T v = in[i];
-      const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
-      const T t = host_math::tanh_of(inner);
-      const T dinner = T(gelu_k) * (T(1) + T(3 * gelu_c) * v * v);
-      out[i] = g[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
-    }
-  });
+  detail::elementwise(x.numel(), dx.data(), [](T v, T g) CUPIPE_VECTOR_BODY {
+    const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
+    const T t = host_math::tanh_of(inner);
+    const T dinner = T(gelu_k) * (T(1) + T(3 * gelu_c) * v * v);
+    return g * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
+  }, x.data(), dy.data());
 }
 
 /// y = a + b (the residual connection); y may alias a or b.
