@@ -11,6 +11,24 @@
 
 namespace cupipe::schedule {
 
+namespace detail {
+/// Knobs, check and placement of a flush policy with V >= 2 chunks per stage on the looped placement
+/// (Interleaved<V>, BreadthFirst<V>); `Policy::one_chunk` says what a configuration of one chunk
+/// should use instead.
+template <class Policy, int V>
+struct SeveralChunkPolicy {
+  static_assert(V >= 2, "Interleaved<V> and BreadthFirst<V> need at least 2 chunks per stage; with 1 chunk use "
+                        "OneFOneB or GPipe");
+  static constexpr bool split_backward = false;
+  static constexpr UpdateRule update = UpdateRule::flush;
+  static constexpr int chunks = V;
+  static constexpr int default_batches = 1;
+
+  static constexpr std::string_view check(const Config& c) { return c.chunks < 2 ? Policy::one_chunk : ""; }
+  static constexpr Placement placement(const Config& c) { return looped_placement(c.stages, c.chunks); }
+};
+}  // namespace detail
+
 /// Megatron-LM's interleaved 1F1B (Narayanan et al., "Efficient Large-Scale Language Model Training
 /// on GPU Clusters Using Megatron-LM", SC'21). Stage s holds chunks s, s+p, ..., s+(V-1)p and walks
 /// microbatches depth-first in groups of p: all V chunks of microbatches 0..p-1, then the next group.
@@ -24,21 +42,10 @@ namespace cupipe::schedule {
 /// min(2(p-s-1) + (V-1)g, V*m) forwards for group size g, as in Megatron-LM. V is the pipeline's
 /// chunk count; plans for other counts (the explorer's --chunks) come from the same generator.
 template <int V>
-struct Interleaved {
-  static_assert(V >= 2, "Interleaved<V> needs at least 2 chunks per stage; with 1 chunk use OneFOneB");
+struct Interleaved : detail::SeveralChunkPolicy<Interleaved<V>, V> {
   static constexpr std::string_view name = "interleaved";
   static constexpr std::string_view summary = "1F1B over V chunks per stage, depth-first in groups of p (Megatron-LM)";
-  static constexpr bool split_backward = false;
-  static constexpr UpdateRule update = UpdateRule::flush;
-  static constexpr int chunks = V;
-  static constexpr int default_batches = 1;
-
-  static constexpr std::string_view check(const Config& c) {
-    if (c.chunks < 2) return "Interleaved<V> needs at least 2 chunks per stage; with 1 chunk use OneFOneB";
-    return "";
-  }
-
-  static constexpr Placement placement(const Config& c) { return looped_placement(c.stages, c.chunks); }
+  static constexpr std::string_view one_chunk = "Interleaved<V> needs at least 2 chunks per stage; with 1 chunk use OneFOneB";
 
   static constexpr std::vector<std::vector<Action>> actions(const Config& real) {
     // From 2p on, the plan of the next multiple of p, without the microbatches that do not exist.
@@ -96,19 +103,10 @@ struct Interleaved {
 /// so the channel from the last worker back to worker 0 must hold up to m messages: the plan declares
 /// channel_depth m.
 template <int V>
-struct BreadthFirst {
-  static_assert(V >= 2, "BreadthFirst<V> needs at least 2 chunks per stage; with 1 chunk it is GPipe");
+struct BreadthFirst : detail::SeveralChunkPolicy<BreadthFirst<V>, V> {
   static constexpr std::string_view name = "bfs";
   static constexpr std::string_view summary = "looped breadth-first: each chunk runs all microbatches before the next";
-  static constexpr bool split_backward = false;
-  static constexpr UpdateRule update = UpdateRule::flush;
-  static constexpr int chunks = V;
-  static constexpr int default_batches = 1;
-
-  static constexpr std::string_view check(const Config& c) {
-    return c.chunks < 2 ? "BreadthFirst<V> needs at least 2 chunks per stage; with 1 chunk it is GPipe" : "";
-  }
-  static constexpr Placement placement(const Config& c) { return looped_placement(c.stages, c.chunks); }
+  static constexpr std::string_view one_chunk = "BreadthFirst<V> needs at least 2 chunks per stage; with 1 chunk it is GPipe";
   static constexpr int channel_depth(const Config& c) { return c.microbatches; }
 
   static constexpr std::vector<std::vector<Action>> actions(const Config& c) {
