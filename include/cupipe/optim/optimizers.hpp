@@ -23,26 +23,37 @@ inline double clip_factor(double global_norm, double max_norm) noexcept {
   return std::min(1.0, max_norm / (global_norm + 1e-6));
 }
 
-/// SGD with momentum (PyTorch semantics, dampening 0).
-struct SGD {
-  struct Options {
-    double lr = 0.01;
-    double momentum = 0.0;
-    double weight_decay = 0.0;
-    bool nesterov = false;
-    double clip_norm = 0.0;  ///< global gradient-norm clip; 0 = off
-    LrSchedule schedule{};
-  };
-  static constexpr std::string_view name = "sgd";
-  static constexpr std::array<std::string_view, 1> slot_names{"momentum_buffer"};
-
+namespace detail {
+/// What every optimizer does alike with its options: keeps them, and reads the learning rate of a step
+/// (lr times the schedule's factor) and the global gradient-norm clip from them.
+template <class O>
+struct WithOptions {
+  using Options = O;
   Options options;
 
-  SGD() = default;
-  explicit SGD(Options o) : options(o) {}
+  WithOptions() = default;
+  explicit WithOptions(Options o) : options(o) {}
 
   double lr(std::int64_t step) const noexcept { return options.lr * options.schedule.factor(step); }
   double clip_norm() const noexcept { return options.clip_norm; }
+};
+}  // namespace detail
+
+/// SGD's hyper-parameters (SGD::Options).
+struct SgdOptions {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  double clip_norm = 0.0;  ///< global gradient-norm clip; 0 = off
+  LrSchedule schedule{};
+};
+
+/// SGD with momentum (PyTorch semantics, dampening 0).
+struct SGD : detail::WithOptions<SgdOptions> {
+  using WithOptions::WithOptions;
+  static constexpr std::string_view name = "sgd";
+  static constexpr std::array<std::string_view, 1> slot_names{"momentum_buffer"};
 
   /// One update of `param` from `grad` (times grad_scale); `step` is the 0-based update index.
   template <class B, class T>
@@ -53,27 +64,22 @@ struct SGD {
   }
 };
 
+/// AdamW's hyper-parameters (AdamW::Options).
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  double clip_norm = 0.0;  ///< global gradient-norm clip; 0 = off
+  LrSchedule schedule{};
+};
+
 /// AdamW (Loshchilov & Hutter, ICLR 2019), PyTorch semantics: decoupled weight decay.
-struct AdamW {
-  struct Options {
-    double lr = 1e-3;
-    double beta1 = 0.9;
-    double beta2 = 0.999;
-    double eps = 1e-8;
-    double weight_decay = 0.01;
-    double clip_norm = 0.0;  ///< global gradient-norm clip; 0 = off
-    LrSchedule schedule{};
-  };
+struct AdamW : detail::WithOptions<AdamWOptions> {
+  using WithOptions::WithOptions;
   static constexpr std::string_view name = "adamw";
   static constexpr std::array<std::string_view, 2> slot_names{"exp_avg", "exp_avg_sq"};
-
-  Options options;
-
-  AdamW() = default;
-  explicit AdamW(Options o) : options(o) {}
-
-  double lr(std::int64_t step) const noexcept { return options.lr * options.schedule.factor(step); }
-  double clip_norm() const noexcept { return options.clip_norm; }
 
   template <class B, class T>
   void update(B& be, ViewOn<B, T> param, ConstViewOn<B, T> grad, std::span<const ViewOn<B, T>> slots,
