@@ -29,7 +29,8 @@ inline int xent_threads(index_t cols, int width) {
 }
 
 template <int N, class T>
-__device__ MaxSum<acc_t<T>> row_max_sum(const T* z, index_t cols, MaxSum<acc_t<T>>* shared) {
+__device__ MaxSum<acc_t<T>> row_max_sum(const T* z, index_t cols) {
+  __shared__ MaxSum<acc_t<T>> shared[32];
   using A = acc_t<T>;
   MaxSum<A> local{A(-INFINITY), A(0)};
   for (index_t c = index_t(threadIdx.x) * N; c < cols; c += index_t(blockDim.x) * N) {
@@ -48,15 +49,27 @@ __device__ MaxSum<acc_t<T>> row_max_sum(const T* z, index_t cols, MaxSum<acc_t<T
   return block_max_sum(local, shared);
 }
 
+/// The block's row of logits (row blockIdx.x of a (rows, cols) array) and its (max, sum of
+/// exp(z - max)), which every thread of the block gets.
+template <class T>
+struct LogitsRow {
+  index_t row;
+  const T* z;
+  MaxSum<acc_t<T>> ms;
+};
+template <int N, class T>
+__device__ LogitsRow<T> logits_row(const T* logits, index_t cols) {
+  const index_t row = blockIdx.x;
+  const T* z = logits + row * cols;
+  return {row, z, row_max_sum<N>(z, cols)};
+}
+
 // logits (rows, cols), labels (rows) -> row_loss (rows) = logsumexp(z) - z[label]
 template <int N, class T>
 __global__ void xent_forward_kernel(const T* logits, const std::int32_t* labels, index_t cols, acc_t<T>* row_loss,
                                     DeviceError* error) {
   using A = acc_t<T>;
-  __shared__ MaxSum<A> shared[32];
-  const index_t row = blockIdx.x;
-  const T* z = logits + row * cols;
-  const MaxSum<A> ms = row_max_sum<N>(z, cols, shared);
+  const auto [row, z, ms] = logits_row<N>(logits, cols);
   if (threadIdx.x == 0) {
     const std::int32_t label = labels[row];
     if (label < 0 || label >= cols) {
@@ -85,10 +98,7 @@ template <int N, class T>
 __global__ void xent_part_stats_kernel(const T* logits, const std::int32_t* labels, index_t cols, index_t first,
                                        index_t whole, acc_t<T>* stats, DeviceError* error) {
   using A = acc_t<T>;
-  __shared__ MaxSum<A> shared[32];
-  const index_t row = blockIdx.x;
-  const T* z = logits + row * cols;
-  const MaxSum<A> ms = row_max_sum<N>(z, cols, shared);
+  const auto [row, z, ms] = logits_row<N>(logits, cols);
   if (threadIdx.x == 0) {
     const std::int32_t label = labels[row];
     const index_t local = index_t(label) - first;
@@ -105,14 +115,13 @@ template <int N, class T>
 __global__ void xent_backward_kernel(const T* logits, const std::int32_t* labels, const acc_t<T>* given_lse, T* dlogits,
                                      index_t cols, index_t first, index_t whole, acc_t<T> scale, DeviceError* error) {
   using A = acc_t<T>;
-  __shared__ MaxSum<A> shared[32];
   const index_t row = blockIdx.x;
   const T* z = logits + row * cols;
   A lse;
   if (given_lse != nullptr) {
     lse = given_lse[row];
   } else {
-    const MaxSum<A> ms = row_max_sum<N>(z, cols, shared);
+    const MaxSum<A> ms = row_max_sum<N>(z, cols);
     lse = ms.max + dev_log(ms.sum);
   }
   const std::int32_t label = labels[row];
