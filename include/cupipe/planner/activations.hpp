@@ -150,12 +150,19 @@ struct ActivationBounds {
   std::vector<double> low, high;  ///< per worker
 };
 
-inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
-                                          const std::vector<double>& rows) {
-  const int workers = plan.config.stages, last = plan.config.virtual_stages() - 1;
-  const std::size_t W = std::size_t(workers);
-  // Node n: action i of worker w, numbered worker by worker.
-  std::vector<std::size_t> first(W + 1, 0);
+/// The plan's actions as the nodes of one graph: node n is action i of worker w, numbered worker
+/// by worker (first[w] + i), with the nodes whose messages each takes at its start.
+struct ActionGraph {
+  std::vector<std::size_t> first;                    ///< per worker, then the node count
+  std::vector<std::array<std::ptrdiff_t, 2>> takes;  ///< per node; -1: none
+};
+
+inline ActionGraph action_graph(const schedule::Plan& plan) {
+  const int last = plan.config.virtual_stages() - 1;
+  const std::size_t W = std::size_t(plan.config.stages);
+  ActionGraph graph;
+  std::vector<std::size_t>& first = graph.first;
+  first.assign(W + 1, 0);
   for (std::size_t w = 0; w < W; ++w) first[w + 1] = first[w] + plan.actions[w].size();
   const std::size_t nodes = first[W];
   int microbatches = 0;
@@ -182,7 +189,8 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
     if (a.kind == schedule::ActionKind::B && k < last) return node_of[slot(a.kind, k + 1, a.microbatch)];
     return -1;
   };
-  std::vector<std::array<std::ptrdiff_t, 2>> takes(nodes, {-1, -1});
+  std::vector<std::array<std::ptrdiff_t, 2>>& takes = graph.takes;
+  takes.assign(nodes, {-1, -1});
   for (std::size_t w = 0; w < W; ++w)
     for (std::size_t i = 0; i < plan.actions[w].size(); ++i) {
       takes[first[w] + i][0] = sender(w, i);
@@ -191,8 +199,16 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
           list[i + 1].kind == schedule::ActionKind::B)
         takes[first[w] + i][1] = sender(w, i + 1);
     }
-  // clock[n * W + v]: the last action of worker v whose send happens before node n ends (its own
-  // worker: n itself); -1 for none. Filled in an order the plan's dependencies allow.
+  return graph;
+}
+
+/// Vector clocks over `graph`: clock[n * W + v] is the last action of worker v whose send happens
+/// before node n ends (its own worker: n itself); -1 for none. Filled in an order the plan's
+/// dependencies allow.
+inline std::vector<int> happens_before_clocks(const schedule::Plan& plan, const ActionGraph& graph) {
+  const std::size_t W = std::size_t(plan.config.stages);
+  const std::vector<std::size_t>& first = graph.first;
+  const std::size_t nodes = first[W];
   std::vector<int> clock(nodes * W, -1);
   std::vector<char> done(nodes, 0);
   std::vector<std::size_t> next(W, 0);
@@ -201,7 +217,7 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
     for (std::size_t w = 0; w < W; ++w)
       for (; next[w] < plan.actions[w].size(); ++next[w]) {
         const std::size_t n = first[w] + next[w];
-        const auto& in = takes[n];
+        const auto& in = graph.takes[n];
         if ((in[0] >= 0 && !done[std::size_t(in[0])]) || (in[1] >= 0 && !done[std::size_t(in[1])])) break;
         int* c = &clock[n * W];
         if (next[w] > 0) std::copy_n(&clock[(n - 1) * W], W, c);
@@ -214,20 +230,31 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
       }
     CUPIPE_REQUIRE(filled > before, "planner: the plan's messages wait on each other (no action can start)");
   }
-  // Per worker and action: values allocated at the start, freed at the end, and messages landing
-  // just before the start (latest) or between the start's allocations and the end's frees (earliest;
-  // before the first action: index 0's "before").
-  struct Slot {
-    double allocate = 0, free = 0, early_before = 0, early_after = 0, late_before = 0;
-    double own = 0;  // messages to this worker from its own action, landing as it ends
-  };
-  std::vector<std::vector<Slot>> slots(W);
+  return clock;
+}
+
+/// Per worker and action: values allocated at the start, freed at the end, and messages landing
+/// just before the start (latest) or between the start's allocations and the end's frees (earliest;
+/// before the first action: index 0's "before").
+struct ActionSlot {
+  double allocate = 0, free = 0, early_before = 0, early_after = 0, late_before = 0;
+  double own = 0;  // messages to this worker from its own action, landing as it ends
+};
+
+/// Every action's own values and every message placed at its earliest and latest landing on its
+/// receiver, per worker (`clock`: happens_before_clocks).
+inline std::vector<std::vector<ActionSlot>> place_messages(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
+                                                           const std::vector<double>& rows, const ActionGraph& graph,
+                                                           const std::vector<int>& clock) {
+  const std::size_t W = std::size_t(plan.config.stages);
+  const std::vector<std::size_t>& first = graph.first;
+  std::vector<std::vector<ActionSlot>> slots(W);
   for (std::size_t w = 0; w < W; ++w) slots[w].resize(plan.actions[w].size());
   for (std::size_t w = 0; w < W; ++w) {
     const auto& actions = plan.actions[w];
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const ActionValues v = action_values(plan, sizes, rows, int(w), actions[i]);
-      Slot& s = slots[w][i];
+      ActionSlot& s = slots[w][i];
       s.allocate = v.allocate;
       s.free = v.free;
       // The message this action sends, placed on its receiver.
@@ -259,10 +286,17 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
       else slots[receiver][std::size_t(after)].early_after += values;
     }
   }
+  return slots;
+}
+
+/// Each worker's values replayed through its slots in program order, every message at its earliest
+/// landing (the most) and at its latest (the least).
+inline ActivationBounds replay_bounds(const std::vector<std::vector<ActionSlot>>& slots) {
+  const std::size_t W = slots.size();
   ActivationBounds out{std::vector<double>(W, 0), std::vector<double>(W, 0)};
   for (std::size_t w = 0; w < W; ++w) {
     double low = 0, high = 0;
-    for (const Slot& s : slots[w]) {
+    for (const ActionSlot& s : slots[w]) {
       high += s.early_before + s.allocate;
       out.high[w] = std::max(out.high[w], high);
       high += s.early_after + s.own;
@@ -276,6 +310,15 @@ inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std:
     }
   }
   return out;
+}
+
+/// Each worker's least and most activation peak (see ActivationBounds): the plan's actions as a
+/// graph, their vector clocks, every message placed at its earliest and latest landing, the replay.
+inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
+                                          const std::vector<double>& rows) {
+  const ActionGraph graph = action_graph(plan);
+  const std::vector<int> clock = happens_before_clocks(plan, graph);
+  return replay_bounds(place_messages(plan, sizes, rows, graph, clock));
 }
 
 }  // namespace detail

@@ -200,11 +200,205 @@ inline std::string gigabytes(double bytes) {
 
 namespace detail {
 
+/// One layout the search prices: a policy on p stages (v chunks each), d replicas and t
+/// tensor-parallel ranks per stage, m microbatches, and the split of the layers into its virtual
+/// stages.
+struct Candidate {
+  const schedule::PolicyInfo& policy;
+  int p, d, t, v, m;
+  const std::vector<std::size_t>& cuts;
+  const std::vector<ChunkSizes>& sizes;
+  int virtual_stages() const { return p * v; }
+};
+
+/// Why `policy` cannot run on p stages, d replicas and t ranks for `request` before any split is
+/// tried (`samples` per replica); empty where it can.
+inline std::string policy_refusal(const Request& request, const CostModel& model, const schedule::PolicyInfo& policy, int p,
+                                  int d, int t, index_t samples) {
+  const std::size_t layers = model.layers.size();
+  const int virtual_stages = p * policy.default_chunks;
+  if (std::size_t(virtual_stages) > layers)
+    return std::to_string(virtual_stages) + " virtual stages for " + std::to_string(layers) + " layers";
+  if (samples < 1) return "fewer samples than replicas";
+  if (policy.update != schedule::UpdateRule::flush && !request.asynchronous && !named(request, policy.name))
+    return "asynchronous: stale weights change what training computes; ask for it by name or with Request::asynchronous";
+  if (model.tied && policy.update != schedule::UpdateRule::flush)
+    return "the model ties weights (as GPT-2's lm_head to wte); only a flush update sums them";
+  if (request.refuses) return request.refuses(policy.name, p, d, t);
+  return {};
+}
+
+/// Each microbatch's rows: the batches' samples split into microbatches as the runtime splits them
+/// (split_rows: the first n % parts take one more); every time scales with the largest.
+inline std::vector<double> microbatch_rows(const CostModel& model, index_t samples, const schedule::Config& config) {
+  const index_t n = samples * config.batches;
+  const int parts = config.total_microbatches();
+  std::vector<double> rows(static_cast<std::size_t>(parts));
+  for (int j = 0; j < parts; ++j)
+    rows[std::size_t(j)] = double(n / parts + (j < n % parts ? 1 : 0)) * double(model.rows_per_sample);
+  return rows;
+}
+
+/// Each virtual stage's own costs for microbatches of `r` rows (chunks of one worker may cost
+/// differently).
+inline std::vector<schedule::StageCosts> stage_costs(const Request& request, const CostModel& model, const Candidate& c,
+                                                     double r) {
+  const schedule::PolicyInfo& policy = c.policy;
+  const int virtual_stages = c.virtual_stages();
+  const std::vector<std::size_t>& cuts = c.cuts;
+  std::vector<schedule::StageCosts> out(static_cast<std::size_t>(virtual_stages), schedule::StageCosts{0, 0, 0});
+  for (int k = 0; k < virtual_stages; ++k) {
+    schedule::StageCosts& stage = out[std::size_t(k)];
+    double chunk_params = 0;
+    for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) {
+      const LayerCost& layer = model.layers[l];
+      const double f = at_rows(model, layer, 0, r), b = at_rows(model, layer, 1, r), w = at_rows(model, layer, 2, r);
+      // The group sums run inside the action: the forward's (a row-parallel output) and the
+      // input gradient's (a column-parallel input).
+      const double sf = tensor_sum_seconds(model, c.t, layer.sum_forward_calls, r * layer.sum_forward);
+      const double sb = tensor_sum_seconds(model, c.t, layer.sum_backward_calls, r * layer.sum_backward);
+      stage.forward += f + sf;
+      stage.backward += policy.split_backward ? b + sb : b + sb + w;
+      stage.weight += policy.split_backward ? w : 0.0;
+      chunk_params += layer.params;
+    }
+    // The runtime's own cost of each action (with the W inside the B where it is not split).
+    stage.forward += model.action_overhead_seconds;
+    stage.backward += model.action_overhead_seconds;
+    if (policy.split_backward) stage.weight += model.action_overhead_seconds;
+    // In one process the sender copies a message into the receiver's memory inside its action
+    // (LocalTransport): F sends its output, B its input gradient.
+    if (request.one_process) {
+      if (k + 1 < virtual_stages) stage.forward += link_seconds(model, r * c.sizes[std::size_t(k)].out);
+      if (k > 0) stage.backward += link_seconds(model, r * c.sizes[std::size_t(k)].in);
+    }
+    // Asynchronous schedules update inside the timeline, on the worker, each chunk its own
+    // parameters: PipeDream after every microbatch's backward, 2BW once per batch (spread
+    // over its microbatches here).
+    if (policy.update != schedule::UpdateRule::flush)
+      (policy.split_backward ? stage.weight : stage.backward) +=
+          chunk_params * model.update_seconds_per_param /
+          (policy.update == schedule::UpdateRule::double_buffered ? double(c.m) : 1.0);
+  }
+  return out;
+}
+
+/// The simulator's costs of a step with microbatches of `rows`: the stages' own costs for each
+/// microbatch size (at most two: a batch that does not split evenly), the hand-overs and wake-ups.
+inline schedule::Costs step_costs(const Request& request, const CostModel& model, const Candidate& c,
+                                  const std::vector<double>& rows) {
+  const int virtual_stages = c.virtual_stages();
+  const double largest_rows = *std::max_element(rows.begin(), rows.end());
+  double widest = 0;
+  for (int k = 1; k < virtual_stages; ++k) widest = std::max(widest, model.layers[c.cuts[std::size_t(k)]].in);
+  schedule::Costs costs;
+  const double smallest_rows = *std::min_element(rows.begin(), rows.end());
+  if (smallest_rows == largest_rows) {
+    costs.per_virtual_stage = stage_costs(request, model, c, largest_rows);
+  } else {
+    const std::vector<schedule::StageCosts> large = stage_costs(request, model, c, largest_rows),
+                                            small = stage_costs(request, model, c, smallest_rows);
+    for (double r : rows) costs.per_microbatch.push_back(r == largest_rows ? large : small);
+  }
+  // Between processes a hand-over delays its receiver without occupying the sender; in one
+  // process the sender's copy is in its action (stage_costs) and a receiver that sat waiting for
+  // it wakes wake_seconds later.
+  costs.transfer = virtual_stages > 1 && !request.one_process ? model.link_latency + (model.link_bytes_per_second > 0
+                                                                  ? largest_rows * widest * model.value_bytes / model.link_bytes_per_second
+                                                                  : 0.0)
+                                      : 0.0;
+  costs.wake = request.one_process ? model.wake_seconds : 0.0;
+  return costs;
+}
+
+/// `plan` simulated with `costs`, and again with each worker's costs slowed by the workers that
+/// compute at the same time: each worker's actions take the contention factor averaged over the
+/// time they ran, with as many workers busy as the first simulation says. Workers of one process
+/// share its cores; across processes, the ranks one node holds share its cores alike, and
+/// replicas and tensor ranks run the timeline the simulation has for one pipeline.
+inline schedule::SimResult simulate_with_contention(const Request& request, const CostModel& model, const Candidate& c,
+                                                    const schedule::Plan& plan, schedule::Costs costs) {
+  const int p = c.p, d = c.d, t = c.t, virtual_stages = c.virtual_stages();
+  schedule::SimResult sim = schedule::simulate(plan, costs);
+  const int sharing = request.one_process ? p * d * t : std::min(p * d * t, request.colocated);
+  // One entry (an action alone) still charges turns on too few cores.
+  if (sharing > 1 && !model.contention.empty() &&
+      (model.contention.size() > 1 || (request.cores > 0 && sharing > request.cores))) {
+    const std::vector<double> f = contention_factors(sim, model.contention, double(sharing) / double(p), request.cores);
+    const auto scale = [&](std::vector<schedule::StageCosts>& list) {
+      for (int k = 0; k < virtual_stages; ++k) {
+        schedule::StageCosts& stage = list[std::size_t(k)];
+        const double x = f[std::size_t(plan.placement.worker_of(k))];
+        stage = {stage.forward * x, stage.backward * x, stage.weight * x};
+      }
+    };
+    if (!costs.per_virtual_stage.empty()) scale(costs.per_virtual_stage);
+    for (std::vector<schedule::StageCosts>& list : costs.per_microbatch) scale(list);
+    sim = schedule::simulate(plan, costs);
+  }
+  return sim;
+}
+
+/// The layout `sim` predicts: its bubble, each worker's state and activation bytes (at the
+/// simulated times and bounded over every timing), the replicas' gradient sum, a flush update and
+/// the step's time.
+inline Layout priced_layout(const Request& request, const CostModel& model, const Candidate& c, const schedule::Config& config,
+                            const schedule::Plan& plan, const schedule::SimResult& sim, const std::vector<double>& rows) {
+  const int d = c.d;
+  const std::vector<double> params = worker_params(model, plan, c.cuts);
+  Layout layout;
+  layout.schedule = std::string(c.policy.name);
+  layout.stages = c.p;
+  layout.chunks = c.v;
+  layout.microbatches = c.m;
+  layout.replicas = d;
+  layout.tensor = c.t;
+  layout.batches = config.batches;
+  layout.cuts = c.cuts;
+  layout.bubble = sim.bubble_fraction;
+  const std::vector<double> values = activation_peaks(plan, sim, c.sizes, rows);
+  const ActivationBounds bounds = activation_bounds(plan, c.sizes, rows);
+  layout.peak_bytes = state_bytes(model, sim, params);
+  layout.most_bytes = layout.peak_bytes;
+  const double value_bytes = double(model.value_bytes);
+  for (std::size_t w = 0; w < values.size(); ++w) {
+    layout.peak_activation_bytes.push_back(values[w] * value_bytes);
+    layout.peak_activation_low_bytes.push_back(bounds.low[w] * value_bytes);
+    layout.peak_activation_high_bytes.push_back(bounds.high[w] * value_bytes);
+    layout.peak_bytes[w] += layout.peak_activation_bytes[w];
+    layout.most_bytes[w] += layout.peak_activation_high_bytes[w];
+  }
+  const double most_params = *std::max_element(params.begin(), params.end());
+  if (d > 1 && model.allreduce_bytes_per_second > 0)
+    layout.allreduce_seconds =
+        2.0 * double(d - 1) / double(d) * most_params * model.gradient_bytes() / model.allreduce_bytes_per_second;
+  // A flush schedule updates after the step: every worker its own stages at once, or, in one
+  // process, the calling thread every stage in turn.
+  if (c.policy.update == schedule::UpdateRule::flush) {
+    double update = 0;
+    for (double w : params) update = request.one_process ? update + w : std::max(update, w);
+    layout.update_seconds = update * model.update_seconds_per_param;
+  }
+  layout.step_seconds =
+      (sim.makespan + layout.update_seconds + model.step_overhead_seconds) / double(config.batches) + layout.allreduce_seconds;
+  return layout;
+}
+
+/// Why `layout` does not fit the request's device memory; empty where it fits.
+inline std::string memory_refusal(const Request& request, const Layout& layout) {
+  if (request.memory_bytes > 0) {
+    const auto most = std::max_element(layout.most_bytes.begin(), layout.most_bytes.end());
+    if (*most > request.memory_bytes)
+      return "worker " + std::to_string(most - layout.most_bytes.begin()) + " needs " + gigabytes(*most) + ", over the " +
+             gigabytes(request.memory_bytes) + " a device has";
+  }
+  return {};
+}
+
 /// Every policy and microbatch count for p stages, d replicas and t tensor-parallel ranks per stage,
 /// into `report`; `model` holds the per-rank layers of t (the request's model for t = 1).
 template <class List, class Split>
 void search_layouts(const Request& request, const CostModel& model, int p, int d, int t, Split& split_into, Report& report) {
-  const std::size_t layers = model.layers.size();
   const index_t samples = request.batch / d;  // per replica (the first batch % d replicas take one more)
   const std::string tensor_suffix = t > 1 ? " t=" + std::to_string(t) : std::string();
   for (const schedule::PolicyInfo& policy : schedule::policy_table<List>()) {
@@ -212,33 +406,10 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
     const int v = policy.default_chunks, virtual_stages = p * v;
     const std::string base = std::string(policy.name) + " p=" + std::to_string(p);
     const std::string where = base + " d=" + std::to_string(d) + tensor_suffix;
-    if (std::size_t(virtual_stages) > layers) {
+    if (std::string why = policy_refusal(request, model, policy, p, d, t, samples); !why.empty()) {
       ++report.considered;
-      report.rejected.push_back({where, std::to_string(virtual_stages) + " virtual stages for " + std::to_string(layers) + " layers"});
+      report.rejected.push_back({where, std::move(why)});
       continue;
-    }
-    if (samples < 1) {
-      ++report.considered;
-      report.rejected.push_back({where, "fewer samples than replicas"});
-      continue;
-    }
-    if (policy.update != schedule::UpdateRule::flush && !request.asynchronous && !named(request, policy.name)) {
-      ++report.considered;
-      report.rejected.push_back({where, "asynchronous: stale weights change what training computes; ask for it by name "
-                                        "or with Request::asynchronous"});
-      continue;
-    }
-    if (model.tied && policy.update != schedule::UpdateRule::flush) {
-      ++report.considered;
-      report.rejected.push_back({where, "the model ties weights (as GPT-2's lm_head to wte); only a flush update sums them"});
-      continue;
-    }
-    if (request.refuses) {
-      if (std::string why = request.refuses(policy.name, p, d, t); !why.empty()) {
-        ++report.considered;
-        report.rejected.push_back({where, std::move(why)});
-        continue;
-      }
     }
     const std::vector<std::size_t>& cuts = split_into(virtual_stages);
     if (cuts.empty()) {
@@ -256,139 +427,14 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
         continue;
       }
       const schedule::Plan plan = policy.generate(config);
-      // Microbatch rows as the runtime splits a replica's samples (the first samples % m take one
-      // more); the step time scales with the largest.
-      // The batches' samples split into microbatches as the runtime splits them (split_rows: the
-      // first n % parts take one more); every time scales with the largest.
-      const index_t n = samples * config.batches;
-      const int parts = config.total_microbatches();
-      std::vector<double> rows(static_cast<std::size_t>(parts));
-      for (int j = 0; j < parts; ++j)
-        rows[std::size_t(j)] = double(n / parts + (j < n % parts ? 1 : 0)) * double(model.rows_per_sample);
-      const double largest_rows = *std::max_element(rows.begin(), rows.end());
-      const std::vector<double> params = worker_params(model, plan, cuts);
-      // Each virtual stage's own costs (chunks of one worker may cost differently), for each
-      // microbatch size (at most two: a batch that does not split evenly).
-      double widest = 0;
-      for (int k = 1; k < virtual_stages; ++k) widest = std::max(widest, model.layers[cuts[std::size_t(k)]].in);
-      const auto stage_costs = [&](double r) {
-        std::vector<schedule::StageCosts> out(static_cast<std::size_t>(virtual_stages), schedule::StageCosts{0, 0, 0});
-        for (int k = 0; k < virtual_stages; ++k) {
-          schedule::StageCosts& c = out[std::size_t(k)];
-          double chunk_params = 0;
-          for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) {
-            const LayerCost& layer = model.layers[l];
-            const double f = at_rows(model, layer, 0, r), b = at_rows(model, layer, 1, r), w = at_rows(model, layer, 2, r);
-            // The group sums run inside the action: the forward's (a row-parallel output) and the
-            // input gradient's (a column-parallel input).
-            const double sf = tensor_sum_seconds(model, t, layer.sum_forward_calls, r * layer.sum_forward);
-            const double sb = tensor_sum_seconds(model, t, layer.sum_backward_calls, r * layer.sum_backward);
-            c.forward += f + sf;
-            c.backward += policy.split_backward ? b + sb : b + sb + w;
-            c.weight += policy.split_backward ? w : 0.0;
-            chunk_params += layer.params;
-          }
-          // The runtime's own cost of each action (with the W inside the B where it is not split).
-          c.forward += model.action_overhead_seconds;
-          c.backward += model.action_overhead_seconds;
-          if (policy.split_backward) c.weight += model.action_overhead_seconds;
-          // In one process the sender copies a message into the receiver's memory inside its action
-          // (LocalTransport): F sends its output, B its input gradient.
-          if (request.one_process) {
-            if (k + 1 < virtual_stages) c.forward += link_seconds(model, r * sizes[std::size_t(k)].out);
-            if (k > 0) c.backward += link_seconds(model, r * sizes[std::size_t(k)].in);
-          }
-          // Asynchronous schedules update inside the timeline, on the worker, each chunk its own
-          // parameters: PipeDream after every microbatch's backward, 2BW once per batch (spread
-          // over its microbatches here).
-          if (policy.update != schedule::UpdateRule::flush)
-            (policy.split_backward ? c.weight : c.backward) +=
-                chunk_params * model.update_seconds_per_param /
-                (policy.update == schedule::UpdateRule::double_buffered ? double(m) : 1.0);
-        }
-        return out;
-      };
-      schedule::Costs costs;
-      const double smallest_rows = *std::min_element(rows.begin(), rows.end());
-      if (smallest_rows == largest_rows) {
-        costs.per_virtual_stage = stage_costs(largest_rows);
-      } else {
-        const std::vector<schedule::StageCosts> large = stage_costs(largest_rows), small = stage_costs(smallest_rows);
-        for (double r : rows) costs.per_microbatch.push_back(r == largest_rows ? large : small);
-      }
-      // Between processes a hand-over delays its receiver without occupying the sender; in one
-      // process the sender's copy is in its action (above) and a receiver that sat waiting for it
-      // wakes wake_seconds later.
-      costs.transfer = virtual_stages > 1 && !request.one_process ? model.link_latency + (model.link_bytes_per_second > 0
-                                                                      ? largest_rows * widest * model.value_bytes / model.link_bytes_per_second
-                                                                      : 0.0)
-                                          : 0.0;
-      costs.wake = request.one_process ? model.wake_seconds : 0.0;
-      schedule::SimResult sim = schedule::simulate(plan, costs);
-      // Workers of one process that compute at once slow each other down: each worker's actions
-      // take the contention factor averaged over the time they ran, with as many workers busy as
-      // the first simulation says, and the plan runs again with those costs.
-      // Across processes, the ranks one node holds share its cores alike; replicas and tensor ranks
-      // run the timeline `sim` has for one pipeline.
-      const int sharing = request.one_process ? p * d * t : std::min(p * d * t, request.colocated);
-      // One entry (an action alone) still charges turns on too few cores.
-      if (sharing > 1 && !model.contention.empty() &&
-          (model.contention.size() > 1 || (request.cores > 0 && sharing > request.cores))) {
-        const std::vector<double> f = contention_factors(sim, model.contention, double(sharing) / double(p), request.cores);
-        const auto scale = [&](std::vector<schedule::StageCosts>& list) {
-          for (int k = 0; k < virtual_stages; ++k) {
-            schedule::StageCosts& c = list[std::size_t(k)];
-            const double x = f[std::size_t(plan.placement.worker_of(k))];
-            c = {c.forward * x, c.backward * x, c.weight * x};
-          }
-        };
-        if (!costs.per_virtual_stage.empty()) scale(costs.per_virtual_stage);
-        for (std::vector<schedule::StageCosts>& list : costs.per_microbatch) scale(list);
-        sim = schedule::simulate(plan, costs);
-      }
-      Layout layout;
-      layout.schedule = std::string(policy.name);
-      layout.stages = p;
-      layout.chunks = v;
-      layout.microbatches = m;
-      layout.replicas = d;
-      layout.tensor = t;
-      layout.batches = config.batches;
-      layout.cuts = cuts;
-      layout.bubble = sim.bubble_fraction;
-      const std::vector<double> values = activation_peaks(plan, sim, sizes, rows);
-      const ActivationBounds bounds = activation_bounds(plan, sizes, rows);
-      layout.peak_bytes = state_bytes(model, sim, params);
-      layout.most_bytes = layout.peak_bytes;
-      const double value_bytes = double(model.value_bytes);
-      for (std::size_t w = 0; w < values.size(); ++w) {
-        layout.peak_activation_bytes.push_back(values[w] * value_bytes);
-        layout.peak_activation_low_bytes.push_back(bounds.low[w] * value_bytes);
-        layout.peak_activation_high_bytes.push_back(bounds.high[w] * value_bytes);
-        layout.peak_bytes[w] += layout.peak_activation_bytes[w];
-        layout.most_bytes[w] += layout.peak_activation_high_bytes[w];
-      }
-      const double most_params = *std::max_element(params.begin(), params.end());
-      if (d > 1 && model.allreduce_bytes_per_second > 0)
-        layout.allreduce_seconds =
-            2.0 * double(d - 1) / double(d) * most_params * model.gradient_bytes() / model.allreduce_bytes_per_second;
-      // A flush schedule updates after the step: every worker its own stages at once, or, in one
-      // process, the calling thread every stage in turn.
-      if (policy.update == schedule::UpdateRule::flush) {
-        double update = 0;
-        for (double w : params) update = request.one_process ? update + w : std::max(update, w);
-        layout.update_seconds = update * model.update_seconds_per_param;
-      }
-      layout.step_seconds =
-          (sim.makespan + layout.update_seconds + model.step_overhead_seconds) / double(config.batches) + layout.allreduce_seconds;
-      if (request.memory_bytes > 0) {
-        const auto most = std::max_element(layout.most_bytes.begin(), layout.most_bytes.end());
-        if (*most > request.memory_bytes) {
-          report.rejected.push_back({name, "worker " + std::to_string(most - layout.most_bytes.begin()) + " needs " +
-                                               gigabytes(*most) + ", over the " + gigabytes(request.memory_bytes) +
-                                               " a device has"});
-          continue;
-        }
+      const Candidate candidate{policy, p, d, t, v, m, cuts, sizes};
+      const std::vector<double> rows = microbatch_rows(model, samples, config);
+      const schedule::SimResult sim =
+          simulate_with_contention(request, model, candidate, plan, step_costs(request, model, candidate, rows));
+      Layout layout = priced_layout(request, model, candidate, config, plan, sim, rows);
+      if (std::string why = memory_refusal(request, layout); !why.empty()) {
+        report.rejected.push_back({name, std::move(why)});
+        continue;
       }
       report.ranked.push_back(std::move(layout));
     }

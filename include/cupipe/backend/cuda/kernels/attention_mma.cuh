@@ -198,6 +198,41 @@ __device__ __forceinline__ void next_tile(bool more, Issue&& issue) {
 
 // ---- forward ------------------------------------------------------------------------------------
 
+/// The online softmax's step over one key tile: each row's running max m takes in the tile's
+/// (row_max, then the quad's), the scores become exp2(s - m) (row_max is left holding the m they
+/// were taken against), their sum joins the running sum l, and the output accumulator o is
+/// rescaled to the new max.
+template <int D>
+__device__ __forceinline__ void online_softmax(float (&s)[8][4], float (&row_max)[2], float (&m)[2], float (&l)[2],
+                                               float (&o)[D / 8][4]) {
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(m[r], quad_max(row_max[r]));
+    // A row with every key so far masked keeps m = -inf; its terms are exp2(-inf) = 0.
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[r] = exp2f(m[r] - base);
+    m[r] = m_new;
+    row_max[r] = base;
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] - row_max[e / 2]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = 0;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) sum += s[nt][2 * r] + s[nt][2 * r + 1];
+    l[r] = l[r] * alpha[r] + sum;  // this lane's share of the row; the quad's shares are added at the end
+  }
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
+    o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
+  }
+}
+
 template <int D>
 inline constexpr std::size_t forward_bytes = std::size_t(5) * tile_bytes<D>;  // Q, 2 x K, 2 x V
 
@@ -246,32 +281,7 @@ __global__ void __launch_bounds__(threads)
         s[nt][e] = x;
         row_max[e / 2] = fmaxf(row_max[e / 2], x);
       }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], quad_max(row_max[r]));
-      // A row with every key so far masked keeps m = -inf; its terms are exp2(-inf) = 0.
-      const float base = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m[r] - base);
-      m[r] = m_new;
-      row_max[r] = base;
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] - row_max[e / 2]);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = 0;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) sum += s[nt][2 * r] + s[nt][2 * r + 1];
-      l[r] = l[r] * alpha[r] + sum;  // this lane's share of the row; the quad's shares are added at the end
-    }
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
-      o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
-    }
+    online_softmax<D>(s, row_max, m, l, o);
     scores_times_rows<D>(o, s, vs(buffer));
     __syncthreads();  // the tile just used is the one the next iteration loads into
   }
