@@ -60,6 +60,20 @@ inline ScheduleFamily family_of_name(std::string_view name) {
   return family;
 }
 
+/// Returns run.template operator()<F>() for the family F of the schedule named `name`: each family's
+/// training loops are their own translation units (the flush family alone in a build configured with
+/// -DCUPIPE_TRAINER_SCHEDULES=flush or 1f1b, which refused the others before any data loaded).
+template <class Run>
+int with_family(std::string_view name, Run&& run) {
+  switch (family_of_name(name)) {
+#if !(defined(CUPIPE_TRAINER_FLUSH_SCHEDULES_ONLY) && CUPIPE_TRAINER_FLUSH_SCHEDULES_ONLY)
+    case ScheduleFamily::chunked: return run.template operator()<ScheduleFamily::chunked>();
+    case ScheduleFamily::asynchronous: return run.template operator()<ScheduleFamily::asynchronous>();
+#endif
+    default: return run.template operator()<ScheduleFamily::flush>();
+  }
+}
+
 /// The error for a schedule this build left out.
 template <class Schedule>
 [[noreturn]] void refuse_unbuilt_schedule() {
@@ -77,37 +91,6 @@ inline std::vector<std::string> built_schedule_names() {
         if constexpr (trainer_builds<Schedule>) names.emplace_back(p.name);
       });
   return names;
-}
-
-/// Whether the trainers compile `Schedule` with bf16 storage: the one-chunk flush schedules (each
-/// one is the whole training loop again).
-template <class Schedule>
-inline constexpr bool bf16_builds = Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1;
-
-/// The schedules --plan auto may choose with --precision bf16.
-inline std::vector<std::string> bf16_schedule_names() {
-  std::vector<std::string> names;
-  for (const schedule::PolicyInfo& p : schedule::policy_table())
-    schedule::with_policy(p.name, [&]<class Schedule>() {
-      if constexpr (bf16_builds<Schedule>) names.emplace_back(p.name);
-    });
-  return names;
-}
-
-/// The error for a schedule the trainers do not compile with bf16 storage.
-template <class Schedule>
-[[noreturn]] void refuse_bf16_schedule() {
-  std::string names;
-  for (const std::string& n : bf16_schedule_names()) names += (names.empty() ? "" : ", ") + n;
-  CUPIPE_THROW("--precision bf16 trains with the one-chunk flush schedules (", names, ") in this trainer, not ",
-               Schedule::name, " (the others are compiled in fp32 only, to keep the build short)");
-}
-
-/// Fails, before any data loads, when `schedule` names a policy the trainers do not run in bf16.
-inline void require_bf16_schedule(std::string_view name) {
-  schedule::with_policy(name, []<class Schedule>() {
-    if constexpr (!bf16_builds<Schedule>) refuse_bf16_schedule<Schedule>();
-  });
 }
 
 /// Fails, before any data loads, when `schedule` names a policy this build left out.

@@ -99,8 +99,7 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
     return cuts;
   };
   const planner::Layout best = cupipe::examples::plan_auto(
-      comm, calibrate, f.workers, f.batch, {1, 2, 4}, split,
-      bf16 ? cupipe::examples::bf16_schedule_names() : std::vector<std::string>{}, tensor);
+      comm, calibrate, f.workers, f.batch, {1, 2, 4}, split, {}, tensor);
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;
@@ -165,8 +164,7 @@ int main(int argc, char** argv) {
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
                                "--microbatches (host backend, --preset tiny; under mpirun the processes over --dp are "
-                               "the stages x --tp, and it chooses --tp too (see --plan-tensor); "
-                               "with --precision bf16, among the schedules bf16 trains with)")
+                               "the stages x --tp, and it chooses --tp too (see --plan-tensor))")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
@@ -187,7 +185,7 @@ int main(int argc, char** argv) {
                           ->check(CLI::IsMember({"fp32", "tf32"}));
   app.add_option("--precision", f.precision,
                  "fp32, or bf16: weights in use, activations and messages in bfloat16; master weights, gradients, "
-                 "AdamW state, statistics and the loss in fp32 (gpipe, 1f1b, zb-h1, zb-h2 on the host; 1f1b on cuda)")
+                 "AdamW state, statistics and the loss in fp32 (every schedule on the host; 1f1b on cuda)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--zero", f.zero,
@@ -233,7 +231,6 @@ int main(int argc, char** argv) {
       if (math->count() > 0)
         CUPIPE_THROW("--math sets how fp32 GEMMs run on CUDA; with --precision bf16 every GEMM takes bf16 inputs and "
                      "accumulates in fp32");
-      cupipe::examples::require_bf16_schedule(f.schedule);
       if (f.backend == "cuda" && f.schedule != "1f1b")
         CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b in this build, not ", f.schedule,
                      " (each schedule is compiled per GPU architecture; see examples/gpt_train/trainer_cuda.cu)");
@@ -286,17 +283,14 @@ int main(int argc, char** argv) {
     if (f.plan == "auto") {
       plan_layout(f, split.train, launch.communicator ? &launcher : nullptr);
     }
-#if CUPIPE_TRAINER_HAS_BF16
-    if (f.precision == "bf16") return train_bf16(f, corpus, split, launch);
-#endif
+    // The training loop of --schedule's family, in fp32 or bf16: each is a unit of its own
+    // (require_built_schedule let the schedule through).
     using cupipe::examples::ScheduleFamily;
-    switch (cupipe::examples::family_of_name(f.schedule)) {  // require_built_schedule let it through
-#if !CUPIPE_TRAINER_FLUSH_SCHEDULES_ONLY
-      case ScheduleFamily::chunked: return train_host<ScheduleFamily::chunked>(f, corpus, split, launch);
-      case ScheduleFamily::asynchronous: return train_host<ScheduleFamily::asynchronous>(f, corpus, split, launch);
+#if CUPIPE_TRAINER_HAS_BF16
+    if (f.precision == "bf16")
+      return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_host<F, HostBf16>(f, corpus, split, launch); });
 #endif
-      default: return train_host<ScheduleFamily::flush>(f, corpus, split, launch);
-    }
+    return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_host<F>(f, corpus, split, launch); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train: %s\n", e.what());
     launcher.abort_job();

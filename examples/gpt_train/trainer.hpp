@@ -497,20 +497,21 @@ inline std::vector<int> devices_in_use(const Flags& f) {
   return distinct.empty() ? std::vector<int>{0} : std::vector<int>(distinct.begin(), distinct.end());
 }
 
-/// Trains the tiny preset on backend::Host<float> with a --schedule of family F: one-chunk schedules
-/// at 1, 2 and 4 stages, two-chunk ones at 1 and 2; --tp 2 or 4 with 1F1B on 1 or 2 stages. Each
-/// family is instantiated outside main.cpp (train_flush.cpp; train_other.cpp for the chunked and the
-/// asynchronous), so that they compile side by side; main.cpp calls the one of --schedule's family.
-template <examples::ScheduleFamily F>
+/// Trains the tiny preset on `Backend` (backend::Host<float>; Host<bfloat16, float> for --precision
+/// bf16) with a --schedule of family F: one-chunk schedules at 1, 2 and 4 stages, two-chunk ones at
+/// 1 and 2; --tp 2 or 4 with 1F1B on 1 or 2 stages. Each family and precision is instantiated outside
+/// main.cpp (train_flush.cpp and train_other.cpp; train_bf16.cpp and train_bf16_other.cpp for bf16),
+/// so that they compile side by side; main.cpp calls the one of --schedule's family.
+template <examples::ScheduleFamily F, class Backend = backend::Host<T>>
 int train_host(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch) {
   int rc = 1;
   schedule::with_policy(f.schedule, [&]<class Schedule>() {
     auto run = [&]<int P>() {
       if constexpr (std::is_same_v<Schedule, schedule::OneFOneB> && P <= 2) {
-        if (f.tp == 2) rc = train<gpt::tiny, Schedule, P, backend::Host<T>, 2>(f, corpus, split, launch);
-        if (f.tp == 4) rc = train<gpt::tiny, Schedule, P, backend::Host<T>, 4>(f, corpus, split, launch);
+        if (f.tp == 2) rc = train<gpt::tiny, Schedule, P, Backend, 2>(f, corpus, split, launch);
+        if (f.tp == 4) rc = train<gpt::tiny, Schedule, P, Backend, 4>(f, corpus, split, launch);
       }
-      if (f.tp == 1) rc = train<gpt::tiny, Schedule, P, backend::Host<T>>(f, corpus, split, launch);
+      if (f.tp == 1) rc = train<gpt::tiny, Schedule, P, Backend>(f, corpus, split, launch);
     };
     if constexpr (examples::family_of<Schedule> == F && examples::trainer_builds<Schedule>) {
       if constexpr (Schedule::chunks == 1) with_stage_count<1, 2, 4>(f.stages, run);
@@ -519,16 +520,16 @@ int train_host(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSpl
   });
   return rc;
 }
-extern template int train_host<examples::ScheduleFamily::flush>(const Flags&, const io::TokenCorpus&,
-                                                                 const io::TokenSplit&, const Launch&);
-extern template int train_host<examples::ScheduleFamily::chunked>(const Flags&, const io::TokenCorpus&,
-                                                                   const io::TokenSplit&, const Launch&);
-extern template int train_host<examples::ScheduleFamily::asynchronous>(const Flags&, const io::TokenCorpus&,
-                                                                        const io::TokenSplit&, const Launch&);
-
-/// Trains on Host<bfloat16, float> (train_bf16.cpp; left out of builds configured with
-/// -DCUPIPE_TRAINER_SCHEDULES=flush).
-int train_bf16(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch);
+/// backend::Host<bfloat16, float>: --precision bf16 on the host.
+using HostBf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
+// Each family x precision is compiled in one unit (train_*.cpp), not in main.cpp.
+#define CUPIPE_GPT_TRAIN_HOST(B) \
+  extern template int train_host<examples::ScheduleFamily::flush, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&); \
+  extern template int train_host<examples::ScheduleFamily::chunked, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&); \
+  extern template int train_host<examples::ScheduleFamily::asynchronous, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&);
+CUPIPE_GPT_TRAIN_HOST(backend::Host<T>)
+CUPIPE_GPT_TRAIN_HOST(HostBf16)
+#undef CUPIPE_GPT_TRAIN_HOST
 
 /// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
 int train_cuda(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch);

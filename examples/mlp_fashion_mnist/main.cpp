@@ -61,8 +61,7 @@ inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicat
   };
   const index_t batch = index_t(std::min<std::int64_t>(f.batch, train_set.count));
   const planner::Layout best = cupipe::examples::plan_auto(
-      comm, calibrate, f.workers, batch, {1, 2, 3, 4}, split,
-      bf16 ? cupipe::examples::bf16_schedule_names() : std::vector<std::string>{});
+      comm, calibrate, f.workers, batch, {1, 2, 3, 4}, split);
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;
@@ -133,7 +132,7 @@ int main(int argc, char** argv) {
   app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--precision", f.precision,
                  "fp32, or bf16: weights in use, activations and messages in bfloat16, master weights, gradients, "
-                 "optimizer state and the loss in fp32 (host: gpipe, 1f1b, zb-h1, zb-h2; cuda: gpipe, 1f1b)")
+                 "optimizer state and the loss in fp32 (host: every schedule; cuda: gpipe, 1f1b)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   CLI::Option* stage_backends =
@@ -152,8 +151,7 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
-                               "--microbatches (host backend; under mpirun with --dp, the processes over --dp are the stages; with "
-                               "--precision bf16, among the schedules bf16 trains with)")
+                               "--microbatches (host backend; under mpirun with --dp, the processes over --dp are the stages)")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
@@ -194,7 +192,6 @@ int main(int argc, char** argv) {
     if (f.precision == "bf16" && f.backend == "cuda" && f.schedule != "1f1b" && f.schedule != "gpipe")
       CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b or gpipe in this build, not ", f.schedule,
                    " (each schedule is compiled per GPU architecture; see examples/mlp_fashion_mnist/trainer_cuda.cu)");
-    if (f.precision == "bf16") cupipe::examples::require_bf16_schedule(f.schedule);
     // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
     if (!f.save.empty()) {
       io::check_writable(io::model_file(f.save), "--save");
@@ -233,18 +230,14 @@ int main(int argc, char** argv) {
       return train_mixed(f, data.train, data.test, launch);
 #endif
     }
-#if CUPIPE_TRAINER_HAS_BF16
-    if (f.precision == "bf16") return train_bf16(f, data.train, data.test, launch);
-#endif
+    // The training loop of --schedule's family, in fp32 or bf16: each is a unit of its own
+    // (require_built_schedule let the schedule through).
     using cupipe::examples::ScheduleFamily;
-    switch (cupipe::examples::family_of_name(f.schedule)) {  // require_built_schedule let it through
-#if !CUPIPE_TRAINER_FLUSH_SCHEDULES_ONLY
-      case ScheduleFamily::chunked: return train_host<ScheduleFamily::chunked>(f, data.train, data.test, launch);
-      case ScheduleFamily::asynchronous:
-        return train_host<ScheduleFamily::asynchronous>(f, data.train, data.test, launch);
+#if CUPIPE_TRAINER_HAS_BF16
+    if (f.precision == "bf16")
+      return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_host<F, HostBf16>(f, data.train, data.test, launch); });
 #endif
-      default: return train_host<ScheduleFamily::flush>(f, data.train, data.test, launch);
-    }
+    return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_host<F>(f, data.train, data.test, launch); });
   } catch (const cupipe::error& e) {
     std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.what());  // with the failing call and where
     launcher.abort_job();

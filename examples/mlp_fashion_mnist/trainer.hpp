@@ -368,10 +368,11 @@ int with_optimizer(const Flags& f, Run&& run) {
   return run(optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}));
 }
 
-/// Trains on backend::Host<float> with a --schedule of family F, at 1 to 4 stages. Each family
-/// is instantiated outside main.cpp (train_flush.cpp; train_other.cpp for the chunked and the
-/// asynchronous), so that they compile side by side; main.cpp calls the one of --schedule's family.
-template <examples::ScheduleFamily F>
+/// Trains on `Backend` (backend::Host<float>; Host<bfloat16, float> for --precision bf16) with a
+/// --schedule of family F, at 1 to 4 stages. Each family and precision is instantiated outside
+/// main.cpp (train_flush.cpp and train_other.cpp; train_bf16.cpp and train_bf16_other.cpp for bf16),
+/// so that they compile side by side; main.cpp calls the one of --schedule's family.
+template <examples::ScheduleFamily F, class Backend = backend::Host<T>>
 int train_host(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
   int rc = 1;
   schedule::with_policy(f.schedule, [&]<class Schedule>() {
@@ -382,7 +383,7 @@ int train_host(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
                        " model chunks but the MLP has 7 layers; use at most 3 stages");
         } else {
           rc = with_optimizer(f, [&](auto optimizer) {
-            return train<Schedule, P, backend::Host<T>>(f, train_set, test_set, optimizer, launch);
+            return train<Schedule, P, Backend>(f, train_set, test_set, optimizer, launch);
           });
         }
       });
@@ -390,15 +391,16 @@ int train_host(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
   });
   return rc;
 }
-extern template int train_host<examples::ScheduleFamily::flush>(const Flags&, io::Dataset&, const io::Dataset&,
-                                                                 const Launch&);
-extern template int train_host<examples::ScheduleFamily::chunked>(const Flags&, io::Dataset&, const io::Dataset&,
-                                                                   const Launch&);
-extern template int train_host<examples::ScheduleFamily::asynchronous>(const Flags&, io::Dataset&,
-                                                                        const io::Dataset&, const Launch&);
-
-/// --precision bf16 on the host backend (defined in train_bf16.cpp).
-int train_bf16(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
+/// backend::Host<bfloat16, float>: --precision bf16 on the host.
+using HostBf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
+// Each family x precision is compiled in one unit (train_*.cpp), not in main.cpp.
+#define CUPIPE_MLP_TRAIN_HOST(B) \
+  extern template int train_host<examples::ScheduleFamily::flush, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&); \
+  extern template int train_host<examples::ScheduleFamily::chunked, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&); \
+  extern template int train_host<examples::ScheduleFamily::asynchronous, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&);
+CUPIPE_MLP_TRAIN_HOST(backend::Host<T>)
+CUPIPE_MLP_TRAIN_HOST(HostBf16)
+#undef CUPIPE_MLP_TRAIN_HOST
 
 /// --stage-backends for two stages: `A` then `B`, or `B` then `A` when `b_first`, under gpipe or 1f1b
 /// (main.cpp's check_stage_backends lets no other schedule through).

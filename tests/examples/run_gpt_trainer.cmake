@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
 #   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir>
-#         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|post_validation|bf16 [-DBF16=0|1]
+#         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|post_validation|bf16|bf16_schedules [-DBF16=0|1]
 #         [-DMPIRUN=<mpirun command line, ;-separated>] [-DHOST_TRAINER=<path>] -P run_gpt_trainer.cmake
 # learns: 100 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed. With -DBF16=1 (a
@@ -21,6 +21,7 @@
 #         "SKIPPED: ..." when the CUDA runtime finds no usable GPU.
 # bf16:   --precision bf16 resumes bit-exactly, an fp32 run resumes from its checkpoint, and --plan auto
 #         plans among the schedules bf16 trains with (that it learns is checked in learns, with -DBF16=1).
+# bf16_schedules: --precision bf16 under ZBV writes the tensors 1F1B writes, bit for bit.
 # bf16_cuda: 20 steps with --backend cuda --precision bf16 (MFU in (0, 1)), then, given
 #         -DHOST_TRAINER=<a gpt_train with bf16 host training>, the same on the host: held-out
 #         losses within 2%. "SKIPPED: ..." without a usable GPU.
@@ -229,11 +230,27 @@ elseif(MODE STREQUAL "bf16")
   if(NOT fp32_precision STREQUAL "fp32")
     message(FATAL_ERROR "resuming in fp32 reported precision '${fp32_precision}'")
   endif()
-  # --plan auto profiles the bf16 model and chooses among the schedules bf16 trains with.
+  # --plan auto profiles the bf16 model and chooses among every schedule.
   set(common --data "${DATA_DIR}" --batch 8 --progress none)
   run_trainer(--precision bf16 --plan auto --workers 2 --steps 6 --eval-batches 1 --sample 0)
-  expect_planned_schedule("^(gpipe|1f1b|zb-h1|zb-h2)$")
+  expect_planned_schedule("^(gpipe|1f1b|interleaved|bfs|zb-h1|zb-h2|zbv|v-half|v-min|dualpipev|pipedream|2bw)$")
   message("bf16 resumed bit-exactly, its checkpoint loaded into an fp32 run, and --plan auto chose ${planned_schedule}")
+elseif(MODE STREQUAL "bf16_schedules")
+  # Every schedule trains in bf16: 12 steps of ZBV (a V-shaped zero-bubble schedule, two chunks per
+  # worker, tied wte and lm_head on worker 0) write the tensors 1F1B's write, bit for bit (the
+  # library's bf16 pipelines equal the bf16 Network under every synchronous schedule). The
+  # asynchronous schedules refuse the tied model in any precision (gpt_train_pipedream_tied).
+  set(common --data "${DATA_DIR}" --stages 2 --microbatches 4 --batch 16 --progress none)
+  set(schedule --precision bf16 --steps 12 --warmup 4 --eval-every 0 --eval-batches 1 --sample 0)
+  run_trainer(${schedule} --schedule 1f1b --save "${WORK_DIR}/1f1b")
+  run_trainer(${schedule} --schedule zbv --save "${WORK_DIR}/zbv")
+  string(JSON precision GET "${summary}" precision)
+  string(JSON ran GET "${summary}" schedule)
+  if(NOT precision STREQUAL "bf16" OR NOT ran STREQUAL "zbv")
+    message(FATAL_ERROR "--precision bf16 --schedule zbv: the summary reports ${precision}, ${ran}: ${summary}")
+  endif()
+  expect_same_tensors("${WORK_DIR}/zbv" "${WORK_DIR}/1f1b")
+  message("bf16 zbv wrote the tensors bf16 1f1b wrote, bit for bit")
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, bf16_cuda, plan, post_validation or bf16, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, bf16_cuda, plan, post_validation, bf16 or bf16_schedules, got '${MODE}'")
 endif()

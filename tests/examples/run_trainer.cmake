@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs mlp_fashion_mnist and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16|bf16_cuda|stage_backends|stage_backends_cuda -P run_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16|bf16_schedules|bf16_cuda|stage_backends|stage_backends_cuda -P run_trainer.cmake
 # learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key.
 # resume: 5 steps, save, resume for 5 more, save; against 10 straight steps, save: the two final
 #         model files must hold the same tensor bytes (bit-exact resume through the command line).
@@ -9,7 +9,9 @@
 #         against 10 plain steps: the saved model and optimizer tensors must be bitwise equal.
 # bf16: --precision bf16 learns (one epoch, test_accuracy >= 0.6), resumes bit-exactly from its own
 #         fp32 checkpoint (master weights and optimizer state), an fp32 run resumes from it, and
-#         --plan auto plans it among the schedules bf16 trains with.
+#         --plan auto plans it among every schedule.
+# bf16_schedules: --precision bf16 under interleaved and ZBV writes 1F1B's tensors bit for bit (10
+#         steps); under 2BW one epoch lands within 10% of fp32 2BW's test accuracy.
 # bf16_cuda: --precision bf16 --backend cuda (Cuda<bfloat16, float>) learns in one epoch; prints
 #         "SKIPPED: ..." without a usable GPU.
 # stage_backends: --stage-backends host:bf16,host (a bf16 and an fp32 stage in one pipeline) learns,
@@ -94,12 +96,39 @@ elseif(MODE STREQUAL "bf16")
   if(NOT fp32_precision STREQUAL "fp32")
     message(FATAL_ERROR "resuming in fp32 reported precision '${fp32_precision}'")
   endif()
-  # --plan auto profiles the model in bf16 and chooses among the schedules bf16 trains with.
+  # --plan auto profiles the model in bf16 and chooses among every schedule.
   set(common --data "${DATA_DIR}" --train-limit 2048 --test-limit 500 --progress none)
   run_trainer(--epochs 1 --precision bf16 --plan auto --workers 2 --batch 128)
-  expect_planned_schedule("^(gpipe|1f1b|zb-h1|zb-h2)$")
+  expect_planned_schedule("^(gpipe|1f1b|interleaved|bfs|zb-h1|zb-h2|zbv|v-half|v-min|dualpipev|pipedream|2bw)$")
   message("bf16 learned (test_accuracy ${accuracy}), resumed bit-exactly, its checkpoint loaded into an fp32 run, and "
           "--plan auto chose ${planned_schedule}")
+elseif(MODE STREQUAL "bf16_schedules")
+  # Every schedule trains in bf16. The synchronous ones equal 1F1B: 10 steps of interleaved (two
+  # chunks per worker) and of ZBV (V-shaped, zero bubble) write 1F1B's tensors bit for bit (the
+  # library's bf16 pipelines equal the bf16 Network under each). The asynchronous 2BW updates with
+  # delayed weights, so one epoch of it learns less than 1F1B's: in bf16 as much as in fp32.
+  set(common --data "${DATA_DIR}" --stages 2 --microbatches 4 --train-limit 4000 --test-limit 1000 --progress none)
+  foreach(schedule 1f1b interleaved zbv)
+    run_trainer(--epochs 1 --precision bf16 --schedule ${schedule} --max-steps 10 --save "${WORK_DIR}/${schedule}")
+    string(JSON precision GET "${summary}" precision)
+    string(JSON ran GET "${summary}" schedule)
+    if(NOT precision STREQUAL "bf16" OR NOT ran STREQUAL schedule)
+      message(FATAL_ERROR "--precision bf16 --schedule ${schedule}: the summary reports ${precision}, ${ran}: ${summary}")
+    endif()
+  endforeach()
+  expect_same_tensors("${WORK_DIR}/interleaved" "${WORK_DIR}/1f1b")
+  expect_same_tensors("${WORK_DIR}/zbv" "${WORK_DIR}/1f1b")
+  run_trainer(--epochs 1 --schedule 2bw)
+  string(JSON fp32_accuracy GET "${summary}" test_accuracy)
+  run_trainer(--epochs 1 --precision bf16 --schedule 2bw)
+  string(JSON accuracy GET "${summary}" test_accuracy)
+  string(JSON precision GET "${summary}" precision)
+  # 0.512 in bf16 and 0.527 in fp32 when written (chance is 0.1).
+  if(NOT precision STREQUAL "bf16" OR NOT accuracy GREATER_EQUAL 0.4)
+    message(FATAL_ERROR "bf16 2bw: precision ${precision}, test_accuracy ${accuracy} after one epoch; expected bf16 and at least 0.4")
+  endif()
+  expect_close("bf16 2bw against fp32 2bw test accuracy after one epoch" "${accuracy}" "${fp32_accuracy}" 100000)
+  message("bf16 interleaved and zbv wrote 1f1b's tensors bit for bit; bf16 2bw learned: test_accuracy ${accuracy} (fp32 ${fp32_accuracy})")
 elseif(MODE STREQUAL "stage_backends")
   # One stage in bf16 and the other in fp32, in one pipeline: it learns, resumes bit-exactly, and its
   # checkpoint (fp32 master weights) loads into an all-fp32 run.
@@ -151,6 +180,6 @@ elseif(MODE STREQUAL "bf16_cuda")
   endif()
   message("bf16 on CUDA learned: test_accuracy ${accuracy}")
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, plan, post_validation, bf16 or bf16_cuda, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, plan, post_validation, bf16, bf16_schedules, bf16_cuda, stage_backends or stage_backends_cuda, got '${MODE}'")
 endif()
 file(REMOVE_RECURSE "${WORK_DIR}")
