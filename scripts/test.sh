@@ -18,10 +18,10 @@ all=(-DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_BUILD_BENCH=ON)
 # 80 s): their tests check results, and the unit tests together run in about a minute. The trainers,
 # whose tests train, keep -O1. Elsewhere everything builds Release (-O3), because build/host also holds
 # the benchmarks that docs/benchmarks.md runs.
-host_ci=(-DCUPIPE_QUICK_COMPILE_OPTIONS=)  # named either way: a CMake cache keeps the last value
+host_ci=(-DCUPIPE_QUICK_COMPILE_OPTIONS= -DCUPIPE_TRAINER_SCHEDULES=all)  # named either way: a CMake cache keeps the last value
 if [ "${CI:-}" = true ]; then
   all+=("-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELEASE=-O1 -DNDEBUG")
-  host_ci=(-DCUPIPE_QUICK_COMPILE_OPTIONS=-O0)
+  host_ci=(-DCUPIPE_QUICK_COMPILE_OPTIONS=-O0 -DCUPIPE_TRAINER_SCHEDULES=all)
 fi
 build "$root/build/host" -DCUPIPE_ENABLE_CUDA=OFF "${all[@]}" "${host_ci[@]}"
 (cd "$root/build/host" && ctest --output-on-failure -j "$jobs")
