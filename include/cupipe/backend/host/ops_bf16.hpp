@@ -11,9 +11,8 @@
 // Gradients, master weights, optimizer state and the loss are float (the compute type): the ops that
 // write them (gemm into a float c, bias_backward, layernorm_backward_weight, embedding_backward,
 // softmax_cross_entropy_forward) take bf16 inputs and a float output, and accumulate in float. Ops on
-// float views forward to the float twin unchanged.
-//
-// Not provided for bf16 storage (a call does not compile): the vocabulary-parallel cross-entropy ops.
+// float views forward to the float twin unchanged. The vocabulary-parallel cross-entropy ops
+// (softmax_cross_entropy_part_stats, _part_backward) widen their bf16 logits the same way.
 #pragma once
 
 #include <algorithm>
