@@ -173,6 +173,48 @@ double accuracy(Pipe& pipe, const io::Dataset& data) {
   return double(correct) / double(data.count);
 }
 
+/// What a run measured, for the lines that close it: the same for every schedule, stage count,
+/// precision and optimizer.
+struct RunTotals {
+  double test_accuracy = 0, last_loss = 0, seconds = 0, bubble_sum = 0;
+  std::int64_t samples = 0, steps = 0, rollbacks = 0;
+  std::vector<double> step_seconds;  ///< wall time of every full-batch train_step
+  std::string precision;             ///< --precision, or --stage-backends' list
+};
+
+/// Prints (first rank only) the planned layout's step against the measured median and the JSON
+/// summary. Not a template: compiled once, not once per instantiation of train.
+inline void report_run(const Flags& f, const Launch& launch, RunTotals run) {
+  if (!launch.leader()) return;
+  // The median step (the first, which allocates the optimizer's slots, left out when there are more).
+  std::vector<double>& step_seconds = run.step_seconds;
+  double median_step = 0;
+  if (step_seconds.size() > 1) step_seconds.erase(step_seconds.begin());
+  if (!step_seconds.empty()) {
+    std::nth_element(step_seconds.begin(), step_seconds.begin() + std::ptrdiff_t(step_seconds.size() / 2), step_seconds.end());
+    median_step = step_seconds[step_seconds.size() / 2];
+  }
+  if (f.predicted_step_seconds > 0 && median_step > 0)
+    std::printf("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu full batches), %+.1f%%\n",
+                f.predicted_step_seconds * 1e3, median_step * 1e3, step_seconds.size(),
+                100 * (f.predicted_step_seconds / median_step - 1));
+  nlohmann::json summary = {{"test_accuracy", run.test_accuracy},
+                            {"train_loss", run.last_loss},
+                            {"epochs", f.epochs},
+                            {"seconds", run.seconds},
+                            {"samples_per_second", run.seconds > 0 ? double(run.samples) / run.seconds : 0.0},
+                            {"bubble_fraction_measured", run.steps ? run.bubble_sum / double(run.steps) : 0.0},
+                            {"schedule", f.schedule},
+                            {"stages", f.stages},
+                            {"microbatches", f.microbatches},
+                            {"data_parallel", launch.replicas},
+                            {"precision", run.precision},
+                            {"step_seconds_measured", median_step}};
+  if (f.post_validation > 0) summary["post_validation_rollbacks"] = run.rollbacks;
+  if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
+  std::printf("%s\n", summary.dump().c_str());
+}
+
 template <class Schedule, int P, class Backend, class Optimizer>
 int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer, const Launch& launch) {
   using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
@@ -331,32 +373,10 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
     std::printf("%s", describe(rebalance(pipe.plan(), profile, stage_cuts<Stages>())).c_str());
   }
 
-  // The median step (the first, which allocates the optimizer's slots, left out when there are more).
-  double median_step = 0;
-  if (step_seconds.size() > 1) step_seconds.erase(step_seconds.begin());
-  if (!step_seconds.empty()) {
-    std::nth_element(step_seconds.begin(), step_seconds.begin() + std::ptrdiff_t(step_seconds.size() / 2), step_seconds.end());
-    median_step = step_seconds[step_seconds.size() / 2];
-  }
-  if (f.predicted_step_seconds > 0 && median_step > 0)
-    say("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu full batches), %+.1f%%\n",
-        f.predicted_step_seconds * 1e3, median_step * 1e3, step_seconds.size(),
-        100 * (f.predicted_step_seconds / median_step - 1));
-  nlohmann::json summary = {{"test_accuracy", test_accuracy},
-                            {"train_loss", last_loss},
-                            {"epochs", f.epochs},
-                            {"seconds", seconds},
-                            {"samples_per_second", seconds > 0 ? double(samples) / seconds : 0.0},
-                            {"bubble_fraction_measured", steps ? bubble_sum / double(steps) : 0.0},
-                            {"schedule", f.schedule},
-                            {"stages", f.stages},
-                            {"microbatches", f.microbatches},
-                            {"data_parallel", launch.replicas},
-                            {"precision", Pipe::mixed ? f.stage_backends : f.precision},
-                            {"step_seconds_measured", median_step}};
-  if (f.post_validation > 0) summary["post_validation_rollbacks"] = rollbacks;
-  if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
-  say("%s\n", summary.dump().c_str());
+  report_run(f, launch, {.test_accuracy = test_accuracy, .last_loss = last_loss, .seconds = seconds,
+                          .bubble_sum = bubble_sum, .samples = samples, .steps = steps, .rollbacks = rollbacks,
+                          .step_seconds = std::move(step_seconds),
+                          .precision = Pipe::mixed ? f.stage_backends : f.precision});
   return 0;
 }
 
