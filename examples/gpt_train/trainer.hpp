@@ -25,6 +25,7 @@
 #include "cupipe/models/gpt.hpp"
 #include "cupipe/pipeline/rebalance.hpp"  // stage_description
 #include "launch.hpp"
+#include "step_times.hpp"
 #include "trainer_schedules.hpp"
 
 namespace gpt_trainer {
@@ -425,13 +426,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
     sample = printable(generate<config>(pipe, prompt, f.sample, f.temperature, f.top_k, rng));
     say("--- sample (temperature %g, top-k %d) ---\n%s\n---\n", f.temperature, f.top_k, sample.c_str());
   }
-  // The median step (the first, which allocates the optimizer's slots, left out when there are more).
-  double median_step = 0;
-  if (step_times.size() > 1) step_times.erase(step_times.begin());
-  if (!step_times.empty()) {
-    std::nth_element(step_times.begin(), step_times.begin() + std::ptrdiff_t(step_times.size() / 2), step_times.end());
-    median_step = step_times[step_times.size() / 2];
-  }
+  const double median_step = examples::median_step_seconds(step_times);
   if (f.predicted_step_seconds > 0 && median_step > 0)
     say("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu steps), %+.1f%%\n",
         f.predicted_step_seconds * 1e3, median_step * 1e3, step_times.size(), 100 * (f.predicted_step_seconds / median_step - 1));

@@ -23,6 +23,7 @@
 #include "cupipe/cupipe.hpp"
 #include "cupipe/pipeline/rebalance.hpp"
 #include "launch.hpp"
+#include "step_times.hpp"
 #include "trainer_schedules.hpp"
 
 namespace fmnist {
@@ -186,14 +187,8 @@ struct RunTotals {
 /// summary. Not a template: compiled once, not once per instantiation of train.
 inline void report_run(const Flags& f, const Launch& launch, RunTotals run) {
   if (!launch.leader()) return;
-  // The median step (the first, which allocates the optimizer's slots, left out when there are more).
   std::vector<double>& step_seconds = run.step_seconds;
-  double median_step = 0;
-  if (step_seconds.size() > 1) step_seconds.erase(step_seconds.begin());
-  if (!step_seconds.empty()) {
-    std::nth_element(step_seconds.begin(), step_seconds.begin() + std::ptrdiff_t(step_seconds.size() / 2), step_seconds.end());
-    median_step = step_seconds[step_seconds.size() / 2];
-  }
+  const double median_step = examples::median_step_seconds(step_seconds);
   if (f.predicted_step_seconds > 0 && median_step > 0)
     std::printf("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu full batches), %+.1f%%\n",
                 f.predicted_step_seconds * 1e3, median_step * 1e3, step_seconds.size(),
