@@ -187,11 +187,10 @@ struct RunTotals {
 /// summary. Not a template: compiled once, not once per instantiation of train.
 inline void report_run(const Flags& f, const Launch& launch, RunTotals run) {
   if (!launch.leader()) return;
-  std::vector<double>& step_seconds = run.step_seconds;
-  const double median_step = examples::median_step_seconds(step_seconds);
+  const double median_step = examples::median_step_seconds(run.step_seconds);
   if (f.predicted_step_seconds > 0 && median_step > 0)
     std::printf("planned layout: step %.2f ms predicted, %.2f ms measured (median of %zu full batches), %+.1f%%\n",
-                f.predicted_step_seconds * 1e3, median_step * 1e3, step_seconds.size(),
+                f.predicted_step_seconds * 1e3, median_step * 1e3, run.step_seconds.size(),
                 100 * (f.predicted_step_seconds / median_step - 1));
   nlohmann::json summary = {{"test_accuracy", run.test_accuracy},
                             {"train_loss", run.last_loss},
