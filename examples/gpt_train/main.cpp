@@ -231,9 +231,6 @@ int main(int argc, char** argv) {
       if (math->count() > 0)
         CUPIPE_THROW("--math sets how fp32 GEMMs run on CUDA; with --precision bf16 every GEMM takes bf16 inputs and "
                      "accumulates in fp32");
-      if (f.backend == "cuda" && f.schedule != "1f1b")
-        CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b in this build, not ", f.schedule,
-                     " (each schedule is compiled per GPU architecture; see examples/gpt_train/trainer_cuda.cu)");
     }
     if (f.plan == "auto" && (f.backend != "host" || f.preset != "tiny"))
       CUPIPE_THROW("--plan auto plans --preset tiny on the host backend");
@@ -288,9 +285,9 @@ int main(int argc, char** argv) {
     using cupipe::examples::ScheduleFamily;
 #if CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16")
-      return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_host<F, HostBf16>(f, corpus, split, launch); });
+      return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_family<F, HostBf16>(f, corpus, split, launch); });
 #endif
-    return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_host<F>(f, corpus, split, launch); });
+    return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_family<F>(f, corpus, split, launch); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train: %s\n", e.what());
     launcher.abort_job();

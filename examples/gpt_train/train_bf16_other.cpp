@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpt_train --precision bf16 (backend::Host<bfloat16, float>) for the two-chunk schedules
 // (interleaved, BFS, ZBV, V-Half, V-Min, DualPipeV) and the asynchronous ones (PipeDream, 2BW):
-// trainer.hpp's train_host in its own translation unit, beside train_bf16.cpp's flush family.
+// trainer.hpp's train_family in its own translation unit, beside train_bf16.cpp's flush family.
 #include "trainer.hpp"
 
 namespace gpt_trainer {
 
-template int train_host<examples::ScheduleFamily::chunked, HostBf16>(const Flags&, const io::TokenCorpus&,
-                                                                     const io::TokenSplit&, const Launch&);
-template int train_host<examples::ScheduleFamily::asynchronous, HostBf16>(const Flags&, const io::TokenCorpus&,
-                                                                          const io::TokenSplit&, const Launch&);
+template int train_family<examples::ScheduleFamily::chunked, HostBf16>(const Flags&, const io::TokenCorpus&,
+                                                                     const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt);
+template int train_family<examples::ScheduleFamily::asynchronous, HostBf16>(const Flags&, const io::TokenCorpus&,
+                                                                          const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt);
 
 }  // namespace gpt_trainer

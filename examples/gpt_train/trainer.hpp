@@ -492,21 +492,28 @@ inline std::vector<int> devices_in_use(const Flags& f) {
   return distinct.empty() ? std::vector<int>{0} : std::vector<int>(distinct.begin(), distinct.end());
 }
 
-/// Trains the tiny preset on `Backend` (backend::Host<float>; Host<bfloat16, float> for --precision
-/// bf16) with a --schedule of family F: one-chunk schedules at 1, 2 and 4 stages, two-chunk ones at
-/// 1 and 2; --tp 2 or 4 with 1F1B on 1 or 2 stages. Each family and precision is instantiated outside
-/// main.cpp (train_flush.cpp and train_other.cpp; train_bf16.cpp and train_bf16_other.cpp for bf16),
-/// so that they compile side by side; main.cpp calls the one of --schedule's family.
-template <examples::ScheduleFamily F, class Backend = backend::Host<T>>
-int train_host(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch) {
+/// Trains `config` (the tiny preset on the host) on `Backend` (backend::Host<float>; Host<bfloat16,
+/// float> for --precision bf16; backend::Cuda<float> or Cuda<bfloat16, float> with --backend cuda,
+/// `configure` setting up each pipeline's contexts) with a --schedule of family F: one-chunk schedules
+/// at 1, 2 and 4 stages, two-chunk ones at 1 and 2; on the host also --tp 2 or 4 with 1F1B on 1 or 2
+/// stages. Each family, precision and backend is instantiated outside main.cpp (train_flush.cpp and
+/// train_other.cpp; train_bf16.cpp and train_bf16_other.cpp for bf16; trainer_cuda.cu and
+/// trainer_cuda_other.cu on CUDA), so that they compile side by side; main.cpp calls the one of
+/// --schedule's family.
+template <examples::ScheduleFamily F, class Backend = backend::Host<T>, gpt::Config config = gpt::tiny,
+          class Configure = AsBuilt>
+int train_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
+                 const DeviceRate& rate = {}, Configure configure = {}) {
   int rc = 1;
   schedule::with_policy(f.schedule, [&]<class Schedule>() {
     auto run = [&]<int P>() {
-      if constexpr (std::is_same_v<Schedule, schedule::OneFOneB> && P <= 2) {
-        if (f.tp == 2) rc = train<gpt::tiny, Schedule, P, Backend, 2>(f, corpus, split, launch);
-        if (f.tp == 4) rc = train<gpt::tiny, Schedule, P, Backend, 4>(f, corpus, split, launch);
+      // Tensor-parallel ranks are processes, and a CUDA run is one process (main.cpp).
+      if constexpr (std::is_same_v<typename Backend::space, HostSpace> && std::is_same_v<Schedule, schedule::OneFOneB> &&
+                    P <= 2) {
+        if (f.tp == 2) rc = train<config, Schedule, P, Backend, 2>(f, corpus, split, launch);
+        if (f.tp == 4) rc = train<config, Schedule, P, Backend, 4>(f, corpus, split, launch);
       }
-      if (f.tp == 1) rc = train<gpt::tiny, Schedule, P, Backend>(f, corpus, split, launch);
+      if (f.tp == 1) rc = train<config, Schedule, P, Backend>(f, corpus, split, launch, rate, configure);
     };
     if constexpr (examples::family_of<Schedule> == F && examples::trainer_builds<Schedule>) {
       if constexpr (Schedule::chunks == 1) with_stage_count<1, 2, 4>(f.stages, run);
@@ -518,15 +525,16 @@ int train_host(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSpl
 /// backend::Host<bfloat16, float>: --precision bf16 on the host.
 using HostBf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
 // Each family x precision is compiled in one unit (train_*.cpp), not in main.cpp.
-#define CUPIPE_GPT_TRAIN_HOST(B) \
-  extern template int train_host<examples::ScheduleFamily::flush, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&); \
-  extern template int train_host<examples::ScheduleFamily::chunked, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&); \
-  extern template int train_host<examples::ScheduleFamily::asynchronous, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&);
-CUPIPE_GPT_TRAIN_HOST(backend::Host<T>)
-CUPIPE_GPT_TRAIN_HOST(HostBf16)
-#undef CUPIPE_GPT_TRAIN_HOST
+#define CUPIPE_GPT_TRAIN_FAMILY(B) \
+  extern template int train_family<examples::ScheduleFamily::flush, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt); \
+  extern template int train_family<examples::ScheduleFamily::chunked, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt); \
+  extern template int train_family<examples::ScheduleFamily::asynchronous, B>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt);
+CUPIPE_GPT_TRAIN_FAMILY(backend::Host<T>)
+CUPIPE_GPT_TRAIN_FAMILY(HostBf16)
+#undef CUPIPE_GPT_TRAIN_FAMILY
 
-/// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
+/// Trains on the CUDA backend, every schedule in fp32 and bf16 (defined in trainer_cuda.cu; only in
+/// builds with CUDA).
 int train_cuda(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch);
 
 }  // namespace gpt_trainer

@@ -189,9 +189,6 @@ int main(int argc, char** argv) {
                    "; configure without it for bf16 training on the CPU");
 #endif
     if (!f.stage_backends.empty()) check_stage_backends(f);
-    if (f.precision == "bf16" && f.backend == "cuda" && f.schedule != "1f1b" && f.schedule != "gpipe")
-      CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b or gpipe in this build, not ", f.schedule,
-                   " (each schedule is compiled per GPU architecture; see examples/mlp_fashion_mnist/trainer_cuda.cu)");
     // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
     if (!f.save.empty()) {
       io::check_writable(io::model_file(f.save), "--save");
@@ -235,9 +232,9 @@ int main(int argc, char** argv) {
     using cupipe::examples::ScheduleFamily;
 #if CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16")
-      return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_host<F, HostBf16>(f, data.train, data.test, launch); });
+      return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_family<F, HostBf16>(f, data.train, data.test, launch); });
 #endif
-    return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_host<F>(f, data.train, data.test, launch); });
+    return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_family<F>(f, data.train, data.test, launch); });
   } catch (const cupipe::error& e) {
     std::fprintf(stderr, "mlp_fashion_mnist: %s\n", e.what());  // with the failing call and where
     launcher.abort_job();

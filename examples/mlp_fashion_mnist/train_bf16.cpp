@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// --precision bf16: the host training loop (trainer.hpp's train_host) instantiated for
+// --precision bf16: the host training loop (trainer.hpp's train_family) instantiated for
 // backend::Host<bfloat16, float> (bf16 weights in use, activations and messages; fp32 master
 // weights, gradients, optimizer state and loss) for GPipe, 1F1B, ZB-H1 and ZB-H2, in its own
 // translation unit so it compiles beside main.cpp; train_bf16_other.cpp holds the other families. A
@@ -11,7 +11,7 @@
 
 namespace fmnist {
 
-template int train_host<examples::ScheduleFamily::flush, HostBf16>(const Flags&, io::Dataset&, const io::Dataset&,
+template int train_family<examples::ScheduleFamily::flush, HostBf16>(const Flags&, io::Dataset&, const io::Dataset&,
                                                                    const Launch&);
 
 int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {

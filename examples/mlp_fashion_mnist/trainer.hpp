@@ -382,16 +382,27 @@ int with_optimizer(const Flags& f, Run&& run) {
   return run(optim::AdamW({.lr = f.lr, .weight_decay = f.weight_decay}));
 }
 
-/// Trains on `Backend` (backend::Host<float>; Host<bfloat16, float> for --precision bf16) with a
-/// --schedule of family F, at 1 to 4 stages. Each family and precision is instantiated outside
-/// main.cpp (train_flush.cpp and train_other.cpp; train_bf16.cpp and train_bf16_other.cpp for bf16),
-/// so that they compile side by side; main.cpp calls the one of --schedule's family.
+/// Calls run.template operator()<P>() for the stage count `stages` among those `Backend`'s loops
+/// compile: 1 to 4 on the host; 1, 2 and 4 on a GPU, where nvcc compiles each instantiation per
+/// architecture.
+template <class Backend, class Run>
+void with_built_stage_count(int stages, Run&& run) {
+  if constexpr (std::is_same_v<typename Backend::space, HostSpace>) with_stage_count<1, 2, 3, 4>(stages, run);
+  else with_stage_count<1, 2, 4>(stages, run);
+}
+
+/// Trains on `Backend` (backend::Host<float>; Host<bfloat16, float> for --precision bf16;
+/// backend::Cuda<float> or Cuda<bfloat16, float> with --backend cuda) with a --schedule of family F.
+/// Each family, precision and backend is instantiated outside main.cpp (train_flush.cpp and
+/// train_other.cpp; train_bf16.cpp and train_bf16_other.cpp for bf16; trainer_cuda.cu and
+/// trainer_cuda_other.cu on CUDA), so that they compile side by side; main.cpp calls the one of
+/// --schedule's family.
 template <examples::ScheduleFamily F, class Backend = backend::Host<T>>
-int train_host(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
+int train_family(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
   int rc = 1;
   schedule::with_policy(f.schedule, [&]<class Schedule>() {
     if constexpr (examples::family_of<Schedule> == F && examples::trainer_builds<Schedule>) {
-      with_stage_count<1, 2, 3, 4>(f.stages, [&]<int P>() {
+      with_built_stage_count<Backend>(f.stages, [&]<int P>() {
         if constexpr (P * Schedule::chunks > 7) {
           CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
                        " model chunks but the MLP has 7 layers; use at most 3 stages");
@@ -408,13 +419,13 @@ int train_host(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
 /// backend::Host<bfloat16, float>: --precision bf16 on the host.
 using HostBf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
 // Each family x precision is compiled in one unit (train_*.cpp), not in main.cpp.
-#define CUPIPE_MLP_TRAIN_HOST(B) \
-  extern template int train_host<examples::ScheduleFamily::flush, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&); \
-  extern template int train_host<examples::ScheduleFamily::chunked, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&); \
-  extern template int train_host<examples::ScheduleFamily::asynchronous, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&);
-CUPIPE_MLP_TRAIN_HOST(backend::Host<T>)
-CUPIPE_MLP_TRAIN_HOST(HostBf16)
-#undef CUPIPE_MLP_TRAIN_HOST
+#define CUPIPE_MLP_TRAIN_FAMILY(B) \
+  extern template int train_family<examples::ScheduleFamily::flush, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&); \
+  extern template int train_family<examples::ScheduleFamily::chunked, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&); \
+  extern template int train_family<examples::ScheduleFamily::asynchronous, B>(const Flags&, io::Dataset&, const io::Dataset&, const Launch&);
+CUPIPE_MLP_TRAIN_FAMILY(backend::Host<T>)
+CUPIPE_MLP_TRAIN_FAMILY(HostBf16)
+#undef CUPIPE_MLP_TRAIN_FAMILY
 
 /// --stage-backends for two stages: `A` then `B`, or `B` then `A` when `b_first`, under gpipe or 1f1b
 /// (main.cpp's check_stage_backends lets no other schedule through).
@@ -435,7 +446,8 @@ int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_
 /// --stage-backends with a host and a CUDA stage (defined in trainer_cuda.cu).
 int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
 
-/// Trains on the CUDA backend (defined in trainer_cuda.cu; only in builds with CUDA).
+/// Trains on the CUDA backend, every schedule in fp32 and bf16 (defined in trainer_cuda.cu; only in
+/// builds with CUDA).
 int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set,
                const Launch& launch);
 

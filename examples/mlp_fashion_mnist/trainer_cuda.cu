@@ -1,42 +1,29 @@
 // SPDX-License-Identifier: Apache-2.0
 // The trainer on backend::Cuda<float>, and with --precision bf16 on backend::Cuda<bfloat16, float>:
-// stages in one process, placed on GPUs with --devices. Each schedule x stage count is a template
-// instantiation that nvcc compiles for every GPU architecture, so this file instantiates the
-// registry's one-chunk flush schedules only, at 1, 2 and 4 stages (in bf16: 1F1B and GPipe).
+// stages in one process, placed on GPUs with --devices. Every schedule trains in both precisions, at
+// 1, 2 and 4 stages (trainer.hpp's train_family): the flush family here, the two-chunk and
+// asynchronous families in trainer_cuda_other.cu, a unit of its own that builds beside this one
+// (left out of builds configured with -DCUPIPE_TRAINER_SCHEDULES=flush or 1f1b, CI's CUDA stage among
+// them, where nothing CUDA runs: each instantiation is nvcc's to compile, per GPU architecture).
 // --stage-backends host,cuda (or cuda,host): an fp32 CPU stage and an fp32 GPU stage in one pipeline.
-#include <type_traits>
-
-#include "cupipe/cupipe.cuh"
-#include "trainer.hpp"
+#include "trainer_cuda.cuh"
 #include "trainer_schedules.hpp"
 
 namespace fmnist {
 
+template int train_family<examples::ScheduleFamily::flush, backend::Cuda<T>>(const Flags&, io::Dataset&,
+                                                                             const io::Dataset&, const Launch&);
+template int train_family<examples::ScheduleFamily::flush, CudaBf16>(const Flags&, io::Dataset&, const io::Dataset&,
+                                                                     const Launch&);
+
 int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
   // Every context the pipeline makes takes this arithmetic for its float GEMMs (bf16 GEMMs are bf16).
   gpu::set_default_math(f.math == "fp32" ? gpu::MathMode::fp32 : gpu::MathMode::tf32);
-  int rc = 1;
-  with_policy(f.schedule, [&]<class Schedule>() {
-    if constexpr (Schedule::update == schedule::UpdateRule::flush && Schedule::chunks == 1 &&
-                  cupipe::examples::trainer_builds<Schedule>) {
-      with_stage_count<1, 2, 4>(f.stages, [&]<int P>() {
-        rc = with_optimizer(f, [&](auto optimizer) {
-          if (f.precision != "bf16") return train<Schedule, P, backend::Cuda<T>>(f, train_set, test_set, optimizer, launch);
-          if constexpr (std::is_same_v<Schedule, schedule::OneFOneB> || std::is_same_v<Schedule, schedule::GPipe>) {
-            using Bf16 = backend::Cuda<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
-            return train<Schedule, P, Bf16>(f, train_set, test_set, optimizer, launch);
-          } else {
-            CUPIPE_THROW("--precision bf16 --backend cuda trains with 1f1b or gpipe in this build, not ", Schedule::name,
-                         " (each schedule is compiled per GPU architecture; see examples/mlp_fashion_mnist/trainer_cuda.cu)");
-          }
-        });
-      });
-    } else {
-      CUPIPE_THROW("--backend cuda: this build runs the one-chunk flush schedules on CUDA (each schedule is compiled "
-                   "per GPU architecture; see examples/mlp_fashion_mnist/trainer_cuda.cu), not ", Schedule::name);
-    }
+  // main.cpp's require_built_schedule let the schedule through: its family is compiled.
+  return examples::with_family(f.schedule, [&]<examples::ScheduleFamily F>() {
+    if (f.precision == "bf16") return train_family<F, CudaBf16>(f, train_set, test_set, launch);
+    return train_family<F, backend::Cuda<T>>(f, train_set, test_set, launch);
   });
-  return rc;
 }
 
 int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {

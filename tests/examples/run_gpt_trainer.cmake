@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
 #   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir>
-#         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|post_validation|bf16|bf16_schedules [-DBF16=0|1]
+#         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|post_validation|bf16|bf16_schedules|cuda_schedules [-DBF16=0|1]
 #         [-DMPIRUN=<mpirun command line, ;-separated>] [-DHOST_TRAINER=<path>] -P run_gpt_trainer.cmake
 # learns: 100 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed. With -DBF16=1 (a
@@ -22,6 +22,7 @@
 # bf16:   --precision bf16 resumes bit-exactly, an fp32 run resumes from its checkpoint, and --plan auto
 #         plans among the schedules bf16 trains with (that it learns is checked in learns, with -DBF16=1).
 # bf16_schedules: --precision bf16 under ZBV writes the tensors 1F1B writes, bit for bit.
+# cuda_schedules: the same on CUDA in bf16 and in fp32 (--math fp32); "SKIPPED: ..." without a GPU.
 # bf16_cuda: 20 steps with --backend cuda --precision bf16 (MFU in (0, 1)), then, given
 #         -DHOST_TRAINER=<a gpt_train with bf16 host training>, the same on the host: held-out
 #         losses within 2%. "SKIPPED: ..." without a usable GPU.
@@ -235,22 +236,39 @@ elseif(MODE STREQUAL "bf16")
   run_trainer(--precision bf16 --plan auto --workers 2 --steps 6 --eval-batches 1 --sample 0)
   expect_planned_schedule("^(gpipe|1f1b|interleaved|bfs|zb-h1|zb-h2|zbv|v-half|v-min|dualpipev|pipedream|2bw)$")
   message("bf16 resumed bit-exactly, its checkpoint loaded into an fp32 run, and --plan auto chose ${planned_schedule}")
-elseif(MODE STREQUAL "bf16_schedules")
+elseif(MODE STREQUAL "bf16_schedules" OR MODE STREQUAL "cuda_schedules")
   # Every schedule trains in bf16: 12 steps of ZBV (a V-shaped zero-bubble schedule, two chunks per
   # worker, tied wte and lm_head on worker 0) write the tensors 1F1B's write, bit for bit (the
   # library's bf16 pipelines equal the bf16 Network under every synchronous schedule). The
   # asynchronous schedules refuse the tied model in any precision (gpt_train_pipedream_tied).
+  # cuda_schedules: the same on CUDA (trainer_cuda.cu, trainer_cuda_other.cu) in bf16 and in fp32
+  # (exact fp32 GEMMs), or "SKIPPED: ..." without a usable GPU.
   set(common --data "${DATA_DIR}" --stages 2 --microbatches 4 --batch 16 --progress none)
-  set(schedule --precision bf16 --steps 12 --warmup 4 --eval-every 0 --eval-batches 1 --sample 0)
-  run_trainer(${schedule} --schedule 1f1b --save "${WORK_DIR}/1f1b")
-  run_trainer(${schedule} --schedule zbv --save "${WORK_DIR}/zbv")
-  string(JSON precision GET "${summary}" precision)
-  string(JSON ran GET "${summary}" schedule)
-  if(NOT precision STREQUAL "bf16" OR NOT ran STREQUAL "zbv")
-    message(FATAL_ERROR "--precision bf16 --schedule zbv: the summary reports ${precision}, ${ran}: ${summary}")
+  set(runs bf16)
+  if(MODE STREQUAL "cuda_schedules")
+    set(runs "bf16 --backend cuda" "fp32 --backend cuda --math fp32")
+    execute_process(COMMAND "${TRAINER}" ${common} --steps 1 --eval-every 0 --eval-batches 1 --sample 0 --backend cuda
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0 AND err MATCHES "cudaErrorNoDevice|cudaErrorInsufficientDriver|no CUDA-capable device")
+      message("SKIPPED: no usable GPU: ${err}")
+      return()
+    endif()
   endif()
-  expect_same_tensors("${WORK_DIR}/zbv" "${WORK_DIR}/1f1b")
-  message("bf16 zbv wrote the tensors bf16 1f1b wrote, bit for bit")
+  foreach(run IN LISTS runs)
+    separate_arguments(run_flags UNIX_COMMAND "${run}")
+    list(GET run_flags 0 precision_wanted)
+    string(MAKE_C_IDENTIFIER "${run}" tag)
+    set(schedule --precision ${run_flags} --steps 12 --warmup 4 --eval-every 0 --eval-batches 1 --sample 0)
+    run_trainer(${schedule} --schedule 1f1b --save "${WORK_DIR}/${tag}_1f1b")
+    run_trainer(${schedule} --schedule zbv --save "${WORK_DIR}/${tag}_zbv")
+    string(JSON precision GET "${summary}" precision)
+    string(JSON ran GET "${summary}" schedule)
+    if(NOT precision STREQUAL precision_wanted OR NOT ran STREQUAL "zbv")
+      message(FATAL_ERROR "--precision ${run} --schedule zbv: the summary reports ${precision}, ${ran}: ${summary}")
+    endif()
+    expect_same_tensors("${WORK_DIR}/${tag}_zbv" "${WORK_DIR}/${tag}_1f1b")
+    message("${run}: zbv wrote the tensors 1f1b wrote, bit for bit")
+  endforeach()
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, bf16_cuda, plan, post_validation, bf16 or bf16_schedules, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, data_parallel, cuda, bf16_cuda, plan, post_validation, bf16, bf16_schedules or cuda_schedules, got '${MODE}'")
 endif()

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs mlp_fashion_mnist and checks its final JSON summary line.
-#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16|bf16_schedules|bf16_cuda|stage_backends|stage_backends_cuda -P run_trainer.cmake
+#   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16|bf16_schedules|bf16_cuda|cuda_schedules|stage_backends|stage_backends_cuda -P run_trainer.cmake
 # learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key.
 # resume: 5 steps, save, resume for 5 more, save; against 10 straight steps, save: the two final
 #         model files must hold the same tensor bytes (bit-exact resume through the command line).
@@ -14,6 +14,8 @@
 #         steps); under 2BW one epoch lands within 10% of fp32 2BW's test accuracy.
 # bf16_cuda: --precision bf16 --backend cuda (Cuda<bfloat16, float>) learns in one epoch; prints
 #         "SKIPPED: ..." without a usable GPU.
+# cuda_schedules: on CUDA, in fp32 and in bf16, interleaved and ZBV write 1F1B's tensors bit for bit
+#         (10 steps) and 2BW learns in one epoch; "SKIPPED: ..." without a usable GPU.
 # stage_backends: --stage-backends host:bf16,host (a bf16 and an fp32 stage in one pipeline) learns,
 #         resumes bit-exactly, and an fp32 run resumes from its checkpoint.
 # stage_backends_cuda: --stage-backends host,cuda learns in one epoch; "SKIPPED: ..." without a GPU.
@@ -179,7 +181,38 @@ elseif(MODE STREQUAL "bf16_cuda")
                         "samples; expected bf16 and at least 0.6")
   endif()
   message("bf16 on CUDA learned: test_accuracy ${accuracy}")
+elseif(MODE STREQUAL "cuda_schedules")
+  # Every schedule trains on CUDA in both precisions (trainer_cuda.cu, trainer_cuda_other.cu). In each,
+  # 10 steps of interleaved and of ZBV write 1F1B's tensors bit for bit (the same kernels on the same
+  # microbatch shapes, whatever the split into chunks), and 2BW (asynchronous) learns in one epoch.
+  execute_process(COMMAND "${TRAINER}" ${common} --epochs 1 --max-steps 1 --backend cuda RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 AND err MATCHES "cudaErrorNoDevice|cudaErrorInsufficientDriver|no CUDA-capable device")
+    message("SKIPPED: no usable GPU: ${err}")
+    return()
+  endif()
+  set(common --data "${DATA_DIR}" --stages 2 --microbatches 4 --train-limit 4000 --test-limit 1000 --progress none
+             --backend cuda)
+  foreach(precision fp32 bf16)
+    foreach(schedule 1f1b interleaved zbv)
+      run_trainer(--epochs 1 --precision ${precision} --schedule ${schedule} --max-steps 10
+                  --save "${WORK_DIR}/${precision}_${schedule}")
+      string(JSON ran GET "${summary}" schedule)
+      string(JSON ran_precision GET "${summary}" precision)
+      if(NOT ran STREQUAL schedule OR NOT ran_precision STREQUAL precision)
+        message(FATAL_ERROR "--precision ${precision} --schedule ${schedule} on CUDA: the summary reports ${ran_precision}, ${ran}")
+      endif()
+    endforeach()
+    expect_same_tensors("${WORK_DIR}/${precision}_interleaved" "${WORK_DIR}/${precision}_1f1b")
+    expect_same_tensors("${WORK_DIR}/${precision}_zbv" "${WORK_DIR}/${precision}_1f1b")
+    run_trainer(--epochs 1 --precision ${precision} --schedule 2bw)
+    string(JSON accuracy GET "${summary}" test_accuracy)
+    if(NOT accuracy GREATER_EQUAL 0.4)
+      message(FATAL_ERROR "${precision} 2bw on CUDA: test_accuracy ${accuracy} after one epoch; expected at least 0.4")
+    endif()
+    message("on CUDA in ${precision}, interleaved and zbv wrote 1f1b's tensors bit for bit; 2bw learned: test_accuracy ${accuracy}")
+  endforeach()
 else()
-  message(FATAL_ERROR "MODE must be learns, resume, plan, post_validation, bf16, bf16_schedules, bf16_cuda, stage_backends or stage_backends_cuda, got '${MODE}'")
+  message(FATAL_ERROR "MODE must be learns, resume, plan, post_validation, bf16, bf16_schedules, bf16_cuda, cuda_schedules, stage_backends or stage_backends_cuda, got '${MODE}'")
 endif()
 file(REMOVE_RECURSE "${WORK_DIR}")
