@@ -84,7 +84,9 @@ def op_namespace(stack):
     names = [n for full in stack for n in full.split("::")]
     if any(n == "detail" or n.endswith("_detail") for n in names):
         return False
-    return "ops" in names or "backend" in names
+    # ADL on backend::Host or backend::Cuda searches the class's namespace and its base's
+    # (ops::Dispatch): cupipe::backend and cupipe::ops, not the namespaces nested in them.
+    return names[-2:] in (["cupipe", "ops"], ["cupipe", "backend"])
 
 
 def backends(texts):
@@ -339,12 +341,12 @@ SELF_TEST_TREE = {
     "include/cupipe/backend/cuda/cuda.cuh": (
         "namespace cupipe::backend {\ntemplate <class T, class C = T>\nclass Cuda : public ops::Dispatch {};\n}\n"),
     "include/cupipe/backend/cuda/ops.cuh": (
-        "namespace cupipe::ops {\nnamespace cuda_detail {\ntemplate <class T, class C>\n"
-        "void launch(backend::Cuda<T, C>& be) {}\n}  // namespace cuda_detail\n"
+        "namespace cupipe::backend::cuda::detail {\ntemplate <class T, class C>\n"
+        "void launch(backend::Cuda<T, C>& be) {}\n}  // namespace cupipe::backend::cuda::detail\nnamespace cupipe::ops {\n"
         "template <class T, class C>\nvoid scale(backend::Cuda<T, C>& be,\n           T* x) {\n"
         "  checks::scale(x);\n  cudaMemcpyAsync(x, x, 0);\n}\n}\n"),
     "include/cupipe/backend/cuda/kernels/scale.cuh": (
-        "namespace cupipe::gpu::kernels {\ntemplate <class T>\n__global__ void __launch_bounds__(256)\n"
+        "namespace cupipe::backend::cuda::kernels {\ntemplate <class T>\n__global__ void __launch_bounds__(256)\n"
         "    scale_kernel(T* x) {}\ntemplate <class T>\nstruct ScaleOp {};\n"
         "template <class T>\nvoid scale(T* x) { scale_kernel<<<1, 1>>>(x); }\n}\n"),
     "include/cupipe/layers/scale.hpp": (

@@ -17,7 +17,7 @@
 
 #include "cupipe/backend/cuda/peak.cuh"
 #include "cupipe/cupipe.cuh"
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 
 using namespace cupipe;
 
@@ -50,12 +50,12 @@ int run(int argc, char** argv) {
                       "--attention auto|cudnn|mma|tiled|simple)");
   }
   CUPIPE_REQUIRE(math == "fp32" || math == "tf32", "bench_gpt_step: --math must be fp32 or tf32, got '", math, "'");
-  const gpu::AttentionKernel attention_kernel = gpu::parse_attention(attention, "bench_gpt_step: --attention");
+  const backend::cuda::AttentionKernel attention_kernel = backend::cuda::parse_attention(attention, "bench_gpt_step: --attention");
   CUPIPE_REQUIRE(batch > 0 && steps > 0 && microbatches > 0, "bench_gpt_step: --batch, --steps and --microbatches must be positive");
-  const gpu::MathMode mode = math == "tf32" ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
+  const backend::cuda::MathMode mode = math == "tf32" ? backend::cuda::MathMode::tf32 : backend::cuda::MathMode::fp32;
   const std::string gemms = bf16 ? "bf16" : math;
 
-  const double peak = gpu::measured_gemm_tflops<Storage>(0, mode);
+  const double peak = backend::cuda::measured_gemm_tflops<Storage>(0, mode);
   Pipe pipe({.microbatches = microbatches, .seed = 1});
   pipe.backend(0).math = mode;
   pipe.backend(0).attention = attention_kernel;
@@ -86,7 +86,7 @@ int run(int argc, char** argv) {
               "(loss %.4f)\n", per_step * 1e3, tokens_per_second, achieved, gemms.c_str(), peak, 100 * achieved / peak, loss);
   // What ran, for scripts/gpu_results.py: the precision of the GEMMs, the batch, and the attention path
   // asked for (auto: the default) and taken.
-  const std::string attention_taken(gpu::to_string(
+  const std::string attention_taken(backend::cuda::to_string(
       ops::attention_choice(pipe.backend(0), rows / microbatches, config.channels, config.heads, config.context).kernel));
   std::printf("{\"tokens_per_second\":%.1f,\"step_ms\":%.3f,\"achieved_tflops\":%.3f,\"peak_tflops\":%.3f,\"mfu\":%.4f,"
               "\"precision\":\"%s\",\"batch\":%d,\"attention\":\"%s\",\"attention_taken\":\"%s\"}\n",

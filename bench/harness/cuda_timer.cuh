@@ -50,7 +50,7 @@ class CudaTimer {
  private:
   cudaStream_t stream_;
   std::size_t flush_bytes_;
-  gpu::Event start_, stop_;
+  backend::cuda::Event start_, stop_;
   void* flush_ = nullptr;
   int flush_value_ = 0;
 };

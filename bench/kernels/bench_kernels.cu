@@ -110,16 +110,16 @@ GemmKind parse_kind(const std::string& name) {
 }
 
 /// The fastest of every candidate cuBLASLt proposes for `key`, timed like the state (seconds).
-double best_heuristic_seconds(Bench& b, const State& state, const gpu::GemmKey& key, const gpu::GemmArgs& args) {
-  gpu::Context& ctx = b.be.context();
-  gpu::GemmPlan plan(ctx.cublas_lt(), key, args, gpu::Context::gemm_workspace_bytes);
+double best_heuristic_seconds(Bench& b, const State& state, const backend::cuda::GemmKey& key, const backend::cuda::GemmArgs& args) {
+  backend::cuda::Context& ctx = b.be.context();
+  backend::cuda::GemmPlan plan(ctx.cublas_lt(), key, args, backend::cuda::Context::gemm_workspace_bytes);
   void* workspace = ctx.gemm_workspace();
   double best = 0;
-  for (const gpu::GemmCandidate& candidate :
-       plan.heuristics(ctx.cublas_lt(), key, gpu::Context::gemm_workspace_bytes, 16)) {
-    if (candidate.workspace_bytes > gpu::Context::gemm_workspace_bytes) continue;
+  for (const backend::cuda::GemmCandidate& candidate :
+       plan.heuristics(ctx.cublas_lt(), key, backend::cuda::Context::gemm_workspace_bytes, 16)) {
+    if (candidate.workspace_bytes > backend::cuda::Context::gemm_workspace_bytes) continue;
     const double seconds = state.measure_other(b.timer, [&] {
-      plan.run(ctx.cublas_lt(), key, args, workspace, gpu::Context::gemm_workspace_bytes, ctx.stream(), &candidate.algo);
+      plan.run(ctx.cublas_lt(), key, args, workspace, backend::cuda::Context::gemm_workspace_bytes, ctx.stream(), &candidate.algo);
     }).median;
     if (best == 0 || seconds < best) best = seconds;
   }
@@ -133,8 +133,8 @@ double run_gemm(Bench& b, State& state, GemmKind kind, index_t m, index_t n, ind
   const Shape as = ta == Transpose::yes ? Shape{k, m} : Shape{m, k};
   const Shape bs = tb == Transpose::yes ? Shape{n, k} : Shape{k, n};
   const Shape cs{m, n};
-  be.math = kind == GemmKind::tf32 ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
-  gpu::GemmKey key;
+  be.math = kind == GemmKind::tf32 ? backend::cuda::MathMode::tf32 : backend::cuda::MathMode::fp32;
+  backend::cuda::GemmKey key;
   key.m = m, key.n = n, key.k = k, key.lda = as.cols(), key.ldb = bs.cols(), key.ldc = n, key.ta = ta, key.tb = tb;
   const float alpha = 1, beta = 0;
   state.summary("shape", "shape",
@@ -164,7 +164,7 @@ double run_gemm(Bench& b, State& state, GemmKind kind, index_t m, index_t n, ind
     key.compute = kind == GemmKind::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     reference = best_heuristic_seconds(b, state, key, {a.data(), bm.data(), c.data(), nullptr, nullptr, &alpha, &beta});
   }
-  be.math = gpu::MathMode::fp32;
+  be.math = backend::cuda::MathMode::fp32;
   const double ours = state.timing().median;
   if (reference > 0) {
     state.summary("best_heuristic_us", "best heuristic us", reference * 1e6, 1);
@@ -310,15 +310,15 @@ void attention(Bench& b, State& state) {
     using C = typename B::compute_type;
     const index_t T_ = state.integer("context"), heads = 12, width = 768, n = 8 * T_;
     const std::string pass = state.text("pass");
-    const gpu::AttentionKernel asked = gpu::parse_attention(state.text("kernel"), "bench_kernels: kernel");
-    const gpu::AttentionKernel before = be.attention;
+    const backend::cuda::AttentionKernel asked = backend::cuda::parse_attention(state.text("kernel"), "bench_kernels: kernel");
+    const backend::cuda::AttentionKernel before = be.attention;
     struct Restore {  // the other benches' context runs as it did, also after a throw
       B& be;
-      gpu::AttentionKernel kernel;
+      backend::cuda::AttentionKernel kernel;
       ~Restore() { be.attention = kernel; }
     } restore{be, before};
     be.attention = asked;
-    gpu::AttentionChoice choice;
+    backend::cuda::AttentionChoice choice;
     try {
       choice = ops::attention_choice(be, n, width, heads, T_);
     } catch (const std::exception& e) {
@@ -326,7 +326,7 @@ void attention(Bench& b, State& state) {
       return;
     }
     if (choice.kernel != asked) {
-      state.skip("runs " + std::string(gpu::to_string(choice.kernel)) + ": " + choice.reason);
+      state.skip("runs " + std::string(backend::cuda::to_string(choice.kernel)) + ": " + choice.reason);
       return;
     }
     const Shape sq{n, 3 * width}, so{n, width}, sl{n, heads};

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     // Exact fp32 GEMMs, as the figures in docs/benchmarks.md were measured (the library's default is TF32).
-    cupipe::gpu::set_default_math(cupipe::gpu::MathMode::fp32);
+    cupipe::backend::cuda::set_default_math(cupipe::backend::cuda::MathMode::fp32);
     return cupipe::bench::run<cupipe::backend::Cuda<float>>(harness, options, std::string(prop.name));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_throughput: %s\n", e.what());

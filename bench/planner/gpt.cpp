@@ -3,7 +3,7 @@
 // embedding) in float on the host backend, on random tokens.
 #include "check.hpp"
 
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 
 namespace planner_check {
 namespace {

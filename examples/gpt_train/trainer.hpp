@@ -22,7 +22,7 @@
 
 #include "cupipe/comm/agreement.hpp"
 #include "cupipe/cupipe.hpp"
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 #include "cupipe/pipeline/rebalance.hpp"  // stage_description
 #include "launch.hpp"
 #include "step_times.hpp"

@@ -23,7 +23,7 @@ template <gpt::Config config>
 struct CudaSetup {
   const Flags* flags = nullptr;
   const Launch* launch = nullptr;
-  gpu::MathMode math = gpu::MathMode::tf32;
+  backend::cuda::MathMode math = backend::cuda::MathMode::tf32;
   bool set_math = true;  ///< false in bf16
 
   template <class Pipe>
@@ -45,7 +45,7 @@ struct CudaSetup {
 /// or bf16.
 template <examples::ScheduleFamily F, gpt::Config config>
 int train_cuda_preset(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
-                      const DeviceRate& rate, gpu::MathMode math) {
+                      const DeviceRate& rate, backend::cuda::MathMode math) {
   const CudaSetup<config> setup{&f, &launch, math, f.precision != "bf16"};
   if (f.precision == "bf16") return train_family<F, CudaBf16, config>(f, corpus, split, launch, rate, setup);
   return train_family<F, backend::Cuda<T>, config>(f, corpus, split, launch, rate, setup);
@@ -57,7 +57,7 @@ int train_cuda_preset(const Flags& f, const io::TokenCorpus& corpus, const io::T
 /// there (docs/architecture.md).
 template <examples::ScheduleFamily F>
 int train_cuda_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
-                      const DeviceRate& rate, gpu::MathMode math) {
+                      const DeviceRate& rate, backend::cuda::MathMode math) {
   if (f.preset == "gpt2-124m")
     return train_cuda_preset<F, gpt::Config{50304, 1024, 12, 12, 768}>(f, corpus, split, launch, rate, math);
   return train_cuda_preset<F, gpt::Config{256, 64, 4, 4, 128}>(f, corpus, split, launch, rate, math);
@@ -65,7 +65,7 @@ int train_cuda_family(const Flags& f, const io::TokenCorpus& corpus, const io::T
 #define CUPIPE_GPT_CUDA_FAMILY(F)                                                                                  \
   extern template int train_cuda_family<examples::ScheduleFamily::F>(const Flags&, const io::TokenCorpus&,        \
                                                                      const io::TokenSplit&, const Launch&,       \
-                                                                     const DeviceRate&, gpu::MathMode);
+                                                                     const DeviceRate&, backend::cuda::MathMode);
 CUPIPE_GPT_CUDA_FAMILY(flush)
 CUPIPE_GPT_CUDA_FAMILY(chunked)
 CUPIPE_GPT_CUDA_FAMILY(asynchronous)

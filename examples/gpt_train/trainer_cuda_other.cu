@@ -9,9 +9,9 @@ namespace gpt_trainer {
 
 template int train_cuda_family<examples::ScheduleFamily::chunked>(const Flags&, const io::TokenCorpus&,
                                                                   const io::TokenSplit&, const Launch&,
-                                                                  const DeviceRate&, gpu::MathMode);
+                                                                  const DeviceRate&, backend::cuda::MathMode);
 template int train_cuda_family<examples::ScheduleFamily::asynchronous>(const Flags&, const io::TokenCorpus&,
                                                                        const io::TokenSplit&, const Launch&,
-                                                                       const DeviceRate&, gpu::MathMode);
+                                                                       const DeviceRate&, backend::cuda::MathMode);
 
 }  // namespace gpt_trainer

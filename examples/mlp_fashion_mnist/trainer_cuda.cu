@@ -18,7 +18,7 @@ template int train_family<examples::ScheduleFamily::flush, CudaBf16>(const Flags
 
 int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
   // Every context the pipeline makes takes this arithmetic for its float GEMMs (bf16 GEMMs are bf16).
-  gpu::set_default_math(f.math == "fp32" ? gpu::MathMode::fp32 : gpu::MathMode::tf32);
+  backend::cuda::set_default_math(f.math == "fp32" ? backend::cuda::MathMode::fp32 : backend::cuda::MathMode::tf32);
   // main.cpp's require_built_schedule let the schedule through: its family is compiled.
   return examples::with_family(f.schedule, [&]<examples::ScheduleFamily F>() {
     if (f.precision == "bf16") return train_family<F, CudaBf16>(f, train_set, test_set, launch);
@@ -27,7 +27,7 @@ int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
 }
 
 int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
-  gpu::set_default_math(f.math == "fp32" ? gpu::MathMode::fp32 : gpu::MathMode::tf32);
+  backend::cuda::set_default_math(f.math == "fp32" ? backend::cuda::MathMode::fp32 : backend::cuda::MathMode::tf32);
   // main.cpp's check_stage_backends let only host,cuda and cuda,host through.
   return train_two_backends<backend::Host<float>, backend::Cuda<float>>(f, train_set, test_set, launch,
                                                                         f.stage_backends == "cuda,host");

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "cupipe/cupipe.hpp"
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 #include "cupipe/planner/calibrate.hpp"
 #include "cupipe/planner/cost_json.hpp"
 #include "cupipe/planner/planner.hpp"

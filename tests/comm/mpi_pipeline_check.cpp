@@ -24,7 +24,7 @@
 
 #include "cupipe/comm/mpi.hpp"
 #include "cupipe/cupipe.hpp"
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 #include "compare.hpp"
 #include "hook_layer.hpp"
 

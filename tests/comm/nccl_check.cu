@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   // Compared with the host backend to fp32 accuracy: exact fp32 GEMMs, not the TF32 default.
-  cupipe::gpu::set_default_math(cupipe::gpu::MathMode::fp32);
+  cupipe::backend::cuda::set_default_math(cupipe::backend::cuda::MathMode::fp32);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -16,7 +16,7 @@ namespace cupipe::testing {
 /// The CUDA tests compare with the host backend to fp32 accuracy, so their contexts compute float
 /// GEMMs in exact fp32 unless a test asks for TF32 (the library's default) by name.
 inline const bool exact_fp32_gemms = [] {
-  gpu::set_default_math(gpu::MathMode::fp32);
+  backend::cuda::set_default_math(backend::cuda::MathMode::fp32);
   return true;
 }();
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cuda_test_support.hpp"
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 
 using namespace cupipe;
 using namespace cupipe::testing;
@@ -155,18 +155,18 @@ namespace {
 
 /// A tensor-core attention path (cuDNN's or ours) against the bf16 host op, forward and backward:
 /// T 1, 63, 64, 1000 and 1024; heads of 32, 64 and 128 columns; one to twelve heads.
-void check_tensor_core_attention(gpu::AttentionKernel kernel) {
+void check_tensor_core_attention(backend::cuda::AttentionKernel kernel) {
   const auto [seq, D, heads, sequences] = GENERATE(table<index_t, index_t, index_t, index_t>(
       {{1, 64, 2, 3}, {63, 32, 3, 2}, {64, 64, 4, 2}, {64, 128, 2, 1}, {1000, 128, 2, 1}, {1000, 64, 3, 1},
        {1024, 64, 12, 1}, {1024, 32, 4, 2}, {1024, 128, 1, 1}}));
-  CAPTURE(gpu::to_string(kernel), seq, D, heads, sequences);
+  CAPTURE(backend::cuda::to_string(kernel), seq, D, heads, sequences);
   Rng rng(47);
   Gpu gpu;
   Cpu cpu;
   gpu.attention = kernel;  // cudnn throws with cuDNN's reason if it refuses the shape
   const index_t C = heads * D, rows = seq * sequences;
   const Shape sq{rows, 3 * C}, so{rows, C}, sl{rows, heads};
-  const gpu::AttentionChoice choice = ops::attention_choice(gpu, rows, C, heads, seq);
+  const backend::cuda::AttentionChoice choice = ops::attention_choice(gpu, rows, C, heads, seq);
   INFO(choice.describe());
   REQUIRE(choice.kernel == kernel);
 
@@ -197,7 +197,7 @@ void check_tensor_core_attention(gpu::AttentionKernel kernel) {
                    [](BF a, BF b) { return std::bit_cast<std::uint16_t>(a) == std::bit_cast<std::uint16_t>(b); }));
   // The op's lse layout is the same on every path: the simple kernels' backward reads what this
   // path's forward saved and agrees with the host.
-  gpu.attention = gpu::AttentionKernel::simple;
+  gpu.attention = backend::cuda::AttentionKernel::simple;
   auto mixed = poisoned<BF>(gpu, rows * 3 * C);
   ops::causal_attention_backward(gpu, dq.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), mixed.view(sq), heads, seq);
   CHECK(relative_error(widen(mixed.download()), widen(dqkv_cpu)) <= 2 * bf16_tolerance);
@@ -207,40 +207,40 @@ void check_tensor_core_attention(gpu::AttentionKernel kernel) {
 
 TEST_CASE("Cuda<bfloat16, float>: cuDNN's fused attention matches the bf16 host backend, forward and backward",
           "[gpu][cuda][bf16][attention][cudnn]") {
-  if constexpr (!gpu::built_with_cudnn) {
+  if constexpr (!backend::cuda::built_with_cudnn) {
     WARN("built without cuDNN's frontend (CUPIPE_HAS_CUDNN): the cuDNN path is not compiled in, nothing to check");
     return;
   }
-  check_tensor_core_attention(gpu::AttentionKernel::cudnn);
+  check_tensor_core_attention(backend::cuda::AttentionKernel::cudnn);
 }
 
 TEST_CASE("Cuda<bfloat16, float>: our tensor-core (mma) attention matches the bf16 host backend, forward and backward",
           "[gpu][cuda][bf16][attention][mma]") {
-  check_tensor_core_attention(gpu::AttentionKernel::mma);
+  check_tensor_core_attention(backend::cuda::AttentionKernel::mma);
 }
 
 TEST_CASE("the attention path: automatic picks cuDNN for bf16 where it runs, a request it cannot meet says why",
           "[gpu][cuda][attention][cudnn]") {
   Gpu gpu;
-  gpu.attention = gpu::AttentionKernel::automatic;
-  const gpu::AttentionChoice bf16 = ops::attention_choice(gpu, 128, 128, 2, 64);
+  gpu.attention = backend::cuda::AttentionKernel::automatic;
+  const backend::cuda::AttentionChoice bf16 = ops::attention_choice(gpu, 128, 128, 2, 64);
   INFO(bf16.describe());
-  CHECK(bf16.kernel == (gpu::built_with_cudnn ? gpu::AttentionKernel::cudnn : gpu::AttentionKernel::simple));
+  CHECK(bf16.kernel == (backend::cuda::built_with_cudnn ? backend::cuda::AttentionKernel::cudnn : backend::cuda::AttentionKernel::simple));
   backend::Cuda<float> fp32;
-  fp32.attention = gpu::AttentionKernel::automatic;
-  const gpu::AttentionChoice f = ops::attention_choice(fp32, 128, 128, 2, 64);
-  CHECK(f.kernel == gpu::AttentionKernel::simple);
+  fp32.attention = backend::cuda::AttentionKernel::automatic;
+  const backend::cuda::AttentionChoice f = ops::attention_choice(fp32, 128, 128, 2, 64);
+  CHECK(f.kernel == backend::cuda::AttentionKernel::simple);
   CHECK_THAT(f.reason, Catch::Contains("bf16 storage only"));
-  fp32.attention = gpu::AttentionKernel::cudnn;
+  fp32.attention = backend::cuda::AttentionKernel::cudnn;
   CHECK_THROWS_WITH(ops::attention_choice(fp32, 128, 128, 2, 64), Catch::Contains("cuDNN path was asked for"));
-  fp32.attention = gpu::AttentionKernel::mma;
+  fp32.attention = backend::cuda::AttentionKernel::mma;
   CHECK_THAT(ops::attention_choice(fp32, 128, 128, 2, 64).reason, Catch::Contains("bf16 storage only"));
-  gpu.attention = gpu::AttentionKernel::mma;
-  CHECK(ops::attention_choice(gpu, 128, 128, 2, 64).kernel == gpu::AttentionKernel::mma);
-  CHECK(ops::attention_choice(gpu, 128, 96, 2, 64).kernel == gpu::AttentionKernel::simple);  // heads of 48
-  fp32.attention = gpu::AttentionKernel::tiled;
-  CHECK(ops::attention_choice(fp32, 128, 128, 2, 64).kernel == gpu::AttentionKernel::tiled);
-  CHECK(ops::attention_choice(fp32, 128, 256, 2, 64).kernel == gpu::AttentionKernel::simple);  // heads of 128
+  gpu.attention = backend::cuda::AttentionKernel::mma;
+  CHECK(ops::attention_choice(gpu, 128, 128, 2, 64).kernel == backend::cuda::AttentionKernel::mma);
+  CHECK(ops::attention_choice(gpu, 128, 96, 2, 64).kernel == backend::cuda::AttentionKernel::simple);  // heads of 48
+  fp32.attention = backend::cuda::AttentionKernel::tiled;
+  CHECK(ops::attention_choice(fp32, 128, 128, 2, 64).kernel == backend::cuda::AttentionKernel::tiled);
+  CHECK(ops::attention_choice(fp32, 128, 256, 2, 64).kernel == backend::cuda::AttentionKernel::simple);  // heads of 128
 }
 
 TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy (whole and vocabulary-parallel) and embedding match the bf16 host backend",
@@ -251,11 +251,11 @@ TEST_CASE("Cuda<bfloat16, float>: attention, cross-entropy (whole and vocabulary
   SECTION("causal attention, lse in float") {
     // Both kernel choices; for the tiled kernels a ragged single tile (T 17), a ragged second tile
     // (T 130) with several sequences, and a head of 96 columns, which falls back to the simple kernels.
-    const auto kernel = GENERATE(gpu::AttentionKernel::simple, gpu::AttentionKernel::tiled);
+    const auto kernel = GENERATE(backend::cuda::AttentionKernel::simple, backend::cuda::AttentionKernel::tiled);
     const auto [heads, seq, sequences, C] =
         GENERATE(table<index_t, index_t, index_t, index_t>({{4, 17, 3, 64}, {2, 130, 2, 128}, {1, 40, 2, 96}}));
     CAPTURE(int(kernel), heads, seq, sequences, C);
-    CHECK(gpu::kernels::tiled_attention::takes<BF>(C / heads) == (C / heads <= 64));
+    CHECK(backend::cuda::kernels::attention_tiled::takes<BF>(C / heads) == (C / heads <= 64));
     gpu.attention = kernel;
     const index_t rows = seq * sequences;
     const auto qkv = random_bf16(rng, rows * 3 * C, -1.5, 1.5), dout = random_bf16(rng, rows * C);

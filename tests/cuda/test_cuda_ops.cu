@@ -167,7 +167,7 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   // the simple kernels' 32-column steps; for the tiled kernels (64-row tiles, heads of up to 64
   // columns) one tile, whole tiles, a ragged last tile, several sequences, and heads above 64, which
   // fall back to the simple kernels.
-  const auto kernel = GENERATE(gpu::AttentionKernel::simple, gpu::AttentionKernel::tiled);
+  const auto kernel = GENERATE(backend::cuda::AttentionKernel::simple, backend::cuda::AttentionKernel::tiled);
   const auto [heads, D, T, S] = GENERATE(table<index_t, index_t, index_t, index_t>(
       {{1, 4, 1, 3}, {2, 32, 7, 2}, {4, 16, 64, 2}, {12, 64, 128, 1}, {2, 96, 33, 1}, {1, 256, 40, 1}, {2, 64, 200, 2},
        {3, 48, 130, 1}, {1, 64, 65, 3}, {1, 1, 5, 2}, {2, 33, 63, 1}}));
@@ -175,7 +175,7 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   Gpu gpu;
   gpu.attention = kernel;
   // The tiled choice runs the tiled kernels exactly where they take the head (else the simple ones).
-  CHECK(gpu::kernels::tiled_attention::takes<float>(D) == (D <= 64));
+  CHECK(backend::cuda::kernels::attention_tiled::takes<float>(D) == (D <= 64));
   Ref ref;
   const index_t C = heads * D, n = T * S;
   const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};
@@ -190,10 +190,10 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   CAPTURE(int(kernel), heads, D, T, S);
   CHECK(relative_error(out.download(), rout) <= fp32_tolerance);
   CHECK(relative_error(lse.download(), rlse) <= fp32_tolerance);
-  if (kernel == gpu::AttentionKernel::tiled && D <= 64) {
+  if (kernel == backend::cuda::AttentionKernel::tiled && D <= 64) {
     // The op ran the tiled kernel, not a silent fallback: the same bits as calling that kernel directly.
     auto direct = poisoned<float>(gpu, n * C), direct_lse = poisoned<float>(gpu, n * heads);
-    gpu::kernels::tiled_attention::forward(gpu.context(), dqkv_in.cview(sq).data(), direct.view(so).data(),
+    backend::cuda::kernels::attention_tiled::forward(gpu.context(), dqkv_in.cview(sq).data(), direct.view(so).data(),
                                            direct_lse.view(sl).data(), n, C, int(heads), T);
     CHECK(direct.download() == out.download());
     CHECK(direct_lse.download() == lse.download());
@@ -298,7 +298,7 @@ TEST_CASE("softmax cross-entropy with masked (-inf) logits is finite and matches
 
 TEST_CASE("causal attention refuses more sequences than its grid takes, before it sizes its scratch",
           "[gpu][cuda][ops][attention][errors]") {
-  const auto kernel = GENERATE(gpu::AttentionKernel::simple, gpu::AttentionKernel::tiled);
+  const auto kernel = GENERATE(backend::cuda::AttentionKernel::simple, backend::cuda::AttentionKernel::tiled);
   Gpu gpu;
   gpu.attention = kernel;
   const index_t rows = 65536;  // sequences of one row: one more than gridDim.z takes
@@ -599,7 +599,7 @@ TEST_CASE("gemm matches the host in fp32, tf32 and bf16", "[gpu][cuda][ops][gemm
 
   SECTION("fp32 and tf32, with alpha and beta") {
     const bool tf32 = GENERATE(false, true);
-    gpu.math = tf32 ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
+    gpu.math = tf32 ? backend::cuda::MathMode::tf32 : backend::cuda::MathMode::fp32;
     DeviceArray<float, Gpu> dc(gpu, c0);
     ops::gemm(gpu, ta, tb, 0.5f, da.cview(as), db.cview(bs), -1.25f, dc.view(cs));
     const auto want = host_gemm(ta, tb, 0.5, cast<double>(a), as, cast<double>(b), bs, -1.25, cast<double>(c0), cs);
@@ -647,7 +647,7 @@ TEST_CASE("fused gemm_bias and gemm_bias_gelu match gemm, bias_add and gelu on t
   // fp32: exact products, and the GELU from the kernels (gelu_epilogue_allowed); tf32: TF32 products
   // and cuBLASLt's GELU epilogue, which may use the hardware tanh approximation.
   const bool tf32 = GENERATE(false, true);
-  gpu.math = tf32 ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
+  gpu.math = tf32 ? backend::cuda::MathMode::tf32 : backend::cuda::MathMode::fp32;
   const double tolerance = tf32 ? tf32_tolerance : fp32_tolerance;
   Ref ref;
   DeviceArray<float, Gpu> da(gpu, a), db(gpu, b), dbias(gpu, bias);
@@ -694,7 +694,7 @@ TEST_CASE("fused gemm_bias_grad and gemm_dgelu match gemm, bias_backward and gel
   Gpu gpu;
   // fp32: exact products and the GELU kernel; tf32: TF32 products, the BGRADB and DGELU epilogues.
   const bool tf32 = GENERATE(false, true);
-  gpu.math = tf32 ? gpu::MathMode::tf32 : gpu::MathMode::fp32;
+  gpu.math = tf32 ? backend::cuda::MathMode::tf32 : backend::cuda::MathMode::fp32;
   const double tolerance = tf32 ? tf32_tolerance : fp32_tolerance;
   Ref ref;
   DeviceArray<float, Gpu> ddy(gpu, dy), dx(gpu, x), dwt(gpu, w), dpre(gpu, pre);
@@ -775,22 +775,22 @@ TEST_CASE("a cuBLASLt plan with an epilogue and no algorithm is unavailable, not
   // device does have an algorithm, the plan is available and runs, which this case also accepts.
   Gpu gpu;
   auto a = gpu.allocate<double>(64, MemoryTag::activations), c = gpu.allocate<double>(64, MemoryTag::activations);
-  gpu::GemmKey key;
+  backend::cuda::GemmKey key;
   key.m = key.n = key.k = 8;
   key.lda = key.ldb = key.ldc = 8;
   key.ta = Transpose::yes;
   key.ab_type = key.c_type = CUDA_R_64F;
   key.compute = CUBLAS_COMPUTE_64F;
   key.scale_type = CUDA_R_64F;
-  key.epilogue = gpu::GemmEpilogue::bgradb;
+  key.epilogue = backend::cuda::GemmEpilogue::bgradb;
   const double one = 1.0;
-  const gpu::GemmArgs args{a.data(), a.data(), c.data(), c.data(), nullptr, &one, &one};
-  gpu::Context& ctx = gpu.context();
-  std::optional<gpu::GemmPlan> plan;
-  REQUIRE_NOTHROW(plan.emplace(ctx.cublas_lt(), key, args, gpu::Context::gemm_workspace_bytes));
+  const backend::cuda::GemmArgs args{a.data(), a.data(), c.data(), c.data(), nullptr, &one, &one};
+  backend::cuda::Context& ctx = gpu.context();
+  std::optional<backend::cuda::GemmPlan> plan;
+  REQUIRE_NOTHROW(plan.emplace(ctx.cublas_lt(), key, args, backend::cuda::Context::gemm_workspace_bytes));
   WARN("cuBLASLt BGRADB on fp64: " << (plan->available() ? "an algorithm" : "no algorithm (the fallback case)"));
   if (!plan->available())
-    CHECK_THROWS_WITH(plan->run(ctx.cublas_lt(), key, args, ctx.gemm_workspace(), gpu::Context::gemm_workspace_bytes, ctx.stream()),
+    CHECK_THROWS_WITH(plan->run(ctx.cublas_lt(), key, args, ctx.gemm_workspace(), backend::cuda::Context::gemm_workspace_bytes, ctx.stream()),
                       Catch::Contains("the caller must fall back"));
 }
 

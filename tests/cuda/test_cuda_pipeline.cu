@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "cuda_test_support.hpp"
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 
 using namespace cupipe;
 using namespace cupipe::testing;

@@ -22,18 +22,18 @@ __global__ void never_launched_kernel() {}
 TEST_CASE("the device pool accounts every byte and its peak, per tag", "[gpu][cuda][memory]") {
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   MemoryTracker tracker;
-  gpu::DevicePool pool(0, tracker);
+  backend::cuda::DevicePool pool(0, tracker);
   {
-    gpu::DeviceBuffer<float> weights(pool, 1000, MemoryTag::weights);         // 4000 bytes
+    backend::cuda::DeviceBuffer<float> weights(pool, 1000, MemoryTag::weights);         // 4000 bytes
     {
-      gpu::DeviceBuffer<float> small(pool, 3, MemoryTag::activations);        // 12 bytes
-      gpu::DeviceBuffer<double> act(pool, 2000, MemoryTag::activations);      // 16000 bytes
+      backend::cuda::DeviceBuffer<float> small(pool, 3, MemoryTag::activations);        // 12 bytes
+      backend::cuda::DeviceBuffer<double> act(pool, 2000, MemoryTag::activations);      // 16000 bytes
       CHECK(tracker.in_use(MemoryTag::activations) == 16012);
       CHECK(tracker.in_use() == 20012);
     }
     CHECK(tracker.in_use(MemoryTag::activations) == 0);
-    gpu::DeviceBuffer<std::byte> ws(pool, 100, MemoryTag::workspace);          // 100 bytes
-    gpu::DeviceBuffer<float> grads(pool, 1000, MemoryTag::gradients);          // 4000 bytes, a cached block
+    backend::cuda::DeviceBuffer<std::byte> ws(pool, 100, MemoryTag::workspace);          // 100 bytes
+    backend::cuda::DeviceBuffer<float> grads(pool, 1000, MemoryTag::gradients);          // 4000 bytes, a cached block
     CHECK(tracker.in_use() == 8100);
     CHECK(tracker.peak(MemoryTag::activations) == 16012);
     CHECK(tracker.peak(MemoryTag::weights) == 4000);
@@ -46,12 +46,12 @@ TEST_CASE("the device pool accounts every byte and its peak, per tag", "[gpu][cu
   // Blocks are rounded to the granularity, and a free block is reused: the 100-byte workspace took
   // the cached block of the 12-byte buffer (both round to one granule), so four blocks were reserved
   // for five buffers. (The first GPU run, 2026-11-25, showed the old count of five blocks was wrong.)
-  const auto block = [](std::size_t bytes) { return gpu::DevicePool::block_size(bytes); };
+  const auto block = [](std::size_t bytes) { return backend::cuda::DevicePool::block_size(bytes); };
   REQUIRE(block(100) == block(12));
   CHECK(pool.reserved_bytes() == block(4000) + block(12) + block(16000) + block(4000));
   CHECK(pool.cached_bytes() == pool.reserved_bytes());
   const std::size_t calls = pool.driver_allocations();
-  { gpu::DeviceBuffer<float> again(pool, 4000 / 4, MemoryTag::optimizer); }
+  { backend::cuda::DeviceBuffer<float> again(pool, 4000 / 4, MemoryTag::optimizer); }
   CHECK(pool.driver_allocations() == calls);  // served from the cache
   tracker.reset_peaks();
   CHECK(tracker.peak() == 0);

@@ -130,7 +130,7 @@ TEST_CASE("float and double agree: causal attention over several query blocks, a
           "[cpu][host][precision][attention]") {
   Rng rng{std::uint64_t(GENERATE(take(2, random(1, 1000000))))};
   // Two sequences of 130 tokens: query blocks of 64, 64 and 2 (ops::attention_query_block), in float
-  // through cblas_sgemm and host_math::exp, in double through cblas_dgemm and libm.
+  // through cblas_sgemm and backend::host::exp, in double through cblas_dgemm and libm.
   const index_t heads = 3, D = 4, C = heads * D, T = 130, rows = 2 * T;
   const Vec qkv = float_exact(std::size_t(rows * 3 * C), rng, -1.5, 1.5), dout = float_exact(std::size_t(rows * C), rng);
   check_float_double_agree([&]<class T_>(backend::Host<T_>& be) {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The host ops' float loops compiled for AVX2 and AVX-512F (host_math::vectorised) give the same bits
+// The host ops' float loops compiled for AVX2 and AVX-512F (backend::host::vectorised) give the same bits
 // as the baseline clone, op by op, on inputs with NaN, infinities, huge and tiny values, odd lengths
 // and misaligned starts; and the choice of instruction set (CUPIPE_HOST_ISA, set_vector_isa) is
 // checked. This file is its own program, built at -O3 (tests/host/CMakeLists.txt): at CI's -O1 GCC
@@ -18,7 +18,7 @@
 #include "cupipe/backend/host/vector_math.hpp"
 
 using namespace cupipe;
-using host_math::VectorIsa;
+using backend::host::VectorIsa;
 
 namespace {
 
@@ -26,14 +26,14 @@ namespace {
 std::vector<VectorIsa> runnable_isas() {
   std::vector<VectorIsa> out;
   for (VectorIsa isa : {VectorIsa::baseline, VectorIsa::avx2, VectorIsa::avx512})
-    if (isa <= host_math::widest_vector_isa()) out.push_back(isa);
+    if (isa <= backend::host::widest_vector_isa()) out.push_back(isa);
   return out;
 }
 
 /// Sets the instruction set for a scope, then goes back to the widest.
 struct IsaScope {
-  explicit IsaScope(VectorIsa isa) { host_math::set_vector_isa(isa); }
-  ~IsaScope() { host_math::set_vector_isa(host_math::widest_vector_isa()); }
+  explicit IsaScope(VectorIsa isa) { backend::host::set_vector_isa(isa); }
+  ~IsaScope() { backend::host::set_vector_isa(backend::host::widest_vector_isa()); }
   IsaScope(const IsaScope&) = delete;
   IsaScope& operator=(const IsaScope&) = delete;
 };
@@ -75,7 +75,7 @@ void same_bits_on_every_isa(const char* what, Op&& op) {
     const Outputs got = op();
     REQUIRE(got.size() == baseline.size());
     for (std::size_t k = 0; k < got.size(); ++k) {
-      INFO(what << ", output " << k << ", " << host_math::name(isa) << " against baseline");
+      INFO(what << ", output " << k << ", " << backend::host::name(isa) << " against baseline");
       REQUIRE(got[k].size() == baseline[k].size());
       std::size_t differing = 0, first = got[k].size();
       for (std::size_t i = 0; i < got[k].size(); ++i)
@@ -101,7 +101,7 @@ ConstView<T> cview(const std::vector<T>& v, Shape s, std::size_t offset = 0) {
 }  // namespace
 
 TEST_CASE("every instruction-set clone of the float ops gives the baseline's bits", "[cpu][host][vector_isa]") {
-  WARN("this CPU runs up to " << host_math::name(host_math::widest_vector_isa()) << "; clones compared: "
+  WARN("this CPU runs up to " << backend::host::name(backend::host::widest_vector_isa()) << "; clones compared: "
                               << runnable_isas().size() - 1);
   std::mt19937 rng(20261128);
   backend::Host<float> be;
@@ -171,34 +171,34 @@ TEST_CASE("every instruction-set clone of the float ops gives the baseline's bit
 }
 
 TEST_CASE("the instruction set: set_vector_isa, CUPIPE_HOST_ISA, and their errors", "[cpu][host][vector_isa]") {
-  const VectorIsa widest = host_math::widest_vector_isa();
+  const VectorIsa widest = backend::host::widest_vector_isa();
   for (VectorIsa isa : runnable_isas()) {
     IsaScope scope(isa);
-    CHECK(host_math::vector_isa() == isa);
+    CHECK(backend::host::vector_isa() == isa);
   }
   if (widest < VectorIsa::avx512)
-    REQUIRE_THROWS_WITH(host_math::set_vector_isa(VectorIsa::avx512), Catch::Contains("set_vector_isa=avx512: this CPU runs at most"));
+    REQUIRE_THROWS_WITH(backend::host::set_vector_isa(VectorIsa::avx512), Catch::Contains("set_vector_isa=avx512: this CPU runs at most"));
 
-  CHECK(host_math::parse_vector_isa("avx2", "X") == VectorIsa::avx2);
-  REQUIRE_THROWS_WITH(host_math::parse_vector_isa("sse4", "CUPIPE_HOST_ISA"),
+  CHECK(backend::host::parse_vector_isa("avx2", "X") == VectorIsa::avx2);
+  REQUIRE_THROWS_WITH(backend::host::parse_vector_isa("sse4", "CUPIPE_HOST_ISA"),
                       Catch::Contains("CUPIPE_HOST_ISA=sse4: expected baseline, avx2 or avx512"));
 
   // The environment is read at the first vector_isa() of a process; forget the choice to read it again.
   auto from_environment = [](const char* value) {
     ::setenv("CUPIPE_HOST_ISA", value, 1);
-    host_math::detail::chosen_vector_isa().store(-1);
-    return host_math::vector_isa();
+    backend::host::detail::chosen_vector_isa().store(-1);
+    return backend::host::vector_isa();
   };
   CHECK(from_environment("baseline") == VectorIsa::baseline);
   CHECK(from_environment("") == widest);  // empty: not set
   // A bad value throws at every call (an op would fail with it), not once.
   REQUIRE_THROWS_WITH(from_environment("AVX2"), Catch::Contains("CUPIPE_HOST_ISA=AVX2: expected baseline, avx2 or avx512"));
-  REQUIRE_THROWS_WITH(host_math::vector_isa(), Catch::Contains("CUPIPE_HOST_ISA=AVX2"));
+  REQUIRE_THROWS_WITH(backend::host::vector_isa(), Catch::Contains("CUPIPE_HOST_ISA=AVX2"));
   std::vector<float> a(3, 1.0f), y(3);
   backend::Host<float> be;
   REQUIRE_THROWS_WITH(ops::gelu_forward(be, ConstView<float>{a.data(), Shape{3}}, TensorView<float>{y.data(), Shape{3}}),
                       Catch::Contains("CUPIPE_HOST_ISA=AVX2"));
   ::unsetenv("CUPIPE_HOST_ISA");
-  host_math::detail::chosen_vector_isa().store(-1);
-  CHECK(host_math::vector_isa() == widest);
+  backend::host::detail::chosen_vector_isa().store(-1);
+  CHECK(backend::host::vector_isa() == widest);
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// host_math::exp and host_math::tanh (backend/host/vector_math.hpp) against long double over a sweep
+// backend::host::exp and backend::host::tanh (backend/host/vector_math.hpp) against long double over a sweep
 // of every float's bit pattern, their edge values, and the GELU that uses them against double.
 #include <catch2/catch.hpp>
 
@@ -36,54 +36,54 @@ void for_floats(std::uint32_t stride, F&& f) {
 
 }  // namespace
 
-TEST_CASE("host_math::exp is within 2 ulp of e^x wherever e^x is a normal float", "[cpu][host][vector_math]") {
+TEST_CASE("backend::host::exp is within 2 ulp of e^x wherever e^x is a normal float", "[cpu][host][vector_math]") {
   double worst = 0;
   float at = 0;
   for_floats(1021, [&](float x) {
     if (x < -87.33654f || x > 88.72283f) return;
-    const double u = ulps(host_math::exp(x), std::exp(static_cast<long double>(x)));
+    const double u = ulps(backend::host::exp(x), std::exp(static_cast<long double>(x)));
     if (u > worst) worst = u, at = x;
   });
   CAPTURE(at);
   CHECK(worst <= 2.0);
   // Round numbers and the ends of the range.
-  CHECK(host_math::exp(0.0f) == 1.0f);
-  CHECK(ulps(host_math::exp(1.0f), std::exp(1.0L)) <= 1.0);
-  CHECK(ulps(host_math::exp(88.72f), std::exp(static_cast<long double>(88.72f))) <= 2.0);
-  CHECK(std::isnormal(host_math::exp(-87.33f)));
+  CHECK(backend::host::exp(0.0f) == 1.0f);
+  CHECK(ulps(backend::host::exp(1.0f), std::exp(1.0L)) <= 1.0);
+  CHECK(ulps(backend::host::exp(88.72f), std::exp(static_cast<long double>(88.72f))) <= 2.0);
+  CHECK(std::isnormal(backend::host::exp(-87.33f)));
 }
 
-TEST_CASE("host_math::exp gives 0 below the normal range, infinity above it and NaN for NaN", "[cpu][host][vector_math]") {
+TEST_CASE("backend::host::exp gives 0 below the normal range, infinity above it and NaN for NaN", "[cpu][host][vector_math]") {
   const float inf = std::numeric_limits<float>::infinity();
-  CHECK(host_math::exp(-inf) == 0.0f);
-  CHECK(host_math::exp(-90.0f) == 0.0f);
-  CHECK(host_math::exp(-1e30f) == 0.0f);
-  CHECK(host_math::exp(89.0f) == inf);
-  CHECK(host_math::exp(inf) == inf);
-  CHECK(std::isnan(host_math::exp(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(backend::host::exp(-inf) == 0.0f);
+  CHECK(backend::host::exp(-90.0f) == 0.0f);
+  CHECK(backend::host::exp(-1e30f) == 0.0f);
+  CHECK(backend::host::exp(89.0f) == inf);
+  CHECK(backend::host::exp(inf) == inf);
+  CHECK(std::isnan(backend::host::exp(std::numeric_limits<float>::quiet_NaN())));
 }
 
-TEST_CASE("host_math::tanh is within 2 ulp of tanh for every float and keeps its edges", "[cpu][host][vector_math]") {
+TEST_CASE("backend::host::tanh is within 2 ulp of tanh for every float and keeps its edges", "[cpu][host][vector_math]") {
   double worst = 0;
   float at = 0;
   for_floats(1021, [&](float x) {
-    const double u = ulps(host_math::tanh(x), std::tanh(static_cast<long double>(x)));
+    const double u = ulps(backend::host::tanh(x), std::tanh(static_cast<long double>(x)));
     if (u > worst) worst = u, at = x;
   });
   CAPTURE(at);
   CHECK(worst <= 2.0);
   // Either side of the switch from the polynomial to the exponential form.
   for (const float x : {0.6249f, 0.625f, 0.6251f, -0.625f, 1e-30f, 9.0f, 10.0f, 50.0f})
-    CHECK(ulps(host_math::tanh(x), std::tanh(static_cast<long double>(x))) <= 2.0);
+    CHECK(ulps(backend::host::tanh(x), std::tanh(static_cast<long double>(x))) <= 2.0);
   const float inf = std::numeric_limits<float>::infinity();
-  CHECK(host_math::tanh(inf) == 1.0f);
-  CHECK(host_math::tanh(-inf) == -1.0f);
-  CHECK(host_math::tanh(0.0f) == 0.0f);
-  CHECK(std::signbit(host_math::tanh(-0.0f)));
-  CHECK(std::isnan(host_math::tanh(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(backend::host::tanh(inf) == 1.0f);
+  CHECK(backend::host::tanh(-inf) == -1.0f);
+  CHECK(backend::host::tanh(0.0f) == 0.0f);
+  CHECK(std::signbit(backend::host::tanh(-0.0f)));
+  CHECK(std::isnan(backend::host::tanh(std::numeric_limits<float>::quiet_NaN())));
 }
 
-TEST_CASE("float GELU with host_math::tanh is within a few float ulps of the double GELU", "[cpu][host][vector_math]") {
+TEST_CASE("float GELU with backend::host::tanh is within a few float ulps of the double GELU", "[cpu][host][vector_math]") {
   // Inputs from -8 to 8 (and a few far out), each to 4 float ulps of its scale: |x| for the forward,
   // whose 1 + t cancels where tanh nears -1, and max(1, |x|) for the backward, whose 1 - t^2 does.
   std::vector<float> x;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cupipe/models/gpt_import.hpp"
+#include "cupipe/gpt/import.hpp"
 
 using namespace cupipe;
 

@@ -13,7 +13,7 @@
 
 #include "cupipe/backend/host/ops.hpp"
 #include "cupipe/layers/layers.hpp"
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 #include "gradcheck.hpp"
 
 using namespace cupipe;

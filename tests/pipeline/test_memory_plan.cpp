@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 #include "cupipe/pipeline/memory_plan.hpp"
 #include "cupipe/planner/calibrate.hpp"
 

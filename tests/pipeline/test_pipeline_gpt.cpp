@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 
 namespace {
 

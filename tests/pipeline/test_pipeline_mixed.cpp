@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 #include "cupipe/pipeline/hand_over.hpp"
 #include "pipeline_test_support.hpp"
 

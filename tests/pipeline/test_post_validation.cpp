@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 #include "gradcheck.hpp"
 #include "training_test_support.hpp"
 

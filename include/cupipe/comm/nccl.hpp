@@ -164,11 +164,11 @@ class NcclCommunicator final : public Communicator {
   void send(int to_stage, const MessageKey& key, const void* data, std::size_t bytes,
             const std::function<std::string()>& describe, void* stream = nullptr) override {
     check_alive();
-    const gpu::DeviceGuard guard(device_);
+    const backend::cuda::DeviceGuard guard(device_);
     reap();
     Channel& channel = channel_for(to_stage, Direction::send, key.flow, describe);
-    Send out{gpu::DeviceBuffer<std::byte>(*pool_, index_t(header_bytes + bytes), MemoryTag::workspace),
-             gpu::Event(false), describe(), to_stage};
+    Send out{backend::cuda::DeviceBuffer<std::byte>(*pool_, index_t(header_bytes + bytes), MemoryTag::workspace),
+             backend::cuda::Event(false), describe(), to_stage};
     std::byte* buffer = out.buffer.data();
     const int slot = headers_->take();
     *headers_->at(slot) = Header{std::int32_t(key.flow), key.virtual_stage, key.microbatch, 0, std::int64_t(bytes)};
@@ -203,16 +203,16 @@ class NcclCommunicator final : public Communicator {
   }
 
   void complete_sends(double timeout_seconds) override {
-    const gpu::DeviceGuard guard(device_);
+    const backend::cuda::DeviceGuard guard(device_);
     pending_.complete([&](Send& s) { wait(s.done, timeout_seconds, [&] { return s.what; }, "not received", true); });
   }
 
   void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
                const std::function<std::string()>& describe, void* stream = nullptr) override {
     check_alive();
-    const gpu::DeviceGuard guard(device_);
+    const backend::cuda::DeviceGuard guard(device_);
     Channel& channel = channel_for(from_stage, Direction::receive, key.flow, describe);
-    gpu::DeviceBuffer<std::byte> header_buffer(*pool_, index_t(header_bytes), MemoryTag::workspace);
+    backend::cuda::DeviceBuffer<std::byte> header_buffer(*pool_, index_t(header_bytes), MemoryTag::workspace);
     // `data` may have been in use by the caller's queued kernels: the receive starts after them
     // (an event on the device, not a host synchronisation before it is posted). The caller's
     // kernels that read `data` are enqueued after this returns, once the host saw it arrive.
@@ -264,7 +264,7 @@ class NcclCommunicator final : public Communicator {
   void finish_sums() override {
     if (!sums_started_) return;
     sums_started_ = false;
-    const gpu::DeviceGuard guard(device_);
+    const backend::cuda::DeviceGuard guard(device_);
     summed_.record(collective_stream_);
     wait(summed_, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": started NCCL sums"; },
          "not finished", false, "collective timeout: another rank stalled or died before reaching them");
@@ -296,8 +296,8 @@ class NcclCommunicator final : public Communicator {
 
   /// A send in flight: the pooled copy it transmits, its header's slot and the event that marks it done.
   struct Send {
-    gpu::DeviceBuffer<std::byte> buffer;
-    gpu::Event done;
+    backend::cuda::DeviceBuffer<std::byte> buffer;
+    backend::cuda::Event done;
     std::string what;
     int to_stage;
   };
@@ -420,7 +420,7 @@ class NcclCommunicator final : public Communicator {
   /// the communicators and throws. An `interruptible` wait (point-to-point) also stops when
   /// interrupt_waits() was called: it aborts the communicators too (the enqueued transfer cannot be
   /// withdrawn) and throws Interrupted.
-  void wait(const gpu::Event& event, double timeout_seconds, const std::function<std::string()>& describe,
+  void wait(const backend::cuda::Event& event, double timeout_seconds, const std::function<std::string()>& describe,
             const char* what, bool interruptible, const char* timeout_name = "transfer timeout; is the peer rank alive?") {
     const bool done = wait_until(
         [&] {
@@ -466,19 +466,19 @@ class NcclCommunicator final : public Communicator {
     if (bytes == 0) return;
     // Started sums may still be pending: this collective queues behind them on the one collective
     // stream (every rank issues its collectives in the same order) and the wait below covers them.
-    const gpu::DeviceGuard guard(device_);
+    const backend::cuda::DeviceGuard guard(device_);
     const cudaStream_t stream = collective_stream_;
     const bool device = on_device(data);
     void* target = data;
     std::byte* host = nullptr;
-    gpu::DeviceBuffer<std::byte> staging;
+    backend::cuda::DeviceBuffer<std::byte> staging;
     if (!device) {
       host = pinned_.at_least(bytes);
       std::memcpy(host, data, bytes);
       if (bytes <= sizeof(double) * scalar_slots) {
         target = scalar_;
       } else {
-        staging = gpu::DeviceBuffer<std::byte>(*pool_, index_t(bytes), MemoryTag::workspace);
+        staging = backend::cuda::DeviceBuffer<std::byte>(*pool_, index_t(bytes), MemoryTag::workspace);
         target = staging.data();
       }
       CUPIPE_CHECK_CUDA(cudaMemcpyAsync(target, host, bytes, cudaMemcpyHostToDevice, stream));
@@ -515,7 +515,7 @@ class NcclCommunicator final : public Communicator {
   void start_sum(void* data, std::size_t n, ncclDataType_t type) {
     check_alive();
     if (n == 0) return;
-    const gpu::DeviceGuard guard(device_);
+    const backend::cuda::DeviceGuard guard(device_);
     CUPIPE_REQUIRE(on_device(data), "NcclCommunicator::start_sum_over_replicas takes device memory (the pipeline "
                                     "starts sums only on memory the communicator reads)");
     CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(data, data, n, type, ncclSum, replicas_, collective_stream_));
@@ -542,7 +542,7 @@ class NcclCommunicator final : public Communicator {
   /// Frees everything; after a failure (`abort`) aborts the communicators instead of waiting for
   /// their pending work.
   void destroy(bool abort) noexcept {
-    const gpu::DeviceGuard guard(device_, std::nothrow);
+    const backend::cuda::DeviceGuard guard(device_, std::nothrow);
     if (abort) {
       abort_all();
     } else {
@@ -565,12 +565,12 @@ class NcclCommunicator final : public Communicator {
   int device_;
   IdExchange exchange_;
   MemoryTracker memory_;
-  gpu::Stream copy_stream_;        // send copies
-  gpu::Stream collective_stream_;  // every collective, in the order this rank issues them
-  gpu::Event summed_{false};
-  gpu::Event ready_{false};   // the caller's stream's work so far (send and receive order after it)
-  gpu::Event copied_{false};
-  std::optional<gpu::DevicePool> pool_;
+  backend::cuda::Stream copy_stream_;        // send copies
+  backend::cuda::Stream collective_stream_;  // every collective, in the order this rank issues them
+  backend::cuda::Event summed_{false};
+  backend::cuda::Event ready_{false};   // the caller's stream's work so far (send and receive order after it)
+  backend::cuda::Event copied_{false};
+  std::optional<backend::cuda::DevicePool> pool_;
   ncclComm_t world_ = nullptr;
   ncclComm_t pipeline_ = nullptr;
   ncclComm_t replicas_ = nullptr;

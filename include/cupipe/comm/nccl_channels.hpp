@@ -20,8 +20,8 @@ namespace cupipe::comm::detail {
 struct NcclChannel {
   ncclComm_t comm = nullptr;
   int peer = 0;  ///< the other rank within `comm`
-  gpu::Stream stream;
-  gpu::Event received{false};
+  backend::cuda::Stream stream;
+  backend::cuda::Event received{false};
 };
 
 /// Links of a ring of `stages` stages: link l joins stages l and (l + 1) % stages; two stages have

@@ -70,7 +70,7 @@ class NcclHeaderRing {
 
  private:
   NcclHeader* headers_ = nullptr;
-  std::vector<gpu::Event> copied_;
+  std::vector<backend::cuda::Event> copied_;
   std::array<bool, slots> used_{};
   int next_ = 0;
 };

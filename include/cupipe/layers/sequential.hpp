@@ -63,16 +63,16 @@ template <bool Ok>
 struct checked {};
 }  // namespace detail
 
-namespace tensor_parallel::detail {
+namespace detail {
 /// Rows and columns of a tensor of `info`'s shape (a 1-D tensor: one column).
-inline index_t rows_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[0] : info.numel; }
-inline index_t cols_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[1] : 1; }
+inline index_t split_rows_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[0] : info.numel; }
+inline index_t split_cols_of(const ParamInfo& info) { return info.shape.rank() == 2 ? info.shape[1] : 1; }
 
 /// Calls copy(part_offset, whole_offset, count) for every run of part t of a tensor split as
 /// `info` says (offsets in elements within the tensor).
 template <class Copy>
-void for_each_run(const ParamInfo& info, int t, Copy&& copy) {
-  const index_t r = rows_of(info), c = cols_of(info), P = info.parts;
+void for_each_split_run(const ParamInfo& info, int t, Copy&& copy) {
+  const index_t r = split_rows_of(info), c = split_cols_of(info), P = info.parts;
   switch (info.split) {
     case TensorSplit::none: copy(index_t(0), index_t(0), info.numel); break;
     case TensorSplit::rows: copy(index_t(0), index_t(t) * r * c, r * c); break;
@@ -86,7 +86,7 @@ void for_each_run(const ParamInfo& info, int t, Copy&& copy) {
     }
   }
 }
-}  // namespace tensor_parallel::detail
+}  // namespace detail
 
 /// Layers numbered from FirstIndex (their index in the whole model, for names and initialisation),
 /// with input width InFeatures (any_features: taken from the first layer).
@@ -377,7 +377,7 @@ struct LayerSeq {
       CUPIPE_REQUIRE(wholes[k].numel() == p.numel() * count, "init: ", L::describe(), "'s '", p.name, "' has ",
                      p.numel(), " values in ", count, " part(s), but ", wholes[k].numel(), " in its whole layer");
       const ParamInfo info{std::string(p.name), p.shape(), 0, p.numel(), p.split, p.parts};
-      tensor_parallel::detail::for_each_run(info, p.split == TensorSplit::none ? 0 : part, [&](index_t to, index_t from, index_t n) {
+      detail::for_each_split_run(info, p.split == TensorSplit::none ? 0 : part, [&](index_t to, index_t from, index_t n) {
         std::copy_n(whole.begin() + (whole_at + from), n, mine.begin() + (at + to));
       });
       at += p.numel();

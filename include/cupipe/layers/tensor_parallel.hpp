@@ -255,7 +255,7 @@ struct whole_layer<detail::VocabSplitTokenPositionEmbedding<Vocab, SeqLen, Dim, 
 namespace tensor_parallel {
 
 namespace detail {
-// rows_of, cols_of and for_each_run: layers/sequential.hpp (split layers' initialisation uses them).
+// cupipe::detail::split_rows_of, split_cols_of and for_each_split_run: layers/sequential.hpp (split layers' initialisation uses them).
 
 /// Elements of the flat array a parameter table describes.
 inline index_t total_of(const std::vector<ParamInfo>& table) {
@@ -286,7 +286,7 @@ inline std::vector<ParamInfo> whole_table(const std::vector<ParamInfo>& parts) {
   index_t offset = 0;
   for (const ParamInfo& p : parts) {
     ParamInfo w = p;
-    const index_t r = detail::rows_of(p), c = detail::cols_of(p), P = p.parts;
+    const index_t r = cupipe::detail::split_rows_of(p), c = cupipe::detail::split_cols_of(p), P = p.parts;
     const bool matrix = p.shape.rank() == 2;
     switch (p.split) {
       case TensorSplit::none: break;
@@ -327,7 +327,7 @@ std::vector<T> shard(const std::vector<ParamInfo>& whole_table, const std::vecto
   for (std::size_t i = 0; i < part_table.size(); ++i) {
     const ParamInfo& part = part_table[i];
     const ParamInfo& from = detail::whole_of(whole_table, part, i);
-    detail::for_each_run(part, t, [&](index_t at, index_t whole_at, index_t n) {
+    cupipe::detail::for_each_split_run(part, t, [&](index_t at, index_t whole_at, index_t n) {
       std::copy_n(whole.begin() + (from.offset + whole_at), n, out.begin() + (part.offset + at));
     });
   }
@@ -350,7 +350,7 @@ std::vector<T> unshard(const std::vector<ParamInfo>& whole_table, const std::vec
     const ParamInfo& part = part_table[i];
     const ParamInfo& to = detail::whole_of(whole_table, part, i);
     if (part.split == TensorSplit::none && t != 0) continue;
-    detail::for_each_run(part, t, [&](index_t at, index_t whole_at, index_t n) {
+    cupipe::detail::for_each_split_run(part, t, [&](index_t at, index_t whole_at, index_t n) {
       std::copy_n(part_values.begin() + (part.offset + at), n, out.begin() + (to.offset + whole_at));
     });
   }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The workers' backends. A pipeline names one backend for all of its workers (Pipeline<Stages,
 // Schedule, backend::Host<float>>), or one per worker (backend::PerWorker<Host<float>, Cuda<bfloat16,
-// float>>): stages of different precisions and memory spaces in one pipeline, each hand-over
+// float>>, backend/per_worker.hpp): stages of different precisions and memory spaces in one pipeline, each hand-over
 // converting and copying between them (pipeline/hand_over.hpp). Workers<Spec, N> owns the contexts of
 // this process's workers and reaches worker w's as its own type, by a compile-time index or by a
 // visit with a run-time one.
@@ -15,21 +15,10 @@
 #include <vector>
 
 #include "cupipe/backend/capabilities.hpp"
+#include "cupipe/backend/per_worker.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
-
-namespace cupipe::backend {
-
-/// One backend per worker (physical stage), in worker order. With a multi-chunk schedule a worker's
-/// virtual stages share its backend. Naming the same backend for every worker is the same pipeline
-/// as naming it once.
-template <Backend... Bs>
-struct PerWorker {
-  static_assert(sizeof...(Bs) > 0, "backend::PerWorker<>: name one backend per worker");
-};
-
-}  // namespace cupipe::backend
 
 namespace cupipe::pipeline {
 

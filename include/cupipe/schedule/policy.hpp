@@ -43,13 +43,11 @@ concept SchedulePolicy = requires(const Config& c) {
 };
 
 /// Shared reasons, for policies to return from check().
-namespace reason {
-inline constexpr std::string_view one_chunk =
+inline constexpr std::string_view one_chunk_reason =
     "this policy runs one chunk per stage, so chunks must be 1 (Interleaved<V> runs several)";
-inline constexpr std::string_view flush_one_batch =
+inline constexpr std::string_view flush_one_batch_reason =
     "a flush policy schedules one batch per plan, so batches must be 1 (only PipeDream and PipeDream2BW run several "
     "batches without a flush)";
-}  // namespace reason
 
 /// Why `Policy` rejects `c`, or an empty view: first the rules every plan obeys, then the policy's own.
 template <SchedulePolicy Policy>
@@ -57,7 +55,7 @@ constexpr std::string_view check(const Config& c) {
   if (c.stages < 1) return "a pipeline needs at least 1 stage";
   if (c.microbatches < 1) return "a pipeline needs at least 1 microbatch";
   if (c.batches < 1) return "a schedule needs at least 1 batch";
-  if (Policy::update == UpdateRule::flush && c.batches != 1) return reason::flush_one_batch;
+  if (Policy::update == UpdateRule::flush && c.batches != 1) return flush_one_batch_reason;
   return Policy::check(c);
 }
 

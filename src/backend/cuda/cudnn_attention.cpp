@@ -17,7 +17,7 @@
 
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::gpu::cudnn_attention {
+namespace cupipe::backend::cuda::cudnn_attention {
 
 namespace fe = cudnn_frontend;
 
@@ -224,4 +224,4 @@ void backward(Engine& engine, cudaStream_t stream, Sizes s, const void* qkv, con
   engine.run(*g.backward, stream, pack, workspace, s, op);
 }
 
-}  // namespace cupipe::gpu::cudnn_attention
+}  // namespace cupipe::backend::cuda::cudnn_attention

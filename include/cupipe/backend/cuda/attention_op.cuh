@@ -24,36 +24,37 @@ namespace cupipe::ops {
 // the simple ones) is chosen per call by backend/cuda/attention_path.cuh; the log-sum-exp per row and
 // head is in the compute type and in the op's (n, H) layout on every path.
 
-namespace cuda_detail {
+}  // namespace cupipe::ops
+namespace cupipe::backend::cuda::detail {
 /// Both hand-written attention kernels put the heads in gridDim.y and the sequences in gridDim.z.
 inline void require_attention_grid(std::string_view op, index_t rows, index_t heads, index_t seq_len) {
-  constexpr index_t most = gpu::kernels::max_grid_yz;
+  constexpr index_t most = backend::cuda::kernels::max_grid_yz;
   CUPIPE_REQUIRE(rows / seq_len <= most && heads <= most, op, ": ", rows / seq_len, " sequences of ", seq_len,
                  " rows and ", heads, " heads in one call, more than the attention kernels' grid takes (", most,
                  " of each); split the microbatch");
 }
 
 template <class T, class C>
-inline constexpr bool tiled_attention_capable = gpu::kernels::tiled_attention::stores<T> && std::is_same_v<C, float>;
+inline constexpr bool tiled_attention_capable = backend::cuda::kernels::attention_tiled::stores<T> && std::is_same_v<C, float>;
 template <class T, class C>
 inline constexpr bool bf16_attention = std::is_same_v<T, bfloat16> && std::is_same_v<C, float>;
 template <class T, class C>
-inline constexpr bool cudnn_attention_capable = gpu::built_with_cudnn && bf16_attention<T, C>;
+inline constexpr bool cudnn_attention_capable = backend::cuda::built_with_cudnn && bf16_attention<T, C>;
 
 template <class T, class C>
-gpu::AttentionChoice choose_attention_for(backend::Cuda<T, C>& be, index_t rows, index_t width, index_t heads, index_t seq_len) {
+backend::cuda::AttentionChoice choose_attention_for(backend::Cuda<T, C>& be, index_t rows, index_t width, index_t heads, index_t seq_len) {
   const index_t D = width / heads;
   bool tiled = false;
-  if constexpr (tiled_attention_capable<T, C>) tiled = gpu::kernels::tiled_attention::takes<T>(D);
-  const gpu::cudnn_attention::Sizes sizes{rows / seq_len, seq_len, heads, D};
-  return gpu::choose_attention(be.attention, bf16_attention<T, C>, tiled, sizes, be.cudnn_attention());
+  if constexpr (tiled_attention_capable<T, C>) tiled = backend::cuda::kernels::attention_tiled::takes<T>(D);
+  const backend::cuda::cudnn_attention::Sizes sizes{rows / seq_len, seq_len, heads, D};
+  return backend::cuda::choose_attention(be.attention, bf16_attention<T, C>, tiled, sizes, be.cudnn_attention());
 }
 
 /// One attention call's rows, width (C) and sizes, and the path it takes.
 struct AttentionCall {
   index_t rows, width;
-  gpu::cudnn_attention::Sizes sizes;
-  gpu::AttentionKernel kernel;
+  backend::cuda::cudnn_attention::Sizes sizes;
+  backend::cuda::AttentionKernel kernel;
 };
 template <class T, class C>
 AttentionCall attention_call(backend::Cuda<T, C>& be, index_t rows, index_t qkv_cols, index_t heads, index_t seq_len) {
@@ -66,53 +67,54 @@ template <class T, class C>
 auto cudnn_workspace(backend::Cuda<T, C>& be, std::size_t bytes) {
   return be.template allocate<std::byte>(index_t(std::max<std::size_t>(bytes, 1)), MemoryTag::workspace);
 }
-}  // namespace cuda_detail
+}  // namespace cupipe::backend::cuda::detail
+namespace cupipe::ops {
 
 /// The path causal attention takes on `be` for `rows` rows of `width` (C) columns in `heads` heads and
 /// sequences of `seq_len`, and why: what a trainer prints before its first step. On the cuDNN path
 /// this builds (and keeps) the call's graphs, as the first call would.
 template <class T, class C>
-gpu::AttentionChoice attention_choice(backend::Cuda<T, C>& be, index_t rows, index_t width, index_t heads, index_t seq_len) {
+backend::cuda::AttentionChoice attention_choice(backend::Cuda<T, C>& be, index_t rows, index_t width, index_t heads, index_t seq_len) {
   CUPIPE_REQUIRE(heads > 0 && seq_len > 0 && width % heads == 0 && rows % seq_len == 0, "attention_choice: ", rows,
                  " rows of ", width, " columns are not whole sequences of ", seq_len, " tokens in ", heads, " heads");
-  const gpu::DeviceGuard guard(be.device());
-  return cuda_detail::choose_attention_for(be, rows, width, heads, seq_len);
+  const backend::cuda::DeviceGuard guard(be.device());
+  return backend::cuda::detail::choose_attention_for(be, rows, width, heads, seq_len);
 }
 
 template <class T, class C>
 void causal_attention_forward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, DeviceView<T> out, DeviceView<C> lse,
                               index_t heads, index_t seq_len) {
   checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
-  cuda_detail::require_attention_grid("causal_attention_forward", qkv.rows(), heads, seq_len);
-  const cuda_detail::OpScope scope(be, "cupipe::causal_attention_forward");
+  backend::cuda::detail::require_attention_grid("causal_attention_forward", qkv.rows(), heads, seq_len);
+  const backend::cuda::detail::OpScope scope(be, "cupipe::causal_attention_forward");
   if (qkv.rows() == 0) return;
-  const auto [rows, width, sizes, kernel] = cuda_detail::attention_call(be, qkv.rows(), qkv.cols(), heads, seq_len);
-  if constexpr (cuda_detail::cudnn_attention_capable<T, C>) {
-    if (kernel == gpu::AttentionKernel::cudnn) {
+  const auto [rows, width, sizes, kernel] = backend::cuda::detail::attention_call(be, qkv.rows(), qkv.cols(), heads, seq_len);
+  if constexpr (backend::cuda::detail::cudnn_attention_capable<T, C>) {
+    if (kernel == backend::cuda::AttentionKernel::cudnn) {
       // cuDNN writes its statistics (S, H, T); the op's lse is (S T, H).
       auto& engine = be.cudnn_attention().engine();
       auto stats = be.template allocate<float>(rows * heads, MemoryTag::workspace);
-      auto workspace = cuda_detail::cudnn_workspace(be, gpu::cudnn_attention::forward_workspace(engine, sizes));
-      gpu::cudnn_attention::forward(engine, be.stream(), sizes, qkv.data(), out.data(), stats.data(), workspace.data());
-      gpu::kernels::lse_layout<false>(be.context(), stats.data(), lse.data(), rows, seq_len, int(heads));
+      auto workspace = backend::cuda::detail::cudnn_workspace(be, backend::cuda::cudnn_attention::forward_workspace(engine, sizes));
+      backend::cuda::cudnn_attention::forward(engine, be.stream(), sizes, qkv.data(), out.data(), stats.data(), workspace.data());
+      backend::cuda::kernels::lse_layout<false>(be.context(), stats.data(), lse.data(), rows, seq_len, int(heads));
       return;
     }
   }
-  if constexpr (cuda_detail::bf16_attention<T, C>) {  // misaligned rows or too little shared memory: the simple kernels
-    if (kernel == gpu::AttentionKernel::mma && gpu::kernels::mma_attention::takes(be.context(), sizes.head_dim, qkv.data(), out.data())) {
-      gpu::kernels::mma_attention::forward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
+  if constexpr (backend::cuda::detail::bf16_attention<T, C>) {  // misaligned rows or too little shared memory: the simple kernels
+    if (kernel == backend::cuda::AttentionKernel::mma && backend::cuda::kernels::attention_mma::takes(be.context(), sizes.head_dim, qkv.data(), out.data())) {
+      backend::cuda::kernels::attention_mma::forward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()),
                                            lse.data(), rows, width, int(heads), seq_len);
       return;
     }
   }
-  if constexpr (cuda_detail::tiled_attention_capable<T, C>) {
-    if (kernel == gpu::AttentionKernel::tiled) {
-      gpu::kernels::tiled_attention::forward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
+  if constexpr (backend::cuda::detail::tiled_attention_capable<T, C>) {
+    if (kernel == backend::cuda::AttentionKernel::tiled) {
+      backend::cuda::kernels::attention_tiled::forward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()),
                                              lse.data(), rows, width, int(heads), seq_len);
       return;
     }
   }
-  gpu::kernels::causal_attention_forward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()), lse.data(),
+  backend::cuda::kernels::causal_attention_forward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()), lse.data(),
                                          rows, width, int(heads), seq_len);
 }
 
@@ -121,41 +123,41 @@ template <class T, class C>
 void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, DeviceConstView<T> out, DeviceConstView<C> lse,
                                DeviceConstView<T> dout, DeviceView<T> dqkv, index_t heads, index_t seq_len) {
   checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
-  cuda_detail::require_attention_grid("causal_attention_backward", qkv.rows(), heads, seq_len);
-  const cuda_detail::OpScope scope(be, "cupipe::causal_attention_backward");
+  backend::cuda::detail::require_attention_grid("causal_attention_backward", qkv.rows(), heads, seq_len);
+  const backend::cuda::detail::OpScope scope(be, "cupipe::causal_attention_backward");
   if (qkv.rows() == 0) return;
-  const auto [rows, width, sizes, kernel] = cuda_detail::attention_call(be, qkv.rows(), qkv.cols(), heads, seq_len);
-  if constexpr (cuda_detail::cudnn_attention_capable<T, C>) {
-    if (kernel == gpu::AttentionKernel::cudnn) {
+  const auto [rows, width, sizes, kernel] = backend::cuda::detail::attention_call(be, qkv.rows(), qkv.cols(), heads, seq_len);
+  if constexpr (backend::cuda::detail::cudnn_attention_capable<T, C>) {
+    if (kernel == backend::cuda::AttentionKernel::cudnn) {
       auto& engine = be.cudnn_attention().engine();
       auto stats = be.template allocate<float>(rows * heads, MemoryTag::workspace);
-      gpu::kernels::lse_layout<true>(be.context(), lse.data(), stats.data(), rows, seq_len, int(heads));
-      auto workspace = cuda_detail::cudnn_workspace(be, gpu::cudnn_attention::backward_workspace(engine, sizes));
-      gpu::cudnn_attention::backward(engine, be.stream(), sizes, qkv.data(), out.data(), stats.data(), dout.data(), dqkv.data(),
+      backend::cuda::kernels::lse_layout<true>(be.context(), lse.data(), stats.data(), rows, seq_len, int(heads));
+      auto workspace = backend::cuda::detail::cudnn_workspace(be, backend::cuda::cudnn_attention::backward_workspace(engine, sizes));
+      backend::cuda::cudnn_attention::backward(engine, be.stream(), sizes, qkv.data(), out.data(), stats.data(), dout.data(), dqkv.data(),
                                      workspace.data());
       return;
     }
   }
   auto delta = be.template allocate<C>(rows * heads, MemoryTag::workspace);
-  if constexpr (cuda_detail::bf16_attention<T, C>) {
-    if (kernel == gpu::AttentionKernel::mma && gpu::kernels::mma_attention::takes(be.context(), sizes.head_dim, qkv.data(), out.data()) &&
-        gpu::kernels::mma_attention::takes(be.context(), sizes.head_dim, dout.data(), dqkv.data())) {
-      gpu::kernels::mma_attention::backward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
-                                            lse.data(), cuda_detail::device_ptr(dout.data()), cuda_detail::device_ptr(dqkv.data()),
+  if constexpr (backend::cuda::detail::bf16_attention<T, C>) {
+    if (kernel == backend::cuda::AttentionKernel::mma && backend::cuda::kernels::attention_mma::takes(be.context(), sizes.head_dim, qkv.data(), out.data()) &&
+        backend::cuda::kernels::attention_mma::takes(be.context(), sizes.head_dim, dout.data(), dqkv.data())) {
+      backend::cuda::kernels::attention_mma::backward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()),
+                                            lse.data(), backend::cuda::detail::device_ptr(dout.data()), backend::cuda::detail::device_ptr(dqkv.data()),
                                             delta.data(), rows, width, int(heads), seq_len);
       return;
     }
   }
-  if constexpr (cuda_detail::tiled_attention_capable<T, C>) {
-    if (kernel == gpu::AttentionKernel::tiled) {
-      gpu::kernels::tiled_attention::backward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()),
-                                              lse.data(), cuda_detail::device_ptr(dout.data()), cuda_detail::device_ptr(dqkv.data()),
+  if constexpr (backend::cuda::detail::tiled_attention_capable<T, C>) {
+    if (kernel == backend::cuda::AttentionKernel::tiled) {
+      backend::cuda::kernels::attention_tiled::backward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()),
+                                              lse.data(), backend::cuda::detail::device_ptr(dout.data()), backend::cuda::detail::device_ptr(dqkv.data()),
                                               delta.data(), rows, width, int(heads), seq_len);
       return;
     }
   }
-  gpu::kernels::causal_attention_backward(be.context(), cuda_detail::device_ptr(qkv.data()), cuda_detail::device_ptr(out.data()), lse.data(),
-                                          cuda_detail::device_ptr(dout.data()), cuda_detail::device_ptr(dqkv.data()), delta.data(), rows,
+  backend::cuda::kernels::causal_attention_backward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()), lse.data(),
+                                          backend::cuda::detail::device_ptr(dout.data()), backend::cuda::detail::device_ptr(dqkv.data()), delta.data(), rows,
                                           width, int(heads), seq_len);
 }
 

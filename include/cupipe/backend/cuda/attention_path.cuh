@@ -11,7 +11,7 @@
 //              other heads run the simple kernels.
 //   simple     the reference kernels (kernels/attention.cuh): a warp per query or key.
 //
-// A context starts from gpu::default_attention(): CUPIPE_ATTENTION in the environment (auto, cudnn,
+// A context starts from backend::cuda::default_attention(): CUPIPE_ATTENTION in the environment (auto, cudnn,
 // mma, tiled, simple or reference), automatic when unset. Set backend::Cuda::attention to change one.
 // The forward and the backward of one call must take the same path only in that both read and write
 // the op's own layouts (the cuDNN path transposes its statistics), so a context may switch between
@@ -28,7 +28,7 @@
 #include "cupipe/backend/cuda/kernels/attention_mma.cuh"
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 /// Which causal-attention kernels a context runs (see the top of this file).
 enum class AttentionKernel : std::uint8_t {
@@ -122,7 +122,7 @@ inline AttentionChoice choose_attention(AttentionKernel requested, bool bf16, bo
   switch (requested) {
     case AttentionKernel::simple: return {AttentionKernel::simple, {}};
     case AttentionKernel::mma: {
-      if (bf16 && kernels::mma_attention::takes_head(sizes.head_dim)) return {AttentionKernel::mma, {}};
+      if (bf16 && kernels::attention_mma::takes_head(sizes.head_dim)) return {AttentionKernel::mma, {}};
       return {AttentionKernel::simple, bf16 ? "the mma kernels take heads of 32, 64 or 128 columns, not " + std::to_string(sizes.head_dim)
                                             : std::string("the mma kernels take bf16 storage only")};
     }
@@ -157,4 +157,4 @@ inline std::string AttentionChoice::describe() const {
   return line;
 }
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

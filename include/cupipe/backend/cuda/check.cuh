@@ -10,7 +10,7 @@
 
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::gpu::detail {
+namespace cupipe::backend::cuda::detail {
 
 [[noreturn]] inline void throw_cuda(cudaError_t status, const char* call, const char* file, int line) {
   // A failed runtime call also sets the thread's last error; clear it so that the next launch check
@@ -26,14 +26,14 @@ namespace cupipe::gpu::detail {
                                 call, file, line);
 }
 
-}  // namespace cupipe::gpu::detail
+}  // namespace cupipe::backend::cuda::detail
 
 /// Throws cupipe::error when a CUDA runtime call does not return cudaSuccess.
 #define CUPIPE_CHECK_CUDA(call)                                                                           \
   do {                                                                                                    \
     const cudaError_t cupipe_status_ = (call);                                                            \
     if (cupipe_status_ != cudaSuccess) [[unlikely]]                                                       \
-      ::cupipe::gpu::detail::throw_cuda(cupipe_status_, #call, __FILE__, __LINE__);                      \
+      ::cupipe::backend::cuda::detail::throw_cuda(cupipe_status_, #call, __FILE__, __LINE__);                      \
   } while (0)
 
 /// Checks the launch just made (bad configuration, missing kernel image) through cudaGetLastError.
@@ -41,7 +41,7 @@ namespace cupipe::gpu::detail {
   do {                                                                                                    \
     const cudaError_t cupipe_status_ = cudaGetLastError();                                                \
     if (cupipe_status_ != cudaSuccess) [[unlikely]]                                                       \
-      ::cupipe::gpu::detail::throw_cuda(cupipe_status_, "kernel launch", __FILE__, __LINE__);            \
+      ::cupipe::backend::cuda::detail::throw_cuda(cupipe_status_, "kernel launch", __FILE__, __LINE__);            \
   } while (0)
 
 /// Throws cupipe::error when a cuBLAS / cuBLASLt call does not return CUBLAS_STATUS_SUCCESS.
@@ -49,5 +49,5 @@ namespace cupipe::gpu::detail {
   do {                                                                                                    \
     const cublasStatus_t cupipe_status_ = (call);                                                         \
     if (cupipe_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                             \
-      ::cupipe::gpu::detail::throw_cublas(cupipe_status_, #call, __FILE__, __LINE__);                    \
+      ::cupipe::backend::cuda::detail::throw_cublas(cupipe_status_, #call, __FILE__, __LINE__);                    \
   } while (0)

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpu::Context: what one backend::Cuda<T> owns on its device. A stream, the memory pool, the
+// backend::cuda::Context: what one backend::Cuda<T> owns on its device. A stream, the memory pool, the
 // cuBLASLt handle, the GEMM workspace and plan cache, a grow-only scratch area for ops that need
 // temporaries, a device-side error record that kernels fill when they meet bad input (a label or
 // token id out of range) and the host turns into a cupipe::error, and the peers its device was
@@ -33,7 +33,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 /// What a kernel found wrong with its input; code 0 means nothing.
 struct DeviceError {
@@ -89,7 +89,7 @@ class Context {
 
   /// Later ops run on the side stream, after the main stream's work so far.
   void overlap_begin() {
-    CUPIPE_REQUIRE(!overlapping_, "gpu::Context::overlap_begin: an overlap is already open on device ", device_,
+    CUPIPE_REQUIRE(!overlapping_, "backend::cuda::Context::overlap_begin: an overlap is already open on device ", device_,
                    " (overlap_join() closes it)");
     if (!side_) side_.emplace();  // each on its own: a throw part way leaves no half-made set
     if (!fork_) fork_.emplace(false);
@@ -261,4 +261,4 @@ class Context {
   std::map<int, bool> peers_;  // peer device -> whether this device has direct access to it
 };
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

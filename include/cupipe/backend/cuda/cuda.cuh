@@ -46,7 +46,7 @@ class Cuda : public ops::Dispatch {
   static constexpr std::string_view name = "cuda";
 
   template <class U>
-  using buffer = gpu::DeviceBuffer<U>;
+  using buffer = backend::cuda::DeviceBuffer<U>;
 
   /// Bytes this context allocated, by purpose; peaks are measured here. Declared before the context,
   /// whose pool accounts into it.
@@ -58,14 +58,14 @@ class Cuda : public ops::Dispatch {
   TensorGroup* tensor_group = nullptr;
 
   /// Float GEMMs on TF32 tensor cores (about 1e-3 relative; 8x the fp32 rate on an H100) or in exact
-  /// fp32. From gpu::default_math() when the context is made: TF32 unless the program changed it.
-  /// Set MathMode::fp32 here (pipe.backend(k).math) or with gpu::set_default_math for bitwise work.
-  gpu::MathMode math = gpu::default_math();
+  /// fp32. From backend::cuda::default_math() when the context is made: TF32 unless the program changed it.
+  /// Set MathMode::fp32 here (pipe.backend(k).math) or with backend::cuda::set_default_math for bitwise work.
+  backend::cuda::MathMode math = backend::cuda::default_math();
 
   /// The causal-attention path (backend/cuda/attention_path.cuh): automatic (cuDNN's fused SDPA for
   /// bf16 where it runs, else the simple kernels), cudnn, tiled or simple. From CUPIPE_ATTENTION
   /// when the context is made, automatic when unset.
-  gpu::AttentionKernel attention = gpu::default_attention();
+  backend::cuda::AttentionKernel attention = backend::cuda::default_attention();
 
   /// When true (the default), ops that can meet bad input on the device (a label or token id out of
   /// range) wait for their kernels and throw at once, naming the row. When false they only record
@@ -84,7 +84,7 @@ class Cuda : public ops::Dispatch {
   /// An uninitialised device array of `count` elements, accounted under `tag`.
   template <class U = T>
   buffer<U> allocate(index_t count, MemoryTag tag) {
-    const gpu::DeviceGuard guard(context_.device());
+    const backend::cuda::DeviceGuard guard(context_.device());
     return buffer<U>(context_.pool(), count, tag);
   }
 
@@ -92,7 +92,7 @@ class Cuda : public ops::Dispatch {
   template <class U>
   void upload(std::span<const U> from, U* to) {
     if (from.empty()) return;
-    const gpu::DeviceGuard guard(context_.device());
+    const backend::cuda::DeviceGuard guard(context_.device());
     CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to, from.data(), from.size_bytes(), cudaMemcpyHostToDevice, context_.stream()));
     CUPIPE_CHECK_CUDA(cudaStreamSynchronize(context_.stream()));
   }
@@ -101,7 +101,7 @@ class Cuda : public ops::Dispatch {
   template <class U>
   void download(const U* from, std::span<U> to) {
     if (to.empty()) return;
-    const gpu::DeviceGuard guard(context_.device());
+    const backend::cuda::DeviceGuard guard(context_.device());
     CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to.data(), from, to.size_bytes(), cudaMemcpyDeviceToHost, context_.stream()));
     CUPIPE_CHECK_CUDA(cudaStreamSynchronize(context_.stream()));
   }
@@ -109,55 +109,55 @@ class Cuda : public ops::Dispatch {
   /// Waits for all work enqueued on this context; throws if a kernel reported bad input since the
   /// last check, or if the work failed.
   void synchronize() {
-    const gpu::DeviceGuard guard(context_.device());
-    const gpu::DeviceError found = context_.take_device_error();
-    if (found.code == gpu::label_out_of_range)
+    const backend::cuda::DeviceGuard guard(context_.device());
+    const backend::cuda::DeviceError found = context_.take_device_error();
+    if (found.code == backend::cuda::label_out_of_range)
       CUPIPE_THROW("a softmax cross-entropy kernel met label ", found.value, " at row ", found.row,
                    ", outside its class range");
-    if (found.code == gpu::token_id_out_of_range)
+    if (found.code == backend::cuda::token_id_out_of_range)
       CUPIPE_THROW("an embedding kernel met token id ", found.value, " at row ", found.row, ", outside the vocabulary");
   }
 
-  // A pipeline step's device-side timeline (see gpu::ActionTimer): the origin, a mark after the
+  // A pipeline step's device-side timeline (see backend::cuda::ActionTimer): the origin, a mark after the
   // work enqueued so far on this stream, and a mark's seconds since the origin (waits for it).
   void timeline_start() {
-    const gpu::DeviceGuard guard(context_.device());
+    const backend::cuda::DeviceGuard guard(context_.device());
     context_.timer().start(context_.stream());
   }
   int timeline_mark() {
-    const gpu::DeviceGuard guard(context_.device());
+    const backend::cuda::DeviceGuard guard(context_.device());
     return context_.timer().mark(context_.stream());
   }
   double timeline_seconds(int mark) {
-    const gpu::DeviceGuard guard(context_.device());
+    const backend::cuda::DeviceGuard guard(context_.device());
     return context_.timer().seconds(mark);
   }
   /// An NVTX range for as long as the returned object lives (the pipeline names its actions "F3").
-  [[nodiscard]] gpu::NvtxRange annotate(const char* name) const noexcept { return gpu::NvtxRange(name); }
+  [[nodiscard]] backend::cuda::NvtxRange annotate(const char* name) const noexcept { return backend::cuda::NvtxRange(name); }
 
-  // DualPipeV's overlapped F&B on two streams of this device (see gpu::Context): the F's ops go to
+  // DualPipeV's overlapped F&B on two streams of this device (see backend::cuda::Context): the F's ops go to
   // the side stream, the B's to the main stream beside it, and the join orders what follows.
   void overlap_begin() {
-    const gpu::DeviceGuard guard(context_.device());
+    const backend::cuda::DeviceGuard guard(context_.device());
     context_.overlap_begin();
   }
   void overlap_end() noexcept { context_.overlap_end(); }
   void overlap_join() {
     if (!context_.overlapping()) return;  // the runtime calls it after every action
     // No throw before the context's join: a failed guard must not leave the overlap open for good.
-    const gpu::DeviceGuard guard(context_.device(), std::nothrow);
+    const backend::cuda::DeviceGuard guard(context_.device(), std::nothrow);
     context_.overlap_join();
   }
 
-  gpu::Context& context() noexcept { return context_; }
+  backend::cuda::Context& context() noexcept { return context_; }
   cudaStream_t stream() const noexcept { return context_.stream(); }
   int device() const noexcept { return context_.device(); }
   /// cuDNN's attention state (handle, graphs), made on the first attention call that may use it.
-  gpu::CudnnAttention& cudnn_attention() noexcept { return cudnn_attention_; }
+  backend::cuda::CudnnAttention& cudnn_attention() noexcept { return cudnn_attention_; }
 
  private:
-  gpu::Context context_;
-  gpu::CudnnAttention cudnn_attention_;  // after the context: its handle goes first
+  backend::cuda::Context context_;
+  backend::cuda::CudnnAttention cudnn_attention_;  // after the context: its handle goes first
 };
 
 }  // namespace cupipe::backend
@@ -173,7 +173,7 @@ struct capabilities<Cuda<T, C>> {
   static void timeline_start(Cuda<T, C>& be) { be.timeline_start(); }
   static int timeline_mark(Cuda<T, C>& be) { return be.timeline_mark(); }
   static double timeline_seconds(Cuda<T, C>& be, int mark) { return be.timeline_seconds(mark); }
-  static gpu::NvtxRange annotate(Cuda<T, C>& be, const char* label) { return be.annotate(label); }
+  static backend::cuda::NvtxRange annotate(Cuda<T, C>& be, const char* label) { return be.annotate(label); }
   static void overlap_begin(Cuda<T, C>& be) { be.overlap_begin(); }
   static void overlap_end(Cuda<T, C>& be) { be.overlap_end(); }
   static void overlap_join(Cuda<T, C>& be) { be.overlap_join(); }
@@ -193,7 +193,7 @@ struct capabilities<Cuda<T, C>> {
       return;
     }
     try {
-      const gpu::DeviceGuard guard(be.device());
+      const backend::cuda::DeviceGuard guard(be.device());
       (void)be.context().take_device_error();
     } catch (...) {  // the step's own failure is what the caller sees
     }

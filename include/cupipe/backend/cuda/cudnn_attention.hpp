@@ -23,7 +23,7 @@
 #include <memory>
 #include <string>
 
-namespace cupipe::gpu::cudnn_attention {
+namespace cupipe::backend::cuda::cudnn_attention {
 
 /// One call's sizes: `batch` sequences of `seq_len` tokens, `heads` heads of `head_dim` columns.
 struct Sizes {
@@ -65,4 +65,4 @@ void forward(Engine& engine, cudaStream_t stream, Sizes sizes, const void* qkv, 
 void backward(Engine& engine, cudaStream_t stream, Sizes sizes, const void* qkv, const void* out, const float* stats,
               const void* dout, void* dqkv, void* workspace);
 
-}  // namespace cupipe::gpu::cudnn_attention
+}  // namespace cupipe::backend::cuda::cudnn_attention

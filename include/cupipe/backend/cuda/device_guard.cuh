@@ -9,7 +9,7 @@
 
 #include "cupipe/backend/cuda/check.cuh"
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 /// Makes `device` current for this thread while it lives, and restores the previous one after.
 class DeviceGuard {
@@ -53,4 +53,4 @@ class DeviceGuard {
   bool current_ = false;
 };
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

@@ -28,7 +28,7 @@
 #include "cupipe/backend/op_types.hpp"
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 /// What cuBLASLt applies after the product.
 enum class GemmEpilogue : std::uint8_t {
@@ -299,4 +299,4 @@ class GemmPlanCache {
   std::size_t hits_ = 0, misses_ = 0;
 };
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

@@ -37,7 +37,7 @@
 #include "cupipe/core/shape.hpp"
 #include "cupipe/core/tensor.hpp"
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 class DevicePool {
  public:
@@ -351,4 +351,4 @@ class DeviceBuffer {
   MemoryTag tag_ = MemoryTag::workspace;
 };
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

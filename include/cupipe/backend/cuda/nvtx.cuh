@@ -5,7 +5,7 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 class NvtxRange {
  public:
@@ -15,4 +15,4 @@ class NvtxRange {
   NvtxRange& operator=(const NvtxRange&) = delete;
 };
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

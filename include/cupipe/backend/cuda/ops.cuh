@@ -41,11 +41,9 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 
-namespace cupipe::ops {
+namespace cupipe::backend::cuda::detail {
 
-namespace cuda_detail {
-
-using gpu::kernels::device_ptr;
+using backend::cuda::kernels::device_ptr;
 
 /// Enters an op: names it for profilers and makes the context's device current until the op returns.
 class OpScope {
@@ -54,16 +52,17 @@ class OpScope {
   OpScope(backend::Cuda<T, C>& be, const char* name) : range_(name), device_(be.device()) {}
 
  private:
-  gpu::NvtxRange range_;
-  gpu::DeviceGuard device_;
+  backend::cuda::NvtxRange range_;
+  backend::cuda::DeviceGuard device_;
 };
 
 template <class V>
 auto cptr(const V& view) {
-  return static_cast<const gpu::kernels::device_t<typename V::value_type>*>(device_ptr(view.data()));
+  return static_cast<const backend::cuda::kernels::device_t<typename V::value_type>*>(device_ptr(view.data()));
 }
 
-}  // namespace cuda_detail
+}  // namespace cupipe::backend::cuda::detail
+namespace cupipe::ops {
 
 // ---------------------------------------------------------------------------------------------
 // Storage and compute types. On Cuda<float> and Cuda<double> both are T. On Cuda<bfloat16, float>
@@ -73,7 +72,8 @@ auto cptr(const V& view) {
 // and the loss take float views, as on backend::Host<bfloat16, float>. The optimizer ops, copy, fill,
 // axpy and sum_of_squares take views of either type.
 
-namespace cuda_detail {
+}  // namespace cupipe::ops
+namespace cupipe::backend::cuda::detail {
 
 /// The element types ops on Cuda<T, C> accept where either precision is meant.
 template <class V, class T, class C>
@@ -81,13 +81,13 @@ concept either_precision = std::is_same_v<std::remove_const_t<V>, T> || std::is_
 
 /// A scalar argument in the arithmetic of the element type V (float for bf16).
 template <class V, class S>
-gpu::kernels::acc_t<gpu::kernels::device_t<V>> acc(S value) {
-  if constexpr (std::is_same_v<std::remove_cvref_t<S>, bfloat16>) return gpu::kernels::acc_t<gpu::kernels::device_t<V>>(float(value));
-  else return gpu::kernels::acc_t<gpu::kernels::device_t<V>>(value);
+backend::cuda::kernels::acc_t<backend::cuda::kernels::device_t<V>> acc(S value) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<S>, bfloat16>) return backend::cuda::kernels::acc_t<backend::cuda::kernels::device_t<V>>(float(value));
+  else return backend::cuda::kernels::acc_t<backend::cuda::kernels::device_t<V>>(value);
 }
 
 template <class T>
-using dev_t = gpu::kernels::device_t<T>;
+using dev_t = backend::cuda::kernels::device_t<T>;
 
 /// `value` as V's device type (bf16: rounded to nearest even on the host).
 template <class V, class A>
@@ -101,7 +101,8 @@ dev_t<V> device_value(A value) {
   }
 }
 
-}  // namespace cuda_detail
+}  // namespace cupipe::backend::cuda::detail
+namespace cupipe::ops {
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise and broadcast ops.
@@ -110,95 +111,95 @@ dev_t<V> device_value(A value) {
 template <class T, class C>
 void bias_add(backend::Cuda<T, C>& be, DeviceView<T> y, DeviceConstView<T> bias) {
   checks::bias_add(y, bias);
-  const cuda_detail::OpScope scope(be, "cupipe::bias_add");
-  gpu::kernels::bias_add(be.context(), cuda_detail::device_ptr(y.data()), cuda_detail::device_ptr(bias.data()), y.rows(), y.cols());
+  const backend::cuda::detail::OpScope scope(be, "cupipe::bias_add");
+  backend::cuda::kernels::bias_add(be.context(), backend::cuda::detail::device_ptr(y.data()), backend::cuda::detail::device_ptr(bias.data()), y.rows(), y.cols());
 }
 
 /// dbias (n) += column sums of dy (rows, n), accumulated in the compute type.
 template <class T, class C>
 void bias_backward(backend::Cuda<T, C>& be, DeviceConstView<T> dy, DeviceView<C> dbias) {
   checks::bias_backward(dy, dbias);
-  const cuda_detail::OpScope scope(be, "cupipe::bias_backward");
-  using DT = cuda_detail::dev_t<T>;
-  gpu::kernels::column_sums<1, C>(be.context(), dy.rows(), dy.cols(), gpu::kernels::ColumnValue<DT>{cuda_detail::device_ptr(dy.data()), dy.cols()},
+  const backend::cuda::detail::OpScope scope(be, "cupipe::bias_backward");
+  using DT = backend::cuda::detail::dev_t<T>;
+  backend::cuda::kernels::column_sums<1, C>(be.context(), dy.rows(), dy.cols(), backend::cuda::kernels::ColumnValue<DT>{backend::cuda::detail::device_ptr(dy.data()), dy.cols()},
                                    dbias.data());
 }
 
 template <class T, class C>
 void relu_forward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> y) {
   checks::relu_forward(x, y);
-  const cuda_detail::OpScope scope(be, "cupipe::relu_forward");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluForwardOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(x.data()),
-                           cuda_detail::device_ptr(y.data()));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::relu_forward");
+  backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::ReluForwardOp<backend::cuda::detail::dev_t<T>>{}, backend::cuda::detail::device_ptr(x.data()),
+                           backend::cuda::detail::device_ptr(y.data()));
 }
 
 /// dx = dy where x > 0, else 0 (x is the forward input).
 template <class T, class C>
 void relu_backward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceConstView<T> dy, DeviceView<T> dx) {
   checks::relu_backward(x, dy, dx);
-  const cuda_detail::OpScope scope(be, "cupipe::relu_backward");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::ReluBackwardOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(x.data()),
-                           cuda_detail::device_ptr(dy.data()), cuda_detail::device_ptr(dx.data()));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::relu_backward");
+  backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::ReluBackwardOp<backend::cuda::detail::dev_t<T>>{}, backend::cuda::detail::device_ptr(x.data()),
+                           backend::cuda::detail::device_ptr(dy.data()), backend::cuda::detail::device_ptr(dx.data()));
 }
 
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <class T, class C>
 void gelu_forward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> y) {
   checks::gelu_forward(x, y);
-  const cuda_detail::OpScope scope(be, "cupipe::gelu_forward");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluForwardOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(x.data()),
-                           cuda_detail::device_ptr(y.data()));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::gelu_forward");
+  backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::GeluForwardOp<backend::cuda::detail::dev_t<T>>{}, backend::cuda::detail::device_ptr(x.data()),
+                           backend::cuda::detail::device_ptr(y.data()));
 }
 
 template <class T, class C>
 void gelu_backward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceConstView<T> dy, DeviceView<T> dx) {
   checks::gelu_backward(x, dy, dx);
-  const cuda_detail::OpScope scope(be, "cupipe::gelu_backward");
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::GeluBackwardOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(x.data()),
-                           cuda_detail::device_ptr(dy.data()), cuda_detail::device_ptr(dx.data()));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::gelu_backward");
+  backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::GeluBackwardOp<backend::cuda::detail::dev_t<T>>{}, backend::cuda::detail::device_ptr(x.data()),
+                           backend::cuda::detail::device_ptr(dy.data()), backend::cuda::detail::device_ptr(dx.data()));
 }
 
 /// y = a + b (the residual connection); y may alias a or b.
 template <class T, class C>
 void residual_add(backend::Cuda<T, C>& be, DeviceConstView<T> a, DeviceConstView<T> b, DeviceView<T> y) {
   checks::residual_add(a, b, y);
-  const cuda_detail::OpScope scope(be, "cupipe::residual_add");
-  gpu::kernels::transform(be.context(), a.numel(), gpu::kernels::AddOp<cuda_detail::dev_t<T>>{}, cuda_detail::device_ptr(a.data()),
-                           cuda_detail::device_ptr(b.data()), cuda_detail::device_ptr(y.data()));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::residual_add");
+  backend::cuda::kernels::transform(be.context(), a.numel(), backend::cuda::kernels::AddOp<backend::cuda::detail::dev_t<T>>{}, backend::cuda::detail::device_ptr(a.data()),
+                           backend::cuda::detail::device_ptr(b.data()), backend::cuda::detail::device_ptr(y.data()));
 }
 
 /// y += alpha * x, in y's arithmetic. x and y are each of the storage or the compute type (a bf16
 /// gradient may be added into a float one, not the other way round).
 template <class T, class C, class X, class Y, class S>
-  requires(cuda_detail::either_precision<X, T, C> && cuda_detail::either_precision<Y, T, C> && sizeof(X) <= sizeof(Y))
+  requires(backend::cuda::detail::either_precision<X, T, C> && backend::cuda::detail::either_precision<Y, T, C> && sizeof(X) <= sizeof(Y))
 void axpy(backend::Cuda<T, C>& be, S alpha, TensorView<X, DeviceSpace> x_view, DeviceView<Y> y) {
   const DeviceConstView<std::remove_const_t<X>> x = x_view;
   checks::axpy(x, y);
-  const cuda_detail::OpScope scope(be, "cupipe::axpy");
-  using DX = cuda_detail::dev_t<std::remove_const_t<X>>;
-  using DY = cuda_detail::dev_t<Y>;
-  gpu::kernels::transform(be.context(), x.numel(), gpu::kernels::AxpyOp<DX, DY>{cuda_detail::acc<Y>(alpha)}, cuda_detail::device_ptr(x.data()),
-                           cuda_detail::device_ptr(y.data()));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::axpy");
+  using DX = backend::cuda::detail::dev_t<std::remove_const_t<X>>;
+  using DY = backend::cuda::detail::dev_t<Y>;
+  backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::AxpyOp<DX, DY>{backend::cuda::detail::acc<Y>(alpha)}, backend::cuda::detail::device_ptr(x.data()),
+                           backend::cuda::detail::device_ptr(y.data()));
 }
 
 template <class T, class C, class V>
-  requires cuda_detail::either_precision<V, T, C>
+  requires backend::cuda::detail::either_precision<V, T, C>
 void copy(backend::Cuda<T, C>& be, DeviceConstView<V> from, DeviceView<V> to) {
   checks::copy(from, to);
   if (from.numel() == 0 || from.data() == to.data()) return;
-  const cuda_detail::OpScope scope(be, "cupipe::copy");
+  const backend::cuda::detail::OpScope scope(be, "cupipe::copy");
   CUPIPE_CHECK_CUDA(cudaMemcpyAsync(to.data(), from.data(), std::size_t(from.numel()) * sizeof(V),
                                     cudaMemcpyDeviceToDevice, be.stream()));
 }
 
 template <class T, class C, class V, class S>
-  requires cuda_detail::either_precision<V, T, C>
+  requires backend::cuda::detail::either_precision<V, T, C>
 void fill(backend::Cuda<T, C>& be, DeviceView<V> y, S value) {
   checks::fill(y);
-  const cuda_detail::OpScope scope(be, "cupipe::fill");
-  using DV = cuda_detail::dev_t<V>;
-  const DV v = cuda_detail::device_value<V>(cuda_detail::acc<V>(value));
-  gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<DV>{v}, cuda_detail::device_ptr(y.data()));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::fill");
+  using DV = backend::cuda::detail::dev_t<V>;
+  const DV v = backend::cuda::detail::device_value<V>(backend::cuda::detail::acc<V>(value));
+  backend::cuda::kernels::transform(be.context(), y.numel(), backend::cuda::kernels::FillOp<DV>{v}, backend::cuda::detail::device_ptr(y.data()));
 }
 
 /// Fills y with quiet NaN, so a test sees every element an op fails to write. Any float type.
@@ -206,8 +207,8 @@ template <class T, class C, class U>
 void poison(backend::Cuda<T, C>& be, DeviceView<U> y) {
   static_assert(std::is_floating_point_v<U> || std::is_same_v<U, bfloat16>, "poison: NaN needs a floating-point type");
   check_view(y, y.shape(), "poison", "y");
-  const cuda_detail::OpScope scope(be, "cupipe::poison");
-  using D = gpu::kernels::device_t<U>;
+  const backend::cuda::detail::OpScope scope(be, "cupipe::poison");
+  using D = backend::cuda::kernels::device_t<U>;
   D nan;
   if constexpr (std::is_same_v<U, bfloat16>) {
     __nv_bfloat16_raw raw;
@@ -216,7 +217,7 @@ void poison(backend::Cuda<T, C>& be, DeviceView<U> y) {
   } else {
     nan = std::numeric_limits<U>::quiet_NaN();
   }
-  gpu::kernels::transform(be.context(), y.numel(), gpu::kernels::FillOp<D>{nan}, cuda_detail::device_ptr(y.data()));
+  backend::cuda::kernels::transform(be.context(), y.numel(), backend::cuda::kernels::FillOp<D>{nan}, backend::cuda::detail::device_ptr(y.data()));
 }
 
 /// Element type conversion (float, double, bfloat16; bf16 rounds to nearest even). `from` may be a
@@ -225,11 +226,11 @@ template <class T, class C, class From, class To>
 void convert(backend::Cuda<T, C>& be, DeviceView<From> from, DeviceView<To> to) {
   check_view(from, from.shape(), "convert", "source");
   check_view(to, from.shape(), "convert", "destination");
-  const cuda_detail::OpScope scope(be, "cupipe::convert");
-  using DF = gpu::kernels::device_t<std::remove_const_t<From>>;
-  using DT = gpu::kernels::device_t<To>;
-  gpu::kernels::transform(be.context(), from.numel(), gpu::kernels::ConvertOp<DF, DT>{}, cuda_detail::cptr(from),
-                           cuda_detail::device_ptr(to.data()));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::convert");
+  using DF = backend::cuda::kernels::device_t<std::remove_const_t<From>>;
+  using DT = backend::cuda::kernels::device_t<To>;
+  backend::cuda::kernels::transform(be.context(), from.numel(), backend::cuda::kernels::ConvertOp<DF, DT>{}, backend::cuda::detail::cptr(from),
+                           backend::cuda::detail::device_ptr(to.data()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -241,9 +242,9 @@ void layernorm_forward(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceCons
                        DeviceView<T> y, DeviceView<C> mean, DeviceView<C> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_forward(x, gamma, beta, y, mean, rstd);
-  const cuda_detail::OpScope scope(be, "cupipe::layernorm_forward");
-  gpu::kernels::layernorm_forward(be.context(), cuda_detail::device_ptr(x.data()), cuda_detail::device_ptr(gamma.data()), cuda_detail::device_ptr(beta.data()),
-                                   cuda_detail::device_ptr(y.data()), mean.data(), rstd.data(), rows, n, eps);
+  const backend::cuda::detail::OpScope scope(be, "cupipe::layernorm_forward");
+  backend::cuda::kernels::layernorm_forward(be.context(), backend::cuda::detail::device_ptr(x.data()), backend::cuda::detail::device_ptr(gamma.data()), backend::cuda::detail::device_ptr(beta.data()),
+                                   backend::cuda::detail::device_ptr(y.data()), mean.data(), rstd.data(), rows, n, eps);
 }
 
 template <class T, class C>
@@ -251,9 +252,9 @@ void layernorm_backward_input(backend::Cuda<T, C>& be, DeviceConstView<T> x, Dev
                               DeviceConstView<C> rstd, DeviceConstView<T> dy, DeviceView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_input(x, gamma, mean, rstd, dy, dx);
-  const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_input");
-  gpu::kernels::layernorm_backward_input(be.context(), cuda_detail::device_ptr(x.data()), cuda_detail::device_ptr(gamma.data()), mean.data(), rstd.data(),
-                                          cuda_detail::device_ptr(dy.data()), cuda_detail::device_ptr(dx.data()), rows, n);
+  const backend::cuda::detail::OpScope scope(be, "cupipe::layernorm_backward_input");
+  backend::cuda::kernels::layernorm_backward_input(be.context(), backend::cuda::detail::device_ptr(x.data()), backend::cuda::detail::device_ptr(gamma.data()), mean.data(), rstd.data(),
+                                          backend::cuda::detail::device_ptr(dy.data()), backend::cuda::detail::device_ptr(dx.data()), rows, n);
 }
 
 /// dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy (deterministic).
@@ -262,8 +263,8 @@ void layernorm_backward_weight(backend::Cuda<T, C>& be, DeviceConstView<T> x, De
                                DeviceConstView<T> dy, DeviceView<C> dgamma, DeviceView<C> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_weight(x, mean, rstd, dy, dgamma, dbeta);
-  const cuda_detail::OpScope scope(be, "cupipe::layernorm_backward_weight");
-  gpu::kernels::layernorm_backward_weight(be.context(), cuda_detail::device_ptr(x.data()), mean.data(), rstd.data(), cuda_detail::device_ptr(dy.data()),
+  const backend::cuda::detail::OpScope scope(be, "cupipe::layernorm_backward_weight");
+  backend::cuda::kernels::layernorm_backward_weight(be.context(), backend::cuda::detail::device_ptr(x.data()), mean.data(), rstd.data(), backend::cuda::detail::device_ptr(dy.data()),
                                            dgamma.data(), dbeta.data(), rows, n);
 }
 
@@ -271,15 +272,16 @@ void layernorm_backward_weight(backend::Cuda<T, C>& be, DeviceConstView<T> x, De
 // Fused softmax cross-entropy (see host/ops.hpp). Labels live in device memory, so a label out of
 // range is found by the kernel and reported through the context's device error record.
 
-namespace cuda_detail {
+}  // namespace cupipe::ops
+namespace cupipe::backend::cuda::detail {
 
 template <class T, class C>
 void check_reported_labels(backend::Cuda<T, C>& be, std::string_view op, const Shape& logits, index_t classes = -1) {
   if (!be.check_inputs) return;
-  const gpu::DeviceError found = be.context().take_device_error();
-  if (found.code == gpu::label_out_of_range)
-    checks::label_out_of_range(op, found.value, found.row, logits, classes < 0 ? logits.cols() : classes);
-  if (found.code != gpu::no_error)
+  const backend::cuda::DeviceError found = be.context().take_device_error();
+  if (found.code == backend::cuda::label_out_of_range)
+    ops::checks::label_out_of_range(op, found.value, found.row, logits, classes < 0 ? logits.cols() : classes);
+  if (found.code != backend::cuda::no_error)
     CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
                  ", value ", found.value, ")");
 }
@@ -287,15 +289,16 @@ void check_reported_labels(backend::Cuda<T, C>& be, std::string_view op, const S
 template <class T, class C>
 void check_reported_ids(backend::Cuda<T, C>& be, std::string_view op, index_t vocab) {
   if (!be.check_inputs) return;
-  const gpu::DeviceError found = be.context().take_device_error();
-  if (found.code == gpu::token_id_out_of_range)
-    checks::token_id_out_of_range(op, found.value, found.row, vocab);
-  if (found.code != gpu::no_error)
+  const backend::cuda::DeviceError found = be.context().take_device_error();
+  if (found.code == backend::cuda::token_id_out_of_range)
+    ops::checks::token_id_out_of_range(op, found.value, found.row, vocab);
+  if (found.code != backend::cuda::no_error)
     CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
                  ", value ", found.value, ")");
 }
 
-}  // namespace cuda_detail
+}  // namespace cupipe::backend::cuda::detail
+namespace cupipe::ops {
 
 /// loss (1,) = sum over rows of (logsumexp(z_r) - z_r[label_r]) / normalizer, in device memory, in
 /// the compute type.
@@ -303,10 +306,10 @@ template <class T, class C>
 void softmax_cross_entropy_forward(backend::Cuda<T, C>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
                                    DeviceView<C> loss, index_t normalizer) {
   checks::softmax_cross_entropy_forward(logits, labels, loss, normalizer);
-  const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_forward");
-  gpu::kernels::softmax_cross_entropy_forward(be.context(), cuda_detail::device_ptr(logits.data()), labels.data(), loss.data(), logits.rows(),
+  const backend::cuda::detail::OpScope scope(be, "cupipe::softmax_cross_entropy_forward");
+  backend::cuda::kernels::softmax_cross_entropy_forward(be.context(), backend::cuda::detail::device_ptr(logits.data()), labels.data(), loss.data(), logits.rows(),
                                                logits.cols(), normalizer);
-  cuda_detail::check_reported_labels(be, "softmax_cross_entropy_forward", logits.shape());
+  backend::cuda::detail::check_reported_labels(be, "softmax_cross_entropy_forward", logits.shape());
 }
 
 /// dlogits = (softmax(z) - onehot(label)) * dloss / normalizer.
@@ -314,13 +317,13 @@ template <class T, class C, class S = C>
 void softmax_cross_entropy_backward(backend::Cuda<T, C>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
                                     DeviceView<T> dlogits, index_t normalizer, S dloss = S(1)) {
   checks::softmax_cross_entropy_backward(logits, labels, dlogits, normalizer);
-  const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_backward");
-  using A = gpu::kernels::acc_t<cuda_detail::dev_t<T>>;
+  const backend::cuda::detail::OpScope scope(be, "cupipe::softmax_cross_entropy_backward");
+  using A = backend::cuda::kernels::acc_t<backend::cuda::detail::dev_t<T>>;
   // As the host op: dloss / normalizer in the arithmetic type (float for bf16 storage).
-  const A scale = cuda_detail::acc<T>(dloss) / A(normalizer);
-  gpu::kernels::softmax_cross_entropy_backward(be.context(), cuda_detail::device_ptr(logits.data()), labels.data(), cuda_detail::device_ptr(dlogits.data()),
+  const A scale = backend::cuda::detail::acc<T>(dloss) / A(normalizer);
+  backend::cuda::kernels::softmax_cross_entropy_backward(be.context(), backend::cuda::detail::device_ptr(logits.data()), labels.data(), backend::cuda::detail::device_ptr(dlogits.data()),
                                                 logits.rows(), logits.cols(), scale);
-  cuda_detail::check_reported_labels(be, "softmax_cross_entropy_backward", logits.shape());
+  backend::cuda::detail::check_reported_labels(be, "softmax_cross_entropy_backward", logits.shape());
 }
 
 /// Vocabulary-parallel cross-entropy's statistics (host ops.hpp): stats (rows, 3) in the compute
@@ -329,10 +332,10 @@ template <class T, class C>
 void softmax_cross_entropy_part_stats(backend::Cuda<T, C>& be, DeviceConstView<T> logits, DeviceConstView<std::int32_t> labels,
                                       DeviceView<C> stats, VocabPart part) {
   checks::softmax_cross_entropy_part_stats(logits, labels, stats, part);
-  const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_part_stats");
-  gpu::kernels::softmax_cross_entropy_part_stats(be.context(), cuda_detail::device_ptr(logits.data()), labels.data(),
+  const backend::cuda::detail::OpScope scope(be, "cupipe::softmax_cross_entropy_part_stats");
+  backend::cuda::kernels::softmax_cross_entropy_part_stats(be.context(), backend::cuda::detail::device_ptr(logits.data()), labels.data(),
                                                   stats.data(), logits.rows(), logits.cols(), part.first, part.whole);
-  cuda_detail::check_reported_labels(be, "softmax_cross_entropy_part_stats", logits.shape(), part.whole);
+  backend::cuda::detail::check_reported_labels(be, "softmax_cross_entropy_part_stats", logits.shape(), part.whole);
 }
 
 /// dlogits = (exp(z - lse) - onehot(label)) * dloss / normalizer over a vocabulary part; lse (rows,)
@@ -342,13 +345,13 @@ void softmax_cross_entropy_part_backward(backend::Cuda<T, C>& be, DeviceConstVie
                                          DeviceConstView<std::int32_t> labels, DeviceConstView<C> lse, DeviceView<T> dlogits,
                                          index_t normalizer, VocabPart part, S dloss = S(1)) {
   checks::softmax_cross_entropy_part_backward(logits, labels, lse, dlogits, normalizer, part);
-  const cuda_detail::OpScope scope(be, "cupipe::softmax_cross_entropy_part_backward");
-  using A = gpu::kernels::acc_t<cuda_detail::dev_t<T>>;
-  const A scale = cuda_detail::acc<T>(dloss) / A(normalizer);
-  gpu::kernels::softmax_cross_entropy_backward(be.context(), cuda_detail::device_ptr(logits.data()), labels.data(),
-                                                cuda_detail::device_ptr(dlogits.data()), logits.rows(), logits.cols(), scale,
+  const backend::cuda::detail::OpScope scope(be, "cupipe::softmax_cross_entropy_part_backward");
+  using A = backend::cuda::kernels::acc_t<backend::cuda::detail::dev_t<T>>;
+  const A scale = backend::cuda::detail::acc<T>(dloss) / A(normalizer);
+  backend::cuda::kernels::softmax_cross_entropy_backward(be.context(), backend::cuda::detail::device_ptr(logits.data()), labels.data(),
+                                                backend::cuda::detail::device_ptr(dlogits.data()), logits.rows(), logits.cols(), scale,
                                                 lse.data(), part.first, part.whole);
-  cuda_detail::check_reported_labels(be, "softmax_cross_entropy_part_backward", logits.shape(), part.whole);
+  backend::cuda::detail::check_reported_labels(be, "softmax_cross_entropy_part_backward", logits.shape(), part.whole);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -359,10 +362,10 @@ template <class T, class C>
 void embedding_forward(backend::Cuda<T, C>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> table, DeviceView<T> y,
                        VocabPart part) {
   checks::embedding_forward(ids, table, y, part);
-  const cuda_detail::OpScope scope(be, "cupipe::embedding_forward");
-  gpu::kernels::embedding_forward(be.context(), ids.data(), cuda_detail::device_ptr(table.data()), cuda_detail::device_ptr(y.data()), ids.numel(),
+  const backend::cuda::detail::OpScope scope(be, "cupipe::embedding_forward");
+  backend::cuda::kernels::embedding_forward(be.context(), ids.data(), backend::cuda::detail::device_ptr(table.data()), backend::cuda::detail::device_ptr(y.data()), ids.numel(),
                                    table.cols(), part.first, table.rows(), part.whole);
-  cuda_detail::check_reported_ids(be, "embedding_forward", part.whole);
+  backend::cuda::detail::check_reported_ids(be, "embedding_forward", part.whole);
 }
 
 template <class T, class C>
@@ -375,10 +378,10 @@ template <class T, class C>
 void embedding_backward(backend::Cuda<T, C>& be, DeviceConstView<std::int32_t> ids, DeviceConstView<T> dy, DeviceView<C> dtable,
                         VocabPart part) {
   checks::embedding_backward(ids, dy, dtable, part);
-  const cuda_detail::OpScope scope(be, "cupipe::embedding_backward");
-  gpu::kernels::embedding_backward(be.context(), ids.data(), cuda_detail::device_ptr(dy.data()), dtable.data(), ids.numel(), dtable.cols(),
+  const backend::cuda::detail::OpScope scope(be, "cupipe::embedding_backward");
+  backend::cuda::kernels::embedding_backward(be.context(), ids.data(), backend::cuda::detail::device_ptr(dy.data()), dtable.data(), ids.numel(), dtable.cols(),
                                     part.first, dtable.rows(), part.whole);
-  cuda_detail::check_reported_ids(be, "embedding_backward", part.whole);
+  backend::cuda::detail::check_reported_ids(be, "embedding_backward", part.whole);
 }
 
 template <class T, class C>
@@ -392,17 +395,17 @@ void embedding_backward(backend::Cuda<T, C>& be, DeviceConstView<std::int32_t> i
 /// Sum of squares of all elements (storage or compute type), accumulated in double by a fixed
 /// two-phase reduction. Waits for the result.
 template <class T, class C, class V>
-  requires cuda_detail::either_precision<V, T, C>
+  requires backend::cuda::detail::either_precision<V, T, C>
 double sum_of_squares(backend::Cuda<T, C>& be, TensorView<V, DeviceSpace> x_view) {
   const DeviceConstView<std::remove_const_t<V>> x = x_view;
   checks::sum_of_squares(x);
   if (x.numel() == 0) return 0.0;
-  const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares");
+  const backend::cuda::detail::OpScope scope(be, "cupipe::sum_of_squares");
   // The partials first, the result after them.
   auto* partial = static_cast<double*>(
-      be.context().scratch(std::size_t(1 + gpu::kernels::squares_max_blocks) * sizeof(double)));
-  double* result = partial + gpu::kernels::squares_max_blocks;
-  gpu::kernels::sum_of_squares(be.context(), cuda_detail::device_ptr(x.data()), x.numel(), partial, result);
+      be.context().scratch(std::size_t(1 + backend::cuda::kernels::squares_max_blocks) * sizeof(double)));
+  double* result = partial + backend::cuda::kernels::squares_max_blocks;
+  backend::cuda::kernels::sum_of_squares(be.context(), backend::cuda::detail::device_ptr(x.data()), x.numel(), partial, result);
   return be.context().read_scalar(result);
 }
 
@@ -410,18 +413,18 @@ double sum_of_squares(backend::Cuda<T, C>& be, TensorView<V, DeviceSpace> x_view
 /// caller combining several reads them back with one copy (pipeline::GradientSquares). An empty x
 /// writes 0.
 template <class T, class C, class V>
-  requires cuda_detail::either_precision<V, T, C>
+  requires backend::cuda::detail::either_precision<V, T, C>
 void sum_of_squares_into(backend::Cuda<T, C>& be, TensorView<V, DeviceSpace> x_view, double* out) {
   const DeviceConstView<std::remove_const_t<V>> x = x_view;
   checks::sum_of_squares(x);
   CUPIPE_REQUIRE(out != nullptr, "sum_of_squares_into: no place for the result");
-  const cuda_detail::OpScope scope(be, "cupipe::sum_of_squares_into");
+  const backend::cuda::detail::OpScope scope(be, "cupipe::sum_of_squares_into");
   if (x.numel() == 0) {
     CUPIPE_CHECK_CUDA(cudaMemsetAsync(out, 0, sizeof(double), be.context().stream()));
     return;
   }
-  auto* partial = static_cast<double*>(be.context().scratch(std::size_t(gpu::kernels::squares_max_blocks) * sizeof(double)));
-  gpu::kernels::sum_of_squares(be.context(), cuda_detail::device_ptr(x.data()), x.numel(), partial, out);
+  auto* partial = static_cast<double*>(be.context().scratch(std::size_t(backend::cuda::kernels::squares_max_blocks) * sizeof(double)));
+  backend::cuda::kernels::sum_of_squares(be.context(), backend::cuda::detail::device_ptr(x.data()), x.numel(), partial, out);
 }
 
 /// On compute-type views (float master weights where the storage is bf16).
@@ -429,16 +432,17 @@ template <class T, class C, class S>
 void sgd_update(backend::Cuda<T, C>& be, DeviceView<C> param, DeviceConstView<C> grad, DeviceView<C> velocity, const SgdHyper& h,
                 S grad_scale) {
   checks::sgd_update(param, grad, velocity);
-  const cuda_detail::OpScope scope(be, "cupipe::sgd_update");
-  using A = gpu::kernels::acc_t<C>;
-  const gpu::kernels::SgdOp<C> op{A(C(h.lr)), A(C(h.momentum)), A(C(h.weight_decay)), A(cuda_detail::acc<C>(grad_scale)), h.nesterov};
-  gpu::kernels::transform(be.context(), param.numel(), op, param.data(), grad.data(), velocity.data());
+  const backend::cuda::detail::OpScope scope(be, "cupipe::sgd_update");
+  using A = backend::cuda::kernels::acc_t<C>;
+  const backend::cuda::kernels::SgdOp<C> op{A(C(h.lr)), A(C(h.momentum)), A(C(h.weight_decay)), A(backend::cuda::detail::acc<C>(grad_scale)), h.nesterov};
+  backend::cuda::kernels::transform(be.context(), param.numel(), op, param.data(), grad.data(), velocity.data());
 }
 
-namespace cuda_detail {
+}  // namespace cupipe::ops
+namespace cupipe::backend::cuda::detail {
 /// AdamW's per-step scalars, rounded to the arithmetic type as the host op rounds them (`step` is checked).
 template <class A>
-gpu::kernels::AdamWScalars<A> adamw_scalars(const AdamWHyper& h, std::int64_t step, A grad_scale) {
+backend::cuda::kernels::AdamWScalars<A> adamw_scalars(const ops::AdamWHyper& h, std::int64_t step, A grad_scale) {
   return {A(h.lr),
           A(h.beta1),
           A(1 - h.beta1),
@@ -450,7 +454,8 @@ gpu::kernels::AdamWScalars<A> adamw_scalars(const AdamWHyper& h, std::int64_t st
           A(1) - A(h.lr * h.weight_decay),
           grad_scale};
 }
-}  // namespace cuda_detail
+}  // namespace cupipe::backend::cuda::detail
+namespace cupipe::ops {
 
 /// `step` counts from 1 (the first update uses step 1 for the bias corrections). On compute-type
 /// views (float master weights where the storage is bf16).
@@ -458,9 +463,9 @@ template <class T, class C, class S>
 void adamw_update(backend::Cuda<T, C>& be, DeviceView<C> param, DeviceConstView<C> grad, DeviceView<C> m, DeviceView<C> v,
                   const AdamWHyper& h, std::int64_t step, S grad_scale) {
   checks::adamw_update(param, grad, m, v, step);
-  const auto scalars = cuda_detail::adamw_scalars<C>(h, step, C(cuda_detail::acc<C>(grad_scale)));
-  const cuda_detail::OpScope scope(be, "cupipe::adamw_update");
-  gpu::kernels::transform(be.context(), param.numel(), gpu::kernels::AdamWOp<C>{scalars}, param.data(), grad.data(), m.data(),
+  const auto scalars = backend::cuda::detail::adamw_scalars<C>(h, step, C(backend::cuda::detail::acc<C>(grad_scale)));
+  const backend::cuda::detail::OpScope scope(be, "cupipe::adamw_update");
+  backend::cuda::kernels::transform(be.context(), param.numel(), backend::cuda::kernels::AdamWOp<C>{scalars}, param.data(), grad.data(), m.data(),
                            v.data());
 }
 
@@ -477,11 +482,11 @@ void adamw_update_master(backend::Cuda<T, C>& be, DeviceView<float> master, Devi
   check_view(m, master.shape(), "adamw_update_master", "m");
   check_view(v, master.shape(), "adamw_update_master", "v");
   checks::adamw_step(step);
-  const auto scalars = cuda_detail::adamw_scalars<float>(h, step, grad_scale);
-  const cuda_detail::OpScope scope(be, "cupipe::adamw_update_master");
-  using DG = gpu::kernels::device_t<std::remove_const_t<G>>;
-  gpu::kernels::transform(be.context(), master.numel(), gpu::kernels::AdamWMasterOp<DG>{scalars}, master.data(),
-                           cuda_detail::device_ptr(param.data()), cuda_detail::cptr(grad), m.data(), v.data());
+  const auto scalars = backend::cuda::detail::adamw_scalars<float>(h, step, grad_scale);
+  const backend::cuda::detail::OpScope scope(be, "cupipe::adamw_update_master");
+  using DG = backend::cuda::kernels::device_t<std::remove_const_t<G>>;
+  backend::cuda::kernels::transform(be.context(), master.numel(), backend::cuda::kernels::AdamWMasterOp<DG>{scalars}, master.data(),
+                           backend::cuda::detail::device_ptr(param.data()), backend::cuda::detail::cptr(grad), m.data(), v.data());
 }
 
 }  // namespace cupipe::ops

@@ -12,7 +12,7 @@
 #include "cupipe/backend/cuda/cuda.cuh"
 #include "cupipe/backend/cuda/ops.cuh"
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 /// TFLOP/s of an n x n x n product on `device`: float inputs in `math` (fp32 or tf32), or with
 /// `Storage` = bfloat16, bf16 inputs and output with fp32 accumulation (`math` is then unused). The
@@ -48,4 +48,4 @@ inline double measured_gemm_tflops(int device, MathMode math, index_t n = 8192, 
   return 2.0 * double(n) * double(n) * double(n) / times[times.size() / 2] / 1e12;
 }
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

@@ -10,7 +10,7 @@
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/device_guard.cuh"
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 /// A non-blocking stream (it does not synchronise with the legacy default stream).
 class Stream {
@@ -89,4 +89,4 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

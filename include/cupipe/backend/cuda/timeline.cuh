@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpu::ActionTimer: device-side timestamps of a pipeline step on one stream. The pipeline marks each
+// backend::cuda::ActionTimer: device-side timestamps of a pipeline step on one stream. The pipeline marks each
 // action's start and end on the worker's stream; after the step it reads every mark as seconds
 // since the step's origin event. Host clocks would time the enqueueing, not the kernels.
 #pragma once
@@ -14,7 +14,7 @@
 #include "cupipe/backend/cuda/stream.cuh"
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::gpu {
+namespace cupipe::backend::cuda {
 
 class ActionTimer {
  public:
@@ -49,4 +49,4 @@ class ActionTimer {
   std::size_t used_ = 0;
 };
 
-}  // namespace cupipe::gpu
+}  // namespace cupipe::backend::cuda

@@ -34,9 +34,9 @@ template <class T, class C, class U>
 void transfer(backend::Cuda<T, C>& from, backend::Cuda<T, C>& to, DeviceConstView<U> src, DeviceView<U> dst) {
   checks::transfer(src, dst);
   if (src.numel() == 0) return;
-  const gpu::NvtxRange range("cupipe::transfer");
+  const backend::cuda::NvtxRange range("cupipe::transfer");
   // The copy is enqueued from the sender's device; the thread's own current device is restored on return.
-  const gpu::DeviceGuard device(from.device());
+  const backend::cuda::DeviceGuard device(from.device());
   const std::size_t bytes = std::size_t(src.numel()) * sizeof(U);
   if (from.device() != to.device()) from.context().enable_peer_access(to.device());
   if (&from != &to)
@@ -47,9 +47,9 @@ void transfer(backend::Cuda<T, C>& from, backend::Cuda<T, C>& to, DeviceConstVie
   else
     CUPIPE_CHECK_CUDA(cudaMemcpyPeerAsync(dst.data(), to.device(), src.data(), from.device(), bytes, from.stream()));
   if (&from == &to) return;  // one stream: already in order
-  gpu::Event& copied = from.context().handoff_event();
+  backend::cuda::Event& copied = from.context().handoff_event();
   copied.record(from.stream());
-  // The receiver's main stream: its thread may have an overlap open (gpu::Context), and an input
+  // The receiver's main stream: its thread may have an overlap open (backend::cuda::Context), and an input
   // taken before overlap_begin reaches the side stream through the fork.
   CUPIPE_CHECK_CUDA(cudaStreamWaitEvent(to.context().main_stream(), copied, 0));
 }

@@ -66,7 +66,7 @@ void bias_add(backend::Host<T>&, TensorView<T> y, ConstView<T> bias) {
   checks::bias_add(y, bias);
   const index_t cols = y.cols();
   const T* __restrict b = bias.data();
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t r = 0; r < y.rows(); ++r) {
       T* __restrict row = y.data() + r * cols;
       for (index_t c = 0; c < cols; ++c) row[c] += b[c];
@@ -80,7 +80,7 @@ void bias_backward(backend::Host<T>&, ConstView<T> dy, TensorView<T> dbias) {
   checks::bias_backward(dy, dbias);
   const index_t cols = dy.cols();
   T* __restrict sums = dbias.data();
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t r = 0; r < dy.rows(); ++r) {
       const T* __restrict row = dy.data() + r * cols;
       for (index_t c = 0; c < cols; ++c) sums[c] += row[c];
@@ -94,7 +94,7 @@ namespace detail {
 /// (element i reads only elements i).
 template <class T, class F, class... In>
 void elementwise(index_t n, T* out, F f, const In*... in) {
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t i = 0; i < n; ++i) out[i] = f(in[i]...);
   });
 }
@@ -119,13 +119,13 @@ void relu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
 }
 
 /// GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). For float, tanh is
-/// host_math's, so the loop is vector code (libm's tanhf was a call per element). In place is fine.
+/// backend::host's (vector_math.hpp), so the loop is vector code (libm's tanhf was a call per element). In place is fine.
 template <class T>
 void gelu_forward(backend::Host<T>&, ConstView<T> x, TensorView<T> y) {
   checks::gelu_forward(x, y);
   detail::elementwise(x.numel(), y.data(), [](T v) CUPIPE_VECTOR_BODY {
     const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
-    return T(0.5) * v * (T(1) + host_math::tanh_of(inner));
+    return T(0.5) * v * (T(1) + backend::host::tanh_of(inner));
   }, x.data());
 }
 
@@ -134,7 +134,7 @@ void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
   checks::gelu_backward(x, dy, dx);
   detail::elementwise(x.numel(), dx.data(), [](T v, T g) CUPIPE_VECTOR_BODY {
     const T inner = T(gelu_k) * (v + T(gelu_c) * v * v * v);
-    const T t = host_math::tanh_of(inner);
+    const T t = backend::host::tanh_of(inner);
     const T dinner = T(gelu_k) * (T(1) + T(3 * gelu_c) * v * v);
     return g * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
   }, x.data(), dy.data());
@@ -144,7 +144,7 @@ void gelu_backward(backend::Host<T>&, ConstView<T> x, ConstView<T> dy, TensorVie
 template <class T>
 void residual_add(backend::Host<T>&, ConstView<T> a, ConstView<T> b, TensorView<T> y) {
   checks::residual_add(a, b, y);
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t i = 0; i < a.numel(); ++i) y[i] = a[i] + b[i];
   });
 }
@@ -153,7 +153,7 @@ void residual_add(backend::Host<T>&, ConstView<T> a, ConstView<T> b, TensorView<
 template <class T>
 void axpy(backend::Host<T>&, Scalar<T> alpha, ConstView<T> x, TensorView<T> y) {
   checks::axpy(x, y);
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t i = 0; i < x.numel(); ++i) y[i] += alpha * x[i];
   });
 }
@@ -178,7 +178,7 @@ void layernorm_forward(backend::Host<T>&, ConstView<T> x, ConstView<T> gamma, Co
                        TensorView<T> mean, TensorView<T> rstd, double eps) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_forward(x, gamma, beta, y, mean, rstd);
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t r = 0; r < rows; ++r) {
       const T* xr = x.data() + r * n;
       T sum = 0;
@@ -200,7 +200,7 @@ void layernorm_backward_input(backend::Host<T>&, ConstView<T> x, ConstView<T> ga
                               ConstView<T> rstd, ConstView<T> dy, TensorView<T> dx) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_input(x, gamma, mean, rstd, dy, dx);
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t r = 0; r < rows; ++r) {
       T mean_g = 0, mean_gx = 0;
       for (index_t c = 0; c < n; ++c) {
@@ -227,7 +227,7 @@ void layernorm_backward_weight(backend::Host<T>&, ConstView<T> x, ConstView<T> m
                                ConstView<T> dy, TensorView<T> dgamma, TensorView<T> dbeta) {
   const index_t rows = x.rows(), n = x.cols();
   checks::layernorm_backward_weight(x, mean, rstd, dy, dgamma, dbeta);
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t r = 0; r < rows; ++r) {
       const T mu = mean[r], rs = rstd[r];
       for (index_t c = 0; c < n; ++c) {
@@ -431,20 +431,20 @@ void causal_attention_forward(backend::Host<T>&, ConstView<T> qkv, TensorView<T>
         T* S = scores.data();  // (rows, keys), rows `keys` apart
         // (rows, D) x (keys, D)^T -> (rows, keys)
         detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, scale, head.q + t0 * W, W, head.k, W, T(0), S, keys);
-        host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+        backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
           for (index_t i = 0; i < rows; ++i) {
             T* s = S + i * keys;
             const index_t t = t0 + i;
             T max = -std::numeric_limits<T>::infinity();
             for (index_t u = 0; u <= t; ++u) max = std::max(max, s[u]);
             // The exponentials in a loop of their own, which vectorises; the sum in order after it.
-            for (index_t u = 0; u <= t; ++u) e[u] = host_math::exp_of(s[u] - max);
+            for (index_t u = 0; u <= t; ++u) e[u] = backend::host::exp_of(s[u] - max);
             T sum = 0;
             for (index_t u = 0; u <= t; ++u) sum += e[u];
             const T l = max + std::log(sum);
             lse.at(s0 + t, h) = l;
             // exp(s - l), not e / sum: bitwise the probabilities the backward recomputes.
-            for (index_t u = 0; u <= t; ++u) s[u] = host_math::exp_of(s[u] - l);
+            for (index_t u = 0; u <= t; ++u) s[u] = backend::host::exp_of(s[u] - l);
             std::fill(s + t + 1, s + keys, T(0));
           }
         });
@@ -483,7 +483,7 @@ void causal_attention_backward(backend::Host<T>&, ConstView<T> qkv, ConstView<T>
         detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, scale, head.q + t0 * W, W, head.k, W, T(0), P, keys);
         // (rows, D) x (keys, D)^T -> (rows, keys)
         detail::gemm_rows(Transpose::no, Transpose::yes, rows, keys, D, T(1), go + t0 * C, C, head.v, W, T(0), dS, keys);
-        host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+        backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
           for (index_t i = 0; i < rows; ++i) {
             const index_t t = t0 + i;
             T* p = P + i * keys;
@@ -494,7 +494,7 @@ void causal_attention_backward(backend::Host<T>&, ConstView<T> qkv, ConstView<T>
             for (index_t d = 0; d < D; ++d) delta += go_t[d] * o_t[d];
             const T l = lse.at(s0 + t, h);
             for (index_t u = 0; u <= t; ++u) {
-              p[u] = host_math::exp_of(p[u] - l);
+              p[u] = backend::host::exp_of(p[u] - l);
               ds[u] = p[u] * (ds[u] - delta) * scale;
             }
             std::fill(p + t + 1, p + keys, T(0));
@@ -535,7 +535,7 @@ template <class T>
 void sgd_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, TensorView<T> velocity,
                 const SgdHyper& h, Scalar<T> grad_scale) {
   checks::sgd_update(param, grad, velocity);
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t i = 0; i < param.numel(); ++i) {
       const T g = grad[i] * grad_scale + T(h.weight_decay) * param[i];
       velocity[i] = T(h.momentum) * velocity[i] + g;
@@ -562,7 +562,7 @@ void adamw_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, Ten
   T* __restrict m1 = m.data();
   T* __restrict m2 = v.data();
   const index_t n = param.numel();
-  host_math::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
+  backend::host::vectorised<T>([=]() CUPIPE_VECTOR_BODY {
     for (index_t i = 0; i < n; ++i) {
       const T gi = g[i] * scale;
       const T mi = beta1 * m1[i] + one_minus_beta1 * gi;

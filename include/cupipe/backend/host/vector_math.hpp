@@ -27,7 +27,7 @@
 
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::host_math {
+namespace cupipe::backend::host {
 
 /// e^x. x = n ln2 + r with |r| <= ln2 / 2 (Cody and Waite's two-part ln2, so n ln2 is exact), then
 /// 2^n e^r with e^r = 1 + r + r^2 q(r), q a degree-4 polynomial fitted for relative error (3e-9 before
@@ -71,7 +71,7 @@ inline float tanh(float x) noexcept {
                                                                             y * (0.020650592377087256f - y * 0.005717050118153045f))));
   const float twice = 2.0f * a;
   const bool saturated = twice > 20.0f, small = a < 0.625f;
-  const float e = host_math::exp(saturated ? 20.0f : twice);
+  const float e = backend::host::exp(saturated ? 20.0f : twice);
   const float away = 1.0f - 2.0f / (e + 1.0f);
   return std::copysign(small ? near_zero : away, x);
 }
@@ -88,14 +88,14 @@ inline constexpr bool arithmetic_rewritten = false;
 /// tanh for the host ops' element type: the vectorisable one for float, libm's otherwise.
 template <class T>
 T tanh_of(T x) noexcept {
-  if constexpr (std::is_same_v<T, float> && !arithmetic_rewritten) return host_math::tanh(x);
+  if constexpr (std::is_same_v<T, float> && !arithmetic_rewritten) return backend::host::tanh(x);
   else return std::tanh(x);
 }
 
 /// e^x for the host ops' element type: the vectorisable one for float, libm's otherwise.
 template <class T>
 T exp_of(T x) noexcept {
-  if constexpr (std::is_same_v<T, float> && !arithmetic_rewritten) return host_math::exp(x);
+  if constexpr (std::is_same_v<T, float> && !arithmetic_rewritten) return backend::host::exp(x);
   else return std::exp(x);
 }
 
@@ -215,4 +215,4 @@ void vectorised(Body body) {
   body();
 }
 
-}  // namespace cupipe::host_math
+}  // namespace cupipe::backend::host

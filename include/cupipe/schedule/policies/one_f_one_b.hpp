@@ -35,7 +35,7 @@ constexpr std::vector<std::vector<Action>> one_f_one_b_actions(const Config& c) 
 /// Knobs and checks of a one-chunk policy on the looped placement.
 struct OneChunkPolicy {
   static constexpr int chunks = 1;
-  static constexpr std::string_view check(const Config& c) { return c.chunks != 1 ? reason::one_chunk : ""; }
+  static constexpr std::string_view check(const Config& c) { return c.chunks != 1 ? one_chunk_reason : ""; }
   static constexpr Placement placement(const Config& c) { return looped_placement(c.stages, 1); }
 };
 

@@ -28,7 +28,7 @@ struct PipeDream2BW : PipeDream {
   static constexpr std::string_view summary = "1F1B without a flush; one update per batch into a second weight buffer";
   static constexpr UpdateRule update = UpdateRule::double_buffered;
   static constexpr std::string_view check(const Config& c) {
-    if (c.chunks != 1) return reason::one_chunk;
+    if (c.chunks != 1) return one_chunk_reason;
     if (c.batches > 1 && c.microbatches < c.stages - 1)
       return "PipeDream2BW needs microbatches >= stages - 1 when batches > 1: batch t enters stage 0 on weight "
              "version t-1, which exists only once batch t-2 has drained from that stage";

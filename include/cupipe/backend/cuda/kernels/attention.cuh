@@ -21,7 +21,7 @@
 #include "cupipe/backend/cuda/kernels/common.cuh"
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::gpu::kernels {
+namespace cupipe::backend::cuda::kernels {
 
 inline constexpr int attention_warps = 4;  // warps (queries or keys) per block
 inline constexpr int attention_max_head_dim = 256;
@@ -265,4 +265,4 @@ void lse_layout(Context& ctx, const float* from, float* to, index_t rows, index_
   CUPIPE_CHECK_LAUNCH();
 }
 
-}  // namespace cupipe::gpu::kernels
+}  // namespace cupipe::backend::cuda::kernels

@@ -20,7 +20,7 @@
 //            atomics, so the result is deterministic, as with our other kernels.
 //
 // Status: compiled for sm_90 (2026-12-02), not yet run on a GPU; opt in with
-// backend::Cuda::attention = gpu::AttentionKernel::mma (CUPIPE_ATTENTION=mma) until a GPU has run
+// backend::Cuda::attention = backend::cuda::AttentionKernel::mma (CUPIPE_ATTENTION=mma) until a GPU has run
 // tests/cuda/test_cuda_bf16.cu's [mma] cases. Prediction and roofline: docs/gpu_notes.md.
 #pragma once
 
@@ -37,7 +37,7 @@
 #include "cupipe/backend/cuda/kernels/common.cuh"
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::gpu::kernels::mma_attention {
+namespace cupipe::backend::cuda::kernels::attention_mma {
 
 inline constexpr int rows_per_tile = 64;  // queries or keys per block's tile, and per streamed tile
 inline constexpr int warps = 4;           // 16 rows each
@@ -516,4 +516,4 @@ void backward(Context& ctx, const T* qkv, const T* out, const float* lse, const 
   });
 }
 
-}  // namespace cupipe::gpu::kernels::mma_attention
+}  // namespace cupipe::backend::cuda::kernels::attention_mma

@@ -2,7 +2,7 @@
 // Causal self-attention in tiles (FlashAttention-2's blocking), head dimension up to 64, float or
 // bf16 storage with float arithmetic (tiles, softmax statistics, lse and delta in float; each output
 // rounded once on its store, as the host backend's bf16 op): the fast path that
-// backend::Cuda::attention = gpu::AttentionKernel::tiled selects.
+// backend::Cuda::attention = backend::cuda::AttentionKernel::tiled selects.
 //
 // The simple kernels of attention.cuh give each query (or key) one warp and read every K and V row
 // from global memory once per query: 25.8 GB per forward at GPT-2 small's shape, 13.9 ms on an H100
@@ -34,7 +34,7 @@
 #include "cupipe/backend/cuda/kernels/attention.cuh"
 #include "cupipe/core/error.hpp"
 
-namespace cupipe::gpu::kernels::tiled_attention {
+namespace cupipe::backend::cuda::kernels::attention_tiled {
 
 inline constexpr int tile = 64;                  // queries or keys per tile
 inline constexpr int max_head_dim = 64;          // columns a tile row holds
@@ -350,4 +350,4 @@ void backward(Context& ctx, const T* qkv, const T* out, const float* lse, const 
   CUPIPE_CHECK_LAUNCH();
 }
 
-}  // namespace cupipe::gpu::kernels::tiled_attention
+}  // namespace cupipe::backend::cuda::kernels::attention_tiled

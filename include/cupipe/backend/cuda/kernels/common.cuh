@@ -15,7 +15,7 @@
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/shape.hpp"
 
-namespace cupipe::gpu::kernels {
+namespace cupipe::backend::cuda::kernels {
 
 // --- element types -------------------------------------------------------------------------------
 
@@ -162,4 +162,4 @@ inline unsigned grid_for(index_t items, int threads, const Context& ctx, int blo
   return unsigned(std::clamp<index_t>(blocks, 1, index_t(ctx.sm_count()) * blocks_per_sm));
 }
 
-}  // namespace cupipe::gpu::kernels
+}  // namespace cupipe::backend::cuda::kernels

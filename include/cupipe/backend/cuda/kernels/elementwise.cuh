@@ -13,7 +13,7 @@
 #include "cupipe/backend/cuda/kernels/common.cuh"
 #include "cupipe/backend/op_types.hpp"
 
-namespace cupipe::gpu::kernels {
+namespace cupipe::backend::cuda::kernels {
 
 template <int N, class F, class... P>
 __global__ void transform_kernel(index_t n, F f, P*... ptrs) {
@@ -142,4 +142,4 @@ void bias_add(Context& ctx, T* y, const T* bias, index_t rows, index_t cols) {
   CUPIPE_CHECK_LAUNCH();
 }
 
-}  // namespace cupipe::gpu::kernels
+}  // namespace cupipe::backend::cuda::kernels

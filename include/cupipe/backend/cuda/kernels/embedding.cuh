@@ -25,7 +25,7 @@
 #include "cupipe/backend/cuda/context.cuh"
 #include "cupipe/backend/cuda/kernels/common.cuh"
 
-namespace cupipe::gpu::kernels {
+namespace cupipe::backend::cuda::kernels {
 
 // y (rows, cols) = table[ids - first], zeros for ids of other parts; a bad id is reported and its row
 // filled with NaN.
@@ -200,4 +200,4 @@ void embedding_backward(Context& ctx, const std::int32_t* ids, const T* dy, G* d
   CUPIPE_CHECK_LAUNCH();
 }
 
-}  // namespace cupipe::gpu::kernels
+}  // namespace cupipe::backend::cuda::kernels

@@ -12,7 +12,7 @@
 #include "cupipe/backend/cuda/kernels/common.cuh"
 #include "cupipe/backend/cuda/kernels/reduce.cuh"
 
-namespace cupipe::gpu::kernels {
+namespace cupipe::backend::cuda::kernels {
 
 inline constexpr int layernorm_rows_per_block = 4;  // warps per block
 
@@ -150,4 +150,4 @@ void layernorm_backward_weight(Context& ctx, const T* x, const acc_t<T>* mean, c
   column_sums<2, G>(ctx, rows, cols, LayerNormWeightValue<T>{x, mean, rstd, dy, cols}, dgamma, dbeta);
 }
 
-}  // namespace cupipe::gpu::kernels
+}  // namespace cupipe::backend::cuda::kernels

@@ -8,7 +8,7 @@
 
 #include "cupipe/backend/cuda/kernels/common.cuh"
 
-namespace cupipe::gpu::kernels {
+namespace cupipe::backend::cuda::kernels {
 
 template <class T>
 struct SgdOp {
@@ -60,4 +60,4 @@ struct AdamWMasterOp {
   }
 };
 
-}  // namespace cupipe::gpu::kernels
+}  // namespace cupipe::backend::cuda::kernels

@@ -13,7 +13,7 @@
 #include "cupipe/backend/cuda/context.cuh"
 #include "cupipe/backend/cuda/kernels/common.cuh"
 
-namespace cupipe::gpu::kernels {
+namespace cupipe::backend::cuda::kernels {
 
 // --- column sums -----------------------------------------------------------------------------------
 
@@ -128,4 +128,4 @@ void sum_of_squares(Context& ctx, const T* x, index_t n, double* partial, double
   CUPIPE_CHECK_LAUNCH();
 }
 
-}  // namespace cupipe::gpu::kernels
+}  // namespace cupipe::backend::cuda::kernels

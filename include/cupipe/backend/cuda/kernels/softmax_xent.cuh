@@ -19,7 +19,7 @@
 #include "cupipe/backend/cuda/context.cuh"
 #include "cupipe/backend/cuda/kernels/common.cuh"
 
-namespace cupipe::gpu::kernels {
+namespace cupipe::backend::cuda::kernels {
 
 /// Threads for a row of `cols` logits read `width` at a time: enough to cover it, 32 to 512.
 inline int xent_threads(index_t cols, int width) {
@@ -201,4 +201,4 @@ void softmax_cross_entropy_part_stats(Context& ctx, const T* logits, const std::
   CUPIPE_CHECK_LAUNCH();
 }
 
-}  // namespace cupipe::gpu::kernels
+}  // namespace cupipe::backend::cuda::kernels

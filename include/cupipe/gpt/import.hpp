@@ -17,7 +17,7 @@
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/io/safetensors.hpp"
-#include "cupipe/models/gpt.hpp"
+#include "cupipe/gpt/model.hpp"
 
 namespace cupipe::gpt {
 
