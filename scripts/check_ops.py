@@ -9,7 +9,7 @@ through the headers.
     python3 scripts/check_ops.py --self-test          the checker against made-up trees
 
 An op overload is a function at namespace scope, in a namespace that argument-dependent lookup on
-a backend searches (`ops` or `backend`, not a `detail` or `*_detail` one), whose first parameter
+a backend searches (exactly `cupipe::ops` or `cupipe::backend`, not one nested in them), whose first parameter
 is a backend: a class derived from ops::Dispatch (backend::Host, backend::Cuda) or an alias of one
 (HostBf16). The table has one row per op, with the columns
     op | checks | host | CUDA wrapper | kernels | called by

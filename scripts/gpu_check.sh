@@ -253,9 +253,10 @@ run_mlp() {
   if bin_ok examples/mlp_fashion_mnist/mlp_fashion_mnist && [ -d "$fashion" ]; then
     step mlp --limit 180 "$build/examples/mlp_fashion_mnist/mlp_fashion_mnist" --backend cuda --data "$fashion" --stages 2 \
       --schedule 1f1b --epochs "$([ $quick = 1 ] && echo 1 || echo 3)" --progress lines
-    # A two-chunk schedule in bf16 on CUDA (trainer_cuda_other.cu), which no GPU has run yet.
-    step mlp_zbv_bf16 --limit 120 "$build/examples/mlp_fashion_mnist/mlp_fashion_mnist" --backend cuda --data "$fashion" \
-      --stages 2 --schedule zbv --precision bf16 --epochs 1 --progress lines
+    # bf16 beyond 1F1B and GPipe on CUDA (ZB-H1: a flush schedule, in gpu_pack.sh's pack too), which no
+    # GPU has run yet.
+    step mlp_zbh1_bf16 --limit 120 "$build/examples/mlp_fashion_mnist/mlp_fashion_mnist" --backend cuda --data "$fashion" \
+      --stages 2 --schedule zb-h1 --precision bf16 --epochs 1 --progress lines
   else skip mlp "no mlp_fashion_mnist or no Fashion-MNIST in $fashion"; fi
 }
 run_sanitize() {

@@ -55,7 +55,9 @@ for p in "${programs[@]}"; do targets+=("$(basename "$p")"); done
 
 # Release for Hopper alone (sm_90 code and compute_90 PTX): no kernel uses sm_90a's wgmma yet. MPI is
 # off: the GPU machine has no MPI, and these runs are one process. The trainers keep the flush
-# schedules, the ones their CUDA paths run.
+# schedules, in fp32 and bf16: their two-chunk and asynchronous families on CUDA
+# (trainer_cuda_other.cu) would make gpt_train several times larger and the build longer; a build on
+# the GPU machine (gpu_check.sh without --prebuilt) has them, and runs examples:*_cuda_schedules.
 echo "== configure and build ${targets[*]} in $build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCUPIPE_ENABLE_CUDA=ON -DCUPIPE_ENABLE_MPI=OFF -DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_BUILD_BENCH=ON \

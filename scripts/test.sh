@@ -35,9 +35,10 @@ if have_cuda; then
   # the host stage built and ran (about 10 minutes of compiling on 2 cores saved).
   # In CI the trainers compile 1F1B only here (examples/common/trainer_schedules.hpp): no trainer runs
   # in this stage (its GPU tests skip), so it checks that their CUDA training loops compile, which one
-  # schedule does; the host stage built and ran every schedule, and a GPU run (scripts/gpu_pack.sh,
-  # gpu_check.sh) builds them all (measured: gpt_train's trainer_cuda.cu 265 s with the four flush
-  # schedules).
+  # schedule does; the host stage built and ran every schedule. The trainers' other CUDA families
+  # (trainer_cuda_other.cu, 220 + 96 CPU-s at -O0) are compiled by builds with every schedule only,
+  # not here: a known gap, which a change to those loops closes by building them by hand (gpu_pack.sh
+  # builds the flush family; gpu_check.sh on the GPU machine builds them all).
   # In CI, where no GPU runs what it builds, device code is compiled for Hopper alone (one cicc and one
   # ptxas pass a file instead of two: 28% of test_cuda_ops.cu's compile time), and the examples and
   # benchmarks without CUDA code are left out (CUPIPE_CUDA_PROGRAMS_ONLY): the host stage built them.

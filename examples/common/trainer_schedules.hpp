@@ -4,7 +4,7 @@
 // configured with -DCUPIPE_TRAINER_SCHEDULES=flush (the sanitizer job in scripts/test.sh, whose
 // checks run 1F1B or what --plan auto picks among these) compiles only the one-chunk flush
 // schedules: GPipe, 1F1B, ZB-H1 and ZB-H2; one configured with 1f1b (CI's CUDA stage, where no
-// trainer runs: it checks that the CUDA loops compile) only 1F1B. Either refuses the others with
+// trainer runs: it checks that the flush family's CUDA loops compile) only 1F1B. Either refuses the others with
 // that reason, and leaves bf16 host training out. The default build compiles every schedule.
 #pragma once
 

@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
                           ->check(CLI::IsMember({"fp32", "tf32"}));
   app.add_option("--precision", f.precision,
                  "fp32, or bf16: weights in use, activations and messages in bfloat16; master weights, gradients, "
-                 "AdamW state, statistics and the loss in fp32 (every schedule on the host; 1f1b on cuda)")
+                 "AdamW state, statistics and the loss in fp32 (every schedule, on the host and on cuda)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--zero", f.zero,

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpt_train's training loop, shared by the host build (main.cpp) and, when CUDA is available, the
-// device build (trainer_cuda.cu): one template over the model's size, the schedule, the stage count
-// and the backend.
+// gpt_train's training loop: one template over the model's size, the schedule, the stage count and
+// the backend, instantiated by family of schedules and backend in train_*.cpp (host) and
+// trainer_cuda.cu / trainer_cuda_other.cu (CUDA), which main.cpp calls.
 #pragma once
 
 #include <unistd.h>
@@ -510,8 +510,8 @@ int train_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
       // Tensor-parallel ranks are processes, and a CUDA run is one process (main.cpp).
       if constexpr (std::is_same_v<typename Backend::space, HostSpace> && std::is_same_v<Schedule, schedule::OneFOneB> &&
                     P <= 2) {
-        if (f.tp == 2) rc = train<config, Schedule, P, Backend, 2>(f, corpus, split, launch);
-        if (f.tp == 4) rc = train<config, Schedule, P, Backend, 4>(f, corpus, split, launch);
+        if (f.tp == 2) rc = train<config, Schedule, P, Backend, 2>(f, corpus, split, launch, rate, configure);
+        if (f.tp == 4) rc = train<config, Schedule, P, Backend, 4>(f, corpus, split, launch, rate, configure);
       }
       if (f.tp == 1) rc = train<config, Schedule, P, Backend>(f, corpus, split, launch, rate, configure);
     };

@@ -5,8 +5,8 @@
 // denominator of the MFU each step prints. Every schedule trains in both precisions, for both presets
 // (trainer_cuda.cuh): the flush family here, the two-chunk and asynchronous families in
 // trainer_cuda_other.cu, a unit of its own that builds beside this one (left out of builds configured
-// with -DCUPIPE_TRAINER_SCHEDULES=flush or 1f1b, CI's CUDA stage among them, where nothing CUDA runs:
-// each instantiation is nvcc's to compile, per GPU architecture).
+// with -DCUPIPE_TRAINER_SCHEDULES=flush or 1f1b: CI's CUDA stage, where nothing CUDA runs, and
+// gpu_pack.sh's pack; each instantiation is nvcc's to compile, per GPU architecture).
 #include "cupipe/backend/cuda/peak.cuh"
 #include "trainer_cuda.cuh"
 #include "trainer_schedules.hpp"

@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data", f.data, "folder with the Fashion-MNIST IDX files (gzip or plain)")->capture_default_str();
   app.add_option("--schedule", f.schedule, "one of: " + schedule::policy_names())->capture_default_str();
-  app.add_option("--stages", f.stages, "pipeline stages (workers): 1 to 4 (interleaved: 1 to 3)")->capture_default_str();
+  app.add_option("--stages", f.stages, "pipeline stages (workers): 1 to 4 (two-chunk schedules: 1 to 3; on cuda 1, 2 or 4, two-chunk 1 or 2)")->capture_default_str();
   app.add_option("--microbatches", f.microbatches, "microbatches per batch")->capture_default_str()->check(positive);
   app.add_option("--batch", f.batch, "samples per batch")->capture_default_str()->check(positive);
   app.add_option("--epochs", f.epochs, "passes over the training set")->capture_default_str()->check(positive);
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   app.add_option("--backend", f.backend, "host (CPU); cuda needs a build with CUDA")->capture_default_str()->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--precision", f.precision,
                  "fp32, or bf16: weights in use, activations and messages in bfloat16, master weights, gradients, "
-                 "optimizer state and the loss in fp32 (host: every schedule; cuda: gpipe, 1f1b)")
+                 "optimizer state and the loss in fp32 (every schedule, on the host and on cuda)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   CLI::Option* stage_backends =

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Fashion-MNIST trainer's training loop, shared by the host build (main.cpp) and, when CUDA is
-// available, the device build (trainer_cuda.cu): one template over the schedule, the stage count,
-// the backend and the optimizer.
+// The Fashion-MNIST trainer's training loop: one template over the schedule, the stage count, the
+// backend and the optimizer, instantiated by family of schedules and backend in train_*.cpp (host)
+// and trainer_cuda.cu / trainer_cuda_other.cu (CUDA), which main.cpp calls.
 #pragma once
 
 #include <unistd.h>
@@ -405,7 +405,7 @@ int train_family(const Flags& f, io::Dataset& train_set, const io::Dataset& test
       with_built_stage_count<Backend>(f.stages, [&]<int P>() {
         if constexpr (P * Schedule::chunks > 7) {
           CUPIPE_THROW("--schedule ", f.schedule, " with ", P, " stages needs ", P * Schedule::chunks,
-                       " model chunks but the MLP has 7 layers; use at most 3 stages");
+                       " model chunks but the MLP has 7 layers; use at most 3 stages (2 on CUDA)");
         } else {
           rc = with_optimizer(f, [&](auto optimizer) {
             return train<Schedule, P, Backend>(f, train_set, test_set, optimizer, launch);

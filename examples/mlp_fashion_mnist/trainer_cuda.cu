@@ -3,8 +3,9 @@
 // stages in one process, placed on GPUs with --devices. Every schedule trains in both precisions, at
 // 1, 2 and 4 stages (trainer.hpp's train_family): the flush family here, the two-chunk and
 // asynchronous families in trainer_cuda_other.cu, a unit of its own that builds beside this one
-// (left out of builds configured with -DCUPIPE_TRAINER_SCHEDULES=flush or 1f1b, CI's CUDA stage among
-// them, where nothing CUDA runs: each instantiation is nvcc's to compile, per GPU architecture).
+// (left out of builds configured with -DCUPIPE_TRAINER_SCHEDULES=flush or 1f1b: CI's CUDA stage,
+// where nothing CUDA runs, and gpu_pack.sh's pack; each instantiation is nvcc's to compile, per GPU
+// architecture).
 // --stage-backends host,cuda (or cuda,host): an fp32 CPU stage and an fp32 GPU stage in one pipeline.
 #include "trainer_cuda.cuh"
 #include "trainer_schedules.hpp"

@@ -75,7 +75,7 @@ int check(comm::MpiCommunicator& comm) {
   const std::vector<ParamInfo> whole_table = Network<Whole, B>::parameter_table();
   const std::vector<ParamInfo> part_table = Network<Part, B>::parameter_table();
   std::vector<double> init = whole.parameters();
-  part.set_parameters(tensor_parallel::shard(whole_table, part_table, std::span<const double>(init), group.rank()));
+  part.set_parameters(layers::tensor_parallel::shard(whole_table, part_table, std::span<const double>(init), group.rank()));
 
   // Vocabulary parallelism: wte and lm_head hold this rank's rows of the vocabulary, and the loss
   // takes this rank's columns of the logits (the logits are never whole on any rank).
@@ -122,12 +122,12 @@ int check(comm::MpiCommunicator& comm) {
   expect("loss after one forward/backward", std::abs(part_loss - whole_loss) <= 1e-12 * std::abs(whole_loss),
          number(part_loss) + " against " + number(whole_loss));
   const std::vector<double> whole_grads = whole.gradients(), part_grads = part.gradients();
-  const std::vector<double> gathered = tensor_parallel::unshard(whole_table, part_table, std::span<const double>(part_grads), group);
+  const std::vector<double> gathered = layers::tensor_parallel::unshard(whole_table, part_table, std::span<const double>(part_grads), group);
   const double r = relative(gathered, whole_grads);
   expect("gradients, gathered", r <= 1e-12, "max relative difference " + number(r));
   double whole_squares = 0;
   for (double g : whole_grads) whole_squares += g * g;
-  const double part_squares = tensor_parallel::sum_of_squares(part_table, std::span<const double>(part_grads), group);
+  const double part_squares = layers::tensor_parallel::sum_of_squares(part_table, std::span<const double>(part_grads), group);
   expect("the gradient's sum of squares", std::abs(part_squares - whole_squares) <= 1e-12 * whole_squares,
          number(part_squares) + " against " + number(whole_squares));
 
@@ -152,7 +152,7 @@ int check(comm::MpiCommunicator& comm) {
   }
   const std::vector<double> part_weights = part.parameters();
   const std::vector<double> weights =
-      tensor_parallel::unshard(whole_table, part_table, std::span<const double>(part_weights), group);
+      layers::tensor_parallel::unshard(whole_table, part_table, std::span<const double>(part_weights), group);
   const double w = relative(weights, whole.parameters());
   expect("weights after 3 AdamW steps, gathered", w <= 1e-12, "max relative difference " + number(w));
   const TiedCopies tied = Whole::body::tied;

@@ -151,7 +151,7 @@ void check_parts_of_whole_initialisation(std::uint64_t seed) {
     std::vector<double> mine(static_cast<std::size_t>(Part::param_count));
     Part::init(std::span<double>(mine), seed, t);
     const std::vector<double> want =
-        tensor_parallel::shard(whole_table, part_table, std::span<const double>(whole), t);
+        layers::tensor_parallel::shard(whole_table, part_table, std::span<const double>(whole), t);
     INFO("tensor rank " << t << " of " << TP);
     CHECK(mine == want);
     parts.push_back(std::move(mine));
@@ -178,7 +178,7 @@ TEST_CASE("a tensor-parallel model's ranks start with their parts of the whole m
     net.initialise(4, 1);
     std::vector<double> whole(static_cast<std::size_t>(gpt::Model<tied>::body::param_count));
     gpt::Model<tied>::body::init(std::span<double>(whole), 4);
-    CHECK(net.parameters() == tensor_parallel::shard(gpt::Model<tied>::body::parameter_table(),
+    CHECK(net.parameters() == layers::tensor_parallel::shard(gpt::Model<tied>::body::parameter_table(),
                                                      gpt::TensorParallelModel<tied, 2>::body::parameter_table(),
                                                      std::span<const double>(whole), 1));
   }

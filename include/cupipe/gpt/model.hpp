@@ -162,7 +162,7 @@ using Model = decltype(detail::model_of<c, 1>(std::make_index_sequence<std::size
 /// One rank's part of Model<c> split over TP tensor-parallel ranks: the blocks' attention by heads
 /// and MLP by hidden width, wte and lm_head by vocabulary rows (the loss is vocabulary-parallel: the
 /// logits are never gathered); wpe, the LayerNorms and the row-parallel biases whole on every rank.
-/// The parameter names are Model<c>'s, so tensor_parallel::shard and unshard map one onto the
+/// The parameter names are Model<c>'s, so layers::tensor_parallel::shard and unshard map one onto the
 /// other. TP must divide the heads and the vocabulary.
 template <Config c, int TP>
   requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0) && (c.vocab % TP == 0)

@@ -29,7 +29,7 @@
 // ColumnParallelLinear and TensorParallelAttention share Linear's and CausalSelfAttention's code (their
 // one-part case). The group: the backend context's `tensor_group` (a TensorGroup: for host ranks
 // comm::MpiCommunicator::tensor_group(), for device ranks comm::NcclCommunicator::tensor_group()). Each tensor's ParamSpec says how the whole tensor is split
-// (TensorSplit), so tensor_parallel::shard and unshard move parameters between the whole model's
+// (TensorSplit), so layers::tensor_parallel::shard and unshard move parameters between the whole model's
 // layout and a rank's, by name. A split layer initialises by drawing its whole layer's values
 // (whole_layer_t) from the whole model's stream and keeping its part, so a tensor-parallel model
 // starts exactly where the whole model does, without the whole model's array on any rank.
@@ -252,7 +252,7 @@ struct whole_layer<detail::VocabSplitTokenPositionEmbedding<Vocab, SeqLen, Dim, 
   using type = TokenPositionEmbedding<Vocab, SeqLen, Dim>;
 };
 
-namespace tensor_parallel {
+namespace layers::tensor_parallel {
 
 namespace detail {
 // cupipe::detail::split_rows_of, split_cols_of and for_each_split_run: layers/sequential.hpp (split layers' initialisation uses them).
@@ -318,10 +318,10 @@ inline int parts_of(const std::vector<ParamInfo>& table) {
 template <class T>
 std::vector<T> shard(const std::vector<ParamInfo>& whole_table, const std::vector<ParamInfo>& part_table,
                      std::span<const T> whole, int t) {
-  CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "tensor_parallel::shard: the whole model has ",
+  CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "layers::tensor_parallel::shard: the whole model has ",
                  whole_table.size(), " parameter tensors, the tensor-parallel one ", part_table.size());
   const index_t total = detail::total_of(part_table), whole_total = detail::total_of(whole_table);
-  CUPIPE_REQUIRE(index_t(whole.size()) == whole_total, "tensor_parallel::shard: got ", whole.size(),
+  CUPIPE_REQUIRE(index_t(whole.size()) == whole_total, "layers::tensor_parallel::shard: got ", whole.size(),
                  " values for a whole model of ", whole_total, " parameters");
   std::vector<T> out(static_cast<std::size_t>(total));
   for (std::size_t i = 0; i < part_table.size(); ++i) {
@@ -339,10 +339,10 @@ std::vector<T> shard(const std::vector<ParamInfo>& whole_table, const std::vecto
 template <class T>
 std::vector<T> unshard(const std::vector<ParamInfo>& whole_table, const std::vector<ParamInfo>& part_table,
                        std::span<const T> part_values, TensorGroup& group) {
-  CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "tensor_parallel::unshard: the whole model has ",
+  CUPIPE_REQUIRE(whole_table.size() == part_table.size(), "layers::tensor_parallel::unshard: the whole model has ",
                  whole_table.size(), " parameter tensors, the tensor-parallel one ", part_table.size());
   const index_t total = detail::total_of(whole_table), part_total = detail::total_of(part_table);
-  CUPIPE_REQUIRE(index_t(part_values.size()) == part_total, "tensor_parallel::unshard: got ", part_values.size(),
+  CUPIPE_REQUIRE(index_t(part_values.size()) == part_total, "layers::tensor_parallel::unshard: got ", part_values.size(),
                  " values for a part of ", part_total, " parameters");
   std::vector<T> out(static_cast<std::size_t>(total), T(0));
   const int t = group.rank();
@@ -373,5 +373,5 @@ double sum_of_squares(const std::vector<ParamInfo>& part_table, std::span<const 
   return sums[0] + replicated;
 }
 
-}  // namespace tensor_parallel
+}  // namespace layers::tensor_parallel
 }  // namespace cupipe

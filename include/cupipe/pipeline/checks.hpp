@@ -65,7 +65,7 @@ struct PipelineChecks {
   /// per stage, under a flush schedule (its global norm is the whole model's, so every rank of a
   /// group clips alike). Returns the stage's group, or null without tensor parallelism.
   static TensorGroup* tensor_group(comm::Communicator* comm) {
-    const int parts = tensor_parallel::parts_of(Model::parameter_table());
+    const int parts = layers::tensor_parallel::parts_of(Model::parameter_table());
     const int ranks = comm ? comm->topology().tensor : 1;
     if (parts == 1 && ranks == 1) return nullptr;
     if (parts != ranks)

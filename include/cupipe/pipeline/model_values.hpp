@@ -2,7 +2,7 @@
 // ModelValues: the whole model's parameters, gradients and optimizer slots read and written in the
 // unsplit model's flat layout (what checkpoints hold), wherever the stages run: across processes a
 // sum over the pipeline in which each rank gives its own stages' values; with tensor parallelism each
-// split tensor joined over the group (tensor_parallel::unshard) or cut into this rank's part; with
+// split tensor joined over the group (layers::tensor_parallel::unshard) or cut into this rank's part; with
 // ZeRO-1 the optimizer slots' shards gathered over the replicas. Every reader is a collective where
 // there is a communicator: every rank calls it.
 #pragma once
@@ -30,7 +30,7 @@ class ModelValues {
       : states_(states), comm_(comm), group_(tensor_group), zero_sharded_(zero_sharded) {}
 
   /// The whole model's parameter table (split tensors at their whole shape).
-  static std::vector<ParamInfo> table() { return tensor_parallel::whole_table(Model::parameter_table()); }
+  static std::vector<ParamInfo> table() { return layers::tensor_parallel::whole_table(Model::parameter_table()); }
 
   std::vector<G> parameters() { return whole(gather([](auto& st) { return st.master_data(); })); }
   /// The gradients as they are now (the caller sums them over the replicas first).
@@ -76,7 +76,7 @@ class ModelValues {
   /// group); else `values` as they are.
   std::vector<G> whole(std::vector<G> values) const {
     if (!group_) return values;
-    return tensor_parallel::unshard(table(), Model::parameter_table(), std::span<const G>(values), *group_);
+    return layers::tensor_parallel::unshard(table(), Model::parameter_table(), std::span<const G>(values), *group_);
   }
 
  private:
@@ -84,7 +84,7 @@ class ModelValues {
   /// caller uses `values`).
   std::vector<G> part(std::span<const G> values) const {
     if (!group_) return {};
-    return tensor_parallel::shard(table(), Model::parameter_table(), values, group_->rank());
+    return layers::tensor_parallel::shard(table(), Model::parameter_table(), values, group_->rank());
   }
   /// Across processes, a sum over the pipeline in which every other rank contributes zeros.
   template <class Pointer>
