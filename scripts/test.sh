@@ -3,8 +3,8 @@
 # Runs the whole test suite on a fresh Debian machine: installs the Debian packages, then builds and
 # tests (1) the host subset with CUDA off, (2) everything with CUDA on when nvcc exists, running what
 # CUDA changes (GPU tests report "Skipped" without a GPU; nvcc's header checks; the package), (3) the threaded runtime under ThreadSanitizer, (4) every MPI
-# path under AddressSanitizer and UndefinedBehaviorSanitizer, and the parsers' fuzz targets for 30 s
-# each (clang, libFuzzer).
+# path under AddressSanitizer and UndefinedBehaviorSanitizer, and the fuzz targets of every file a
+# user hands over for 30 s each (clang, libFuzzer).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 bash "$root/scripts/setup.sh"
 mkdir -p "$root/build"
@@ -63,13 +63,15 @@ build "$root/build/tsan" -DCUPIPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCU
 (cd "$root/build/tsan" && ctest --output-on-failure -j "$jobs")
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer (clang): MPI ranks, fuzz smoke at $(date -u +%H:%M:%S)"
-asan_targets=(mpi_pipeline_check mpi_fault_check mpi_progress_check mpi_tensor_parallel_check mpi_reshard_check mlp_fashion_mnist gpt_train cupipe_plan fuzz_seed_corpus fuzz_safetensors fuzz_idx fuzz_checkpoint)
+asan_targets=(mpi_pipeline_check mpi_fault_check mpi_progress_check mpi_tensor_parallel_check mpi_reshard_check mlp_fashion_mnist gpt_train cupipe_plan fuzz_seed_corpus fuzz_safetensors fuzz_idx fuzz_checkpoint
+             fuzz_llmc_shard fuzz_plan_file fuzz_cost_model fuzz_gpt_import)
 # The trainers with 1F1B only: their MPI checks run 1F1B (and --plan auto then plans among 1F1B's
 # layouts), and every schedule would multiply the two slowest files' compile time under the
 # sanitizers (examples/common/trainer_schedules.hpp; the host stage runs every schedule).
 CC=clang CXX=clang++ build "$root/build/asan" -DCUPIPE_ASAN=ON -DCUPIPE_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_TRAINER_SCHEDULES=1f1b -- "${asan_targets[@]}"
-# The MPI checks one at a time (each starts up to 8 ranks); the fuzzers, which run for a fixed time, all at once.
+# The MPI checks one at a time (each starts up to 8 ranks); the fuzzers, which run for a fixed time,
+# 4 at once (7 targets: two rounds of CUPIPE_FUZZ_SECONDS).
 # A failure in the first does not skip the second: both report, and the script fails after them.
 failed=0
 (cd "$root/build/asan" && ctest --output-on-failure -L "mpi|build_variant" -LE multi_gpu) || failed=1

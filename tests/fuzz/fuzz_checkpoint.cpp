@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "checkpoint_model.hpp"
 #include "fuzz_support.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: any bytes as an IDX file, plain or gzip. Reading must succeed or throw
 // cupipe::error.
+#include "cupipe/io/idx.hpp"
 #include "fuzz_support.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

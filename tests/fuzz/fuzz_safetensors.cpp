@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: any bytes as a safetensors file. Loading must succeed or throw cupipe::error.
+#include <string>
+
+#include "cupipe/io/safetensors.hpp"
 #include "fuzz_support.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

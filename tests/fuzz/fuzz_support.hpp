@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the fuzz targets share: the bytes of one input written to a file (the parsers read files, as
-// the trainers do, so the fuzzers test that path), and the one model the checkpoint target loads.
+// the trainers do, so the fuzzers test that path), and the rule for what a target may answer.
 // A target returns normally on a cupipe::error (a clear refusal is the right answer to bad input);
 // anything else escapes: a crash, a sanitizer report, or another exception is a finding.
+// Each target includes only the parser it fuzzes, not cupipe.hpp: under the sanitizers a target's
+// compile time is the headers it includes (checkpoint_model.hpp holds the one model that needs more).
 #pragma once
 
 #include <unistd.h>
@@ -11,10 +13,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 
-#include "cupipe/cupipe.hpp"
-#include "cupipe/io/io.hpp"
+#include "cupipe/core/error.hpp"
 
 namespace cupipe::fuzz {
 
@@ -46,10 +49,5 @@ void refuse_or_accept(Parse&& parse) {
   } catch (const cupipe::error&) {
   }
 }
-
-/// The checkpoint target's model, and the split of its input: a 4-byte little-endian length, the
-/// model file, then the state file.
-using CheckpointModel = Sequential<Linear<4, 6>, ReLU, Linear<6, 3>>;
-using CheckpointPipeline = Pipeline<partition<CheckpointModel, 1>, schedule::GPipe, backend::Host<float>>;
 
 }  // namespace cupipe::fuzz

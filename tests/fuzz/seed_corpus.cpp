@@ -1,15 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// Writes the fuzz targets' seed corpus: valid inputs of every kind the parsers accept, and the
-// hostile cases issue #17 found (deep nesting, edited checkpoint metadata), one folder per target.
-//   fuzz_seed_corpus DIR   ->  DIR/safetensors/*  DIR/idx/*  DIR/checkpoint/*
+// Writes the fuzz targets' seed corpus: valid inputs of every kind the parsers accept, and hostile
+// cases (issue #17's: deep nesting, edited checkpoint metadata; issue #61's: counts and numbers out
+// of range, wrong shapes and headers), one folder per target. Each seed is small (the largest, a
+// trained checkpoint, is a few kB), so that libFuzzer mutates all of it.
+//   fuzz_seed_corpus DIR   ->  DIR/safetensors/*  DIR/idx/*  DIR/checkpoint/*  DIR/llmc_shard/*
+//                             DIR/plan_file/*  DIR/cost_model/*  DIR/gpt_import/*
 #include <zlib.h>
 
+#include <array>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "checkpoint_model.hpp"
+#include "cupipe/planner/cost_json.hpp"
 #include "fuzz_support.hpp"
 
 namespace fs = std::filesystem;
@@ -23,6 +30,13 @@ std::vector<std::uint8_t> read_all(const fs::path& path) {
 }
 
 void write_bytes(const fs::path& path, const std::vector<std::uint8_t>& bytes) { fuzz::write(path, bytes.data(), bytes.size()); }
+
+void write_text(const fs::path& path, const std::string& text) {
+  fuzz::write(path, reinterpret_cast<const std::uint8_t*>(text.data()), text.size());
+}
+
+/// `depth` nested JSON arrays around 0: deeper than any file of these formats nests.
+std::string nested_json(int depth) { return std::string(std::size_t(depth), '[') + "0" + std::string(std::size_t(depth), ']'); }
 
 void write_gzip(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
   gzFile out = gzopen(path.c_str(), "wb");
@@ -51,6 +65,125 @@ std::vector<std::uint8_t> pair(const std::vector<std::uint8_t>& model, const std
   return out;
 }
 
+/// llm.c shards: valid ones, then each way a header or payload can be wrong.
+void write_llmc_shards(const fs::path& dir, const fs::path& work) {
+  io::write_llmc_shard(work / "shard.bin", {0, 1, 2, 50256, 464, 3290, 318, 7});  // 50256: GPT-2's <|endoftext|>
+  const std::vector<std::uint8_t> valid = read_all(work / "shard.bin");
+  write_bytes(dir / "valid", valid);
+  const auto edited = [&](std::size_t field, std::int32_t value) {
+    std::vector<std::uint8_t> out = valid;
+    for (int b = 0; b < 4; ++b) out[4 * field + std::size_t(b)] = std::uint8_t(std::uint32_t(value) >> (8 * b));
+    return out;
+  };
+  write_bytes(dir / "wrong_magic", edited(0, 20240801));
+  write_bytes(dir / "version_2", edited(1, 2));
+  write_bytes(dir / "negative_count", edited(2, -1));
+  write_bytes(dir / "count_beyond_file", edited(2, 0x7fffffff));
+  write_bytes(dir / "count_short_of_file", edited(2, 3));
+  io::write_llmc_shard(work / "empty.bin", {});
+  write_bytes(dir / "no_tokens", read_all(work / "empty.bin"));
+  std::vector<std::uint8_t> outside = valid;
+  outside[io::llmc_header_bytes] = outside[io::llmc_header_bytes + 1] = 0xff;  // token 65535
+  write_bytes(dir / "token_outside_vocab", outside);
+  write_bytes(dir / "truncated_header", std::vector<std::uint8_t>(valid.begin(), valid.begin() + 100));
+  write_bytes(dir / "odd_payload", std::vector<std::uint8_t>(valid.begin(), valid.end() - 1));
+}
+
+/// Plan files: policies' plans in both formats (F, B, W, F& and each update rule), then hostile ones.
+void write_plan_files(const fs::path& dir) {
+  write_text(dir / "1f1b_csv", io::plan_to_csv(schedule::generate<schedule::OneFOneB>({2, 2})));
+  write_text(dir / "interleaved_json", io::plan_to_json(schedule::generate<schedule::Interleaved<2>>({2, 4, 2})));
+  write_text(dir / "zb_h1_csv", io::plan_to_csv(schedule::generate<schedule::ZeroBubbleH1>({2, 2})));
+  write_text(dir / "dualpipev_json", io::plan_to_json(schedule::generate<schedule::DualPipeV>({2, 4, 2})));
+  write_text(dir / "pipedream_json", io::plan_to_json(schedule::generate<schedule::PipeDream>({2, 2})));
+  write_text(dir / "2bw_csv", io::plan_to_csv(schedule::generate<schedule::PipeDream2BW>({2, 2})));
+  // Counts whose product overflows an int, as CSV and JSON (where each is at most 2^30).
+  write_text(dir / "huge_counts_csv", "# cupipe plan 1\n# stages=65536 microbatches=65536 chunks=65537 batches=65537\n"
+                                      "# placement=0.0\nworker,kind,microbatch,chunk\n0,F,0,0\n");
+  write_text(dir / "huge_counts_json", R"({"format": "cupipe plan", "version": 1, "stages": 1073741824, "microbatches": 1073741824,)"
+                                       R"( "chunks": 1073741824, "batches": 4, "placement": [[0, 0]], "actions": []})");
+  write_text(dir / "huge_unsigned_json", R"({"format": "cupipe plan", "version": 1, "stages": 1, "microbatches": 1, "placement": [[0, 0]],)"
+                                         R"( "actions": [{"worker": 0, "kind": "F", "microbatch": 18446744073709551615, "chunk": 0}]})");
+  write_text(dir / "deep_json", R"({"format": "cupipe plan", "version": 1, "stages": 1, "microbatches": 1, "placement": [)" +
+                                    nested_json(64) + "]}");
+  write_text(dir / "unknown_field_json", R"({"format": "cupipe plan", "version": 1, "stages": 1, "microbatches": 1, "stagse": 2})");
+  write_text(dir / "short_row_csv", "# cupipe plan 1\n# stages=1 microbatches=1 chunks=1\n# placement=0.0\n"
+                                    "worker,kind,microbatch,chunk\n0,F&,0\n0,X,-1,0\n");
+}
+
+/// Cost models: a calibrated-looking one with every field, a minimal one, then hostile ones.
+void write_cost_models(const fs::path& dir) {
+  planner::CostModel model;
+  model.profiled_rows = 32;
+  model.rows_per_sample = 8;
+  model.value_bytes = 2;
+  model.compute_bytes = 4;
+  model.link_latency = 1e-5;
+  model.link_bytes_per_second = 2.5e10;
+  model.contention = {1.0, 1.25};
+  model.tied = true;
+  model.layers.push_back({"embedding", 1e-4, 0, 2e-4, 4096, 1, 64, 0});
+  model.layers.push_back({"block0", 3e-4, 3e-4, 3e-4, 49152, 64, 64, 512, 1e-5, 1e-5, 0,
+                          {std::array<double, 4>{8, 1e-4, 1e-4, 1e-4}, std::array<double, 4>{32, 3e-4, 3e-4, 3e-4}}});
+  model.tensor_variants.push_back({2, model.layers});
+  model.tensor_variants[0].layers[1].sum_forward = 64;
+  model.tensor_variants[0].layers[1].sum_forward_calls = 1;
+  write_text(dir / "calibrated", planner::to_json(model).dump());
+  write_text(dir / "minimal", R"({"profiled_rows": 8, "layers": [{"forward": 1e-3, "backward_input": 1e-3,)"
+                              R"( "backward_weight": 1e-3, "params": 100, "in": 10, "out": 10}]})");
+  write_text(dir / "huge_rows", R"({"profiled_rows": 1e300, "value_bytes": 1e10, "layers": []})");
+  write_text(dir / "infinite_cost", R"({"profiled_rows": 8, "layers": [{"forward": 1e400, "backward_input": 0,)"
+                                    R"( "backward_weight": 0, "params": 0, "in": 1, "out": 1}]})");
+  write_text(dir / "wrong_types", R"({"profiled_rows": "8", "layers": {"forward": 1}, "tensor_variants": [{"degree": 2.5}]})");
+  write_text(dir / "deep", R"({"profiled_rows": 8, "layers": [)" + nested_json(64) + "]}");
+}
+
+/// Hugging Face GPT-2 files for fuzz_gpt_import's model (vocabulary 11, context 4, 1 block, C 4):
+/// transformers' names and shapes with a vocabulary of 10 and a context of 6, then broken ones.
+void write_gpt_imports(const fs::path& dir, const fs::path& work) {
+  const std::int64_t C = 4;
+  std::map<std::string, std::vector<std::int64_t>> shapes{
+      {"wte.weight", {10, C}}, {"wpe.weight", {6, C}}, {"ln_f.weight", {C}}, {"ln_f.bias", {C}},
+      {"h.0.ln_1.weight", {C}}, {"h.0.ln_1.bias", {C}}, {"h.0.ln_2.weight", {C}}, {"h.0.ln_2.bias", {C}},
+      {"h.0.attn.c_attn.weight", {C, 3 * C}}, {"h.0.attn.c_attn.bias", {3 * C}},
+      {"h.0.attn.c_proj.weight", {C, C}}, {"h.0.attn.c_proj.bias", {C}}, {"h.0.attn.bias", {1, 1, 6, 6}},
+      {"h.0.mlp.c_fc.weight", {C, 4 * C}}, {"h.0.mlp.c_fc.bias", {4 * C}},
+      {"h.0.mlp.c_proj.weight", {4 * C, C}}, {"h.0.mlp.c_proj.bias", {C}}};
+  const auto save = [&](const std::string& seed, const std::map<std::string, std::vector<std::int64_t>>& tensors,
+                        const std::string& prefix = "", const std::string& f64 = "") {
+    std::vector<io::TensorEntry> entries;
+    float counter = 0;
+    for (const auto& [name, shape] : tensors) {
+      std::size_t n = 1;
+      for (const std::int64_t d : shape) n *= std::size_t(d);
+      std::vector<double> values(n);
+      for (double& v : values) v = (counter += 0.25f);
+      if (name == f64) {
+        entries.push_back(io::make_entry(prefix + name, shape, std::span<const double>(values)));
+      } else {
+        const std::vector<float> floats(values.begin(), values.end());
+        entries.push_back(io::make_entry(prefix + name, shape, std::span<const float>(floats)));
+      }
+    }
+    io::save_safetensors(work / "hf.safetensors", std::span<const io::TensorEntry>(entries));
+    write_bytes(dir / seed, read_all(work / "hf.safetensors"));
+  };
+  save("gpt2_model", shapes);
+  save("gpt2_lm_head_model", shapes, "transformer.");
+  save("f64_tensor", shapes, "", "h.0.ln_1.bias");
+  auto edited = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    auto out = shapes;
+    if (shape.empty()) out.erase(name);
+    else out[name] = std::move(shape);
+    return out;
+  };
+  save("missing_tensor", edited("h.0.mlp.c_proj.bias", {}));
+  save("conv1d_not_transposed", edited("h.0.mlp.c_fc.weight", {4 * C, C}));
+  save("vocab_too_long", edited("wte.weight", {12, C}));
+  save("context_too_short", edited("wpe.weight", {3, C}));
+  save("wte_rank_1", edited("wte.weight", {10}));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -60,7 +193,8 @@ int main(int argc, char** argv) {
   }
   try {
     const fs::path dir(argv[1]);
-    for (const char* target : {"safetensors", "idx", "checkpoint"}) fs::create_directories(dir / target);
+    for (const char* target : {"safetensors", "idx", "checkpoint", "llmc_shard", "plan_file", "cost_model", "gpt_import"})
+      fs::create_directories(dir / target);
     const fs::path work = fuzz::scratch();
 
     // A real checkpoint of the checkpoint target's model, after two AdamW steps.
@@ -124,6 +258,11 @@ int main(int argc, char** argv) {
     write_bytes(dir / "idx" / "images", idx({3, 4, 5}));
     write_bytes(dir / "idx" / "rank4", idx({2, 2, 2, 2}));
     write_gzip(dir / "idx" / "images_gz", idx({3, 4, 5}));
+
+    write_llmc_shards(dir / "llmc_shard", work);
+    write_plan_files(dir / "plan_file");
+    write_cost_models(dir / "cost_model");
+    write_gpt_imports(dir / "gpt_import", work);
     std::printf("seed corpus written to %s\n", dir.c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -650,3 +650,25 @@ TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from 
   CHECK(back.wake_seconds == 2.5e-5);
   CHECK(back.contention == std::vector<double>{1.0, 1.125});
 }
+
+TEST_CASE("planner: a cost model's integers are read in range or refused (issue #61's fuzzing)", "[planner]") {
+  const std::string layers = R"("layers": [{"forward": 1e-3, "backward_input": 1e-3, "backward_weight": 1e-3, "params": 10,)"
+                             R"( "in": 2, "out": 2}])";
+  const auto read = [&](const std::string& fields) {
+    return planner::cost_model_from_json(nlohmann::json::parse("{" + fields + ", " + layers + "}"), "costs.json");
+  };
+  CHECK(read(R"("profiled_rows": 8, "value_bytes": 2)").value_bytes == 2);
+  // get<index_t>() of 1e300 is undefined behaviour (UBSan: outside the range of 'long').
+  CHECK_THROWS_WITH(read(R"("profiled_rows": 1e300)"),
+                    Catch::Contains("costs.json: profiled_rows must be an integer in [") && Catch::Contains("found 1e+300"));
+  // get<int>() would wrap these to 1410065408 and -1.
+  CHECK_THROWS_WITH(read(R"("profiled_rows": 8, "value_bytes": 10000000000)"),
+                    Catch::Contains("value_bytes must be an integer in [-2147483648, 2147483647], found 10000000000"));
+  CHECK_THROWS_WITH(read(R"("profiled_rows": 8, "optimizer_slots": 18446744073709551615)"),
+                    Catch::Contains("optimizer_slots must be an integer"));
+  CHECK_THROWS_WITH(read(R"("profiled_rows": 8, "tensor_variants": [{"degree": 2.5, "layers": []}])"),
+                    Catch::Contains("tensor_variants[0].degree must be an integer in [-2147483648, 2147483647], found 2.5"));
+  // A nested value is named by its type: dump() of 300,000 nested arrays recurses as deep.
+  CHECK_THROWS_WITH(read(R"("profiled_rows": )" + std::string(300000, '[') + std::string(300000, ']')),
+                    Catch::Contains("profiled_rows must be an integer") && Catch::Contains("found array"));
+}

@@ -23,13 +23,16 @@
 // blank lines are skipped. Actions may come in any worker order; each worker's actions run in file
 // order. Every malformed line or field is an error naming the file and the line (CSV) or the field
 // (JSON, e.g. "actions[12].kind"); a plan that parses but cannot run fails schedule::verify, whose
-// message names the two actions that conflict.
+// message names the two actions that conflict. Counts that overflow the schedule code's int tables,
+// or that need more actions (an F and a B per virtual stage and microbatch) than the file lists,
+// and JSON nested deeper than 8 levels, are refused here (issue #61's fuzzing).
 #pragma once
 
 #include <algorithm>
 #include <charconv>
-#include <initializer_list>
 #include <filesystem>
+#include <initializer_list>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -85,11 +88,33 @@ struct FailAt {
   [[noreturn]] void operator()(const std::string& what) const { CUPIPE_THROW(prefix, what); }
 };
 
+/// The schedule code indexes its per-action tables in int: 3 x virtual stages x microbatches slots.
+inline constexpr long long max_plan_action_slots = std::numeric_limits<int>::max();
+
 inline void check_counts(const schedule::Config& c, const FailAt& fail) {
+  const std::string counts = "stages=" + std::to_string(c.stages) + " microbatches=" + std::to_string(c.microbatches) +
+                             " chunks=" + std::to_string(c.chunks) + " batches=" + std::to_string(c.batches);
   if (c.stages < 1 || c.microbatches < 1 || c.chunks < 1 || c.batches < 1)
-    fail("stages, microbatches, chunks and batches must be at least 1 (got stages=" + std::to_string(c.stages) +
-         " microbatches=" + std::to_string(c.microbatches) + " chunks=" + std::to_string(c.chunks) +
-         " batches=" + std::to_string(c.batches) + ")");
+    fail("stages, microbatches, chunks and batches must be at least 1 (got " + counts + ")");
+  // In long long: each count fits an int, their products may not.
+  const long long virtual_stages = 1LL * c.stages * c.chunks, microbatches = 1LL * c.microbatches * c.batches;
+  if (virtual_stages > max_plan_action_slots / 3 || microbatches > max_plan_action_slots / 3 ||
+      3 * virtual_stages * microbatches > max_plan_action_slots)
+    fail("stages x chunks x microbatches x batches is too large for a plan (got " + counts + "; 3 x the product must be at most " +
+         std::to_string(max_plan_action_slots) + ")");
+}
+
+/// A plan holds an F and a B for every virtual stage and microbatch: counts that need more actions
+/// than the file lists are refused here, before verify sizes its tables by them.
+inline void check_listed(const schedule::Plan& plan, const FailAt& fail) {
+  const schedule::Config& c = plan.config;
+  const long long needed = 2LL * c.virtual_stages() * c.total_microbatches();
+  long long listed = 0;
+  for (const auto& worker : plan.actions) listed += static_cast<long long>(worker.size());
+  if (listed < needed)
+    fail("the plan's " + std::to_string(c.virtual_stages()) + " virtual stages x " + std::to_string(c.total_microbatches()) +
+         " microbatches need at least " + std::to_string(needed) + " actions (an F and a B each), but it lists " +
+         std::to_string(listed));
 }
 
 inline schedule::UpdateRule parse_update(std::string_view u, const FailAt& fail) {
@@ -245,7 +270,10 @@ class PlanParser {
     plan_.actions[std::size_t(worker)].push_back(a);
   }
 
-  schedule::Plan finish() { return std::move(plan_); }
+  schedule::Plan finish() {
+    check_listed(plan_, {source_ + ": "});
+    return std::move(plan_);
+  }
 
   struct Entry {
     std::string value;
@@ -284,6 +312,8 @@ inline schedule::Plan plan_from_csv(std::string_view text, std::string source = 
 
 namespace detail {
 
+inline constexpr int max_plan_depth = 8;
+
 /// Reads a plan's JSON document; every error names `source` and the field.
 class JsonPlanReader {
  public:
@@ -291,9 +321,15 @@ class JsonPlanReader {
 
   schedule::Plan read(std::string_view text) const {
     nlohmann::json doc;
+    // A plan nests 3 deep (the document, actions or placement, an entry); the messages below print
+    // values with nlohmann's recursive dump(), which a file nesting 300,000 arrays would overflow.
+    const auto shallow = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > max_plan_depth) CUPIPE_THROW(source_, ": the JSON nests deeper than ", max_plan_depth, " levels; a plan needs 3");
+      return true;
+    };
     try {
-      doc = nlohmann::json::parse(text.begin(), text.end());
-    } catch (const nlohmann::json::parse_error& e) {
+      doc = nlohmann::json::parse(text.begin(), text.end(), shallow);
+    } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number beyond a double (1e400)
       CUPIPE_THROW(source_, ": not a JSON plan: ", e.what());
     }
     if (!doc.is_object()) fail("", "expected a JSON object with \"format\": \"cupipe plan\", found " + kind_of(doc));
@@ -325,7 +361,7 @@ class JsonPlanReader {
     for (std::size_t k = 0; k < placement.size(); ++k) {
       const std::string where = "placement[" + std::to_string(k) + "]";
       const nlohmann::json& entry = placement[k];
-      if (!entry.is_array() || entry.size() != 2 || !entry[0].is_number_integer() || !entry[1].is_number_integer())
+      if (!entry.is_array() || entry.size() != 2 || !small_integer(entry[0]) || !small_integer(entry[1]))
         fail(where, "expected [worker, chunk], found " + entry.dump());
       located.push_back({entry[0].get<int>(), entry[1].get<int>()});
     }
@@ -344,6 +380,7 @@ class JsonPlanReader {
                                                    integer(a, "chunk", std::nullopt, where + "."), at(where));
       plan.actions[std::size_t(worker)].push_back(action);
     }
+    check_listed(plan, at("actions"));
     return plan;
   }
 
@@ -378,9 +415,15 @@ class JsonPlanReader {
       fail("", "field '" + prefix + key + "' is missing");
     }
     const nlohmann::json& value = object[key];
-    if (!value.is_number_integer() || value.get<long long>() < -(1LL << 30) || value.get<long long>() > (1LL << 30))
-      fail(prefix + key, "expected an integer, found " + value.dump());
+    if (!small_integer(value)) fail(prefix + key, "expected an integer, found " + value.dump());
     return value.get<int>();
+  }
+
+  /// An integer within +-2^30, so that get<int>() reads what the file says: 2^40 would wrap to 0, and
+  /// an unsigned 2^64 - 1 to -1.
+  static bool small_integer(const nlohmann::json& value) {
+    if (value.is_number_unsigned()) return value.get<unsigned long long>() <= (1ULL << 30);
+    return value.is_number_integer() && value.get<long long>() >= -(1LL << 30) && value.get<long long>() <= (1LL << 30);
   }
 
   const nlohmann::json& array(const nlohmann::json& object, const char* key) const {

@@ -7,6 +7,9 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +32,27 @@ inline nlohmann::json layers_json(const std::vector<LayerCost>& list) {
                       {"sum_forward_calls", l.sum_forward_calls}, {"sum_backward_calls", l.sum_backward_calls}});
   return layers;
 }
+
+/// An integer field of type I: a JSON integer inside I's range, else an error naming it. nlohmann's
+/// get<I>() would convert 1e300 (undefined behaviour) or 2^64 - 1 (to -1) out of range.
+template <class I>
+I integer_field(const nlohmann::json& o, const char* name, std::optional<I> fallback, const std::string& where,
+                const std::string& source) {
+  if (!o.is_object() || !o.contains(name)) {
+    if (fallback) return *fallback;
+    CUPIPE_THROW(source, ": ", where, name, " is missing");
+  }
+  const nlohmann::json& v = o[name];
+  constexpr auto lowest = std::numeric_limits<I>::min(), highest = std::numeric_limits<I>::max();
+  const bool fits = v.is_number_unsigned() ? v.get<std::uint64_t>() <= std::uint64_t(highest)
+                                           : v.is_number_integer() && v.get<std::int64_t>() >= lowest && v.get<std::int64_t>() <= highest;
+  // A number is printed; anything else by its type (dump() of a deeply nested array recurses as deep).
+  if (!fits)
+    CUPIPE_THROW(source, ": ", where, name, " must be an integer in [", lowest, ", ", highest, "], found ",
+                 v.is_number() ? v.dump() : std::string(v.type_name()));
+  return v.get<I>();
+}
+
 }  // namespace detail
 
 inline nlohmann::json to_json(const CostModel& m) {
@@ -44,7 +68,8 @@ inline nlohmann::json to_json(const CostModel& m) {
           {"layers", detail::layers_json(m.layers)}, {"tensor_variants", variants}};
 }
 
-/// Reads a cost model; a missing or mistyped field is an error naming `source` and the field.
+/// Reads a cost model; a missing or mistyped field, or an integer out of its type's range, is an
+/// error naming `source` and the field.
 inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string& source) {
   const auto field = [&](const nlohmann::json& o, const char* name, const std::string& where) -> const nlohmann::json& {
     if (!o.is_object() || !o.contains(name)) CUPIPE_THROW(source, ": ", where, name, " is missing");
@@ -53,11 +78,11 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
   };
   CostModel m;
   try {
-    m.profiled_rows = field(j, "profiled_rows", "").get<index_t>();
-    m.rows_per_sample = j.value("rows_per_sample", index_t(1));
-    m.value_bytes = j.value("value_bytes", 4);
-    m.compute_bytes = j.value("compute_bytes", 0);
-    m.optimizer_slots = j.value("optimizer_slots", 2);
+    m.profiled_rows = detail::integer_field<index_t>(j, "profiled_rows", std::nullopt, "", source);
+    m.rows_per_sample = detail::integer_field<index_t>(j, "rows_per_sample", 1, "", source);
+    m.value_bytes = detail::integer_field<int>(j, "value_bytes", 4, "", source);
+    m.compute_bytes = detail::integer_field<int>(j, "compute_bytes", 0, "", source);
+    m.optimizer_slots = detail::integer_field<int>(j, "optimizer_slots", 2, "", source);
     m.link_latency = j.value("link_latency", 0.0);
     m.link_bytes_per_second = j.value("link_bytes_per_second", 0.0);
     m.allreduce_bytes_per_second = j.value("allreduce_bytes_per_second", 0.0);
@@ -95,7 +120,7 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
       for (std::size_t i = 0; i < j["tensor_variants"].size(); ++i) {
         const nlohmann::json& v = j["tensor_variants"][i];
         const std::string where = "tensor_variants[" + std::to_string(i) + "].";
-        m.tensor_variants.push_back({field(v, "degree", where).get<int>(), read_layers(v, where)});
+        m.tensor_variants.push_back({detail::integer_field<int>(v, "degree", std::nullopt, where, source), read_layers(v, where)});
       }
     }
   } catch (const nlohmann::json::exception& e) {
