@@ -173,7 +173,7 @@ Measured run_layout(const planner::Layout& layout, ConstView<model_input_t<typen
   schedule::with_policy(layout.schedule, [&]<class Policy>() {
     with_stage_count<Counts...>(layout.stages, [&]<int P>() {
       if constexpr (std::size_t(P * Policy::chunks) <= Model::body::size) {
-        using Stages = partition<Model, std::size_t(P * Policy::chunks)>;
+        using Stages = partition_for<Model, P, Policy>;
         PipelineOptions options;
         options.communicator = o.communicator;
         options.microbatches = layout.microbatches;

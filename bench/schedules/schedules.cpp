@@ -115,7 +115,7 @@ double test_accuracy(Pipe& pipe, const io::Dataset& test) {
 /// Trains one schedule from the seeded start; each step is one harness run.
 template <class Schedule, int P>
 void train(State& state, const Options& o, const Job& job) {
-  using Pipe = Pipeline<partition<Model, std::size_t(P * Schedule::chunks)>, Schedule, backend::Host<T>>;
+  using Pipe = Pipeline<partition_for<Model, P, Schedule>, Schedule, backend::Host<T>>;
   Pipe pipe({.microbatches = o.microbatches, .seed = o.seed});
   const bench::Runs runs = state.runs();
   const std::int64_t steps = runs.warmup + runs.repeats;

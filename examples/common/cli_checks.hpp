@@ -27,4 +27,14 @@ inline CLI::Validator number_check(bool zero_allowed) {
 inline const CLI::Validator positive = number_check(false);
 inline const CLI::Validator non_negative = number_check(true);
 
+/// --check-equivalence N, the same in both trainers (PipelineOptions::check_equivalence).
+inline void add_check_equivalence(CLI::App& app, int& steps) {
+  app.add_option("--check-equivalence", steps,
+                 "run the first N steps also through the same model unpipelined (one worker) and stop with the "
+                 "first tensor whose loss, gradient or updated weights differ beyond the precision's bound "
+                 "(flush schedules, one process; docs/trainer.md); 0: off")
+      ->capture_default_str()
+      ->check(non_negative);
+}
+
 }  // namespace cupipe::examples

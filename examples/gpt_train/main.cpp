@@ -136,8 +136,18 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", f.warmup, "warm-up steps")->capture_default_str()->check(non_negative);
   app.add_option("--min-lr", f.min_lr, "final learning rate as a fraction of --lr")->capture_default_str()->check(non_negative);
   app.add_option("--weight-decay", f.weight_decay, "AdamW's decoupled weight decay")->capture_default_str()->check(non_negative);
+  app.add_option("--weight-decay-on", f.weight_decay_on,
+                 "matrices: decay the 2-D weights and the embeddings, not biases or LayerNorm (GPT-2, nanoGPT); all: "
+                 "every parameter")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"matrices", "all"}));
   app.add_option("--clip", f.clip, "global gradient-norm clip (0: none)")->capture_default_str()->check(non_negative);
-  app.add_option("--seed", f.seed, "initialisation and sampling seed")->capture_default_str();
+  app.add_option("--seed", f.seed, "initialisation, data order and sampling seed")->capture_default_str();
+  app.add_option("--data-order", f.data_order,
+                 "shuffled: each epoch a permutation of the training windows drawn from --seed; in-order: the "
+                 "windows as they lie in the corpus")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"shuffled", "in-order"}));
   app.add_option("--eval-every", f.eval_every, "steps between held-out evaluations (0: only at the end)")
       ->capture_default_str()
       ->check(non_negative);
@@ -154,6 +164,7 @@ int main(int argc, char** argv) {
                  "still spans --steps (0: no limit)")->check(non_negative);
   app.add_option("--max-seconds", f.max_seconds, "stop (evaluate, save) after this much training time (0: no limit)")
       ->check(non_negative);
+  cupipe::examples::add_check_equivalence(app, f.check_equivalence);
   app.add_option("--post-validation", f.post_validation,
                  "run N steps at a time with optimizer post-validation: no flush between them, the global gradient "
                  "norm checked a step late and an update that should have clipped redone (flush schedules whose "

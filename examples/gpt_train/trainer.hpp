@@ -49,8 +49,10 @@ struct Flags {
   std::int64_t warmup = 100;
   double min_lr = 0.1;
   double weight_decay = 0.1;
+  std::string weight_decay_on = "matrices";  ///< optim::DecayOn: "matrices" (GPT-2, nanoGPT) or "all"
   double clip = 1.0;
   std::uint64_t seed = 0;
+  std::string data_order = "shuffled";  ///< io::WindowOrder of the training windows: "shuffled" or "in-order"
   std::int64_t eval_every = 100;
   int eval_batches = 8;
   double held_out = 0.05;
@@ -76,6 +78,7 @@ struct Flags {
   /// The least and most activation peak any timing can give, per stage (Layout's bounds).
   std::vector<double> predicted_activation_low_bytes{}, predicted_activation_high_bytes{};
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
+  int check_equivalence = 0;          ///< the first N steps also run unpipelined and must agree; 0: off
   bool zero = false;                  ///< ZeRO-1: the AdamW state sharded over the --dp replicas
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
@@ -92,7 +95,8 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--microbatches", std::to_string(f.microbatches)}, {"--batch", std::to_string(f.batch)},
           {"--steps", std::to_string(f.steps)}, {"--lr", real(f.lr)},
           {"--warmup", std::to_string(f.warmup)}, {"--min-lr", real(f.min_lr)},
-          {"--weight-decay", real(f.weight_decay)}, {"--clip", real(f.clip)},
+          {"--weight-decay", real(f.weight_decay)}, {"--weight-decay-on", f.weight_decay_on},
+          {"--clip", real(f.clip)},             {"--data-order", f.data_order},
           {"--seed", std::to_string(f.seed)},   {"--held-out", real(f.held_out)},
           {"--eval-every", std::to_string(f.eval_every)}, {"--eval-batches", std::to_string(f.eval_batches)},
           {"--save", f.save},                   {"--save-every", std::to_string(f.save_every)},
@@ -144,14 +148,15 @@ double widen(V v) {
   return pipeline::convert_value<double>(v);
 }
 
-/// Mean cross-entropy (nats per token) of the model on `batches` fixed batches of held-out windows.
-/// Logits are computed a few sequences at a time, at most ~64 M values (256 MiB) in host memory: a
-/// GPT-2 vocabulary makes a whole batch's logits gigabytes.
+/// Mean cross-entropy (nats per token) of the model on `batches` fixed batches of held-out windows:
+/// the same every run (seed 0's order, whatever --seed), drawn from all of the held-out part. Logits
+/// are computed a few sequences at a time, at most ~64 M values (256 MiB) in host memory: a GPT-2
+/// vocabulary makes a whole batch's logits gigabytes.
 template <gpt::Config config, class Pipe>
 double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int batch, int batches) {
   const index_t V = config.vocab, Tn = config.context;
   const index_t chunk = std::clamp<index_t>((index_t(1) << 26) / (Tn * V), 1, batch);
-  io::WindowLoader loader(tokens, Tn, batch);
+  io::WindowLoader loader(tokens, Tn, batch, 0, 1, io::WindowPosition::start(0), io::WindowOrder::shuffled);
   std::vector<std::int32_t> x, y;
   std::vector<typename Pipe::T> logits;  // the last stage's storage precision
   double total = 0;
@@ -257,17 +262,18 @@ template <gpt::Config config, class Schedule, int P, class Backend, int TP = 1, 
 int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
           const DeviceRate& rate = {}, Configure configure = {}) {
   using Model = gpt::TensorParallelModel<config, TP>;  // gpt::Model<config> itself with TP 1
-  using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
+  using Stages = partition_for<Model, P, Schedule>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
-             .post_validation = f.post_validation > 0, .zero = f.zero});
+             .post_validation = f.post_validation > 0, .zero = f.zero, .check_equivalence = f.check_equivalence});
   // With --tp each rank draws its part of the whole model's initialisation (LayerSeq::init), so a
   // run with --tp starts where the same run without it does.
   configure(pipe);
   NanoGptNames<config, Pipe> named{pipe};
   optim::AdamW adamw({.lr = f.lr, .weight_decay = f.weight_decay, .clip_norm = f.clip,
-                      .schedule = {f.warmup, f.steps, f.min_lr}});
+                      .schedule = {f.warmup, f.steps, f.min_lr},
+                      .decay_on = f.weight_decay_on == "all" ? optim::DecayOn::all : optim::DecayOn::matrices});
   // Only the first rank talks; every rank computes.
   auto say = [&](const char* format, auto... args) {
     if (launch.leader()) std::printf(format, args...);
@@ -308,19 +314,32 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   const char* unit = bytes ? "bits per byte" : "nats per token";
   say("unigram baseline (no context): %.4f nats = %.4f %s\n", unigram, unigram / per_bit, unit);
 
+  // The training windows' order: --seed's permutation each epoch, or the corpus's order.
   io::TrainingState state;
+  io::WindowPosition data_start = io::WindowPosition::start(f.seed);
   if (!f.resume.empty()) {
     state = io::load_checkpoint(f.resume, named, adamw);
-    say("resumed from %s: %lld updates, data position %lld\n", f.resume.c_str(), (long long)state.updates,
-        (long long)state.batch);
+    const auto order = state.extra.find("data_order");
+    if (order == state.extra.end())
+      CUPIPE_THROW("--resume ", f.resume, ": the checkpoint keeps no data order (written before gpt_train shuffled "
+                   "its windows, its data position counts windows in corpus order); start a new run");
+    if (order->second != f.data_order)
+      CUPIPE_THROW("--resume ", f.resume, ": the checkpoint's windows came in --data-order ", order->second,
+                   ", this run's in ", f.data_order);
+    data_start = {state.rng, state.epoch, state.batch};
+    say("resumed from %s: %lld updates, data position: epoch %lld, batch %lld\n", f.resume.c_str(),
+        (long long)state.updates, (long long)state.epoch, (long long)state.batch);
   }
   // --batch sequences a step in all: each replica reads its own batch / dp of them.
   io::WindowLoader loader(split.train, config.context, f.batch / launch.replicas, launch.replica, launch.replicas,
-                          std::uint64_t(state.batch));
+                          data_start, f.data_order == "in-order" ? io::WindowOrder::in_order : io::WindowOrder::shuffled);
   auto save = [&] {
     state.updates = pipe.updates();
-    state.batch = std::int64_t(loader.position());
-    state.extra = {{"preset", f.preset}, {"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)}};
+    state.rng = loader.position().rng;
+    state.epoch = loader.position().epoch;
+    state.batch = loader.position().batch;
+    state.extra = {{"preset", f.preset}, {"schedule", std::string(Schedule::name)}, {"stages", std::to_string(P)},
+                   {"data_order", f.data_order}};
     io::save_checkpoint(f.save, named, adamw, state);
     say("saved %s (nanoGPT names) and %s\n", io::model_file(f.save).c_str(), io::state_file(f.save).c_str());
   };

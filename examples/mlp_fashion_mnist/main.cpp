@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
       ->check(non_negative)
       ->needs(plan);
   for (const char* name : {"--schedule", "--stages", "--microbatches"}) plan->excludes(app.get_option(name));
+  cupipe::examples::add_check_equivalence(app, f.check_equivalence);
   app.add_option("--post-validation", f.post_validation,
                  "run N steps at a time with optimizer post-validation: no flush between them, the global gradient "
                  "norm checked a step late and an update that should have clipped redone (flush schedules, one "

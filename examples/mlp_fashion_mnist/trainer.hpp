@@ -64,6 +64,7 @@ struct Flags {
   std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches
   int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
+  int check_equivalence = 0;          ///< the first N steps also run unpipelined and must agree; 0: off
   double predicted_step_seconds = 0;  ///< the planned layout's, set by plan_layout
 };
 
@@ -211,12 +212,12 @@ inline void report_run(const Flags& f, const Launch& launch, RunTotals run) {
 
 template <class Schedule, int P, class Backend, class Optimizer>
 int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer, const Launch& launch) {
-  using Stages = partition<Model, std::size_t(P * Schedule::chunks)>;
+  using Stages = partition_for<Model, P, Schedule>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   using S = typename Pipe::input_type;  // inputs in the first stage's storage precision
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
-             .post_validation = f.post_validation > 0});
+             .post_validation = f.post_validation > 0, .check_equivalence = f.check_equivalence});
   // Only the first rank talks; every rank computes.
   auto say = [&](const char* format, auto... args) {
     if (launch.leader()) std::printf(format, args...);

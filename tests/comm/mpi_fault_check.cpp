@@ -13,6 +13,8 @@
 // the error), and exits 1 without MPI_Finalize (which would wait for the failed rank). The stalled
 // rank exits after 3 timeouts, so a launcher told not to end the job on the first failure
 // (--mca orte_abort_on_non_zero_status 0) still ends. tests/comm/check_fault_reports.cmake checks.
+// Every rank's flight recorder writes DIR/cupipe-flight-rank-R.json when a wait times out or on
+// SIGUSR1; tests/comm/check_flight_report.py signals the job and checks the merged report.
 #include <signal.h>
 #include <time.h>
 
@@ -65,7 +67,7 @@ int run(const std::string& report, int rank) {
   auto communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, int(Stages::size), timeout);
   const bool faulty = rank == communicator->topology().world - 1;
   Pipeline<Stages, schedule::OneFOneB, backend::Host<float>> pipe(
-      {.microbatches = 4, .seed = 1, .transfer_timeout_seconds = timeout, .communicator = communicator});
+      {.microbatches = 4, .seed = 1, .transfer_timeout_seconds = timeout, .communicator = communicator, .flight_dir = report});
   optim::SGD sgd({.lr = 0.1});
   std::vector<float> x(16 * 4);
   std::vector<std::int32_t> y(16);

@@ -310,8 +310,8 @@ int main(int argc, char** argv) {
     int rc = 2;
     if (schedule == "1f1b" && stages == 4) rc = check<partition<Model, 4>, schedule::OneFOneB>(4, rank);
     else if (schedule == "1f1b" && stages == 2) rc = check<partition<Model, 2>, schedule::OneFOneB>(4, rank);
-    else if (schedule == "interleaved" && stages == 4) rc = check<partition<Model, 8>, schedule::Interleaved<2>>(4, rank);
-    else if (schedule == "interleaved" && stages == 2) rc = check<partition<Model, 4>, schedule::Interleaved<2>>(4, rank);
+    else if (schedule == "interleaved" && stages == 4) rc = check<partition_for<Model, 4, schedule::Interleaved<2>>, schedule::Interleaved<2>>(4, rank);
+    else if (schedule == "interleaved" && stages == 2) rc = check<partition_for<Model, 2, schedule::Interleaved<2>>, schedule::Interleaved<2>>(4, rank);
     else if (schedule == "gpipe" && stages == 4) rc = check<partition<Model, 4>, schedule::GPipe>(4, rank);
     else if (schedule == "gpt" && stages == 4) rc = check_gpt<4>(rank);
     else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);

@@ -73,7 +73,7 @@ constexpr bool flush = Policy::update == schedule::UpdateRule::flush;
 /// host arrays that the pipeline stages itself.
 template <class Policy, int P>
 void check_cuda_equals_host(std::vector<int> devices) {
-  using Stages = partition<Deep, P * Policy::chunks>;
+  using Stages = partition_for<Deep, P, Policy>;
   using Gpu = Pipeline<Stages, Policy, backend::Cuda<float>>;
   using Cpu = Pipeline<Stages, Policy, backend::Host<float>>;
   INFO(Policy::name << " p = " << P);
@@ -280,7 +280,7 @@ namespace {
 template <class Policy, int P>
 void check_gpt_cuda_equals_host() {
   constexpr gpt::Config config{64, 16, 2, 2, 32};
-  using Stages = partition<gpt::Model<config>, P * Policy::chunks>;
+  using Stages = partition_for<gpt::Model<config>, P, Policy>;
   using Gpu = Pipeline<Stages, Policy, backend::Cuda<float>>;
   using Cpu = Pipeline<Stages, Policy, backend::Host<float>>;
   INFO("GPT " << Policy::name << " p = " << P);
@@ -408,7 +408,7 @@ TEST_CASE("a CPU stage and a GPU stage in one pipeline (backend::PerWorker) equa
     CHECK(relative_error(got_f, want_f) <= tolerance);
   };
   check.template operator()<partition<Deep, 3>, schedule::OneFOneB, backend::PerWorker<Cpu, Gpu, Cpu>>();
-  check.template operator()<partition<Deep, 4>, schedule::ZeroBubbleV, backend::PerWorker<Gpu, Cpu>>();
+  check.template operator()<partition_for<Deep, 2, schedule::ZeroBubbleV>, schedule::ZeroBubbleV, backend::PerWorker<Gpu, Cpu>>();
   using GpuBf16 = backend::Cuda<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
   using CpuBf16 = backend::Host<cupipe::bfloat16, float>;
   check.template operator()<partition<Deep, 2>, schedule::OneFOneB, backend::PerWorker<Cpu, GpuBf16>,
@@ -436,7 +436,7 @@ TEST_CASE("a CUDA pipeline step reads its losses once and reports a label out of
   } catch (const std::exception& e) {
     message = e.what();
   }
-  CHECK_THAT(message, Catch::StartsWith("stage 1, after the step's actions: ") && Catch::Contains("met label 7 at row 1"));
+  CHECK_THAT(message, Catch::StartsWith("worker 1, after the step's actions: ") && Catch::Contains("met label 7 at row 1"));
   CHECK(pipe.parameters() == before);
   CHECK(pipe.backend(1).check_inputs);
   CHECK(pipe.backend(0).check_inputs);

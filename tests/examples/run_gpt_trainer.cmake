@@ -8,7 +8,8 @@
 #         trainer built with bf16 host training) the same 100 steps with --precision bf16 (Host<bfloat16,
 #         float>) also learn and end within 1.5% of the fp32 run.
 # resume: 6 steps, save, resume to 12, save; against 12 straight steps: the same tensor bytes in both
-#         files (weights with nanoGPT's names, AdamW state) and the same data position.
+#         files (weights with nanoGPT's names, AdamW state) and the same data position (the shuffled
+#         windows' generator, epoch and batch); resuming with the other --data-order is refused.
 # data_parallel: 2 stages x 2 replicas under MPIRUN (4 processes, --batch 8: 4 sequences each) for 6
 #         steps, then the same flags in one process with 2 stages: the replicas together take the one
 #         process's step, so the held-out and training losses agree to 2 parts per million (float
@@ -87,6 +88,12 @@ elseif(MODE STREQUAL "resume")
   expect_same_tensors("${WORK_DIR}/resumed" "${WORK_DIR}/straight")
   if(NOT resumed_loss STREQUAL straight_loss)
     message(FATAL_ERROR "held-out loss after resuming ${resumed_loss}, straight ${straight_loss}")
+  endif()
+  # The data position is a place in one order of the windows: resuming in the other is refused.
+  execute_process(COMMAND "${TRAINER}" ${common} ${schedule} --resume "${WORK_DIR}/first" --data-order in-order
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0 OR NOT err MATCHES "the checkpoint's windows came in --data-order shuffled, this run's in in-order")
+    message(FATAL_ERROR "resuming a shuffled run with --data-order in-order: exit ${rc}, '${err}'")
   endif()
   message("resumed bit-exactly: held-out loss ${resumed_loss}")
 elseif(MODE STREQUAL "data_parallel")

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs mlp_fashion_mnist and checks its final JSON summary line.
 #   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir> -DMODE=learns|resume|plan|post_validation|bf16|bf16_schedules|bf16_cuda|cuda_schedules|stage_backends|stage_backends_cuda -P run_trainer.cmake
-# learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key.
+# learns: one short epoch must reach test_accuracy >= 0.6 (chance is 0.1), with every summary key; its
+#         first 3 steps run with --check-equivalence (float, against the model on one worker).
 # resume: 5 steps, save, resume for 5 more, save; against 10 straight steps, save: the two final
 #         model files must hold the same tensor bytes (bit-exact resume through the command line).
 # plan: --plan auto picks a layout for 2 workers and reports its predicted and measured step times.
@@ -33,7 +34,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/trainer_support.cmake)
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 if(MODE STREQUAL "learns")
-  run_trainer(--epochs 1)
+  run_trainer(--epochs 1 --check-equivalence 3)
   foreach(key test_accuracy train_loss epochs seconds samples_per_second bubble_fraction_measured schedule stages
               microbatches)
     string(JSON value ERROR_VARIABLE missing GET "${summary}" ${key})

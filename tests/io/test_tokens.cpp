@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Token data: byte-level text from a file or a folder, llm.c shards and every way one can be wrong,
-// the held-out split, and windows sharded across replicas with a resumable position.
+// the held-out split, and windows (in order or shuffled per epoch) sharded across replicas with a
+// resumable position.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <numeric>
 #include <set>
 
@@ -87,7 +89,7 @@ TEST_CASE("llm.c shards: written and read back, a bad magic, version, size or to
              Contains("shard_000.bin: token 50500 at position 500 is outside the model's vocabulary [0, 50500)"));
 }
 
-TEST_CASE("held-out split and windows: fixed split, whole windows, replicas disjoint, position resumes",
+TEST_CASE("held-out split and windows in order: fixed split, whole windows, replicas disjoint, position resumes",
           "[io][tokens]") {
   TokenCorpus corpus;
   corpus.tokens.resize(1001);
@@ -96,15 +98,18 @@ TEST_CASE("held-out split and windows: fixed split, whole windows, replicas disj
   CHECK(split.train.size() == 901);
   CHECK(split.held_out.front() == 901);
 
-  // 1000 tokens after the first: 100 windows of 10 + 1 tokens.
-  WindowLoader a(corpus.tokens, 10, 3, 0, 2), b(corpus.tokens, 10, 3, 1, 2);
+  // 1000 tokens after the first: 100 windows of 10 + 1 tokens; an epoch is 16 batches of 3 x 2.
+  WindowLoader a(corpus.tokens, 10, 3, 0, 2, {}, WindowOrder::in_order), b(corpus.tokens, 10, 3, 1, 2, {}, WindowOrder::in_order);
   CHECK(a.windows() == 100);
+  CHECK(a.batches_per_epoch() == 16);
   std::vector<std::int32_t> xa, ya, xb, yb;
   std::set<std::int32_t> starts;
-  for (int step = 0; step < 16; ++step) {  // 16 * 6 = 96 windows: no wrap yet
+  for (int step = 0; step < 16; ++step) {
     a.next(xa, ya);
     b.next(xb, yb);
     REQUIRE(xa.size() == 30);
+    CHECK(xa[0] == 60 * step);  // consecutive windows: replica 0 the first 3 of each 6, replica 1 the next 3
+    CHECK(xb[0] == 60 * step + 30);
     for (index_t s = 0; s < 3; ++s) {
       CHECK(xa[std::size_t(s * 10)] % 10 == 0);  // each row of 10 is one window
       starts.insert(xa[std::size_t(s * 10)]);
@@ -112,17 +117,100 @@ TEST_CASE("held-out split and windows: fixed split, whole windows, replicas disj
       for (index_t t = 0; t < 10; ++t) CHECK(ya[std::size_t(s * 10 + t)] == xa[std::size_t(s * 10 + t)] + 1);
     }
   }
-  CHECK(starts.size() == 96);  // every window once, no replica overlap
-  CHECK(a.position() == 96);
-  WindowLoader resumed(corpus.tokens, 10, 3, 0, 2, a.position());
+  CHECK(starts.size() == 96);  // every window of the epoch's 16 batches once, no replica overlap
+  CHECK(a.position().epoch == 0);
+  CHECK(a.position().batch == 16);
+  WindowLoader resumed(corpus.tokens, 10, 3, 0, 2, a.position(), WindowOrder::in_order);
   std::vector<std::int32_t> xr, yr;
   a.next(xa, ya);
   resumed.next(xr, yr);
   CHECK(xr == xa);
-  CHECK(xa[0] == 960);
-  CHECK(xa[10] == 970);
-  CHECK(xa[20] == 980);
-  CHECK(a.position() == 2);  // wrapped around
+  CHECK(xa[0] == 0);  // the next epoch starts again at window 0; windows 96..99 wait
+  CHECK(xa[10] == 10);
+  CHECK(a.position().epoch == 1);
+  CHECK(a.position().batch == 1);
   CHECK_THAT(error_of([&] { WindowLoader(corpus.tokens, 100, 6, 0, 2); }),
              Contains("1001 tokens give 10 windows of 101 tokens, fewer than one batch of 6 x 2 replicas"));
+}
+
+namespace {
+/// The first token of each row of the next `batches` batches: the windows' starts, in order.
+std::vector<std::int32_t> window_starts(WindowLoader& loader, int batches, index_t context) {
+  std::vector<std::int32_t> starts, x, y;
+  for (int b = 0; b < batches; ++b) {
+    loader.next(x, y);
+    for (std::size_t row = 0; row < x.size(); row += std::size_t(context)) starts.push_back(x[row]);
+  }
+  return starts;
+}
+}  // namespace
+
+TEST_CASE("shuffled windows: a seeded permutation per epoch, replicas disjoint and covering it, resumed exactly",
+          "[io][tokens]") {
+  std::vector<std::int32_t> tokens(1001);  // 100 windows of 10 + 1 tokens
+  std::iota(tokens.begin(), tokens.end(), 0);
+  WindowLoader one(tokens, 10, 10, 0, 1, WindowPosition::start(7));
+  CHECK(one.batches_per_epoch() == 10);
+  const std::vector<std::int32_t> epoch0 = window_starts(one, 10, 10), epoch1 = window_starts(one, 10, 10);
+
+  // Each epoch is a permutation of all 100 windows, not the corpus's order, and a new one each epoch.
+  for (const auto* epoch : {&epoch0, &epoch1}) {
+    REQUIRE(epoch->size() == 100);
+    std::vector<std::int32_t> sorted = *epoch;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t w = 0; w < sorted.size(); ++w) CHECK(sorted[w] == std::int32_t(10 * w));
+    std::vector<std::int32_t> in_order(sorted);
+    CHECK(*epoch != in_order);
+  }
+  CHECK(epoch0 != epoch1);
+  CHECK(one.position().epoch == 1);
+
+  // Rows are whole windows: labels are the inputs shifted by one token.
+  std::vector<std::int32_t> x, y;
+  WindowLoader rows(tokens, 10, 4, 0, 1, WindowPosition::start(7));
+  rows.next(x, y);
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(y[i] == x[i] + 1);
+  CHECK(x[0] == epoch0[0]);
+
+  // Deterministic per seed; another seed, another order.
+  WindowLoader again(tokens, 10, 10, 0, 1, WindowPosition::start(7)), other(tokens, 10, 10, 0, 1, WindowPosition::start(8));
+  CHECK(window_starts(again, 10, 10) == epoch0);
+  CHECK(window_starts(other, 10, 10) != epoch0);
+
+  // Two replicas of 5 take the one process's batches of 10: disjoint halves, covering each epoch.
+  WindowLoader r0(tokens, 10, 5, 0, 2, WindowPosition::start(7)), r1(tokens, 10, 5, 1, 2, WindowPosition::start(7));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    const std::vector<std::int32_t>& whole = epoch == 0 ? epoch0 : epoch1;
+    std::set<std::int32_t> seen;
+    for (int b = 0; b < 10; ++b) {
+      const std::vector<std::int32_t> mine = window_starts(r0, 1, 10), theirs = window_starts(r1, 1, 10);
+      CHECK(std::equal(mine.begin(), mine.end(), whole.begin() + 10 * b));
+      CHECK(std::equal(theirs.begin(), theirs.end(), whole.begin() + 10 * b + 5));
+      seen.insert(mine.begin(), mine.end());
+      seen.insert(theirs.begin(), theirs.end());
+    }
+    CHECK(seen.size() == 100);
+  }
+  CHECK(r0.position() == r1.position());
+
+  // A loader built from a saved position gives what the uninterrupted one gives next: within an
+  // epoch, at its end, and into the next.
+  for (const int stop : {3, 10, 13}) {
+    WindowLoader straight(tokens, 10, 5, 1, 2, WindowPosition::start(7));
+    window_starts(straight, stop, 10);
+    WindowLoader resumed(tokens, 10, 5, 1, 2, straight.position());
+    CHECK(window_starts(resumed, 15, 10) == window_starts(straight, 15, 10));
+  }
+
+  // Windows past the epoch's last whole batch wait: 103 windows make 10 batches of 10, each distinct.
+  std::vector<std::int32_t> more(1031);
+  std::iota(more.begin(), more.end(), 0);
+  WindowLoader leftover(more, 10, 10, 0, 1, WindowPosition::start(1));
+  CHECK(leftover.windows() == 103);
+  const std::vector<std::int32_t> first = window_starts(leftover, 10, 10);
+  CHECK(std::set<std::int32_t>(first.begin(), first.end()).size() == 100);
+  CHECK(leftover.position().batch == 10);
+
+  CHECK_THAT(error_of([&] { WindowLoader(tokens, 10, 10, 0, 1, WindowPosition{WindowPosition::start(7).rng, 0, 11}); }),
+             Contains("the position is batch 11 of epoch 0, but an epoch of 100 windows has 10 batches of 10 x 1 replicas"));
 }

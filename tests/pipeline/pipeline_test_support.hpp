@@ -73,7 +73,8 @@ inline bool bitwise_equal(std::span<const double> a, std::span<const double> b) 
 }
 
 /// The update a flush pipeline applies, done by hand on a Network: global-norm clipping, then the
-/// optimizer on the whole parameter array. `slots` persist across calls; `step` is 0-based.
+/// optimizer on the whole parameter array, tensor by tensor as its decay_on says (optim::update_runs).
+/// `slots` persist across calls; `step` is 0-based.
 template <class Net, class Optimizer>
 double reference_update(Net& net, const Optimizer& optimizer, std::vector<std::vector<double>>& slots, std::int64_t step) {
   constexpr index_t count = Net::Body::param_count;
@@ -88,8 +89,10 @@ double reference_update(Net& net, const Optimizer& optimizer, std::vector<std::v
   if constexpr (Net::tied.count > 0)
     squares -= sum_of_squares(net.backend(), ConstView<double>{net.gradient_data() + Net::tied.second, Shape{Net::tied.count}});
   const double norm = std::sqrt(squares);
-  optimizer.update(net.backend(), TensorView<double>{net.parameter_data(), Shape{count}}, grads,
-                   std::span<const TensorView<double>>(views), step, optim::clip_factor(norm, optimizer.clip_norm()));
+  const std::vector<optim::DecayRun> runs = optim::decay_runs(Net::parameter_table());
+  optim::update_runs(optimizer, std::span<const optim::DecayRun>(runs), 0, net.backend(),
+                     TensorView<double>{net.parameter_data(), Shape{count}}, grads, std::span<const TensorView<double>>(views),
+                     step, optim::clip_factor(norm, optimizer.clip_norm()));
   return norm;
 }
 

@@ -195,10 +195,10 @@ TEST_CASE("1F1B equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 
 
 TEST_CASE("Interleaved<2> equals the unpipelined Network for p <= 4, m not a multiple of p included",
           "[pipeline][equivalence]") {
-  check_against_network<schedule::Interleaved<2>, partition<Deep, 2>>();
-  check_against_network<schedule::Interleaved<2>, partition<Deep, 4>>();
-  check_against_network<schedule::Interleaved<2>, partition<Deep, 6>>();
-  check_against_network<schedule::Interleaved<2>, partition<Deep, 8>>();
+  check_against_network<schedule::Interleaved<2>, partition_for<Deep, 1, schedule::Interleaved<2>>>();
+  check_against_network<schedule::Interleaved<2>, partition_for<Deep, 2, schedule::Interleaved<2>>>();
+  check_against_network<schedule::Interleaved<2>, partition_for<Deep, 3, schedule::Interleaved<2>>>();
+  check_against_network<schedule::Interleaved<2>, partition_for<Deep, 4, schedule::Interleaved<2>>>();
 }
 
 TEST_CASE("ZB-H1 equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}", "[pipeline][equivalence]") {
@@ -217,41 +217,41 @@ TEST_CASE("ZB-H2 equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4,
 
 TEST_CASE("BFS (looped breadth-first) equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}",
           "[pipeline][equivalence]") {
-  check_against_network<schedule::BreadthFirst<2>, partition<Deep, 2>>();
-  check_against_network<schedule::BreadthFirst<2>, partition<Deep, 4>>();
-  check_against_network<schedule::BreadthFirst<2>, partition<Deep, 6>>();
-  check_against_network<schedule::BreadthFirst<2>, partition<Deep, 8>>();
+  check_against_network<schedule::BreadthFirst<2>, partition_for<Deep, 1, schedule::BreadthFirst<2>>>();
+  check_against_network<schedule::BreadthFirst<2>, partition_for<Deep, 2, schedule::BreadthFirst<2>>>();
+  check_against_network<schedule::BreadthFirst<2>, partition_for<Deep, 3, schedule::BreadthFirst<2>>>();
+  check_against_network<schedule::BreadthFirst<2>, partition_for<Deep, 4, schedule::BreadthFirst<2>>>();
 }
 
 TEST_CASE("ZBV (V-shaped, B/W split) equals the unpipelined Network for p <= 4 and m in {1, 2, 3, 4, 8}",
           "[pipeline][equivalence]") {
-  check_against_network<schedule::ZeroBubbleV, partition<Deep, 2>>();
-  check_against_network<schedule::ZeroBubbleV, partition<Deep, 4>>();
-  check_against_network<schedule::ZeroBubbleV, partition<Deep, 6>>();
-  check_against_network<schedule::ZeroBubbleV, partition<Deep, 8>>();
+  check_against_network<schedule::ZeroBubbleV, partition_for<Deep, 1, schedule::ZeroBubbleV>>();
+  check_against_network<schedule::ZeroBubbleV, partition_for<Deep, 2, schedule::ZeroBubbleV>>();
+  check_against_network<schedule::ZeroBubbleV, partition_for<Deep, 3, schedule::ZeroBubbleV>>();
+  check_against_network<schedule::ZeroBubbleV, partition_for<Deep, 4, schedule::ZeroBubbleV>>();
 }
 
 TEST_CASE("V-Min and V-Half (controllable memory) equal the unpipelined Network for p in {1, 2, 4}",
           "[pipeline][equivalence]") {
-  check_against_network<schedule::VMin, partition<Deep, 2>>();
-  check_against_network<schedule::VMin, partition<Deep, 4>>();
-  check_against_network<schedule::VMin, partition<Deep, 8>>();
-  check_against_network<schedule::VHalf, partition<Deep, 2>>();
-  check_against_network<schedule::VHalf, partition<Deep, 4>>();
-  check_against_network<schedule::VHalf, partition<Deep, 8>>();
+  check_against_network<schedule::VMin, partition_for<Deep, 1, schedule::VMin>>();
+  check_against_network<schedule::VMin, partition_for<Deep, 2, schedule::VMin>>();
+  check_against_network<schedule::VMin, partition_for<Deep, 4, schedule::VMin>>();
+  check_against_network<schedule::VHalf, partition_for<Deep, 1, schedule::VHalf>>();
+  check_against_network<schedule::VHalf, partition_for<Deep, 2, schedule::VHalf>>();
+  check_against_network<schedule::VHalf, partition_for<Deep, 4, schedule::VHalf>>();
 }
 
 TEST_CASE("DualPipeV (overlapped F&B pairs, run back to back) equals the unpipelined Network for p <= 4, m >= 2p",
           "[pipeline][equivalence]") {
-  check_against_network<schedule::DualPipeV, partition<Deep, 2>>();
-  check_against_network<schedule::DualPipeV, partition<Deep, 4>>();
-  check_against_network<schedule::DualPipeV, partition<Deep, 6>>();
-  check_against_network<schedule::DualPipeV, partition<Deep, 8>>();
+  check_against_network<schedule::DualPipeV, partition_for<Deep, 1, schedule::DualPipeV>>();
+  check_against_network<schedule::DualPipeV, partition_for<Deep, 2, schedule::DualPipeV>>();
+  check_against_network<schedule::DualPipeV, partition_for<Deep, 3, schedule::DualPipeV>>();
+  check_against_network<schedule::DualPipeV, partition_for<Deep, 4, schedule::DualPipeV>>();
 }
 
 TEST_CASE("DualPipeV asks the backend to overlap each F&B pair: begin in the F, end after it, join after the B",
           "[pipeline][overlap]") {
-  using Stages = partition<Deep, 4>;
+  using Stages = partition_for<Deep, 2, schedule::DualPipeV>;
   PipelineOptions options;
   options.microbatches = 6;
   options.seed = seed;
@@ -306,4 +306,90 @@ TEMPLATE_TEST_CASE("recomputing stages 0 and 1 gives the same gradients bitwise 
   options.recompute = {3};
   CHECK_THAT(test::error_message([&] { Pipe bad(options); }),
              Catch::Contains("recompute names stage 3 but there are 3 (virtual) stages"));
+}
+
+namespace {
+
+/// A planted bug (issue #61): Linear<8, 8> whose weight-gradient pass does nothing on fewer rows than
+/// `full_rows`, as if the pipeline skipped the W of every microbatch on the stage that holds it. The
+/// unpipelined reference runs it once on the whole batch, so only the pipeline loses those gradients.
+struct SkipsSplitW : Linear<8, 8> {
+  static inline index_t full_rows = 0;
+  template <class B, class T = typename B::value_type>
+  static void backward_weight(B& be, ConstViewOn<B, T> x, ConstViewOn<B, T> saved, ConstViewOn<B, T> dy, grad_t<B>* g) {
+    if (dy.rows() < full_rows) return;
+    Linear<8, 8>::backward_weight<B, T>(be, x, saved, dy, g);
+  }
+};
+using Planted = Sequential<Linear<6, 8>, ReLU, Linear<8, 8>, ReLU, SkipsSplitW, ReLU, Linear<8, 8>, ReLU, Linear<8, 4>>;
+
+/// check_equivalence on `Policy` at p = 2, m = 4: three checked AdamW steps pass, and change nothing:
+/// the weights are bitwise those of the same pipeline unchecked.
+template <class Policy>
+void check_equivalence_passes() {
+  using Pipe = Pipeline<partition_for<Deep, 2, Policy>, Policy, Host>;
+  INFO(Policy::name);
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.01, .clip_norm = 1.0});
+  PipelineOptions options{.microbatches = 4, .seed = seed};
+  Pipe plain(options);
+  options.check_equivalence = 3;
+  Pipe checked(options);
+  for (int step = 0; step < 4; ++step) {
+    const Batch b = test::make_batch(8, features, classes, 500 + std::uint64_t(step));
+    const StepStats want = plain.train_step(b.inputs(), b.targets(), adamw);
+    StepStats got;
+    REQUIRE_NOTHROW(got = checked.train_step(b.inputs(), b.targets(), adamw));
+    CHECK(got.loss == want.loss);
+    CHECK(got.grad_norm == want.grad_norm);
+  }
+  CHECK(test::bitwise_equal(checked.parameters(), plain.parameters()));
+  CHECK(test::bitwise_equal(checked.optimizer_state(1), plain.optimizer_state(1)));
+}
+
+}  // namespace
+
+TEST_CASE("check_equivalence passes on every flush schedule and changes nothing it checks", "[pipeline][equivalence]") {
+  check_equivalence_passes<schedule::GPipe>();
+  check_equivalence_passes<schedule::OneFOneB>();
+  check_equivalence_passes<schedule::Interleaved<2>>();
+  check_equivalence_passes<schedule::BreadthFirst<2>>();
+  check_equivalence_passes<schedule::ZeroBubbleH1>();
+  check_equivalence_passes<schedule::ZeroBubbleH2>();
+  check_equivalence_passes<schedule::ZeroBubbleV>();
+  check_equivalence_passes<schedule::VMin>();
+  check_equivalence_passes<schedule::VHalf>();
+  check_equivalence_passes<schedule::DualPipeV>();
+}
+
+TEST_CASE("check_equivalence names the tensor, step, virtual stage and worker of a planted bug, and undoes the step",
+          "[pipeline][equivalence]") {
+  using Pipe = Pipeline<partition_for<Planted, 2, schedule::ZeroBubbleV>, schedule::ZeroBubbleV, Host>;
+  const optim::AdamW adamw({.lr = 1e-2});
+  SkipsSplitW::full_rows = 8;  // the pipeline's microbatches hold 2 rows; the reference's batch 8
+  Pipe pipe({.microbatches = 4, .seed = seed, .check_equivalence = 2});
+  const Batch b = test::make_batch(8, features, classes, 77);
+  const std::vector<double> before = pipe.parameters();
+  const int k = [] {  // the virtual stage that holds layer 4
+    int found = -1;
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      ((Pipe::stage_list::template stage<K>::first_index <= 4 ? found = int(K) : 0), ...);
+    }(std::make_index_sequence<Pipe::virtual_stages>());
+    return found;
+  }();
+  const std::string message = test::error_message([&] { pipe.train_step(b.inputs(), b.targets(), adamw); });
+  CHECK_THAT(message, Catch::StartsWith("check_equivalence: step 0: the gradient of '4.weight' (virtual stage " +
+                                        std::to_string(k) + ", on worker " + std::to_string(Pipe::worker_of(k)) + ")"));
+  CHECK(test::bitwise_equal(pipe.parameters(), before));
+  CHECK(pipe.updates() == 0);
+  // Without the bug the same pipeline passes its checked steps.
+  SkipsSplitW::full_rows = 0;
+  CHECK_NOTHROW(pipe.train_step(b.inputs(), b.targets(), adamw));
+  CHECK(pipe.updates() == 1);
+}
+
+TEST_CASE("check_equivalence refuses what it cannot check, with the reason", "[pipeline][equivalence][errors]") {
+  CHECK_THAT(test::error_message([] { Pipeline<partition<Deep, 2>, schedule::PipeDream, Host> p({.microbatches = 2, .check_equivalence = 1}); }),
+             Catch::Contains("asynchronous") && Catch::Contains("checks flush schedules"));
+  CHECK_THAT(test::error_message([] { Pipeline<partition<Deep, 2>, schedule::OneFOneB, Host> p({.check_equivalence = -1}); }),
+             Catch::Contains("check_equivalence is -1"));
 }

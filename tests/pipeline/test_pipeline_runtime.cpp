@@ -3,8 +3,13 @@
 // at the caller with the stage and action named (and never hang), and the compile-time stage lists.
 #include "pipeline_test_support.hpp"
 
+#include <unistd.h>
+
 #include <array>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <regex>
 #include <string>
@@ -102,7 +107,7 @@ TEST_CASE("a layer's exception surfaces naming the stage and action, and the pip
   const std::string message = test::error_message([&] {
     test::bounded(30, [&] { return pipe.train_step(b.inputs(), b.targets(), sgd); });
   });
-  CHECK_THAT(message, Catch::StartsWith("stage 2, action F2: "));
+  CHECK_THAT(message, Catch::StartsWith("worker 2, action F2: "));
   CHECK_THAT(message, Catch::Contains("Knob<2>"));
   CHECK_THAT(message, Catch::Contains("injected failure"));
   // Every worker joined (the call returned); a normal step runs on the same pipeline.
@@ -120,7 +125,7 @@ TEST_CASE("a non-finite loss names the last stage, the loss layer and the shapes
   const std::string message = test::error_message([&] {
     test::bounded(30, [&] { return pipe.train_step(b.inputs(), b.targets(), sgd); });
   });
-  CHECK_THAT(message, Catch::StartsWith("stage 3, action F0: "));
+  CHECK_THAT(message, Catch::StartsWith("worker 3, action F0: "));
   CHECK_THAT(message, Catch::Contains("SoftmaxCrossEntropy<4>: the loss is not finite"));
   CHECK_THAT(message, Catch::Contains("logits (2, 4) and labels (2,)"));
   b.x[0] = 0.5;
@@ -255,6 +260,7 @@ TEST_CASE("a transfer timeout names the waiting stage and its peer, and never ha
   PipelineOptions options;
   options.microbatches = 4;
   options.transfer_timeout_seconds = 0.2;  // generous: the step after the failure runs under it too
+  options.flight_dir = (std::filesystem::temp_directory_path() / ("cupipe-flight-" + std::to_string(::getpid()))).string();
   Pipeline<Knobs4, schedule::OneFOneB, Host> pipe(options);
   const Batch b = test::make_batch(4, 4, 4, 5);
   knobs[0].forward_us = 1'000'000;  // stage 0's first forward outlasts the timeout of everyone downstream
@@ -266,10 +272,17 @@ TEST_CASE("a transfer timeout names the waiting stage and its peer, and never ha
   // Stages 1, 2 and 3 all wait for microbatch 0; whichever times out first is reported.
   std::smatch named;
   REQUIRE(std::regex_search(message, named,
-                            std::regex("^stage ([123]), action F0: waiting for the activation of microbatch 0 from "
-                                       "stage ([012]): no message after 0.2 s \\(transfer timeout\\)")));
+                            std::regex("^worker ([123]), action F0: waiting for the activation of microbatch 0 from "
+                                       "worker ([012]): no message after 0.2 s \\(transfer timeout\\)")));
   CHECK(std::stoi(named[2]) == std::stoi(named[1]) - 1);
   CHECK(seconds < 10);
+  // The flight recorder dumped the failed wait: every worker in its F0, the waiting ones' message.
+  std::ifstream dumped(options.flight_dir + "/cupipe-flight-rank-0.json");
+  const std::string flight{std::istreambuf_iterator<char>(dumped), {}};
+  CHECK_THAT(flight, Catch::Contains("\"trigger\": \"wait failed\""));
+  CHECK_THAT(flight, Catch::Contains("\"current\": {\"index\": 0, \"action\": \"F0\""));
+  CHECK_THAT(flight, Catch::Contains("\"waiting\": {\"message\": \"the activation of microbatch 0 from "));
+  std::filesystem::remove_all(options.flight_dir);
   knobs[0].forward_us = 0;
   CHECK(std::isfinite(test::bounded(30, [&] { return pipe.train_step(b.inputs(), b.targets(), sgd); }).loss));
 }
@@ -278,8 +291,11 @@ TEST_CASE("partition splits an MLP into balanced stages that keep global layer i
   using Mlp = Sequential<Linear<784, 512>, ReLU, Linear<512, 256>, ReLU, Linear<256, 10>>;
   using Split = partition<Mlp, 3>;
   static_assert(Split::size == 3);
-  static_assert(std::is_same_v<Split, StageList<Stage<Linear<784, 512>, ReLU>, Stage<Linear<512, 256>, ReLU>,
-                                                Stage<Linear<256, 10>>>>);
+  // partition<> is the stage list, marked with its count (so multi-chunk schedules can refuse it);
+  // partition_for<> is the plain stage list.
+  using Listed = StageList<Stage<Linear<784, 512>, ReLU>, Stage<Linear<512, 256>, ReLU>, Stage<Linear<256, 10>>>;
+  static_assert(std::is_base_of_v<Listed, Split> && Split::partition_count == 3);
+  static_assert(std::is_same_v<partition_for<Mlp, 3, schedule::OneFOneB>, Listed>);
   static_assert(std::is_same_v<Split::model, Mlp>);
   static_assert(Split::in_features == 784 && Split::out_features == 10);
   CHECK(Split::stage<0>::describe() == "Linear<784, 512>, ReLU");

@@ -112,7 +112,7 @@ TEST_CASE("a policy defined outside the library runs through verify, simulate, t
   CHECK_THAT(captured.str(), Catch::Contains("\"schedule\":\"v-gpipe\"") && Catch::Contains("\"chunks\":2"));
 
   // The runtime: 8 virtual stages on 4 workers in a V equal the unpipelined Network.
-  using Stages = partition<Deep, 8>;
+  using Stages = partition_for<Deep, 4, VGPipe>;
   using Pipe = Pipeline<Stages, VGPipe, Host>;
   static_assert(Pipe::stages == 4);
   STATIC_REQUIRE(Pipe::worker_of(7) == 0);
@@ -294,7 +294,7 @@ TEST_CASE("a hand-edited plan runs with UserPlan and equals the Network, a broke
   broken = replace_row(broken, "2,TMP", "2,B,1,0");
   options.plan = std::make_shared<const schedule::Plan>(io::plan_from_csv(broken, "broken.csv"));
   const std::string why = test::error_message([&] { Pipe refused(options); });
-  CHECK_THAT(why, Catch::Contains("plan failed verification") && Catch::Contains("stage 2") &&
+  CHECK_THAT(why, Catch::Contains("plan failed verification") && Catch::Contains("worker 2") &&
                       Catch::Contains("B1") && Catch::Contains("F1"));
 
   // The explorer reads the file, verifies and simulates it, and writes plans of its own.
@@ -314,4 +314,34 @@ TEST_CASE("a hand-edited plan runs with UserPlan and equals the Network, a broke
   }
   std::ifstream json_copy(o.plan_file);
   CHECK(json_copy.get() == '{');
+}
+
+TEST_CASE("a plan file's counts, numbers and nesting are bounded (issue #61's fuzzing)", "[pipeline][plan_file]") {
+  auto csv = [](const std::string& text) { return test::error_message([&] { io::plan_from_csv(text, "mine.csv"); }); };
+  auto json = [](const std::string& text) { return test::error_message([&] { io::plan_from_json(text, "mine.json"); }); };
+  const std::string rows = "# placement=0.0\nworker,kind,microbatch,chunk\n0,F,0,0\n0,B,0,0\n";
+  // stages x chunks overflowed an int (UBSan) before the placement was checked.
+  CHECK_THAT(csv("# cupipe plan 1\n# stages=65536 microbatches=1 chunks=65537\n" + rows),
+             Catch::Contains("mine.csv line 4: stages x chunks x microbatches x batches is too large for a plan"));
+  // Counts that fit, but need more actions than the file lists: verify would size its tables by them.
+  CHECK_THAT(csv("# cupipe plan 1\n# stages=1 microbatches=268435456 chunks=1\n" + rows),
+             Catch::Contains("mine.csv: the plan's 1 virtual stages x 268435456 microbatches need at least 536870912 actions "
+                             "(an F and a B each), but it lists 2"));
+  CHECK_NOTHROW(io::plan_from_csv("# cupipe plan 1\n# stages=1 microbatches=1 chunks=1\n" + rows));
+  const std::string head = R"({"format": "cupipe plan", "version": 1, "stages": 1, "microbatches": )";
+  const std::string tail = R"(, "placement": [[0, 0]], "actions": [{"worker": 0, "kind": "F", "microbatch": 0, "chunk": 0},)"
+                           R"( {"worker": 0, "kind": "B", "microbatch": 0, "chunk": 0}]})";
+  CHECK_NOTHROW(io::plan_from_json(head + "1" + tail));
+  CHECK_THAT(json(head + "1073741824, \"chunks\": 4" + tail), Catch::Contains("is too large for a plan"));
+  CHECK_THAT(json(head + "1000" + tail), Catch::Contains("mine.json: actions: the plan's 1 virtual stages x 1000 microbatches"));
+  // Integers get<int>() would wrap (2^64 - 1 to -1, 2^40 to 0), and a number beyond a double, were
+  // accepted or escaped as nlohmann's exception.
+  CHECK_THAT(json(head + "18446744073709551615" + tail), Catch::Contains("microbatches: expected an integer, found 18446744073709551615"));
+  std::string wrapped = head + "1" + tail;
+  wrapped.replace(wrapped.find("[[0, 0]]"), 8, "[[1099511627776, 0]]");
+  CHECK_THAT(json(wrapped), Catch::Contains("placement[0]: expected [worker, chunk], found [1099511627776,0]"));
+  CHECK_THAT(json(head + "1e400" + tail), Catch::Contains("mine.json: not a JSON plan") && Catch::Contains("number overflow"));
+  // 300,000 nested arrays overflowed the stack in the message's dump() (ASan: stack-overflow).
+  const std::string deep = R"({"format": )" + std::string(300000, '[') + std::string(300000, ']') + "}";
+  CHECK_THAT(json(deep), Catch::Contains("mine.json: the JSON nests deeper than 8 levels; a plan needs 3"));
 }

@@ -65,7 +65,7 @@ enum class Clip { never, always, sometimes };
 
 template <class Policy, int P>
 void check_bitwise(Clip clip) {
-  using Pipe = Pipeline<partition<Deep, P * Policy::chunks>, Policy, Host>;
+  using Pipe = Pipeline<partition_for<Deep, P, Policy>, Policy, Host>;
   constexpr int m = microbatches_for<Policy, P>();
   INFO(Policy::name << " p = " << P << " m = " << m << " clip " << int(clip));
   const auto batches = make_batches(steps, 2 * m + 1);  // ragged microbatches
@@ -176,7 +176,7 @@ TEST_CASE("post-validation: GPT-2's tied wte and lm_head on worker 0 (ZBV) train
           "[pipeline][post-validation][gpt]") {
   constexpr gpt::Config config{64, 16, 4, 4, 32};
   using Gpt = gpt::Model<config>;
-  using Pipe = Pipeline<partition<Gpt, 4>, schedule::ZeroBubbleV, Host>;
+  using Pipe = Pipeline<partition_for<Gpt, 2, schedule::ZeroBubbleV>, schedule::ZeroBubbleV, Host>;
   constexpr index_t T = config.context;
   std::vector<std::vector<std::int32_t>> ids, labels;
   Rng rng(7);
@@ -242,7 +242,7 @@ TEST_CASE("post-validation: a failure in step 2 leaves the weights after step 1,
   test::knobs[0].fail_on_marker = true;
   const std::string message = test::error_message(
       [&] { test::bounded(60, [&] { return overlapped.train_steps(views<Pipe>(batches), adamw); }); });
-  CHECK_THAT(message, Catch::StartsWith("stage 0, step 2, action F0: ") && Catch::Contains("injected failure"));
+  CHECK_THAT(message, Catch::StartsWith("worker 0, step 2, action F0: ") && Catch::Contains("injected failure"));
   // Steps 0 and 1 ran on every worker, unless the failure stopped the last one inside step 1's
   // last actions: the pipeline holds exactly the weights of the last step every worker finished.
   const std::int64_t done = overlapped.updates();

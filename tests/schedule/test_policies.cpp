@@ -305,7 +305,7 @@ TEST_CASE("an overlapped F starts with its B: simulate waits for both inputs, ve
   CHECK_THAT(std::string(sch::verify(lone).message()), Catch::Contains("only an F followed by a B can overlap"));
   sch::Plan before_w = plan;
   before_w.actions[1].front().overlap = true;  // F0 followed by another F
-  CHECK_THAT(std::string(sch::verify(before_w).message()), Catch::Contains("stage 1: F0 (chunk 0) is marked to overlap"));
+  CHECK_THAT(std::string(sch::verify(before_w).message()), Catch::Contains("worker 1: F0 (chunk 0) is marked to overlap"));
 }
 
 TEST_CASE("BFS: Interleaved's bubble (p-1)/(Vm+p-1) from m = p on, GPipe's memory, a channel m deep",

@@ -53,7 +53,7 @@ TEST_CASE("verify names both actions of a swap that breaks a plan", "[schedule][
     const auto result = sch::verify(broken);
     REQUIRE_FALSE(result);
     const std::string message(result.message());
-    CHECK(message.find("stage 1") != std::string::npos);
+    CHECK(message.find("worker 1") != std::string::npos);
     CHECK(message.find("B3") != std::string::npos);
     CHECK(message.find("F3") != std::string::npos);
   }
@@ -151,15 +151,15 @@ TEST_CASE("ASCII timeline and Chrome trace of a simulated plan", "[schedule][tim
   REQUIRE(events.size() == 8);
   const std::string chart = sch::ascii_timeline(events, 2);
   INFO(chart);
-  CHECK(chart.find("stage 0| F0 F1 .  .  B0 ~~ .  B1 ~~\n") != std::string::npos);
-  CHECK(chart.find("stage 1| .  F0 B0 ~~ F1 B1 ~~ .  .\n") != std::string::npos);
+  CHECK(chart.find("worker 0| F0 F1 .  .  B0 ~~ .  B1 ~~\n") != std::string::npos);
+  CHECK(chart.find("worker 1| .  F0 B0 ~~ F1 B1 ~~ .  .\n") != std::string::npos);
   CHECK(chart.find("legend") != std::string::npos);
 
   const std::vector<sch::TraceGroup> groups{{"measured \"run\"", events, 1e6}, {"simulated (predicted)", events, 1e3}};
   const std::string json = sch::chrome_trace_json(groups);
   CHECK(json.find(R"j("name":"measured \"run\"")j") != std::string::npos);
   CHECK(json.find(R"j("name":"simulated (predicted)")j") != std::string::npos);
-  CHECK(json.find(R"j({"name":"thread_name","ph":"M","pid":2,"tid":1,"args":{"name":"stage 1"}})j") != std::string::npos);
+  CHECK(json.find(R"j({"name":"thread_name","ph":"M","pid":2,"tid":1,"args":{"name":"worker 1"}})j") != std::string::npos);
   CHECK(json.find(R"j("ph":"X","pid":1,"tid":0,"ts":4000000.000000,"dur":2000000.000000,"args":{"microbatch":0,"chunk":0})j") !=
         std::string::npos);
   CHECK(sch::json_escape("a\\b\n\x01") == "a\\\\b\\n\\u0001");

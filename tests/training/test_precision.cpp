@@ -226,7 +226,7 @@ PipelineOptions options_for(int microbatches, std::uint64_t seed) {
 /// four the float gradients add up in another order (float accuracy).
 template <class Policy, int Units>
 void check_bf16_pipeline_against_network() {
-  using Pipe = Pipeline<partition<Mlp, Units>, Policy, Bf16>;
+  using Pipe = Pipeline<partition_for<Mlp, Units / Policy::chunks, Policy>, Policy, Bf16>;
   const optim::AdamW adamw({.lr = 1e-2});
   for (const int m : {1, 4}) {
     INFO(Policy::name << " with " << m << " microbatch(es)");
@@ -343,7 +343,7 @@ namespace {
 template <class Policy, int Units>
 void check_bf16_gpt_pipeline_against_network() {
   using Model = SmallGpt;
-  using Pipe = Pipeline<partition<Model, Units>, Policy, Bf16>;
+  using Pipe = Pipeline<partition_for<Model, Units / Policy::chunks, Policy>, Policy, Bf16>;
   const optim::AdamW adamw({.lr = 3e-3, .weight_decay = 0.1});
   Rng rng(17);
   const auto tokens = [&](index_t sequences) {

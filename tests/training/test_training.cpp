@@ -78,9 +78,9 @@ void check_trace(Pipe& pipe) {
   std::istringstream chart(measured_ascii_timeline(stats, Pipe::stages));
   std::vector<std::string> rows;
   for (std::string line; std::getline(chart, line);)
-    if (line.starts_with("stage ")) rows.push_back(line);
+    if (line.starts_with("worker ")) rows.push_back(line);
   REQUIRE(int(rows.size()) == Pipe::stages);
-  for (int s = 0; s < Pipe::stages; ++s) CHECK(rows[std::size_t(s)].starts_with("stage " + std::to_string(s) + "|"));
+  for (int s = 0; s < Pipe::stages; ++s) CHECK(rows[std::size_t(s)].starts_with("worker " + std::to_string(s) + "|"));
 
   // Measured costs: every stage did forward and backward work, and W only where the plan splits it.
   const schedule::Costs costs = measured_costs(stats, Pipe::stages, Pipe::chunks);

@@ -9,7 +9,10 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cupipe/comm/message.hpp"
 #include "cupipe/comm/topology.hpp"
@@ -66,6 +69,20 @@ class Communicator {
   virtual void receive(int from_stage, const MessageKey& key, void* data, std::size_t bytes, double timeout_seconds,
                        const std::function<std::string()>& describe, void* stream = nullptr) = 0;
 
+  /// Observers of this communicator's deadlines: each is called on the waiting thread, with the
+  /// error's text, just before a wait (a receive, a step's sends, a collective) throws its timeout
+  /// error. The pipeline's flight recorder dumps there (pipeline/flight_recorder.hpp). Returns a
+  /// handle for forget_timeout_observer, which must be called before the observer goes.
+  int observe_timeouts(std::function<void(const std::string&)> observer) {
+    const std::lock_guard lock(observers_mutex_);
+    observers_.emplace_back(++last_observer_, std::move(observer));
+    return last_observer_;
+  }
+  void forget_timeout_observer(int handle) {
+    const std::lock_guard lock(observers_mutex_);
+    std::erase_if(observers_, [&](const auto& o) { return o.first == handle; });
+  }
+
   /// How long a collective (the sums below) may wait for the other ranks before it throws: a rank
   /// that stalled or died before a collective must not hang the others. 0 waits for ever. After a
   /// collective timed out the communicator is unusable (a collective cannot be cancelled): end the
@@ -116,6 +133,18 @@ class Communicator {
   virtual void reduce_scatter_over_replicas(float*, std::size_t) { refuse_reduce_scatter(); }
   virtual void reduce_scatter_over_replicas(double*, std::size_t) { refuse_reduce_scatter(); }
 
+ protected:
+  /// What an implementation calls just before it throws a timeout error `what`.
+  void timed_out(const std::string& what) noexcept {
+    const std::lock_guard lock(observers_mutex_);
+    for (const auto& o : observers_) {
+      try {
+        o.second(what);
+      } catch (...) {  // an observer must not replace the timeout error
+      }
+    }
+  }
+
  private:
   [[noreturn]] static void refuse_all_gather() {
     CUPIPE_THROW("Communicator: this communicator does not gather over replicas (ZeRO-1 needs it; MpiCommunicator and NcclCommunicator do)");
@@ -130,6 +159,9 @@ class Communicator {
   }
   double collective_timeout_ = default_collective_timeout_seconds;
   std::atomic<bool> interrupted_{false};
+  std::mutex observers_mutex_;
+  std::vector<std::pair<int, std::function<void(const std::string&)>>> observers_;
+  int last_observer_ = 0;
 };
 
 /// Whether `comm` reads and writes a backend's buffers itself (host buffers under MPI, device buffers

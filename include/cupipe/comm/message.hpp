@@ -18,4 +18,11 @@ struct MessageKey {
   auto operator<=>(const MessageKey&) const = default;
 };
 
+/// The key as one integer: (microbatch, virtual stage, flow) packed as MpiCommunicator's tag, which
+/// flight-recorder dumps name beside the key.
+constexpr long long message_tag(const MessageKey& key) {
+  return (static_cast<long long>(key.microbatch) << 11) | (static_cast<long long>(key.virtual_stage) << 1) |
+         static_cast<long long>(key.flow);
+}
+
 }  // namespace cupipe::comm

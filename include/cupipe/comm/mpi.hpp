@@ -7,7 +7,8 @@
 // Every wait has a deadline and sleeps between polls (comm/wait.hpp): a receive or the sends of a
 // step wait at most the transfer timeout the pipeline passes; a collective (MPI_Iallreduce) waits
 // at most collective_timeout(), then throws naming the group. After a collective timed out the
-// communicator refuses further calls and is not freed (the collective is still pending).
+// communicator refuses further calls and is not freed (the collective is still pending). Before a
+// wait throws its timeout it tells the observers (Communicator::observe_timeouts: the flight recorder).
 //
 // Threads: a rank runs its stage's worker on its own thread, the caller's thread does the collectives
 // after the step, and the communicator's own progress thread tests its sends in flight. Every MPI call
@@ -175,10 +176,15 @@ class MpiCommunicator final : public Communicator {
         },
         timeout_seconds);
     if (!done) {
-      const std::lock_guard lock(mutex_);
-      if (pending_.empty()) return;  // the progress thread saw the last one complete meanwhile
-      CUPIPE_THROW(pending_.begin()->what, ": not matched after ", timeout_seconds,
-                   " s (transfer timeout; is the peer rank alive?)");
+      std::string what;
+      {
+        const std::lock_guard lock(mutex_);
+        if (pending_.empty()) return;  // the progress thread saw the last one complete meanwhile
+        what = ::cupipe::detail::str(pending_.begin()->what, ": not matched after ", timeout_seconds,
+                           " s (transfer timeout; is the peer rank alive?)");
+      }
+      timed_out(what);
+      CUPIPE_THROW(what);
     }
   }
 
@@ -267,8 +273,7 @@ class MpiCommunicator final : public Communicator {
   }
   /// (microbatch, virtual stage, flow) packed into one tag.
   int tag(const MessageKey& key) const {
-    const long long t = (static_cast<long long>(key.microbatch) << 11) | (static_cast<long long>(key.virtual_stage) << 1) |
-                        static_cast<long long>(key.flow);
+    const long long t = message_tag(key);
     if (key.virtual_stage >= 1024 || t > tag_limit_)
       CUPIPE_THROW("MPI tag for microbatch ", key.microbatch, " of virtual stage ", key.virtual_stage,
                    " exceeds this MPI's MPI_TAG_UB (", tag_limit_, ")");
@@ -298,12 +303,16 @@ class MpiCommunicator final : public Communicator {
     MPI_Status status{};
     bool interrupted = false;
     if (!completes_within(request, &status, timeout_seconds, &interrupted)) {
-      const std::lock_guard lock(mutex_);
-      MPI_Cancel(&request);
-      MPI_Request_free(&request);
+      {
+        const std::lock_guard lock(mutex_);
+        MPI_Cancel(&request);
+        MPI_Request_free(&request);
+      }
       if (interrupted) throw Interrupted{};
-      CUPIPE_THROW(describe(), ": not matched after ", timeout_seconds,
-                   " s (transfer timeout; is the peer rank alive?)");
+      const std::string what =
+          ::cupipe::detail::str(describe(), ": not matched after ", timeout_seconds, " s (transfer timeout; is the peer rank alive?)");
+      timed_out(what);
+      CUPIPE_THROW(what);
     }
     return status;
   }
@@ -388,8 +397,10 @@ class MpiCommunicator final : public Communicator {
   void finish_collective(MPI_Request& request, const std::string& what) {
     if (!completes_within(request, MPI_STATUS_IGNORE, collective_timeout())) {
       broken_ = true;  // a collective cannot be cancelled: nothing more may go through these communicators
-      CUPIPE_THROW("rank ", topology_.rank, ": ", what, " did not finish within ", collective_timeout(),
-                   " s (collective timeout): another rank stalled or died before reaching it");
+      const std::string error = ::cupipe::detail::str("rank ", topology_.rank, ": ", what, " did not finish within ",
+                                            collective_timeout(), " s (collective timeout): another rank stalled or died before reaching it");
+      timed_out(error);
+      CUPIPE_THROW(error);
     }
   }
 

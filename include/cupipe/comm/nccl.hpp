@@ -442,8 +442,10 @@ class NcclCommunicator final : public Communicator {
         timeout_seconds);
     if (!done) {
       abort_all();
-      CUPIPE_THROW(describe(), ": ", what, " after ", timeout_seconds, " s (", timeout_name,
-                   "); the NCCL communicators were aborted");
+      const std::string error = ::cupipe::detail::str(describe(), ": ", what, " after ", timeout_seconds, " s (",
+                                                      timeout_name, "); the NCCL communicators were aborted");
+      timed_out(error);
+      CUPIPE_THROW(error);
     }
   }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Token data for language models: byte-level text (vocabulary 256) from a file or a folder, llm.c's
-// token shards, a fixed held-out split, and batches of (B, T + 1) windows sharded across data-parallel
-// replicas with a position a checkpoint can store.
+// token shards, a fixed held-out split, and batches of (B, T + 1) windows, shuffled each epoch by a
+// seeded generator, sharded across data-parallel replicas, with a position a checkpoint can store.
 //
 // llm.c's shard format (dev/data/data_common.py): a header of 256 little-endian int32 (magic
 // 20240520, version 1, token count, the rest 0), then `count` little-endian uint16 tokens.
@@ -13,10 +13,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "cupipe/core/error.hpp"
+#include "cupipe/core/rng.hpp"
 #include "cupipe/core/shape.hpp"
 
 namespace cupipe::io {
@@ -156,45 +158,95 @@ inline TokenSplit split_held_out(const TokenCorpus& corpus, double held_out_frac
           std::vector<std::int32_t>(corpus.tokens.begin() + std::ptrdiff_t(cut), corpus.tokens.end())};
 }
 
+/// The order a WindowLoader takes the windows in.
+enum class WindowOrder {
+  shuffled,  ///< each epoch a fresh seeded permutation of the windows (nanoGPT samples at random, llm.c shuffles)
+  in_order,  ///< window 0, 1, 2, ...: the same batches every time (held-out evaluation)
+};
+
+/// The stream of Rng::derive(seed, stream) that orders the windows: past any layer's index, so the
+/// order draws nothing a layer's initialisation draws.
+inline constexpr std::uint64_t window_order_stream = std::uint64_t(1) << 32;
+
+/// Where a WindowLoader is, all replicas together; what a checkpoint stores to resume.
+struct WindowPosition {
+  Rng::state_type rng = Rng::derive(0, window_order_stream).state();  ///< the generator at the start of `epoch`
+  std::int64_t epoch = 0;  ///< epochs done
+  std::int64_t batch = 0;  ///< global batches done within the epoch
+  /// The start of the first epoch of `seed`'s order.
+  static WindowPosition start(std::uint64_t seed) { return {Rng::derive(seed, window_order_stream).state(), 0, 0}; }
+  friend bool operator==(const WindowPosition&, const WindowPosition&) = default;
+};
+
 /// Batches of `sequences` windows of T + 1 tokens (inputs: the first T, labels: the last T). Window w
-/// starts at token w * T. A global batch is sequences * replicas consecutive windows; replica r takes
-/// the r-th share. The position (windows consumed, all replicas together) wraps around at the end of
-/// the data and is what a checkpoint stores to resume.
+/// starts at token w * T. Each epoch orders the windows (shuffled: a permutation drawn by Fisher-Yates
+/// from the position's generator, which then starts the next epoch; in order: as they lie) and cuts the
+/// order into global batches of sequences * replicas windows, of which replica r takes the r-th share:
+/// the replicas' windows are disjoint, and together the replicas take the batches one process would.
+/// An epoch is the whole batches the windows make; the few left over wait for a later epoch's order.
 class WindowLoader {
  public:
   WindowLoader(const std::vector<std::int32_t>& tokens, index_t context, index_t sequences, int replica = 0,
-               int replicas = 1, std::uint64_t position = 0)
-      : tokens_(&tokens), T_(context), B_(sequences), replica_(replica), replicas_(replicas), position_(position) {
+               int replicas = 1, WindowPosition position = {}, WindowOrder order = WindowOrder::shuffled)
+      : tokens_(&tokens), T_(context), B_(sequences), replica_(replica), replicas_(replicas), order_(order),
+        position_(position) {
     CUPIPE_REQUIRE(context > 0 && sequences > 0, "WindowLoader: context (", context, ") and sequences (", sequences,
                    ") must be positive");
     CUPIPE_REQUIRE(replicas >= 1 && replica >= 0 && replica < replicas, "WindowLoader: replica ", replica, " of ", replicas);
-    windows_ = tokens.size() > 1 ? std::uint64_t((tokens.size() - 1) / std::size_t(context)) : 0;
-    if (windows_ < std::uint64_t(sequences) * std::uint64_t(replicas))
-      CUPIPE_THROW("WindowLoader: ", tokens.size(), " tokens give ", windows_, " windows of ", context + 1,
+    const std::uint64_t windows = tokens.size() > 1 ? std::uint64_t((tokens.size() - 1) / std::size_t(context)) : 0;
+    const std::uint64_t global = std::uint64_t(sequences) * std::uint64_t(replicas);
+    if (windows < global)
+      CUPIPE_THROW("WindowLoader: ", tokens.size(), " tokens give ", windows, " windows of ", context + 1,
                    " tokens, fewer than one batch of ", sequences, " x ", replicas, " replicas");
+    batches_ = std::int64_t(windows / global);
+    if (position.epoch < 0 || position.batch < 0 || position.batch > batches_)
+      CUPIPE_THROW("WindowLoader: the position is batch ", position.batch, " of epoch ", position.epoch, ", but an epoch of ",
+                   windows, " windows has ", batches_, " batches of ", sequences, " x ", replicas,
+                   " replicas (was it saved with another batch size, context or corpus?)");
+    order_windows(std::size_t(windows));
   }
 
   /// The next batch: x (B * T) token ids and y (B * T) next tokens, both as rows of whole sequences.
   void next(std::vector<std::int32_t>& x, std::vector<std::int32_t>& y) {
+    if (position_.batch == batches_) {  // the epoch is done: the generator, now past its shuffle, orders the next
+      position_ = {rng_.state(), position_.epoch + 1, 0};
+      order_windows(windows_.size());
+    }
     x.resize(std::size_t(B_ * T_));
     y.resize(std::size_t(B_ * T_));
+    const std::size_t first = std::size_t(position_.batch * replicas_ + replica_) * std::size_t(B_);
     for (index_t s = 0; s < B_; ++s) {
-      const std::uint64_t w = (position_ + std::uint64_t(replica_) * std::uint64_t(B_) + std::uint64_t(s)) % windows_;
-      const std::int32_t* from = tokens_->data() + w * std::uint64_t(T_);
+      const std::int32_t* from = tokens_->data() + windows_[first + std::size_t(s)] * std::uint64_t(T_);
       std::memcpy(x.data() + s * T_, from, std::size_t(T_) * sizeof(std::int32_t));
       std::memcpy(y.data() + s * T_, from + 1, std::size_t(T_) * sizeof(std::int32_t));
     }
-    position_ = (position_ + std::uint64_t(B_) * std::uint64_t(replicas_)) % windows_;
+    ++position_.batch;
   }
 
-  std::uint64_t position() const noexcept { return position_; }
-  std::uint64_t windows() const noexcept { return windows_; }
+  /// Where the next batch comes from (every replica's loader gives the same).
+  const WindowPosition& position() const noexcept { return position_; }
+  std::uint64_t windows() const noexcept { return windows_.size(); }
+  /// Global batches an epoch makes.
+  std::int64_t batches_per_epoch() const noexcept { return batches_; }
 
  private:
+  /// This epoch's order of the windows, drawn from the position's generator (left past the draws).
+  void order_windows(std::size_t count) {
+    windows_.resize(count);
+    std::iota(windows_.begin(), windows_.end(), std::uint64_t(0));
+    rng_.set_state(position_.rng);
+    if (order_ == WindowOrder::shuffled)
+      for (std::size_t i = count - 1; i > 0; --i) std::swap(windows_[i], windows_[rng_.below(i + 1)]);
+  }
+
   const std::vector<std::int32_t>* tokens_;
   index_t T_, B_;
   int replica_, replicas_;
-  std::uint64_t position_ = 0, windows_ = 0;
+  WindowOrder order_;
+  WindowPosition position_;
+  Rng rng_;
+  std::int64_t batches_ = 0;
+  std::vector<std::uint64_t> windows_;  ///< this epoch's order: window indices
 };
 
 }  // namespace cupipe::io

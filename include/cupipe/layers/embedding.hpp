@@ -17,6 +17,7 @@ namespace cupipe {
 template <index_t Vocab, index_t Dim>
 struct Embedding {
   static_assert(Vocab > 0 && Dim > 0, "Embedding<Vocab, Dim> needs positive sizes");
+  static constexpr index_t vocabulary = Vocab;
   static constexpr index_t in_features = 1;  // one token id per row
   static constexpr index_t out_features_for(index_t) { return Dim; }
   static constexpr bool takes_token_ids = true;
@@ -61,6 +62,7 @@ struct VocabSplitTokenPositionEmbedding {
   static_assert(Vocab > 0 && SeqLen > 0 && Dim > 0 && Parts > 0,
                 "TokenPositionEmbedding<Vocab, SeqLen, Dim> needs positive sizes");
   static_assert(Vocab % Parts == 0, "VocabParallelTokenPositionEmbedding: Parts must divide the vocabulary");
+  static constexpr index_t vocabulary = Vocab;  ///< token ids range over all of it on every rank
   static constexpr index_t part_vocab = Vocab / Parts;
   static constexpr index_t in_features = 1;
   static constexpr index_t out_features_for(index_t) { return Dim; }

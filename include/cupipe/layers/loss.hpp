@@ -28,6 +28,7 @@ void check_loss_finite(const std::string& loss_layer, L loss, TensorView<const T
 template <index_t Classes>
 struct SoftmaxCrossEntropy : LayerDefaults {
   static_assert(Classes > 1, "SoftmaxCrossEntropy<Classes> needs at least two classes");
+  static constexpr index_t classes = Classes;
   static constexpr index_t in_features = Classes;
   static constexpr index_t out_features_for(index_t) { return 1; }
   static constexpr bool is_loss = true;

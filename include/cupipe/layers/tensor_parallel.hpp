@@ -150,6 +150,7 @@ template <index_t Classes, int Parts>
 struct VocabParallelCrossEntropy : LayerDefaults {
   static_assert(Classes > 1 && Parts > 0 && Classes % Parts == 0,
                 "VocabParallelCrossEntropy<Classes, Parts>: Parts must divide Classes");
+  static constexpr index_t classes = Classes;  ///< every rank's labels range over all of them
   static constexpr index_t part_classes = Classes / Parts;
   static constexpr index_t in_features = part_classes;
   static constexpr index_t out_features_for(index_t) { return 1; }

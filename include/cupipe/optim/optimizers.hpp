@@ -3,15 +3,20 @@
 // an op (ops::sgd_update, ops::adamw_update), so every backend runs its own fused update. State
 // tensors ("slots") are owned by whoever owns the parameters (a Network, a pipeline stage), one
 // flat array per slot, named like torch.optim's state ("momentum_buffer", "exp_avg", "exp_avg_sq").
+// Weight decay applies to every parameter, or (DecayOn::matrices) to the tensors of two or more
+// dimensions only; update_runs applies an optimizer to a flat array tensor run by tensor run.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/optim/lr_schedule.hpp"
 
@@ -22,6 +27,13 @@ inline double clip_factor(double global_norm, double max_norm) noexcept {
   if (max_norm <= 0 || !std::isfinite(global_norm)) return 1.0;
   return std::min(1.0, max_norm / (global_norm + 1e-6));
 }
+
+/// Which parameters weight decay applies to.
+enum class DecayOn {
+  all,       ///< every parameter, as torch.optim with one parameter group
+  matrices,  ///< tensors of two or more dimensions (products' weights, embeddings), not biases or
+             ///< LayerNorm's gain and shift: GPT-2's and nanoGPT's two parameter groups
+};
 
 namespace detail {
 /// What every optimizer does alike with its options: keeps them, and reads the learning rate of a step
@@ -47,6 +59,7 @@ struct SgdOptions {
   bool nesterov = false;
   double clip_norm = 0.0;  ///< global gradient-norm clip; 0 = off
   LrSchedule schedule{};
+  DecayOn decay_on = DecayOn::all;  ///< with update_runs: which tensors weight_decay applies to
 };
 
 /// SGD with momentum (PyTorch semantics, dampening 0).
@@ -73,6 +86,7 @@ struct AdamWOptions {
   double weight_decay = 0.01;
   double clip_norm = 0.0;  ///< global gradient-norm clip; 0 = off
   LrSchedule schedule{};
+  DecayOn decay_on = DecayOn::all;  ///< with update_runs: which tensors weight_decay applies to
 };
 
 /// AdamW (Loshchilov & Hutter, ICLR 2019), PyTorch semantics: decoupled weight decay.
@@ -95,5 +109,55 @@ concept Optimizer = requires(const O& o) {
   { o.lr(std::int64_t{0}) } -> std::convertible_to<double>;
   { o.clip_norm() } -> std::convertible_to<double>;
 };
+
+/// [begin, end) of a flat parameter array, whose tensors weight decay treats alike.
+struct DecayRun {
+  index_t begin = 0, end = 0;
+  bool decays = true;
+};
+
+/// The runs of the flat array whose tensors `table` lists in flat order (entries with offset, numel
+/// and shape, as Sequential's parameter_table() gives them): tensors of two or more dimensions decay
+/// under DecayOn::matrices, the others not; neighbours of one kind merge.
+template <class Table>
+std::vector<DecayRun> decay_runs(const Table& table) {
+  std::vector<DecayRun> runs;
+  for (const auto& p : table) {
+    const bool decays = p.shape.rank() >= 2;
+    if (!runs.empty() && runs.back().end == p.offset && runs.back().decays == decays) runs.back().end = p.offset + p.numel;
+    else runs.push_back({p.offset, p.offset + p.numel, decays});
+  }
+  return runs;
+}
+
+/// One update of [begin, begin + n) of a flat parameter array (`param`, `grad` and `slots` its n
+/// values) whose tensors `runs` covers: one call of optimizer.update with DecayOn::all (or no decay),
+/// else one per run inside the range, with weight decay 0 where a run does not decay. The updates are
+/// element-wise, so the decayed values are bitwise those of one call over the whole array.
+template <class O, class B, class T>
+void update_runs(const O& optimizer, std::span<const DecayRun> runs, index_t begin, B& be, ViewOn<B, T> param,
+                 ConstViewOn<B, T> grad, std::span<const ViewOn<B, T>> slots, std::int64_t step, double grad_scale) {
+  if (optimizer.options.decay_on == DecayOn::all || optimizer.options.weight_decay == 0) {
+    optimizer.update(be, param, grad, slots, step, grad_scale);
+    return;
+  }
+  O without = optimizer;
+  without.options.weight_decay = 0;
+  const index_t end = begin + param.numel();
+  std::vector<ViewOn<B, T>> part(slots.size());
+  index_t done = begin;
+  for (const DecayRun& run : runs) {
+    const index_t from = std::max(run.begin, begin), to = std::min(run.end, end);
+    if (to <= from) continue;
+    CUPIPE_REQUIRE(from == done, "update_runs: no tensor covers parameters [", done, ", ", from, ")");
+    const index_t at = from - begin;
+    for (std::size_t k = 0; k < slots.size(); ++k) part[k] = {slots[k].data() + at, Shape{to - from}};
+    (run.decays ? optimizer : without)
+        .update(be, ViewOn<B, T>{param.data() + at, Shape{to - from}}, ConstViewOn<B, T>{grad.data() + at, Shape{to - from}},
+                std::span<const ViewOn<B, T>>(part), step, grad_scale);
+    done = to;
+  }
+  CUPIPE_REQUIRE(done == end, "update_runs: no tensor covers parameters [", done, ", ", end, ")");
+}
 
 }  // namespace cupipe::optim

@@ -19,6 +19,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/tensor_parallel.hpp"
+#include "cupipe/pipeline/batch_values.hpp"
 #include "cupipe/pipeline/options.hpp"
 #include "cupipe/schedule/fingerprint.hpp"
 #include "cupipe/schedule/policy.hpp"
@@ -181,16 +182,18 @@ struct PipelineChecks {
     return plan;
   }
 
-  /// Shapes and pointers of a batch, in whichever memory it is.
+  /// Shapes and pointers of a batch, in whichever memory it is, split into `parts` microbatches; in
+  /// host memory also its labels and token ids (pipeline/batch_values.hpp).
   template <class Space>
   static void batch(TensorView<const typename Executor::input_type, Space> x, TensorView<const std::int32_t, Space> labels,
-                    std::string_view who) {
+                    std::string_view who, int parts) {
     const index_t n = x.rows();
     check_view(x, Shape{n, Stages::in_features}, who, "input batch");
     if (labels.numel() != n)
       CUPIPE_THROW(Stages::loss::describe(), ": expected labels (", n, ",) for the input batch ", x.shape(),
                    " but got labels ", labels.shape());
     check_view(labels, labels.shape(), who, "labels");
+    if constexpr (host_accessible<Space>) check_batch_values<Stages, typename Executor::input_type>(x, labels, who, parts);
   }
   /// An input of whole samples and an output (rows, `features`) for Pipeline::predict.
   template <class Space, class T>

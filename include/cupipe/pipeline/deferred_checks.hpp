@@ -48,7 +48,7 @@ class DeferredChecks {
       } catch (const error& e) {  // named as the runtime names a failed action's worker
         if (!first)
           first = std::make_exception_ptr(
-              error("stage " + std::to_string(w) + ", after the step's actions: " + e.message(), e.call(), e.file(), e.line()));
+              error("worker " + std::to_string(w) + ", after the step's actions: " + e.message(), e.call(), e.file(), e.line()));
       } catch (...) {
         if (!first) first = std::current_exception();
       }

@@ -19,6 +19,7 @@
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/sequential.hpp"
 #include "cupipe/optim/optimizers.hpp"
+#include "cupipe/pipeline/stage_state.hpp"
 
 namespace cupipe::pipeline {
 
@@ -38,14 +39,24 @@ void prepare_slots(St& st) {
   st.slots_for = std::string(Optimizer::name);
 }
 
+/// The stage's layers of a StageState.
+template <class St>
+struct stage_layers;
+template <class Seq, class Backend, int MaxVersions>
+struct stage_layers<StageState<Seq, Backend, MaxVersions>> {
+  using type = Seq;
+};
+
 /// Updates the stage's shard of `params` (one of its weight versions; the whole of them without
 /// ZeRO-1) from its gradients scaled by `grad_scale`, then zeroes the gradients. The update is
 /// element-wise, so a shard's values are bitwise those of the whole update. With master weights
-/// (bf16 storage) the optimizer updates them in float and `params` becomes their rounding.
+/// (bf16 storage) the optimizer updates them in float and `params` becomes their rounding. Weight
+/// decay spares the tensors the optimizer's decay_on leaves out (optim::update_runs).
 template <class Optimizer, class St, class T>
 void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_scale) {
   using B = std::remove_reference_t<decltype(*st.be)>;
   using G = grad_t<B>;
+  static const std::vector<optim::DecayRun> runs = optim::decay_runs(stage_layers<St>::type::parameter_table());
   const index_t begin = st.shard.begin, n = st.shard.size();
   if (n > 0) {
     G* target = nullptr;
@@ -53,8 +64,9 @@ void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_sca
     else target = params;
     std::vector<ViewOn<B, G>> slots;
     for (auto& s : st.slots) slots.push_back({s.data(), Shape{n}});
-    optimizer.update(*st.be, ViewOn<B, G>{target + begin, Shape{n}}, ConstViewOn<B, G>{st.grads.data() + begin, Shape{n}},
-                     std::span<const ViewOn<B, G>>(slots), st.updates, grad_scale);
+    optim::update_runs(optimizer, std::span<const optim::DecayRun>(runs), begin, *st.be, ViewOn<B, G>{target + begin, Shape{n}},
+                       ConstViewOn<B, G>{st.grads.data() + begin, Shape{n}}, std::span<const ViewOn<B, G>>(slots),
+                       st.updates, grad_scale);
     st.publish_master(params, begin, begin + n);
   }
   st.zero_grads();

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cupipe/comm/communicator.hpp"
@@ -60,19 +61,19 @@ struct PipelineOptions {
   /// communicator must gather (MpiCommunicator and NcclCommunicator do). Checkpoints hold the whole state, so they load
   /// with or without ZeRO and under another replica count. Without replicas it changes nothing.
   bool zero = false;
+  /// The first N train_steps (host batches) also run through the same model unpipelined, on one worker
+  /// of the same backend, from the pipeline's weights and optimizer state; the loss, every tensor's
+  /// gradient and its weights after the update must agree to the precision's bound, or the step throws
+  /// naming the step, the tensor, its virtual stage and worker (pipeline/equivalence.hpp). Flush
+  /// schedules in one process. 0: off.
+  int check_equivalence = 0;
+  /// The flight recorder (pipeline/flight_recorder.hpp; docs/trainer.md, "When a rank hangs"): a
+  /// wait that times out, or SIGUSR1, writes each worker's last 64 actions and the message it waits
+  /// for to stderr and to `flight_dir`/cupipe-flight-rank-R.json (empty: $CUPIPE_FLIGHT_DIR, else
+  /// the working directory); `flight_on_signal`: SIGUSR1 dumps (where it has its default action).
+  std::string flight_dir{};
+  bool flight_on_signal = true;
 };
 
-namespace detail {
-
-/// Instantiated when a stage list cannot be dealt out to the workers of a multi-chunk schedule.
-template <int StageListSize, int ChunksPerWorker>
-struct stage_count_fits_chunks {
-  static_assert(StageListSize % ChunksPerWorker == 0,
-                "Pipeline: the schedule gives each worker V chunks, so the StageList needs a multiple of V stages "
-                "(stage_count_fits_chunks<stages in the list, V> above names both numbers)");
-  static constexpr bool value = StageListSize % ChunksPerWorker == 0;
-};
-
-}  // namespace detail
 
 }  // namespace cupipe

@@ -13,6 +13,7 @@
 //   post_validated_run.hpp train_steps with post-validation
 //   model_values.hpp       the whole model's parameters, gradients and optimizer state, for checkpoints
 //   deferred_checks.hpp    device-side input checks reported once per flush step
+//   equivalence.hpp        PipelineOptions::check_equivalence: the first steps against the unpipelined model
 // docs/architecture.md draws a training step's path through them.
 #pragma once
 
@@ -31,13 +32,14 @@
 #include "cupipe/layers/tensor_parallel.hpp"
 #include "cupipe/optim/optimizers.hpp"
 #include "cupipe/pipeline/checks.hpp"
+#include "cupipe/pipeline/equivalence.hpp"
 #include "cupipe/pipeline/gradient_sync.hpp"
 #include "cupipe/pipeline/model_values.hpp"
 #include "cupipe/pipeline/options.hpp"
 #include "cupipe/pipeline/post_validated_run.hpp"
 #include "cupipe/pipeline/prediction.hpp"
 #include "cupipe/pipeline/stage_executor.hpp"
-#include "cupipe/pipeline/stage_list.hpp"
+#include "cupipe/pipeline/stage_list_fit.hpp"  // and stage_list.hpp
 #include "cupipe/pipeline/stage_states.hpp"
 #include "cupipe/pipeline/stats.hpp"
 #include "cupipe/pipeline/step_loop.hpp"
@@ -52,10 +54,10 @@ namespace cupipe {
 /// ...) or backend::PerWorker<one per worker>: then each worker runs its stages in its own precision
 /// and memory space, and each hand-over converts (pipeline/hand_over.hpp). Such a mixed pipeline
 /// runs in one process.
-template <class Stages, schedule::SchedulePolicy Schedule, class Backend>
+template <class Stages, schedule::SchedulePolicy RequestedSchedule, class Backend>
 class Pipeline {
-  // Instantiates the check; it reports on its own, so this line adds no second error.
-  static_assert(detail::stage_count_fits_chunks<int(Stages::size), Schedule::chunks>::value || true);
+  // The stage list against the schedule: one sentence per mistake (pipeline/stage_list_fit.hpp).
+  using Schedule = typename detail::stage_list_fit<Stages, RequestedSchedule>::type;
   using Executor = pipeline::StageExecutor<Stages, Schedule, Backend>;
   using Checks = pipeline::PipelineChecks<Stages, Schedule, Executor>;
   using States = typename Executor::States;
@@ -74,6 +76,7 @@ class Pipeline {
   using G = typename States::G;
   /// The first stage's memory space (every stage's, with one backend).
   using space = typename FirstBackend::space;
+  using stage_list = Stages;  ///< the virtual stages: stage_list::stage<k>::describe() lists stage k's layers
   using Model = typename Stages::model;
   using Loss = typename Stages::loss;
   using input_type = typename Executor::input_type;
@@ -84,8 +87,7 @@ class Pipeline {
   static constexpr bool split_backward = Schedule::split_backward;
   static constexpr index_t in_features = Stages::in_features;
   static constexpr index_t out_features = Stages::out_features;
-  /// A tensor-parallel model whose last layer's output is split by columns over the group (a
-  /// vocabulary-parallel head: each rank's logits are its part of the vocabulary): predict()
+  /// A last layer split by columns over a tensor-parallel group (a vocabulary-parallel head): predict()
   /// assembles the whole output, prediction_features wide.
   static constexpr int output_parts =
       cupipe::output_parts<typename Model::body::template layer<Model::body::size - 1>>();
@@ -112,7 +114,8 @@ class Pipeline {
         if (tensor_group_) be.tensor_group = tensor_group_;
     });
     transport_ = pipeline::make_transport<Executor>(workers_, options_.communicator, options_.transfer_timeout_seconds);
-    runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(workers_, stages);
+    runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(
+        workers_, stages, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal});
     executor_ = std::make_unique<Executor>(plan_, states_, *transport_, *runtime_, comm(), options_.check_finite);
     loop_ = std::make_unique<pipeline::StepLoop<Executor>>(plan_, workers_, states_, *transport_, *runtime_, *executor_,
                                                            comm(), local_worker_, options_.channel_capacity);
@@ -153,17 +156,15 @@ class Pipeline {
                    " does not run in this process");
     return workers_.memory(stage);
   }
-  /// The worker (physical stage) that runs virtual stage k, from the schedule's placement (which
-  /// depends only on the stage and chunk counts).
+  /// The worker that runs virtual stage k, from the schedule's placement (stage and chunk counts only).
   static constexpr int worker_of(int virtual_stage) { return Executor::worker_at(virtual_stage); }
   /// Whether worker (physical stage) w runs in this process.
   bool local(int w) const noexcept { return local_worker_ < 0 || w == local_worker_; }
   comm::Communicator* comm() const noexcept { return options_.communicator.get(); }
   /// Whether this process writes checkpoints: the only one, or rank 0 across processes.
   bool writes_checkpoints() const noexcept { return !comm() || comm()->topology().rank == 0; }
-  /// The whole model's parameters: for a model split over tensor-parallel ranks, each split tensor
-  /// at its whole shape (parameters(), gradients(), optimizer_state() and the setters use this
-  /// layout, so checkpoints are the whole model's).
+  /// The whole model's parameters (tensor-parallel ones at their whole shape): the layout of parameters(),
+  /// gradients(), optimizer_state(), the setters and checkpoints.
   static std::vector<ParamInfo> parameter_table() { return pipeline::ModelValues<States, Model>::table(); }
   /// Optimizer updates applied so far (per stage they are equal once a step has finished).
   std::int64_t updates() {
@@ -176,10 +177,11 @@ class Pipeline {
   /// backend: forward, backward and the optimizer update(s) the schedule prescribes. The pipeline
   /// stages x to the worker that runs the first stage and the labels to the one that runs the last
   /// (no copy on the host backend). Any n >= microbatches (x batches) works: microbatch sizes then
-  /// differ by at most one row.
+  /// differ by at most one row. With PipelineOptions::check_equivalence, checked (equivalence.hpp).
   template <optim::Optimizer Optimizer>
   StepStats train_step(ConstView<input_type> x, ConstView<std::int32_t> labels, const Optimizer& optimizer) {
-    Checks::batch(x, labels, "Pipeline::train_step");
+    Checks::batch(x, labels, "Pipeline::train_step", plan_.config.total_microbatches());
+    if constexpr (flush) if (equivalence_.due()) return equivalence_.template train_step<input_type>(*this, x, labels, optimizer);
     return train_resident(stage_inputs(x), stage_labels(labels), optimizer);
   }
   /// The same with the batch already in the backend's memory (device backends): x in the first
@@ -188,7 +190,7 @@ class Pipeline {
     requires(!mixed && !host_accessible<space>)
   StepStats train_step(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
                        const Optimizer& optimizer) {
-    Checks::batch(x, labels, "Pipeline::train_step");
+    Checks::batch(x, labels, "Pipeline::train_step", plan_.config.total_microbatches());
     return train_resident(x, labels, optimizer);
   }
 
@@ -196,14 +198,14 @@ class Pipeline {
   /// for callers that step the optimizer themselves with step(). Host arrays, as train_step.
   StepStats forward_backward(ConstView<input_type> x, ConstView<std::int32_t> labels) {
     static_assert(flush, "forward_backward: asynchronous schedules update inside the step; use train_step");
-    Checks::batch(x, labels, "Pipeline::forward_backward");
+    Checks::batch(x, labels, "Pipeline::forward_backward", plan_.config.total_microbatches());
     return run(stage_inputs(x), stage_labels(labels), {}, false);
   }
   StepStats forward_backward(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels)
     requires(!host_accessible<space>)
   {
     static_assert(flush, "forward_backward: asynchronous schedules update inside the step; use train_step");
-    Checks::batch(x, labels, "Pipeline::forward_backward");
+    Checks::batch(x, labels, "Pipeline::forward_backward", plan_.config.total_microbatches());
     return run(x, labels, {}, false);
   }
 
@@ -222,10 +224,8 @@ class Pipeline {
     ConstView<std::int32_t> labels;
   };
 
-  /// One training step per batch, in order; returns each step's StepStats. Without
-  /// PipelineOptions::post_validation this is train_step on each batch. With it the steps overlap,
-  /// bitwise equal to train_step on each batch (pipeline/post_validated_run.hpp says how, and what
-  /// the stats and a failure then hold).
+  /// One training step per batch, in order, as train_step on each; with PipelineOptions::post_validation
+  /// the steps overlap, bitwise equal to that (post_validated_run.hpp: how, and what stats then hold).
   template <optim::Optimizer Optimizer>
   std::vector<StepStats> train_steps(std::span<const Batch> batches, const Optimizer& optimizer) {
     const std::vector<Optimizer> each(batches.size(), optimizer);
@@ -236,7 +236,7 @@ class Pipeline {
   std::vector<StepStats> train_steps(std::span<const Batch> batches, std::span<const Optimizer> optimizers) {
     CUPIPE_REQUIRE(optimizers.size() == batches.size(), "Pipeline::train_steps: ", optimizers.size(),
                    " optimizers for ", batches.size(), " batches; give one per step");
-    for (const Batch& b : batches) Checks::batch(b.x, b.labels, "Pipeline::train_steps");
+    for (const Batch& b : batches) Checks::batch(b.x, b.labels, "Pipeline::train_steps", plan_.config.total_microbatches());
     std::vector<StepStats> out;
     if (!options_.post_validation || batches.size() < 2) {
       for (std::size_t t = 0; t < batches.size(); ++t) out.push_back(train_step(batches[t].x, batches[t].labels, optimizers[t]));
@@ -379,6 +379,7 @@ class Pipeline {
   }
 
   PipelineOptions options_;
+  pipeline::EquivalenceCheck<Model, FirstBackend, mixed> equivalence_{options_, flush};
   schedule::Plan plan_;
   Contexts workers_;  ///< each worker's context; none where another process runs it
   States states_;

@@ -262,6 +262,7 @@ class StageExecutor {
   /// starts when it arrives.
   template <int K>
   auto receive(int from, const MessageKey& key, index_t elements) {
+    runtime_.awaiting(worker_at(K), worker_of(from), key);
     auto message = receive_message<K>(from, key, elements);
     runtime_.input_arrived(worker_at(K));
     return message;

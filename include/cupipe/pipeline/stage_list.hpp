@@ -271,13 +271,24 @@ struct partition_impl {
 
 }  // namespace detail
 
-/// Model split into P (virtual) stages that balance forward FLOPs per sample (the layer cost model).
-/// With a multi-chunk schedule such as Interleaved<V>, P virtual stages run on P / V workers.
+namespace detail {
+/// partition<Model, P>: the stage list, marked with the count it was asked for, so that a Pipeline with
+/// a multi-chunk schedule can refuse it (pipeline/stage_list_fit.hpp) instead of running P / V workers.
 template <class Model, std::size_t P>
-using partition = typename detail::partition_impl<Model, P>::type;
+struct counted_partition : partition_impl<Model, P>::type {
+  static constexpr std::size_t partition_count = P;
+};
+}  // namespace detail
 
-/// Model split for `Workers` workers of `Schedule`: Workers x Schedule::chunks virtual stages.
+/// Model split into P stages that balance forward FLOPs per sample (the layer cost model), for a
+/// schedule of one chunk per worker (GPipe, 1F1B, ZB-H1, ...): P workers. A multi-chunk schedule
+/// (Interleaved<V>, ZeroBubbleV, DualPipeV, ...) refuses it at compile time: use partition_for there.
+template <class Model, std::size_t P>
+using partition = detail::counted_partition<Model, P>;
+
+/// Model split for `Workers` workers of `Schedule`: Workers x Schedule::chunks virtual stages. Any
+/// schedule: swapping 1F1B for ZeroBubbleV or Interleaved<2> keeps the worker count.
 template <class Model, std::size_t Workers, class Schedule>
-using partition_for = partition<Model, Workers * std::size_t(Schedule::chunks)>;
+using partition_for = typename detail::partition_impl<Model, Workers * std::size_t(Schedule::chunks)>::type;
 
 }  // namespace cupipe

@@ -41,12 +41,12 @@ class Transport {
 /// The message id of predict()'s single batch, clear of any training microbatch id.
 inline constexpr int predict_message_id = 1 << 19;
 
-/// "the activation of microbatch 3 from stage 1" (or "of predict()'s batch"), for waits and errors.
+/// "the activation of microbatch 3 from worker 1" (or "of predict()'s batch"), for waits and errors.
 inline std::string describe_message(const MessageKey& key, const char* direction, int peer) {
   const std::string which =
       key.microbatch == predict_message_id ? "predict()'s batch" : "microbatch " + std::to_string(key.microbatch);
   return std::string(key.flow == Flow::activation ? "the activation" : "the gradient") + " of " + which + " " +
-         direction + " stage " + std::to_string(peer);
+         direction + " worker " + std::to_string(peer);
 }
 
 }  // namespace cupipe::pipeline

@@ -2,7 +2,9 @@
 // WorkerRuntime: one thread per local worker, each walking its action list; the first failure is
 // kept with the action that failed, and every other worker is woken (through the transport's abort)
 // and stops. It also times each action: from when its input arrived (waiting is idle, not busy) to
-// its end, on the host clock, or on the backend's own clock where it has one (CUDA events).
+// its end, on the host clock, or on the backend's own clock where it has one (CUDA events). Each
+// worker's actions and waits also go to the flight recorder (flight_recorder.hpp), which says what a
+// hung rank was doing.
 #pragma once
 
 #include <atomic>
@@ -18,17 +20,18 @@
 
 #include "cupipe/backend/capabilities.hpp"
 #include "cupipe/core/error.hpp"
+#include "cupipe/pipeline/flight_recorder.hpp"
 #include "cupipe/pipeline/mailbox.hpp"
 #include "cupipe/pipeline/stats.hpp"
 #include "cupipe/schedule/action.hpp"
 
 namespace cupipe::pipeline {
 
-/// How an error names action `a` of worker `w`: "stage 1 (virtual stage 3), step 2, action B0" (the
+/// How an error names action `a` of worker `w`: "worker 1 (virtual stage 3), step 2, action B0" (the
 /// virtual stage where workers hold several, the step where a flush plan runs several, the first
 /// of them `first_step`).
 inline std::string action_where(const schedule::Plan& plan, int w, const schedule::Action& a, int first_step = 0) {
-  std::string where = "stage " + std::to_string(w);
+  std::string where = "worker " + std::to_string(w);
   if (plan.config.chunks > 1) where += " (virtual stage " + std::to_string(plan.virtual_stage(w, a)) + ")";
   int microbatch = a.microbatch;
   if (plan.update == schedule::UpdateRule::flush && plan.config.batches > 1) {
@@ -45,7 +48,8 @@ class WorkerRuntime {
   using caps_of = backend::capabilities<std::remove_cvref_t<B>>;
 
  public:
-  explicit WorkerRuntime(const Workers& contexts, int count) : contexts_(contexts), workers_(std::size_t(count)) {}
+  explicit WorkerRuntime(const Workers& contexts, int count, FlightSetup flight = {})
+      : contexts_(contexts), workers_(std::size_t(count)), flight_(local_workers(contexts, count), std::move(flight)) {}
 
   /// Runs every local worker's list of `plan` on its own thread; execute(w, action) does the work
   /// and abort() wakes every waiter after a failure. An execute that throws Aborted stops its worker
@@ -61,12 +65,14 @@ class WorkerRuntime {
     for (Worker& worker : workers_) worker = Worker{};
     contexts_.for_each([](int, auto& be) { caps_of<decltype(be)>::timeline_start(be); });
     start_ = origin.value_or(std::chrono::steady_clock::now());
+    flight_.step_started(start_);
     {
       std::vector<std::jthread> threads;
       contexts_.for_each([&](int w, auto& be) {
         threads.emplace_back([&, w] { walk(be, plan, w, execute, abort); });
       });
     }  // joins every worker, also when one failed
+    flight_.step_ended();
     if (!failure_) device_times();
     return failure_;
   }
@@ -75,8 +81,13 @@ class WorkerRuntime {
   void input_arrived(int w) {
     Worker& worker = workers_[std::size_t(w)];
     worker.action_start = now();
+    flight_.arrived(w, worker.action_start);
     worker.action_mark = contexts_.visit(w, [](auto& be) { return caps_of<decltype(be)>::timeline_mark(be); });
   }
+
+  /// Worker w's running action waits for `key` from worker `peer` (until input_arrived).
+  void awaiting(int w, int peer, const MessageKey& key) noexcept { flight_.awaiting(w, peer, key); }
+  const FlightRecorder& flight() const noexcept { return flight_; }
 
   /// Every action worker w ran in the last step, in order, with measured times.
   const std::vector<ActionRecord>& records(int w) const { return workers_[std::size_t(w)].records; }
@@ -88,6 +99,12 @@ class WorkerRuntime {
     double action_start = 0;
     int action_mark = 0;
   };
+
+  static std::vector<bool> local_workers(const Workers& contexts, int count) {
+    std::vector<bool> local(std::size_t(count), false);
+    contexts.for_each([&](int w, auto&) { local[std::size_t(w)] = true; });
+    return local;
+  }
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
@@ -109,6 +126,7 @@ class WorkerRuntime {
     for (const schedule::Action& a : actions) {
       if (failed_.load(std::memory_order_acquire)) return;
       input_arrived(w);  // moved on by a receive, once the input is there
+      flight_.begin(w, a, worker.action_start);
       try {
         // Named like the trace's labels ("F3", "B3a"), so a profiler shows the schedule.
         [[maybe_unused]] const auto range = caps::annotate(be, label(a, plan.config.chunks > 1).c_str());
@@ -128,6 +146,7 @@ class WorkerRuntime {
         return;
       }
       worker.records.push_back({w, a.kind, a.microbatch, a.chunk, worker.action_start, now(), a.overlap});
+      flight_.end(w, worker.records.back().end);
     }
   }
 
@@ -139,6 +158,7 @@ class WorkerRuntime {
   void fail(const schedule::Plan& plan, int w, const schedule::Action& a, const std::string& message,
             const std::string& call, const std::string& file, int line, Abort& abort) {
     const std::string where = action_where(plan, w, a, first_step_);
+    flight_.failed(w, where + ": " + message);  // before the abort: the other workers as they were
     {
       std::lock_guard lock(failure_mutex_);
       if (!failure_) failure_ = std::make_exception_ptr(error(where + ": " + message, call, file, line));
@@ -169,6 +189,7 @@ class WorkerRuntime {
   std::exception_ptr failure_;
   std::atomic<bool> failed_{false};
   int first_step_ = 0;
+  FlightRecorder flight_;
 };
 
 }  // namespace cupipe::pipeline

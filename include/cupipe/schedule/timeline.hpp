@@ -75,7 +75,7 @@ inline std::string ascii_timeline(std::span<const TimelineEvent> events, int sta
     column *= static_cast<double>(columns * width) / max_columns;
     columns = static_cast<int>(std::ceil((finish - begin) / column - 1e-9));
   }
-  const std::string stage_prefix = "stage ";
+  const std::string stage_prefix = "worker ";
   const int prefix = static_cast<int>(stage_prefix.size() + std::to_string(stages - 1).size()) + 2;
   std::string out;
   for (int s = 0; s < stages; ++s) {
@@ -163,7 +163,7 @@ inline std::string chrome_trace_json(std::span<const TraceGroup> groups) {
     for (int s = 0; s < stages; ++s) {
       const std::string tid = std::to_string(s);
       emit("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":" + tid +
-           ",\"args\":{\"name\":\"stage " + tid + "\"}}");
+           ",\"args\":{\"name\":\"worker " + tid + "\"}}");
       emit("{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":" + tid +
            ",\"args\":{\"sort_index\":" + tid + "}}");
     }

@@ -27,7 +27,7 @@ struct VerifyResult {
 
 namespace detail {
 
-/// Builds a failed VerifyResult: `fail() << "stage " << s << ": " << name(a) << " ..."`.
+/// Builds a failed VerifyResult: `fail() << "worker " << s << ": " << name(a) << " ..."`.
 struct Failure {
   VerifyResult result{false, {}, 0};
 
@@ -115,8 +115,8 @@ constexpr VerifyResult explain_stuck(const Plan& plan, const std::vector<int>& p
         const Dependency out = output_of(plan, s, a);
         const auto r = static_cast<std::size_t>(out.stage);
         Failure fail;
-        fail << "deadlock with blocking (rendezvous) sends: stage " << s << " blocks sending the output of "
-             << Named{a, c.chunks} << " to stage " << out.stage << ", which ";
+        fail << "deadlock with blocking (rendezvous) sends: worker " << s << " blocks sending the output of "
+             << Named{a, c.chunks} << " to worker " << out.stage << ", which ";
         if (pc[r] >= static_cast<int>(plan.actions[r].size())) return fail << "has finished";
         return fail << "is blocked at " << Named{plan.actions[r][static_cast<std::size_t>(pc[r])], c.chunks}
                     << (sending[r] ? " (sending its output)" : " (waiting for its input)");
@@ -125,9 +125,9 @@ constexpr VerifyResult explain_stuck(const Plan& plan, const std::vector<int>& p
         const Dependency in = input_of(plan, s, a);
         const auto r = static_cast<std::size_t>(in.stage);
         Failure fail;
-        fail << "dependency violated: stage " << s << " cannot run " << Named{a, c.chunks} << " because it needs "
-             << Named{in.peer, c.chunks} << " of stage " << in.stage;
-        if (in.stage == s) return fail << ", which comes later on the same stage";
+        fail << "dependency violated: worker " << s << " cannot run " << Named{a, c.chunks} << " because it needs "
+             << Named{in.peer, c.chunks} << " of worker " << in.stage;
+        if (in.stage == s) return fail << ", which comes later on the same worker";
         return fail << ", which is stuck behind "
                     << Named{plan.actions[r][static_cast<std::size_t>(pc[r])], c.chunks} << " (a dependency cycle)";
       }
@@ -236,17 +236,17 @@ constexpr VerifyResult verify(const Plan& plan) {
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const Action& a = list[static_cast<std::size_t>(i)];
       if (a.microbatch < 0 || a.microbatch >= n || a.chunk < 0 || a.chunk >= c.chunks)
-        return Failure{} << "stage " << s << ": action " << i << " names microbatch " << a.microbatch << " chunk "
+        return Failure{} << "worker " << s << ": action " << i << " names microbatch " << a.microbatch << " chunk "
                          << a.chunk << ", outside " << n << " microbatches and " << c.chunks << " chunks";
       if (a.kind == ActionKind::W && !plan.split_backward)
-        return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " in a plan whose backward is not split";
+        return Failure{} << "worker " << s << ": " << Named{a, c.chunks} << " in a plan whose backward is not split";
       if (a.overlap && (a.kind != ActionKind::F || i + 1 == static_cast<int>(list.size()) ||
                         list[static_cast<std::size_t>(i) + 1].kind != ActionKind::B))
-        return Failure{} << "stage " << s << ": " << Named{a, c.chunks}
+        return Failure{} << "worker " << s << ": " << Named{a, c.chunks}
                          << " is marked to overlap with the next action, but only an F followed by a B can overlap";
       int& at = position[static_cast<std::size_t>(detail::slot_of(plan, s, a))];
       if (at >= 0)
-        return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " appears twice (positions " << at << " and "
+        return Failure{} << "worker " << s << ": " << Named{a, c.chunks} << " appears twice (positions " << at << " and "
                          << i << ")";
       at = i;
     }
@@ -259,9 +259,9 @@ constexpr VerifyResult verify(const Plan& plan) {
         for (int k = 0; k < kinds; ++k) {
           const Action a{static_cast<ActionKind>(k), j, chunk};
           const int at = position[static_cast<std::size_t>(detail::slot_of(plan, s, a))];
-          if (at < 0) return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " is missing";
+          if (at < 0) return Failure{} << "worker " << s << ": " << Named{a, c.chunks} << " is missing";
           if (at < previous)
-            return Failure{} << "stage " << s << ": " << Named{a, c.chunks} << " comes before "
+            return Failure{} << "worker " << s << ": " << Named{a, c.chunks} << " comes before "
                              << Named{Action{static_cast<ActionKind>(k - 1), j, chunk}, c.chunks}
                              << ", but F must precede B and B must precede W";
           previous = at;
@@ -272,7 +272,7 @@ constexpr VerifyResult verify(const Plan& plan) {
   if (VerifyResult flow = detail::run_workers(plan, false); !flow) return flow;
   if (VerifyResult sends = detail::run_workers(plan, true); !sends) return sends;
   if (const WeightVersionAnalysis w = analyze_weight_versions(plan); !w.feasible)
-    return Failure{} << "stage " << w.stage << ": " << Named{w.action, c.chunks} << " needs weight version " << w.needed
+    return Failure{} << "worker " << w.stage << ": " << Named{w.action, c.chunks} << " needs weight version " << w.needed
                      << ", but the stage has applied only " << w.applied << " updates by then";
   return VerifyResult{};
 }
