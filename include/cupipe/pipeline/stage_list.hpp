@@ -4,6 +4,7 @@
 // parameter names, initialisation and checkpoints do not depend on the split.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <tuple>
@@ -224,14 +225,17 @@ struct layer_cost_model {
   }();
 };
 
-template <class Model, std::size_t Requested>
+/// `Multiple`: partition_for's chunks per worker; after a failed check the count stays a multiple of it.
+template <class Model, std::size_t Requested, std::size_t Multiple = 1>
 struct partition_impl {
   using body = typename Model::body;
   static constexpr std::size_t L = body::size;
   static_assert(Requested >= 1, "partition<Model, P>: a pipeline needs at least one stage");
   static_assert(Requested <= L, "partition<Model, P>: more stages than layers; every stage needs at least one layer");
-  // After a failed check, go on with a count that works, so the sentence above is the only error.
-  static constexpr std::size_t P = Requested < 1 ? 1 : (Requested > L ? L : Requested);
+  // After a failed check, go on with a count that works (and that the schedule can deal out), so the
+  // sentence above is the only error.
+  static constexpr std::size_t P =
+      Requested < 1 ? Multiple : (Requested > L ? std::max(Multiple, L / Multiple * Multiple) : Requested);
 
   static constexpr const auto& layer_costs = layer_cost_model<body>::costs;
   static constexpr const auto& starts_unit = layer_cost_model<body>::starts_unit;
@@ -289,6 +293,7 @@ using partition = detail::counted_partition<Model, P>;
 /// Model split for `Workers` workers of `Schedule`: Workers x Schedule::chunks virtual stages. Any
 /// schedule: swapping 1F1B for ZeroBubbleV or Interleaved<2> keeps the worker count.
 template <class Model, std::size_t Workers, class Schedule>
-using partition_for = typename detail::partition_impl<Model, Workers * std::size_t(Schedule::chunks)>::type;
+using partition_for =
+    typename detail::partition_impl<Model, Workers * std::size_t(Schedule::chunks), std::size_t(Schedule::chunks)>::type;
 
 }  // namespace cupipe
