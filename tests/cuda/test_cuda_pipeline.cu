@@ -419,7 +419,8 @@ TEST_CASE("a CUDA pipeline step reads its losses once and reports a label out of
           "committing nothing",
           "[gpu][pipeline][errors]") {
   // During a flush step the loss kernels only record a bad label (no wait after each op); the step
-  // then reports it once, before the update, and restores check_inputs.
+  // then reports it once, before the update, and restores check_inputs. The batch is in device
+  // memory: a host batch's labels are checked before the step (pipeline/batch_values.hpp).
   using Pipe = Pipeline<partition<Deep, 2>, schedule::OneFOneB, backend::Cuda<float>>;
   PipelineOptions options;
   options.microbatches = 4;
@@ -431,12 +432,22 @@ TEST_CASE("a CUDA pipeline step reads its losses once and reports a label out of
   const std::vector<float> before = pipe.parameters();
   const optim::SGD sgd({.lr = 0.1});
   std::string message;
+  DeviceArray<float, backend::Cuda<float>> device_x(pipe.backend(0), b.x);
+  DeviceArray<std::int32_t, backend::Cuda<float>> device_labels(pipe.backend(1), b.labels);
   try {
-    (void)pipe.train_step(b.inputs(), b.targets(), sgd);
+    (void)pipe.train_step(device_x.cview(Shape{b.rows, features}), device_labels.cview(Shape{b.rows}), sgd);
   } catch (const std::exception& e) {
     message = e.what();
   }
   CHECK_THAT(message, Catch::StartsWith("worker 1, after the step's actions: ") && Catch::Contains("met label 7 at row 1"));
+  // The same batch from host memory is refused before the step, by its row in the batch.
+  std::string refused;
+  try {
+    (void)pipe.train_step(b.inputs(), b.targets(), sgd);
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
+  CHECK_THAT(refused, Catch::Contains("label 7 at row 5 of the batch (microbatch 2, its row 1)"));
   CHECK(pipe.parameters() == before);
   CHECK(pipe.backend(1).check_inputs);
   CHECK(pipe.backend(0).check_inputs);
