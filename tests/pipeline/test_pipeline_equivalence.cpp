@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Flush schedules against the unpipelined oracle: one forward_backward gives the Network's gradients
 // and loss, five AdamW train_steps give its weights, for every (policy, p, m) below (every policy
-// accepts every m now: Interleaved pads a short last group, p = 3 with m = 8 runs one); ragged
+// accepts every m now: Interleaved groups m not a multiple of p unevenly, p = 3 with m = 8 runs groups of 4 and 4); ragged
 // microbatches, recomputation and the measured StepStats on the same runs.
 #include "pipeline_test_support.hpp"
 

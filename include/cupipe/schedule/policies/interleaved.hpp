@@ -34,23 +34,28 @@ struct SeveralChunkPolicy {
 /// microbatches depth-first in groups of p: all V chunks of microbatches 0..p-1, then the next group.
 ///
 /// Any microbatch count: m < 2p runs as one depth-first group of all m microbatches (m < p
-/// included, with more bubble); from 2p on, microbatches go in groups of p, and when p does not
-/// divide m the plan is the one for m rounded up to a multiple of p with the missing microbatches
-/// left out. Built any other way, a short last group deadlocks once sends block (verify finds it:
-/// the warm-up counts no longer pair each backward with the forward it waits for); the padded plan
-/// keeps the order of a full group, so it verifies for every m. Warm-up on stage s is
-/// min(2(p-s-1) + (V-1)g, V*m) forwards for group size g, as in Megatron-LM. V is the pipeline's
-/// chunk count; plans for other counts (the explorer's --chunks) come from the same generator.
+/// included, with more bubble). From 2p on, the m microbatches go in floor(m/p) groups as even as
+/// can be, the larger first (m = 10, p = 4: groups of 5 and 5; m = 13: 5, 4, 4), as PyTorch's
+/// Interleaved1F1B groups them where it accepts m: every group is at least p long, so the steady
+/// state has no hole and the bubble is (p-1)/V of a stage's F+B for every m >= p. A group longer
+/// than p makes the last worker's forwards of a chunk reach worker 0 before it takes them, so the
+/// plan declares channel_depth = (largest group) - p + 1 and verify proves it under that depth;
+/// channels of depth 1 would need holes (the earlier plan padded m up to a multiple of p, and each
+/// missing microbatch left every stage idle for 2/3 of a chunk's F+B). Warm-up on stage s is
+/// min(2(p-s-1) + (V-1)g, V*m) forwards for the first (largest) group size g, as in Megatron-LM;
+/// it holds (V-1)(g-p) more chunk-microbatches than groups of p would. V is the pipeline's chunk
+/// count; plans for other counts (the explorer's --chunks) come from the same generator.
 template <int V>
 struct Interleaved : detail::SeveralChunkPolicy<Interleaved<V>, V> {
   static constexpr std::string_view name = "interleaved";
-  static constexpr std::string_view summary = "1F1B over V chunks per stage, depth-first in groups of p (Megatron-LM)";
+  static constexpr std::string_view summary = "1F1B over V chunks per stage, depth-first in groups of about p (Megatron-LM)";
   static constexpr std::string_view one_chunk = "Interleaved<V> needs at least 2 chunks per stage; with 1 chunk use OneFOneB";
 
-  static constexpr std::vector<std::vector<Action>> actions(const Config& real) {
-    // From 2p on, the plan of the next multiple of p, without the microbatches that do not exist.
-    Config c = real;
-    if (c.microbatches >= 2 * c.stages) c.microbatches = (c.microbatches + c.stages - 1) / c.stages * c.stages;
+  /// Messages the channel from the last worker back to worker 0 holds: a group longer than p
+  /// queues its surplus forwards there.
+  static constexpr int channel_depth(const Config& c) { return std::max(1, groups(c).front() - c.stages + 1); }
+
+  static constexpr std::vector<std::vector<Action>> actions(const Config& c) {
     const std::vector<Action> forwards = order(c, ActionKind::F);
     const std::vector<Action> backwards = order(c, ActionKind::B);
     const int total = c.microbatches * c.chunks;
@@ -65,17 +70,19 @@ struct Interleaved : detail::SeveralChunkPolicy<Interleaved<V>, V> {
         list.push_back(backwards[static_cast<std::size_t>(k)]);
       }
       for (int k = total - warmup; k < total; ++k) list.push_back(backwards[static_cast<std::size_t>(k)]);
-      std::erase_if(list, [&](const Action& a) { return a.microbatch >= real.microbatches; });
     }
     return out;
   }
 
  private:
-  /// Sizes of the depth-first microbatch groups: groups of p (m a multiple of p), or one group of
-  /// all m when m < 2p.
+  /// Sizes of the depth-first microbatch groups: one group of all m when m < 2p, else floor(m/p)
+  /// groups as even as can be, the larger first (each at least p long).
   static constexpr std::vector<int> groups(const Config& c) {
     if (c.microbatches < 2 * c.stages) return {c.microbatches};
-    return std::vector<int>(static_cast<std::size_t>(c.microbatches / c.stages), c.stages);
+    const int count = c.microbatches / c.stages, size = c.microbatches / count, larger = c.microbatches % count;
+    std::vector<int> out(static_cast<std::size_t>(count), size);
+    for (int i = 0; i < larger; ++i) ++out[static_cast<std::size_t>(i)];
+    return out;
   }
 
   /// Each group of microbatches runs through chunk 0, 1, ... (forwards) or chunk V-1, V-2, ...
