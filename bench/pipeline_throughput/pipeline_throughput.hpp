@@ -184,7 +184,10 @@ class Job {
   std::vector<std::int32_t> labels_;
 };
 
-/// The runtime's own cost per action, from a pipeline of trivial layers.
+/// The program's heap allocations so far (bench/harness/heap_count.hpp, which each main includes).
+std::uint64_t heap_allocations() noexcept;
+
+/// The runtime's own cost per action, from a pipeline of trivial layers; `timed`: measure_actions.
 template <class Backend, int P>
 void action_cost(State& state, const Options& o) {
   using T = typename Backend::value_type;
@@ -192,6 +195,7 @@ void action_cost(State& state, const Options& o) {
   constexpr int m = 32;
   PipelineOptions options;
   options.microbatches = m;
+  options.measure_actions = state.text("timing") == "on";
   if constexpr (!host_accessible<typename Backend::space>) options.devices.assign(std::size_t(P), o.device);
   Pipe pipe(options);
   auto x = resident(pipe.backend(0), random_inputs(m * 4, 5));
@@ -199,24 +203,32 @@ void action_cost(State& state, const Options& o) {
   const ConstViewOn<Backend, T> xv{x.data(), Shape{m, 4}};
   const ConstViewOn<Backend, std::int32_t> yv{y.data(), Shape{m}};
   // Every run's figures, the warm-up's included; only the timed runs' are kept below.
-  std::vector<double> mean_action, per_action;
-  int actions = 0;
+  std::vector<double> mean_action, per_action, allocations;
+  constexpr int actions = 2 * m * P;  // F and B of every microbatch on every worker
   HostTimer timer;
-  state.exec(timer, [&] {
+  const Timing& timing = state.exec(timer, [&] {
+    const std::uint64_t before = heap_allocations();
     const StepStats s = pipe.forward_backward(xv, yv);
+    allocations.push_back(double(heap_allocations() - before));
+    if (!options.measure_actions) return;
     double busy = 0;
     for (double b : s.busy_seconds) busy += b;
-    actions = int(s.actions.size());
     mean_action.push_back(busy / double(actions));
     per_action.push_back(s.makespan_seconds / (double(actions) / P));
   });
   const auto timed = std::ptrdiff_t(state.runs().warmup);
+  auto median_of_timed = [&](const std::vector<double>& v) {
+    return median(std::vector<double>(v.begin() + timed, v.end()));
+  };
   state.summary("microbatches", "m", double(m), 0);
   state.summary("actions", "actions", double(actions), 0);
-  state.summary("mean_action_us", "mean action us",
-                median(std::vector<double>(mean_action.begin() + timed, mean_action.end())) * 1e6, 1);
-  state.summary("makespan_per_action_us", "makespan per action us",
-                median(std::vector<double>(per_action.begin() + timed, per_action.end())) * 1e6, 1);
+  if (options.measure_actions) {
+    state.summary("mean_action_us", "mean action us", median_of_timed(mean_action) * 1e6, 1);
+    state.summary("makespan_per_action_us", "makespan per action us", median_of_timed(per_action) * 1e6, 1);
+  }
+  // The step on the caller's clock, losses read back included: what a trainer sees per action.
+  state.summary("step_per_action_us", "step per action us", timing.median / (double(actions) / P) * 1e6, 2);
+  state.summary("allocations", "heap allocations per step", median_of_timed(allocations), 0);
 }
 
 /// Calls f.template operator()<Model>(batch) for the model named on the `model` axis.
@@ -278,8 +290,11 @@ int run(Harness& harness, const Options& o, const std::string& device) {
              else action_cost<Backend, 4>(state, o);
            })
       .axis("stages", o.stages)
-      .note("Runtime cost per action: trivial 4x4 layers, one row per microbatch, 1F1B. Mean action: time inside "
-            "an action (measured); makespan per action: step makespan / actions per stage (includes waiting).");
+      .axis("timing", {"on", "off"})
+      .note("Runtime cost per action: trivial 4x4 layers, one row per microbatch, 1F1B. Timing: measure_actions. Mean "
+            "action: time inside an action (measured); makespan per action: step makespan / actions per stage "
+            "(includes waiting); step per action: the step's time on the caller's clock / actions per stage; heap "
+            "allocations per step: every thread's calls of operator new during the step.");
 
   harness.run();
   return 0;

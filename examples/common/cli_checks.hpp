@@ -8,6 +8,8 @@
 #include <exception>
 #include <string>
 
+#include "cupipe/core/wire.hpp"
+
 namespace cupipe::examples {
 
 inline CLI::Validator number_check(bool zero_allowed) {
@@ -35,6 +37,24 @@ inline void add_check_equivalence(CLI::App& app, int& steps) {
                  "(flush schedules, one process; docs/trainer.md); 0: off")
       ->capture_default_str()
       ->check(non_negative);
+}
+
+/// --hand-over, the same in both trainers (PipelineOptions::hand_over): "full", "bf16" or "e4m3" for
+/// every link, or a comma-separated list with one per link between neighbouring virtual stages.
+inline void add_hand_over(CLI::App& app, std::string& text) {
+  app.add_option("--hand-over", text,
+                 "the precision of stage-to-stage hand-overs, activations forward and gradients back: full, bf16 "
+                 "or e4m3 (FP8 with a per-tensor scale) for every link, or one per link, comma-separated "
+                 "(docs/trainer.md)")
+      ->capture_default_str()
+      ->check([](const std::string& value) -> std::string {
+        try {
+          parse_wires(value);
+          return {};
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+      });
 }
 
 }  // namespace cupipe::examples

@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-seconds", f.max_seconds, "stop (evaluate, save) after this much training time (0: no limit)")
       ->check(non_negative);
   cupipe::examples::add_check_equivalence(app, f.check_equivalence);
+  cupipe::examples::add_hand_over(app, f.hand_over);
   app.add_option("--post-validation", f.post_validation,
                  "run N steps at a time with optimizer post-validation: no flush between them, the global gradient "
                  "norm checked a step late and an update that should have clipped redone (flush schedules whose "

@@ -79,6 +79,7 @@ struct Flags {
   std::vector<double> predicted_activation_low_bytes{}, predicted_activation_high_bytes{};
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   int check_equivalence = 0;          ///< the first N steps also run unpipelined and must agree; 0: off
+  std::string hand_over = "full";     ///< --hand-over: full, bf16 or e4m3, for every link or one per link
   bool zero = false;                  ///< ZeRO-1: the AdamW state sharded over the --dp replicas
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
@@ -266,7 +267,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
-             .post_validation = f.post_validation > 0, .zero = f.zero, .check_equivalence = f.check_equivalence});
+             .post_validation = f.post_validation > 0, .zero = f.zero, .check_equivalence = f.check_equivalence,
+             .hand_over = parse_wires(f.hand_over)});
   // With --tp each rank draws its part of the whole model's initialisation (LayerSeq::init), so a
   // run with --tp starts where the same run without it does.
   configure(pipe);

@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
       ->needs(plan);
   for (const char* name : {"--schedule", "--stages", "--microbatches"}) plan->excludes(app.get_option(name));
   cupipe::examples::add_check_equivalence(app, f.check_equivalence);
+  cupipe::examples::add_hand_over(app, f.hand_over);
   app.add_option("--post-validation", f.post_validation,
                  "run N steps at a time with optimizer post-validation: no flush between them, the global gradient "
                  "norm checked a step late and an update that should have clipped redone (flush schedules, one "

@@ -65,6 +65,7 @@ struct Flags {
   int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   int check_equivalence = 0;          ///< the first N steps also run unpipelined and must agree; 0: off
+  std::string hand_over = "full";     ///< --hand-over: full, bf16 or e4m3, for every link or one per link
   double predicted_step_seconds = 0;  ///< the planned layout's, set by plan_layout
 };
 
@@ -217,7 +218,8 @@ int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, O
   using S = typename Pipe::input_type;  // inputs in the first stage's storage precision
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
-             .post_validation = f.post_validation > 0, .check_equivalence = f.check_equivalence});
+             .post_validation = f.post_validation > 0, .check_equivalence = f.check_equivalence,
+             .hand_over = parse_wires(f.hand_over)});
   // Only the first rank talks; every rank computes.
   auto say = [&](const char* format, auto... args) {
     if (launch.leader()) std::printf(format, args...);

@@ -71,6 +71,22 @@ TEST_CASE("elementwise ops match the host", "[gpu][cuda][ops]") {
     ops::fill(gpu, c.view(s), 2.5f);
     CHECK(c.download() == std::vector<float>(std::size_t(n), 2.5f));
   }
+  SECTION("wire_round_trip: bf16 and e4m3 equal the host's float op bitwise") {
+    backend::Host<float> host;
+    for (const Wire wire : {Wire::full, Wire::bf16, Wire::e4m3}) {
+      auto y = poisoned<float>(gpu, n);
+      ops::wire_round_trip(gpu, dx_.cview(s), y.view(s), wire);
+      std::vector<float> expected(x.size());
+      ops::wire_round_trip(host, ConstView<float>{x.data(), s}, TensorView<float>{expected.data(), s}, wire);
+      CHECK(y.download() == expected);
+    }
+    // In place, and a tensor with an infinity passes unchanged.
+    std::vector<float> with_inf = x;
+    with_inf[std::size_t(n / 2)] = std::numeric_limits<float>::infinity();
+    DeviceArray<float, Gpu> inf_(gpu, with_inf);
+    ops::wire_round_trip(gpu, inf_.cview(s), inf_.view(s), Wire::e4m3);
+    CHECK(inf_.download() == with_inf);
+  }
   SECTION("convert to bf16 and back") {
     auto b = gpu.allocate<cupipe::bfloat16>(n, MemoryTag::activations);
     ops::poison(gpu, b.view(s));

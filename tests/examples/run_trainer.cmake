@@ -20,6 +20,8 @@
 # stage_backends: --stage-backends host:bf16,host (a bf16 and an fp32 stage in one pipeline) learns,
 #         resumes bit-exactly, and an fp32 run resumes from its checkpoint.
 # stage_backends_cuda: --stage-backends host,cuda learns in one epoch; "SKIPPED: ..." without a GPU.
+# hand_over: --hand-over e4m3 (FP8 hand-overs between the stages) learns in one epoch; an unknown
+#         precision is refused naming the choices.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
 cmake_minimum_required(VERSION 3.19)
 if(NOT IS_DIRECTORY "${DATA_DIR}")
@@ -132,6 +134,18 @@ elseif(MODE STREQUAL "bf16_schedules")
   endif()
   expect_close("bf16 2bw against fp32 2bw test accuracy after one epoch" "${accuracy}" "${fp32_accuracy}" 100000)
   message("bf16 interleaved and zbv wrote 1f1b's tensors bit for bit; bf16 2bw learned: test_accuracy ${accuracy} (fp32 ${fp32_accuracy})")
+elseif(MODE STREQUAL "hand_over")
+  run_trainer(--epochs 1 --hand-over e4m3)
+  string(JSON accuracy GET "${summary}" test_accuracy)
+  if(NOT accuracy GREATER_EQUAL 0.6)
+    message(FATAL_ERROR "test_accuracy ${accuracy} after one epoch with e4m3 hand-overs; expected at least 0.6")
+  endif()
+  execute_process(COMMAND "${TRAINER}" ${common} --epochs 1 --hand-over fp8 RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "not one of full, bf16, e4m3")
+    message(FATAL_ERROR "--hand-over fp8 exited ${rc} without naming the choices: ${out}${err}")
+  endif()
+  message("learned with e4m3 hand-overs: test_accuracy ${accuracy}")
 elseif(MODE STREQUAL "stage_backends")
   # One stage in bf16 and the other in fp32, in one pipeline: it learns, resumes bit-exactly, and its
   # checkpoint (fp32 master weights) loads into an all-fp32 run.

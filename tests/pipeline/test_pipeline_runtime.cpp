@@ -7,6 +7,8 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -345,3 +347,65 @@ TEST_CASE("busy time counts an overlapped F&B pair's shared time once (two strea
   CHECK(stats.idle_seconds == std::vector<double>{1.0, 0.0});
   CHECK(stats.bubble_fraction == Approx(1.0 / 12.0));
 }
+
+namespace {
+
+/// This process's threads, from /proc (Linux), once the count has settled at `expected` or after
+/// a second: a joined thread's /proc entry can outlive its join by a moment.
+int threads_settled_at(int expected) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  int count = 0;
+  while (true) {
+    count = int(std::distance(std::filesystem::directory_iterator("/proc/self/task"), {}));
+    if (count == expected || std::chrono::steady_clock::now() > deadline) return count;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST_CASE("a pipeline makes its worker threads at the first step and keeps them until it goes",
+          "[pipeline][threads]") {
+  using Pipe = Pipeline<Knobs4, schedule::OneFOneB, Host>;
+  reset_knobs();
+  PipelineOptions options;
+  options.microbatches = 4;
+  const Batch b = test::make_batch(8, 4, 4, 3);
+  const int before = threads_settled_at(-1);
+  {
+    Pipe pipe(options);
+    const int built = threads_settled_at(-1);  // the flight recorder's watcher may start with the first pipeline
+    CHECK(built <= before + 1);
+    test::bounded(30, [&] { return pipe.train_step(b.inputs(), b.targets(), sgd); });
+    CHECK(threads_settled_at(built + 4) == built + 4);  // one per worker, alive between steps
+    for (int step = 0; step < 10; ++step) test::bounded(30, [&] { return pipe.train_step(b.inputs(), b.targets(), sgd); });
+    CHECK(threads_settled_at(built + 4) == built + 4);  // the same four: no thread per step
+  }
+  CHECK(threads_settled_at(before + 1) <= before + 1);  // joined with the pipeline
+}
+
+TEST_CASE("measure_actions off: nothing recorded per action, and the same numbers", "[pipeline][threads]") {
+  using Pipe = Pipeline<Knobs4, schedule::OneFOneB, Host>;
+  reset_knobs();
+  PipelineOptions timed;
+  timed.microbatches = 4;
+  PipelineOptions quiet = timed;
+  quiet.measure_actions = false;
+  Pipe a(timed), b(quiet);
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = test::make_batch(8, 4, 4, 10 + std::uint64_t(step));
+    const StepStats sa = test::bounded(30, [&] { return a.train_step(batch.inputs(), batch.targets(), sgd); });
+    const StepStats sb = test::bounded(30, [&] { return b.train_step(batch.inputs(), batch.targets(), sgd); });
+    CHECK(sa.loss == sb.loss);
+    CHECK(sa.grad_norm == sb.grad_norm);
+    CHECK(sa.actions.size() == 4 * 2 * 4);
+    CHECK(sa.makespan_seconds > 0);
+    CHECK(sb.actions.empty());
+    CHECK(sb.busy_seconds.empty());
+    CHECK(std::isnan(sb.makespan_seconds));
+    CHECK(std::isnan(sb.bubble_fraction));
+    CHECK(sb.peak_activation_bytes.size() == 4);
+    CHECK(sb.peak_activation_bytes[3] > 0);  // measured (the peaks depend on the threads' timing)
+  }
+  CHECK(a.parameters() == b.parameters());
+}
+
+}  // namespace

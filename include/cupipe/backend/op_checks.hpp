@@ -111,6 +111,12 @@ void transfer(TensorView<const T, S> src, const TensorView<T, S>& dst) {
   same_shape("transfer", {"source", "destination"}, src, dst);
 }
 
+/// A hand-over's round trip through its wire precision (core/wire.hpp).
+template <class T, class S>
+void wire_round_trip(TensorView<const T, S> x, const TensorView<T, S>& y) {
+  same_shape("wire_round_trip", {"x", "y"}, x, y);
+}
+
 // ---- LayerNorm --------------------------------------------------------------------------------
 
 template <class T, class S, class M>

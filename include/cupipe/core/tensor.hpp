@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -111,6 +112,13 @@ void check_view(const TensorView<T, Space>& view, const Shape& expected, std::st
     CUPIPE_THROW(who, ": ", what, " expected shape ", expected, " but got ", view.shape());
   if (view.data() == nullptr && expected.numel() != 0)
     CUPIPE_THROW(who, ": ", what, " of shape ", expected, " is a null pointer");
+}
+/// The same, with `who` made only when the check fails (a name built per call would cost a heap
+/// allocation on every pass of the hot path).
+template <class T, class Space, std::invocable Who>
+void check_view(const TensorView<T, Space>& view, const Shape& expected, Who&& who, std::string_view what) {
+  if (!(view.shape() == expected) || (view.data() == nullptr && expected.numel() != 0)) [[unlikely]]
+    check_view(view, expected, std::string_view(who()), what);
 }
 
 /// An owning host array, zero-initialised unless the constructor is told otherwise (BlockFill),

@@ -15,12 +15,12 @@
 namespace cupipe {
 
 namespace detail {
-/// Throws, naming `loss_layer` and the shapes, when a loss is not finite.
+/// Throws, naming the loss layer (`loss_layer()`, called only then) and the shapes, when a loss is not finite.
 template <class L, class T, class Space>
-void check_loss_finite(const std::string& loss_layer, L loss, TensorView<const T, Space> logits,
+void check_loss_finite(std::string (*loss_layer)(), L loss, TensorView<const T, Space> logits,
                        TensorView<const std::int32_t, Space> labels) {
   if (!std::isfinite(double(loss)))
-    CUPIPE_THROW(loss_layer, ": the loss is not finite (", double(loss), ") for logits ", logits.shape(), " and labels ",
+    CUPIPE_THROW(loss_layer(), ": the loss is not finite (", double(loss), ") for logits ", logits.shape(), " and labels ",
                  labels.shape());
 }
 }  // namespace detail
@@ -53,7 +53,7 @@ struct SoftmaxCrossEntropy : LayerDefaults {
   /// Throws when a loss computed from `logits` and `labels` is not finite.
   template <class L, class T, class Space>
   static void check_finite(L loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
-    detail::check_loss_finite(describe(), loss, logits, labels);
+    detail::check_loss_finite(&describe, loss, logits, labels);
   }
 
  private:

@@ -296,7 +296,7 @@ struct LayerSeq {
   template <class B, class T>
   static void forward(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, T* record) {
     const index_t rows = x0.rows();
-    check_view(x0, Shape{rows, in_features}, describe_layer<0>(), "input");
+    check_view(x0, Shape{rows, in_features}, [] { return describe_layer<0>(); }, "input");
     CUPIPE_REQUIRE((params != nullptr || param_count == 0) && record != nullptr, describe_layer<0>(),
                    ": null parameters or record");
     // Without a complete layer (reported above) the passes are not instantiated, so nothing follows that report.
@@ -317,8 +317,8 @@ struct LayerSeq {
   static void backward(B& be, const T* params, ConstViewOn<B, input_t<T>> x0, const T* record, ConstViewOn<B, T> dy, ViewOn<B, T> dx,
                        grad_t<B>* grads, T* grad_record, bool with_weight_grads) {
     const index_t rows = x0.rows();
-    check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
-    if (!dx.empty()) check_view(dx, Shape{rows, in_features}, describe_layer<0>(), "input gradient");
+    check_view(dy, Shape{rows, out_features}, [] { return describe_layer<size - 1>(); }, "output gradient");
+    if (!dx.empty()) check_view(dx, Shape{rows, in_features}, [] { return describe_layer<0>(); }, "input gradient");
     CUPIPE_REQUIRE((params != nullptr || param_count == 0) && record != nullptr, describe_layer<0>(),
                    ": null parameters or record");
     CUPIPE_REQUIRE(grad_record != nullptr || size == 1, describe_layer<0>(), ": null grad record");
@@ -334,7 +334,7 @@ struct LayerSeq {
   static void backward_weight(B& be, ConstViewOn<B, input_t<T>> x0, const T* record, ConstViewOn<B, T> dy, const T* grad_record,
                               grad_t<B>* grads) {
     const index_t rows = x0.rows();
-    check_view(dy, Shape{rows, out_features}, describe_layer<size - 1>(), "output gradient");
+    check_view(dy, Shape{rows, out_features}, [] { return describe_layer<size - 1>(); }, "output gradient");
     CUPIPE_REQUIRE(record != nullptr && (grad_record != nullptr || size == 1) && (grads != nullptr || param_count == 0),
                    describe_layer<0>(), ": null record, grad record or gradients");
     if constexpr (all_layers)

@@ -189,7 +189,7 @@ struct VocabParallelCrossEntropy : LayerDefaults {
 
   template <class L, class T, class Space>
   static void check_finite(L loss, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
-    detail::check_loss_finite(describe(), loss, logits, labels);
+    detail::check_loss_finite(&describe, loss, logits, labels);
   }
 
  private:

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -14,10 +15,21 @@ namespace cupipe::pipeline {
 
 /// `records[w]` are worker w's actions, `memory[w]` its context's allocator counts (null: another
 /// process ran it, and its figures are in that process's StepStats, zero here); `peak_versions[w]`
-/// the most weight versions it held.
+/// the most weight versions it held. `timed`: the actions were timed (PipelineOptions::measure_actions);
+/// otherwise the makespan and the bubble are NaN and busy, idle and actions empty.
 inline StepStats measure_step(const std::vector<const std::vector<ActionRecord>*>& records,
-                              const std::vector<const MemoryTracker*>& memory, const std::vector<int>& peak_versions) {
+                              const std::vector<const MemoryTracker*>& memory, const std::vector<int>& peak_versions,
+                              bool timed = true) {
   StepStats stats;
+  if (!timed) {
+    stats.makespan_seconds = stats.bubble_fraction = std::numeric_limits<double>::quiet_NaN();
+    for (std::size_t w = 0; w < memory.size(); ++w) {
+      stats.peak_activation_bytes.push_back(memory[w] ? memory[w]->peak(MemoryTag::activations) : 0);
+      stats.peak_weight_bytes.push_back(memory[w] ? memory[w]->peak(MemoryTag::weights) : 0);
+      stats.peak_weight_versions.push_back(memory[w] ? peak_versions[w] : 0);
+    }
+    return stats;
+  }
   double first = 1e300, last = 0;
   for (const auto* per_worker : records)
     if (per_worker)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cupipe/comm/communicator.hpp"
+#include "cupipe/core/wire.hpp"
 #include "cupipe/schedule/action.hpp"
 
 namespace cupipe {
@@ -73,6 +74,19 @@ struct PipelineOptions {
   /// the working directory); `flight_on_signal`: SIGUSR1 dumps (where it has its default action).
   std::string flight_dir{};
   bool flight_on_signal = true;
+  /// Time every action: StepStats' makespan, busy and idle per worker, the measured bubble and the
+  /// action records (what a trace and pipeline::predicted read), from the host clock or, on CUDA,
+  /// two events per action and a wait for them after the step. Off: nothing is recorded per action
+  /// and those figures are NaN or empty; the loss, gradient norm and memory peaks stay. A trainer that
+  /// prints only losses and its own step times turns it off.
+  bool measure_actions = true;
+  /// Compressed hand-overs (pipeline/hand_over_wire.hpp): the precision each link between
+  /// neighbouring virtual stages carries, activations forward and gradients back. Empty: full
+  /// precision; one entry: every link; else entry k for the link between virtual stages k and k + 1.
+  /// Wire::bf16 rounds each value to bfloat16; Wire::e4m3 scales the tensor to FP8 E4M3's range and
+  /// rounds to it. Every backend computes with the values such a message delivers; the bytes moved
+  /// are still the storage type's.
+  std::vector<Wire> hand_over{};
 };
 
 

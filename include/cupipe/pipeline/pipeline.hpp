@@ -6,7 +6,7 @@
 //   step_plan.hpp          how the batch splits, loss normalizers and weight versions (pure data)
 //   step_loop.hpp          the one loop of every step: run the actions, wait for sends, measure
 //   stage_executor.hpp     F, B, W and completion on one virtual stage; inference
-//   worker_runtime.hpp     one thread per worker, failure propagation, action timing
+//   worker_runtime.hpp     one thread per worker (kept across steps), failure propagation, action timing
 //   transport.hpp          hand-over to a neighbour: LocalTransport (in process) or CommTransport (MPI, NCCL)
 //   gradient_sync.hpp      where replicas meet: early sums, the flush reduction, ZeRO-1, TP norm, the flush update
 //   optimizer_step.hpp     optimizer slots, per-stage updates, sums and norms (what gradient_sync calls)
@@ -115,8 +115,9 @@ class Pipeline {
     });
     transport_ = pipeline::make_transport<Executor>(workers_, options_.communicator, options_.transfer_timeout_seconds);
     runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(
-        workers_, stages, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal});
-    executor_ = std::make_unique<Executor>(plan_, states_, *transport_, *runtime_, comm(), options_.check_finite);
+        workers_, stages, options_.measure_actions, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal});
+    executor_ = std::make_unique<Executor>(plan_, states_, *transport_, *runtime_, comm(), options_.check_finite,
+                                           pipeline::HandOverWires(options_.hand_over, int(Stages::size)));
     loop_ = std::make_unique<pipeline::StepLoop<Executor>>(plan_, workers_, states_, *transport_, *runtime_, *executor_,
                                                            comm(), local_worker_, options_.channel_capacity);
     sync_ = std::make_unique<Sync>(states_, plan_,
@@ -124,7 +125,6 @@ class Pipeline {
     if (options_.post_validation)
       post_validated_ = std::make_unique<PostValidated>(plan_, Schedule::name, workers_, states_, *executor_, *loop_,
                                                         *sync_, tied_worker, rows_per_sample);
-
     // With tensor parallelism each rank draws its part of the whole model's initialisation.
     const comm::Topology* t = zero_sharded ? &comm()->topology() : nullptr;
     states_.template build<worker_of>(workers_, schedule::versions_held(plan_), options_.recompute, options_.seed,

@@ -30,6 +30,7 @@
 #include "cupipe/layers/network.hpp"
 #include "cupipe/optim/optimizers.hpp"
 #include "cupipe/pipeline/hand_over_transport.hpp"
+#include "cupipe/pipeline/hand_over_wire.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
 #include "cupipe/pipeline/stage_states.hpp"
 #include "cupipe/pipeline/step_plan.hpp"
@@ -132,15 +133,17 @@ class StageExecutor {
     std::int64_t batches_before = 0;        ///< batches finished before this step (2BW versions)
   };
 
+  /// `wires`: what each link's hand-overs carry (PipelineOptions::hand_over).
   StageExecutor(const schedule::Plan& plan, States& states, TransportType& transport,
-                WorkerRuntime<Contexts>& runtime, comm::Communicator* comm, bool check_finite)
+                WorkerRuntime<Contexts>& runtime, comm::Communicator* comm, bool check_finite, HandOverWires wires = {})
       : plan_(plan),
         offsets_(schedule::detail::microbatch_versions(plan)),
         states_(states),
         transport_(transport),
         runtime_(runtime),
         comm_(comm),
-        check_finite_(check_finite) {}
+        check_finite_(check_finite),
+        wires_(std::move(wires)) {}
 
   int worker_of(int virtual_stage) const { return plan_.placement.worker_of(virtual_stage); }
   const std::vector<int>& version_offsets() const noexcept { return offsets_; }
@@ -201,7 +204,7 @@ class StageExecutor {
       else Seq::forward(be, st.weights.latest_data(), ConstViewOn<B, T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
       const ConstViewOn<B, T> out = Seq::template output<typename B::space>(record.data(), rows);
       if constexpr (K + 1 < virtual_stages) {
-        send_message<K, K + 1>({Flow::activation, K + 1, message_id}, out);
+        send_message<K, K + 1>(be, {Flow::activation, K + 1, message_id}, out);
       } else {
         result = be.template allocate<T>(out.numel(), MemoryTag::activations);
         copy(be, out, ViewOn<B, T>{result.data(), out.shape()});
@@ -252,11 +255,15 @@ class StageExecutor {
     if constexpr (Contexts::mixed) return transport_.template receive<worker_at(K)>(worker_of(from), key, elements);
     else return transport_.receive(worker_at(K), worker_of(from), key, elements);
   }
-  /// Sends `data` (virtual stage From's output or input gradient) to virtual stage To.
+  /// Sends `data` (virtual stage From's output or input gradient, in `be`'s memory) to virtual stage
+  /// To, as the link between them carries it (HandOverWires).
   template <int From, int To, class U>
-  void send_message(const MessageKey& key, TensorView<const U, typename stage_backend<From>::space> data) {
-    if constexpr (Contexts::mixed) transport_.template send<worker_at(From), worker_at(To)>(key, data);
-    else transport_.send(worker_at(From), worker_at(To), key, data);
+  void send_message(stage_backend<From>& be, const MessageKey& key,
+                    TensorView<const U, typename stage_backend<From>::space> data) {
+    send_over(be, wires_.between(From, To), data, [&](TensorView<const U, typename stage_backend<From>::space> sent) {
+      if constexpr (Contexts::mixed) transport_.template send<worker_at(From), worker_at(To)>(key, sent);
+      else transport_.send(worker_at(From), worker_at(To), key, sent);
+    });
   }
   /// Waits for a message for virtual stage K from virtual stage `from`; the action's measured time
   /// starts when it arrives.
@@ -283,7 +290,7 @@ class StageExecutor {
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
     const ConstViewOn<B, T> out = Seq::template output<typename B::space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
-      send_message<K, K + 1>({Flow::activation, K + 1, j}, out);
+      send_message<K, K + 1>(be, {Flow::activation, K + 1, j}, out);
     } else {
       const auto labels = microbatch_labels(step, j);
       const index_t normalizer = step.plan->normalizer[std::size_t(j)];
@@ -327,7 +334,7 @@ class StageExecutor {
                   K > 0 ? ViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<B, T>{}, st.grads.data(),
                   f.grad_record.data(), !split_backward);
     if constexpr (K > 0)
-      send_message<K, K - 1>({Flow::gradient, K - 1, j}, ConstViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}});
+      send_message<K, K - 1>(be, {Flow::gradient, K - 1, j}, ConstViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}});
     if constexpr (!split_backward) finish<K>(st, j, step);
   }
 
@@ -372,6 +379,7 @@ class StageExecutor {
   WorkerRuntime<Contexts>& runtime_;
   comm::Communicator* comm_;
   bool check_finite_;
+  HandOverWires wires_;
 };
 
 }  // namespace cupipe::pipeline

@@ -22,7 +22,9 @@ struct StepStats {
   /// Global gradient norm before clipping (flush schedules); NaN for asynchronous schedules, which
   /// clip each stage's gradient on its own.
   double grad_norm = std::numeric_limits<double>::quiet_NaN();
-  /// From the first action's start to the last action's end.
+  /// From the first action's start to the last action's end. NaN where the pipeline does not time
+  /// its actions (PipelineOptions::measure_actions off), as is the bubble; busy, idle and actions are
+  /// then empty.
   double makespan_seconds = 0;
   std::vector<double> busy_seconds;  ///< per stage: time inside actions
   std::vector<double> idle_seconds;  ///< per stage: makespan - busy

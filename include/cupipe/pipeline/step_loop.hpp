@@ -181,7 +181,7 @@ class StepLoop {
     });
     std::vector<const MemoryTracker*> memory(std::size_t(stages()), nullptr);
     workers_.for_each([&](int w, auto& be) { memory[std::size_t(w)] = &be.memory; });
-    StepStats stats = measure_step(records, memory, peak_versions);
+    StepStats stats = measure_step(records, memory, peak_versions, runtime_.measures_actions());
     stats.samples = samples;
     for (std::size_t j = 0; j < step.losses.size(); ++j)
       stats.loss += step.losses[j] * double(plan.normalizer[j]) / double(samples);

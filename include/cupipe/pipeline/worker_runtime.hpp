@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// WorkerRuntime: one thread per local worker, each walking its action list; the first failure is
-// kept with the action that failed, and every other worker is woken (through the transport's abort)
-// and stops. It also times each action: from when its input arrived (waiting is idle, not busy) to
-// its end, on the host clock, or on the backend's own clock where it has one (CUDA events). Each
-// worker's actions and waits also go to the flight recorder (flight_recorder.hpp), which says what a
-// hung rank was doing.
+// WorkerRuntime: one thread per local worker (WorkerThreads: made at the first step, kept for the
+// pipeline's life), each walking its action list; the first failure is kept with the action that
+// failed, and every other worker is woken (through the transport's abort) and stops. Where the
+// pipeline measures actions (PipelineOptions::measure_actions), it also times each action: from when
+// its input arrived (waiting is idle, not busy) to its end, on the host clock, or on the backend's
+// own clock where it has one (CUDA events); otherwise it records nothing per action and only the
+// step's makespan is measured. Each worker's actions and waits also go to the flight recorder
+// (flight_recorder.hpp), which says what a hung rank was doing.
 #pragma once
 
 #include <atomic>
@@ -13,7 +15,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "cupipe/pipeline/flight_recorder.hpp"
 #include "cupipe/pipeline/mailbox.hpp"
 #include "cupipe/pipeline/stats.hpp"
+#include "cupipe/pipeline/worker_threads.hpp"
 #include "cupipe/schedule/action.hpp"
 
 namespace cupipe::pipeline {
@@ -48,8 +50,14 @@ class WorkerRuntime {
   using caps_of = backend::capabilities<std::remove_cvref_t<B>>;
 
  public:
-  explicit WorkerRuntime(const Workers& contexts, int count, FlightSetup flight = {})
-      : contexts_(contexts), workers_(std::size_t(count)), flight_(local_workers(contexts, count), std::move(flight)) {}
+  /// `measure`: time every action (records, busy and idle per worker, device events); otherwise
+  /// only the step's makespan, on the host clock.
+  explicit WorkerRuntime(const Workers& contexts, int count, bool measure = true, FlightSetup flight = {})
+      : contexts_(contexts),
+        workers_(std::size_t(count)),
+        measure_(measure),
+        flight_(local_workers(contexts, count), std::move(flight)),
+        threads_(local_indices(contexts)) {}
 
   /// Runs every local worker's list of `plan` on its own thread; execute(w, action) does the work
   /// and abort() wakes every waiter after a failure. An execute that throws Aborted stops its worker
@@ -62,18 +70,18 @@ class WorkerRuntime {
     first_step_ = first_step;
     failure_ = nullptr;
     failed_.store(false, std::memory_order_relaxed);
-    for (Worker& worker : workers_) worker = Worker{};
-    contexts_.for_each([](int, auto& be) { caps_of<decltype(be)>::timeline_start(be); });
+    for (Worker& worker : workers_) {  // keeps the vectors' capacity: no allocation after the first step
+      worker.records.clear();
+      worker.marks.clear();
+    }
+    if (measure_) contexts_.for_each([](int, auto& be) { caps_of<decltype(be)>::timeline_start(be); });
     start_ = origin.value_or(std::chrono::steady_clock::now());
     flight_.step_started(start_);
-    {
-      std::vector<std::jthread> threads;
-      contexts_.for_each([&](int w, auto& be) {
-        threads.emplace_back([&, w] { walk(be, plan, w, execute, abort); });
-      });
-    }  // joins every worker, also when one failed
+    auto job = [&](int w) { contexts_.visit(w, [&](auto& be) { walk(be, plan, w, execute, abort); }); };
+    threads_.run(job);  // returns when every worker is done, also when one failed
+    step_seconds_ = now();
     flight_.step_ended();
-    if (!failure_) device_times();
+    if (!failure_ && measure_) device_times();
     return failure_;
   }
 
@@ -82,15 +90,22 @@ class WorkerRuntime {
     Worker& worker = workers_[std::size_t(w)];
     worker.action_start = now();
     flight_.arrived(w, worker.action_start);
-    worker.action_mark = contexts_.visit(w, [](auto& be) { return caps_of<decltype(be)>::timeline_mark(be); });
+    if (measure_)
+      worker.action_mark = contexts_.visit(w, [](auto& be) { return caps_of<decltype(be)>::timeline_mark(be); });
   }
 
   /// Worker w's running action waits for `key` from worker `peer` (until input_arrived).
   void awaiting(int w, int peer, const MessageKey& key) noexcept { flight_.awaiting(w, peer, key); }
   const FlightRecorder& flight() const noexcept { return flight_; }
 
-  /// Every action worker w ran in the last step, in order, with measured times.
+  /// Every action worker w ran in the last step, in order, with measured times (none where actions
+  /// are not measured).
   const std::vector<ActionRecord>& records(int w) const { return workers_[std::size_t(w)].records; }
+  bool measures_actions() const noexcept { return measure_; }
+  /// The last step's time from its origin until every worker was done, on the host clock.
+  double step_seconds() const noexcept { return step_seconds_; }
+  /// Worker threads started so far: one per local worker over the pipeline's life.
+  std::size_t threads_started() const noexcept { return threads_.threads_started(); }
 
  private:
   struct Worker {
@@ -100,6 +115,11 @@ class WorkerRuntime {
     int action_mark = 0;
   };
 
+  static std::vector<int> local_indices(const Workers& contexts) {
+    std::vector<int> local;
+    contexts.for_each([&](int w, auto&) { local.push_back(w); });
+    return local;
+  }
   static std::vector<bool> local_workers(const Workers& contexts, int count) {
     std::vector<bool> local(std::size_t(count), false);
     contexts.for_each([&](int w, auto&) { local[std::size_t(w)] = true; });
@@ -113,7 +133,10 @@ class WorkerRuntime {
     using caps = backend::capabilities<Backend>;
     Worker& worker = workers_[std::size_t(w)];
     const auto& actions = plan.actions[std::size_t(w)];
-    worker.records.reserve(actions.size());
+    if (measure_) {
+      worker.records.reserve(actions.size());
+      worker.marks.reserve(actions.size());
+    }
     struct CloseOverlap {  // an action that fails inside an overlapped pair leaves no overlap open
       Backend& be;
       ~CloseOverlap() {
@@ -128,10 +151,11 @@ class WorkerRuntime {
       input_arrived(w);  // moved on by a receive, once the input is there
       flight_.begin(w, a, worker.action_start);
       try {
-        // Named like the trace's labels ("F3", "B3a"), so a profiler shows the schedule.
+        // Named like the trace's labels ("F3", "B3a"), so a profiler shows the schedule. A label fits
+        // in the string's own storage: no heap allocation.
         [[maybe_unused]] const auto range = caps::annotate(be, label(a, plan.config.chunks > 1).c_str());
         execute(w, a);
-        worker.marks.emplace_back(worker.action_mark, caps::timeline_mark(be));
+        if (measure_) worker.marks.emplace_back(worker.action_mark, caps::timeline_mark(be));
         // An overlapped F's mark is on the second stream (its own work); its partner B runs on the
         // main stream beside it, and the stream joins after the B (see StageExecutor).
         if (a.overlap) caps::overlap_end(be);
@@ -145,8 +169,9 @@ class WorkerRuntime {
         fail(plan, w, a, e.what(), "", __FILE__, __LINE__, abort);
         return;
       }
-      worker.records.push_back({w, a.kind, a.microbatch, a.chunk, worker.action_start, now(), a.overlap});
-      flight_.end(w, worker.records.back().end);
+      const double end = now();
+      if (measure_) worker.records.push_back({w, a.kind, a.microbatch, a.chunk, worker.action_start, end, a.overlap});
+      flight_.end(w, end);
     }
   }
 
@@ -189,7 +214,10 @@ class WorkerRuntime {
   std::exception_ptr failure_;
   std::atomic<bool> failed_{false};
   int first_step_ = 0;
+  bool measure_ = true;
+  double step_seconds_ = 0;
   FlightRecorder flight_;
+  WorkerThreads threads_;  // last: its threads are joined before the members they use go
 };
 
 }  // namespace cupipe::pipeline

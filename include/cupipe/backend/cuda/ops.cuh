@@ -40,6 +40,7 @@
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/core/wire.hpp"
 
 namespace cupipe::backend::cuda::detail {
 
@@ -180,6 +181,34 @@ void axpy(backend::Cuda<T, C>& be, S alpha, TensorView<X, DeviceSpace> x_view, D
   using DY = backend::cuda::detail::dev_t<Y>;
   backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::AxpyOp<DX, DY>{backend::cuda::detail::acc<Y>(alpha)}, backend::cuda::detail::device_ptr(x.data()),
                            backend::cuda::detail::device_ptr(y.data()));
+}
+
+/// y = x as a hand-over of precision `wire` delivers it (the host op, backend/host/ops.hpp, is the
+/// reference): bf16 rounds each value (a copy where the storage is bf16); e4m3 scales by 448 / max|x|
+/// (one reduction into the context's scratch, read by the next kernel: no wait on the host), rounds
+/// to FP8 E4M3 and scales back. y may alias x.
+template <class T, class C>
+void wire_round_trip(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> y, Wire wire) {
+  checks::wire_round_trip(x, y);
+  static_assert(!std::is_same_v<T, double>, "wire_round_trip: the CUDA op takes float or bf16 storage");
+  using D = backend::cuda::detail::dev_t<T>;
+  const bool rounds = wire == Wire::e4m3 || (wire == Wire::bf16 && !std::is_same_v<T, bfloat16>);
+  if (!rounds) {
+    if (x.numel() > 0 && x.data() != y.data())
+      CUPIPE_CHECK_CUDA(cudaMemcpyAsync(y.data(), x.data(), std::size_t(x.numel()) * sizeof(T), cudaMemcpyDeviceToDevice,
+                                        be.stream()));
+    return;
+  }
+  const backend::cuda::detail::OpScope scope(be, "cupipe::wire_round_trip");
+  const D* in = backend::cuda::detail::device_ptr(x.data());
+  D* out = backend::cuda::detail::device_ptr(y.data());
+  if (wire == Wire::bf16) {
+    backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::RoundBf16Op<D>{}, in, out);
+    return;
+  }
+  auto* state = static_cast<unsigned*>(be.context().scratch(2 * sizeof(unsigned)));
+  backend::cuda::kernels::amax(be.context(), in, x.numel(), state);
+  backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::E4m3RoundTripOp<D>{state}, in, out);
 }
 
 template <class T, class C, class V>

@@ -25,6 +25,7 @@
 #include "cupipe/backend/host/vector_math.hpp"
 #include "cupipe/backend/op_checks.hpp"
 #include "cupipe/backend/op_types.hpp"
+#include "cupipe/backend/host/wire.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "cupipe/backend/cuda/check.cuh"
@@ -98,6 +99,30 @@ struct GeluBackwardOp {
     const A t = dev_tanh(inner);
     const A dinner = A(ops::gelu_k) * (A(1) + A(3 * ops::gelu_c) * v * v);
     dx = from_acc<T>(to_acc(dy) * (A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * dinner));
+  }
+};
+
+/// y = x rounded to bfloat16 (nearest even) and back: a bf16 hand-over of float values.
+template <class T>
+struct RoundBf16Op {
+  __device__ void operator()(const T& x, T& y) const { y = from_acc<T>(__bfloat162float(__float2bfloat16_rn(float(to_acc(x))))); }
+};
+
+/// y = e4m3(x * s) / s with s = 448 / max|x| from `state` (kernels::amax): an FP8 E4M3 hand-over,
+/// rounded to nearest even and saturating as the host's float8_e4m3. A tensor of zeros, or with a
+/// non-finite value, passes unchanged.
+template <class T>
+struct E4m3RoundTripOp {
+  const unsigned* state;
+  __device__ void operator()(const T& x, T& y) const {
+    const float amax = __uint_as_float(state[0]);
+    if (state[1] != 0 || amax == 0.0f) {
+      y = x;
+      return;
+    }
+    const float scale = 448.0f / amax;
+    const float q = float(__nv_fp8_e4m3(float(to_acc(x)) * scale));
+    y = from_acc<T>(q / scale);
   }
 };
 

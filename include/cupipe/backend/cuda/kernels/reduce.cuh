@@ -128,4 +128,34 @@ void sum_of_squares(Context& ctx, const T* x, index_t n, double* partial, double
   CUPIPE_CHECK_LAUNCH();
 }
 
+/// state[0] |= max |x| as float bits (atomicMax on the bits: a non-negative float's bits order as its
+/// value), state[1] |= 1 where some x is not finite. The caller zeroes state first.
+template <class T>
+__global__ void __launch_bounds__(256) amax_kernel(const T* x, index_t n, unsigned* state) {
+  float local = 0;
+  bool bad = false;
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+    const float v = float(to_acc(x[i]));
+    bad = bad || !isfinite(v);
+    local = fmaxf(local, fabsf(v));  // fmaxf drops a NaN; `bad` has it
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  bad = __any_sync(0xffffffffu, bad);
+  if ((threadIdx.x & 31) == 0) {
+    if (local > 0) atomicMax(state, __float_as_uint(local));
+    if (bad) atomicOr(state + 1, 1u);
+  }
+}
+
+/// Enqueues x's largest magnitude and whether it holds a non-finite value into state[0..1] (two
+/// unsigned of device memory; see amax_kernel).
+template <class T>
+void amax(Context& ctx, const T* x, index_t n, unsigned* state) {
+  CUPIPE_CHECK_CUDA(cudaMemsetAsync(state, 0, 2 * sizeof(unsigned), ctx.stream()));
+  if (n <= 0) return;
+  constexpr int threads = 256;
+  amax_kernel<<<grid_for(n, threads, ctx), threads, 0, ctx.stream()>>>(x, n, state);
+  CUPIPE_CHECK_LAUNCH();
+}
+
 }  // namespace cupipe::backend::cuda::kernels

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// FP8 E4M3 against the OCP 8-bit floating point specification: every one of the 256 codes decoded
+// from the bit layout, every code round-tripped, every tie between neighbours rounded to the even
+// code, saturation at 448 and NaN; bfloat16's rounding of doubles; and the hand-over round trip
+// (ops::wire_round_trip) on the host, whose CUDA twin tests/cuda checks against it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cupipe/backend/host/ops.hpp"
+#include "cupipe/core/float8.hpp"
+#include "cupipe/core/wire.hpp"
+
+namespace {
+
+using cupipe::float8_e4m3;
+
+/// The specification's value of code `c`: (-1)^s 2^(e-7) (1 + m/8) for e > 0, (-1)^s 2^-6 (m/8) for
+/// e = 0; S.1111.111 is NaN (E4M3 has no infinities).
+double spec_value(int c) {
+  const int s = c >> 7, e = (c >> 3) & 0xF, m = c & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1 + m / 8.0, e - 7);
+  return s ? -magnitude : magnitude;
+}
+
+TEST_CASE("float8_e4m3 decodes every code as the OCP specification", "[core][float8]") {
+  for (int c = 0; c < 256; ++c) {
+    const float value = float(float8_e4m3::from_bits(std::uint8_t(c)));
+    const double expected = spec_value(c);
+    if (std::isnan(expected)) CHECK(std::isnan(value));
+    else CHECK(double(value) == expected);
+  }
+  CHECK(float(float8_e4m3::from_bits(0x7E)) == 448.0f);
+  CHECK(float(float8_e4m3::from_bits(0x01)) == std::ldexp(1.0f, -9));
+  CHECK(float(float8_e4m3::from_bits(0x38)) == 1.0f);
+}
+
+TEST_CASE("float8_e4m3 encodes every value to its own code, ties to even, saturating", "[core][float8]") {
+  for (int c = 0; c < 256; ++c) {
+    const double v = spec_value(c);
+    if (std::isnan(v)) {
+      CHECK((float8_e4m3(v).bits & 0x7F) == 0x7F);
+      continue;
+    }
+    CHECK(float8_e4m3(v).bits == c);
+  }
+  // Between neighbouring positive codes c and c + 1: below the midpoint rounds down, above it up,
+  // and the midpoint goes to the code with an even mantissa.
+  for (int c = 0; c < 0x7E; ++c) {
+    const double lo = spec_value(c), hi = spec_value(c + 1), mid = (lo + hi) / 2;
+    CHECK(float8_e4m3(std::nextafter(mid, lo)).bits == c);
+    CHECK(float8_e4m3(std::nextafter(mid, hi)).bits == c + 1);
+    CHECK(float8_e4m3(mid).bits == (c % 2 == 0 ? c : c + 1));
+    CHECK(float8_e4m3(-mid).bits == (0x80 | (c % 2 == 0 ? c : c + 1)));
+  }
+  CHECK(float8_e4m3(449.0).bits == 0x7E);
+  CHECK(float8_e4m3(1e30).bits == 0x7E);
+  CHECK(float8_e4m3(std::numeric_limits<double>::infinity()).bits == 0x7E);
+  CHECK(float8_e4m3(-std::numeric_limits<double>::infinity()).bits == 0xFE);
+  CHECK(float8_e4m3(std::ldexp(1.0, -11)).bits == 0x00);  // a quarter of the smallest subnormal
+  CHECK(float8_e4m3(-0.0).bits == 0x80);
+}
+
+TEST_CASE("bfloat16_round_trip rounds a double once, to nearest even", "[core][float8]") {
+  CHECK(cupipe::bfloat16_round_trip(1.0) == 1.0);
+  const double ulp = std::ldexp(1.0, -7);  // bfloat16's spacing in [1, 2)
+  CHECK(cupipe::bfloat16_round_trip(1.0 + ulp / 2) == 1.0);              // tie: the even one
+  CHECK(cupipe::bfloat16_round_trip(1.0 + 3 * ulp / 2) == 1.0 + 2 * ulp);  // tie: the even one
+  // Just above a tie: one rounding goes up; rounding through float first would land on the tie.
+  const double above = 1.0 + ulp / 2 + std::ldexp(1.0, -40);
+  CHECK(cupipe::bfloat16_round_trip(above) == 1.0 + ulp);
+  CHECK(std::isinf(cupipe::bfloat16_round_trip(1e39)));
+  CHECK(cupipe::bfloat16_round_trip(-3.0) == -3.0);
+}
+
+TEST_CASE("wire_round_trip: full copies, bf16 rounds each value, e4m3 scales to 448 and rounds", "[core][float8]") {
+  cupipe::backend::Host<double> be;
+  std::vector<double> x{0.1, -2.5, 3.0e-3, 7.0, -7.25, 1e-6, 0.0, 6.9999};
+  std::vector<double> y(x.size());
+  const cupipe::ConstView<double> xv{x.data(), cupipe::Shape{2, 4}};
+  const cupipe::TensorView<double> yv{y.data(), cupipe::Shape{2, 4}};
+  wire_round_trip(be, xv, yv, cupipe::Wire::full);
+  CHECK(y == x);
+  wire_round_trip(be, xv, yv, cupipe::Wire::bf16);
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(y[i] == cupipe::bfloat16_round_trip(x[i]));
+  wire_round_trip(be, xv, yv, cupipe::Wire::e4m3);
+  const double scale = 448.0 / 7.25;
+  CHECK(y[4] == -7.25);  // the largest magnitude maps to 448 exactly
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    // Each value is an E4M3 code over the scale, the nearest one: within half a step of E4M3's grid.
+    const double q = y[i] * scale;
+    CHECK(std::abs(double(float(float8_e4m3(q))) - q) <= 1e-12 * std::abs(q));
+    CHECK(std::abs(y[i] - x[i]) <= std::max(std::abs(x[i]) / 16, std::ldexp(1.0, -10) / scale));
+  }
+  CHECK(y[6] == 0.0);
+  // A tensor with a non-finite value passes unchanged (the finite checks after it still see it).
+  x[2] = std::numeric_limits<double>::infinity();
+  wire_round_trip(be, xv, yv, cupipe::Wire::e4m3);
+  CHECK(y[0] == x[0]);
+  CHECK(std::isinf(y[2]));
+}
+
+TEST_CASE("parse_wire and parse_wires name the choices", "[core][float8]") {
+  CHECK(cupipe::parse_wire("e4m3") == cupipe::Wire::e4m3);
+  CHECK(cupipe::parse_wire("bf16") == cupipe::Wire::bf16);
+  CHECK_THROWS_WITH(cupipe::parse_wire("fp8"), Catch::Contains("not one of full, bf16, e4m3"));
+  CHECK(cupipe::parse_wires("full").empty());
+  CHECK(cupipe::parse_wires("full,e4m3,bf16") == std::vector<cupipe::Wire>{cupipe::Wire::full, cupipe::Wire::e4m3, cupipe::Wire::bf16});
+  CHECK_THROWS_WITH(cupipe::parse_wires("bf16,"), Catch::Contains("'' is not one of"));
+}
+
+}  // namespace
