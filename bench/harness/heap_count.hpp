@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Counts the program's heap allocations: the global operator new, replaced. Include it from the
-// benchmark's main file only (a program has one operator new). heap_allocation_count is the count
+// Counts the program's heap allocations: the global operator new, replaced. Included by
+// heap_count.cpp only, which a benchmark compiles in once (a program has one operator new; a host
+// file, since nvcc would compile a replacement in a .cu file for the device as well). heap_allocation_count is the count
 // so far; the difference over a step is the step's allocations, every thread's together. The
 // deletes are not inlined: GCC would otherwise pair an inlined free() with a `new` expression and warn.
 #pragma once

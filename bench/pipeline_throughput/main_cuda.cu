@@ -8,10 +8,7 @@
 #include <string>
 
 #include "cupipe/cupipe.cuh"
-#include "../harness/heap_count.hpp"
 #include "pipeline_throughput.hpp"
-
-std::uint64_t cupipe::bench::heap_allocations() noexcept { return cupipe::bench::heap_allocation_count.load(); }
 
 int main(int argc, char** argv) {
   try {

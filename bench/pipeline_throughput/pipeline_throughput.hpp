@@ -184,7 +184,7 @@ class Job {
   std::vector<std::int32_t> labels_;
 };
 
-/// The program's heap allocations so far (bench/harness/heap_count.hpp, which each main includes).
+/// The program's heap allocations so far (bench/harness/heap_count.cpp, compiled into each program).
 std::uint64_t heap_allocations() noexcept;
 
 /// The runtime's own cost per action, from a pipeline of trivial layers; `timed`: measure_actions.
