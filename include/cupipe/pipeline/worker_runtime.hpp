@@ -79,7 +79,6 @@ class WorkerRuntime {
     flight_.step_started(start_);
     auto job = [&](int w) { contexts_.visit(w, [&](auto& be) { walk(be, plan, w, execute, abort); }); };
     threads_.run(job);  // returns when every worker is done, also when one failed
-    step_seconds_ = now();
     flight_.step_ended();
     if (!failure_ && measure_) device_times();
     return failure_;
@@ -102,10 +101,6 @@ class WorkerRuntime {
   /// are not measured).
   const std::vector<ActionRecord>& records(int w) const { return workers_[std::size_t(w)].records; }
   bool measures_actions() const noexcept { return measure_; }
-  /// The last step's time from its origin until every worker was done, on the host clock.
-  double step_seconds() const noexcept { return step_seconds_; }
-  /// Worker threads started so far: one per local worker over the pipeline's life.
-  std::size_t threads_started() const noexcept { return threads_.threads_started(); }
 
  private:
   struct Worker {
@@ -215,7 +210,6 @@ class WorkerRuntime {
   std::atomic<bool> failed_{false};
   int first_step_ = 0;
   bool measure_ = true;
-  double step_seconds_ = 0;
   FlightRecorder flight_;
   WorkerThreads threads_;  // last: its threads are joined before the members they use go
 };
