@@ -187,7 +187,8 @@ class Job {
 /// The program's heap allocations so far (bench/harness/heap_count.cpp, compiled into each program).
 std::uint64_t heap_allocations() noexcept;
 
-/// The runtime's own cost per action, from a pipeline of trivial layers; `timed`: measure_actions.
+/// The runtime's own cost per action, from a pipeline of trivial layers; `timing`: measure_actions,
+/// `arena`: planned_arena.
 template <class Backend, int P>
 void action_cost(State& state, const Options& o) {
   using T = typename Backend::value_type;
@@ -196,6 +197,7 @@ void action_cost(State& state, const Options& o) {
   PipelineOptions options;
   options.microbatches = m;
   options.measure_actions = state.text("timing") == "on";
+  options.planned_arena = state.text("arena") == "on";
   if constexpr (!host_accessible<typename Backend::space>) options.devices.assign(std::size_t(P), o.device);
   Pipe pipe(options);
   auto x = resident(pipe.backend(0), random_inputs(m * 4, 5));
@@ -291,7 +293,9 @@ int run(Harness& harness, const Options& o, const std::string& device) {
            })
       .axis("stages", o.stages)
       .axis("timing", {"on", "off"})
-      .note("Runtime cost per action: trivial 4x4 layers, one row per microbatch, 1F1B. Timing: measure_actions. Mean "
+      .axis("arena", {"on", "off"})
+      .note("Runtime cost per action: trivial 4x4 layers, one row per microbatch, 1F1B. Timing: measure_actions; "
+            "arena: planned_arena (off: every buffer from the pool). Mean "
             "action: time inside an action (measured); makespan per action: step makespan / actions per stage "
             "(includes waiting); step per action: the step's time on the caller's clock / actions per stage; heap "
             "allocations per step: every thread's calls of operator new during the step.");

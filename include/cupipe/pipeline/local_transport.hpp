@@ -2,11 +2,17 @@
 // LocalTransport: the workers of one process. A send copies the data into a buffer of the receiving
 // worker's backend through the transfer() customization point (a plain copy on the host; on CUDA an
 // event-ordered copy between the two streams, peer-to-peer across devices) and posts it in the
-// receiver's mailbox; a receive takes exactly the message its action needs.
+// receiver's mailbox; a receive takes exactly the message its action needs. On the host, a message
+// the receiver is done with comes back (recycle) and the next message of its size to that worker
+// is copied into it, so a steady run allocates no messages. A device buffer goes back to its pool
+// instead, whose reuse fence orders the next writer after the receiver's last read
+// (backend/cuda/memory_pool.cuh); a recycled one would have none.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "cupipe/core/memory.hpp"
@@ -24,7 +30,10 @@ class LocalTransport final : public Transport<Backend> {
   /// `backends[w]` is worker w's context; null for workers of other processes.
   LocalTransport(std::vector<Backend*> backends, double timeout_seconds)
       : backends_(std::move(backends)), timeout_(timeout_seconds) {
-    for (std::size_t w = 0; w < backends_.size(); ++w) mailboxes_.push_back(std::make_unique<Mailbox<buffer>>());
+    for (std::size_t w = 0; w < backends_.size(); ++w) {
+      mailboxes_.push_back(std::make_unique<Mailbox<buffer>>());
+      spares_.push_back(std::make_unique<Spares>());
+    }
   }
 
   void begin_step(std::size_t capacity) override {
@@ -33,7 +42,8 @@ class LocalTransport final : public Transport<Backend> {
 
   void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
     Backend& target = *backends_[std::size_t(to)];
-    buffer message = target.template allocate<T>(data.numel(), MemoryTag::activations);
+    buffer message = spares_[std::size_t(to)]->take(data.numel());
+    if (message.data() == nullptr) message = target.template allocate<T>(data.numel(), MemoryTag::activations);
     transfer(*backends_[std::size_t(from)], target, data, ViewOn<Backend, T>{message.data(), data.shape()});
     mailboxes_[std::size_t(to)]->send(key, std::move(message));
   }
@@ -41,6 +51,14 @@ class LocalTransport final : public Transport<Backend> {
   buffer receive(int at, int peer, const MessageKey& key, index_t) override {
     return mailboxes_[std::size_t(at)]->receive(key, timeout_,
                                                 [&] { return "waiting for " + describe_message(key, "from", peer); });
+  }
+
+  void recycle(int at, buffer&& message) override {
+    if constexpr (recycles) {
+      spares_[std::size_t(at)]->give(std::move(message));
+    } else {
+      buffer dropped = std::move(message);  // back to its pool, which fences it
+    }
   }
 
   void abort() override {
@@ -52,7 +70,39 @@ class LocalTransport final : public Transport<Backend> {
  private:
   std::vector<Backend*> backends_;
   std::chrono::duration<double> timeout_;
+  /// Host memory only: see the file comment.
+  static constexpr bool recycles = host_accessible<typename Backend::space>;
+
+  /// Messages a worker is done with, for the next messages to it. Senders and the receiver share it.
+  class Spares {
+   public:
+    static constexpr std::size_t most = 256;  // beyond: freed (sizes a run no longer sends)
+    /// A spare of exactly `elements` values (empty: none).
+    buffer take(index_t elements) {
+      if constexpr (recycles) {
+        std::lock_guard lock(mutex_);
+        for (std::size_t i = held_.size(); i-- > 0;)
+          if (held_[i].size() == elements) {
+            buffer out = std::move(held_[i]);
+            held_[i] = std::move(held_.back());
+            held_.pop_back();
+            return out;
+          }
+      }
+      return buffer{};
+    }
+    void give(buffer&& message) {
+      std::lock_guard lock(mutex_);
+      if (held_.size() < most) held_.push_back(std::move(message));
+    }
+
+   private:
+    std::mutex mutex_;
+    std::vector<buffer> held_;
+  };
+
   std::vector<std::unique_ptr<Mailbox<buffer>>> mailboxes_;
+  std::vector<std::unique_ptr<Spares>> spares_;
 };
 
 }  // namespace cupipe::pipeline

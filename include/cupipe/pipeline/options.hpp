@@ -87,6 +87,11 @@ struct PipelineOptions {
   /// rounds to it. Every backend computes with the values such a message delivers; the bytes moved
   /// are still the storage type's.
   std::vector<Wire> hand_over{};
+  /// Lay out each stage's per-microbatch buffers (forward records, output gradients, the loss's and
+  /// the input gradients) in one block before a step (pipeline/activation_arena.hpp), so that an
+  /// action takes them without the allocator. Off: each comes from the backend's pool, as before
+  /// 2026-12; results are the same bitwise.
+  bool planned_arena = true;
 };
 
 

@@ -10,6 +10,8 @@
 // - B takes the gradient from k + 1 (the last stage differentiates the loss), runs the backward with
 //   the same version and sends the input gradient to k - 1. Split schedules (zero bubble) defer the
 //   weight gradient to W, which keeps the per-layer output gradients.
+// - What a stage keeps for a microbatch lives in its ActivationArena, laid out before the step
+//   (prepare); a received message goes back to the transport when the stage is done with it.
 // - When a stage is done with a microbatch it frees its record; asynchronous schedules then drop
 //   every weight version no unfinished microbatch needs and apply their update.
 #pragma once
@@ -29,6 +31,7 @@
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/network.hpp"
 #include "cupipe/optim/optimizers.hpp"
+#include "cupipe/pipeline/activation_arena.hpp"
 #include "cupipe/pipeline/hand_over_transport.hpp"
 #include "cupipe/pipeline/hand_over_wire.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
@@ -131,11 +134,16 @@ class StageExecutor {
     /// Asynchronous schedules update inside the step with this optimizer (empty: forward_backward).
     StepOptimizer optimizer{};
     std::int64_t batches_before = 0;        ///< batches finished before this step (2BW versions)
+    /// Whether the stages' arenas are laid out for this step (prepare); else every buffer comes from
+    /// the pool.
+    bool laid_out = false;
   };
 
-  /// `wires`: what each link's hand-overs carry (PipelineOptions::hand_over).
+  /// `wires`: what each link's hand-overs carry (PipelineOptions::hand_over); `arena`: whether
+  /// prepare() lays out the stages' buffers (PipelineOptions::planned_arena).
   StageExecutor(const schedule::Plan& plan, States& states, TransportType& transport,
-                WorkerRuntime<Contexts>& runtime, comm::Communicator* comm, bool check_finite, HandOverWires wires = {})
+                WorkerRuntime<Contexts>& runtime, comm::Communicator* comm, bool check_finite, HandOverWires wires = {},
+                bool arena = true)
       : plan_(plan),
         offsets_(schedule::detail::microbatch_versions(plan)),
         states_(states),
@@ -143,7 +151,8 @@ class StageExecutor {
         runtime_(runtime),
         comm_(comm),
         check_finite_(check_finite),
-        wires_(std::move(wires)) {}
+        wires_(std::move(wires)),
+        arena_(arena) {}
 
   int worker_of(int virtual_stage) const { return plan_.placement.worker_of(virtual_stage); }
   const std::vector<int>& version_offsets() const noexcept { return offsets_; }
@@ -170,6 +179,23 @@ class StageExecutor {
       }
       step.losses[j] = double(values[j]);
     }
+  }
+
+  /// Before a step of the plan with `step_plan`'s rows: lays out every local stage's arena (once for
+  /// each new set of rows; a run of same-sized batches lays out once). Returns whether the step may
+  /// take its buffers from the arenas (Step::laid_out).
+  bool prepare(const StepPlan& step_plan) {
+    if (!arena_) return false;
+    if (step_plan.rows == laid_out_rows_) return true;
+    laid_out_rows_.clear();  // a failure below leaves nothing laid out
+    std::vector<ArenaUse> uses;
+    states_.for_each([&](auto k, auto& st) {
+      constexpr int K = decltype(k)::value;
+      arena_uses<K>(st.recompute, step_plan, uses);
+      st.arena.lay_out(*st.be, step_plan.microbatches(), uses);
+    });
+    laid_out_rows_ = step_plan.rows;
+    return true;
   }
 
   /// Runs action `a` of worker `w`.
@@ -241,9 +267,9 @@ class StageExecutor {
     states_.visit(plan_.virtual_stage(w, partner), [&](auto k, auto& st) {
       constexpr int K = decltype(k)::value;
       if constexpr (K + 1 < virtual_stages) {
-        const auto found = st.in_flight.find(partner.microbatch);
-        if (found == st.in_flight.end()) CUPIPE_THROW("backward before forward for microbatch ", partner.microbatch);
-        auto& f = found->second;
+        auto* found = st.in_flight.find(partner.microbatch);
+        if (found == nullptr) CUPIPE_THROW("backward before forward for microbatch ", partner.microbatch);
+        auto& f = *found;
         f.dy = receive<K>(K + 1, {Flow::gradient, K, partner.microbatch}, f.rows * stage_seq<K>::out_features);
       }
     });
@@ -275,6 +301,61 @@ class StageExecutor {
     return message;
   }
 
+  /// What virtual stage K takes for each microbatch of a step with `step_plan`'s rows, with the
+  /// actions of its worker's list between which each lives (see activation_arena.hpp).
+  template <int K>
+  void arena_uses(bool recompute, const StepPlan& step_plan, std::vector<ArenaUse>& uses) const {
+    using Seq = stage_seq<K>;
+    uses.clear();
+    const int m = step_plan.microbatches();
+    std::vector<int> f_at(std::size_t(m), -1), f_until(std::size_t(m), -1), b_at(std::size_t(m), -1),
+        w_at(std::size_t(m), -1);
+    const auto& list = plan_.actions[std::size_t(worker_at(K))];
+    for (int t = 0; t < int(list.size()); ++t) {
+      const schedule::Action& a = list[std::size_t(t)];
+      if (a.microbatch < 0 || a.microbatch >= m || plan_.virtual_stage(worker_at(K), a) != K) continue;
+      const std::size_t j = std::size_t(a.microbatch);
+      if (a.kind == schedule::ActionKind::F) {
+        f_at[j] = t;
+        f_until[j] = a.overlap ? t + 1 : t;  // an overlapped F runs beside the B after it
+      } else {
+        (a.kind == schedule::ActionKind::B ? b_at : w_at)[j] = t;
+      }
+    }
+    for (int j = 0; j < m; ++j) {
+      const std::size_t i = std::size_t(j);
+      const int done = split_backward ? w_at[i] : b_at[i];
+      if (f_at[i] < 0 || b_at[i] < 0 || done < 0) continue;  // not this plan's microbatch: the pool serves it
+      const index_t rows = step_plan.rows[i];
+      const auto use = [&](ArenaRole role, index_t elements, int first, int last) {
+        uses.push_back({j, role, ArenaRequest{elements, first, std::max(last, f_until[i])}});
+      };
+      if (recompute) {
+        use(ArenaRole::forward_record, Seq::record_elements(rows), f_at[i], f_until[i]);
+        use(ArenaRole::record, Seq::record_elements(rows), b_at[i], done);
+      } else {
+        use(ArenaRole::record, Seq::record_elements(rows), f_at[i], done);
+      }
+      if constexpr (K + 1 == virtual_stages) use(ArenaRole::dy, rows * Seq::out_features, b_at[i], done);
+      use(ArenaRole::grad_record, Seq::grad_record_elements(rows), b_at[i], done);
+      if constexpr (K > 0) use(ArenaRole::dx, rows * Seq::in_features, b_at[i], b_at[i]);
+    }
+  }
+
+  /// Microbatch j's buffer for `role` on virtual stage K: from its arena when the step is laid out.
+  template <int K, class St>
+  typename St::slot take(St& st, const Step& step, int j, ArenaRole role, index_t elements) {
+    if (step.laid_out) return st.arena.take(*st.be, j, role, elements);
+    return typename St::slot(st.be->template allocate<typename St::T>(elements, MemoryTag::activations));
+  }
+
+  /// A message virtual stage K received and is done with goes back to the transport for reuse.
+  template <int K, class Buffer>
+  void recycle(Buffer&& message) {
+    if constexpr (!Contexts::mixed)
+      if (message.data() != nullptr) transport_.recycle(worker_at(K), std::move(message));
+  }
+
   template <int K, class St>
   void forward(St& st, int j, Step& step, bool overlapped) {
     using Seq = stage_seq<K>;
@@ -286,7 +367,8 @@ class StageExecutor {
     f.version = step.plan->version[std::size_t(j)];
     if constexpr (K > 0) f.input = receive<K>(K - 1, {Flow::activation, K, j}, f.rows * Seq::in_features);
     if (overlapped) backend::capabilities<B>::overlap_begin(be);  // after the input is in, see take_partner_input
-    f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
+    f.record = take<K>(st, step, j, st.recompute ? ArenaRole::forward_record : ArenaRole::record,
+                       Seq::record_elements(f.rows));
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
     const ConstViewOn<B, T> out = Seq::template output<typename B::space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
@@ -309,27 +391,26 @@ class StageExecutor {
     using B = stage_backend<K>;
     using T = typename St::T;
     using space = typename B::space;
-    using buffer = typename St::buffer;
     B& be = *st.be;
-    auto it = st.in_flight.find(j);
-    if (it == st.in_flight.end()) CUPIPE_THROW("backward before forward for microbatch ", j);
-    auto& f = it->second;
+    auto* found = st.in_flight.find(j);
+    if (found == nullptr) CUPIPE_THROW("backward before forward for microbatch ", j);
+    auto& f = *found;
     const T* params = st.weights.data(f.version);
     const auto x0 = stage_input<K, St>(f, step, j);
     if (st.recompute) {
-      f.record = be.template allocate<T>(Seq::record_elements(f.rows), MemoryTag::activations);
+      f.record = take<K>(st, step, j, ArenaRole::record, Seq::record_elements(f.rows));
       Seq::forward(be, params, x0, f.record.data());
     }
     if constexpr (K + 1 == virtual_stages) {
-      f.dy = be.template allocate<T>(f.rows * Seq::out_features, MemoryTag::activations);
+      f.dy = take<K>(st, step, j, ArenaRole::dy, f.rows * Seq::out_features);
       Loss::backward(be, ConstViewOn<B, T>(Seq::template output<space>(f.record.data(), f.rows)), microbatch_labels(step, j),
                      ViewOn<B, T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.plan->normalizer[std::size_t(j)]);
     } else if (f.dy.data() == nullptr) {  // not taken already by an overlapped F before it
       f.dy = receive<K>(K + 1, {Flow::gradient, K, j}, f.rows * Seq::out_features);
     }
-    f.grad_record = be.template allocate<T>(Seq::grad_record_elements(f.rows), MemoryTag::activations);
-    buffer dx;
-    if constexpr (K > 0) dx = be.template allocate<T>(f.rows * Seq::in_features, MemoryTag::activations);
+    f.grad_record = take<K>(st, step, j, ArenaRole::grad_record, Seq::grad_record_elements(f.rows));
+    typename St::slot dx;
+    if constexpr (K > 0) dx = take<K>(st, step, j, ArenaRole::dx, f.rows * Seq::in_features);
     Seq::backward(be, params, x0, f.record.data(), ConstViewOn<B, T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
                   K > 0 ? ViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<B, T>{}, st.grads.data(),
                   f.grad_record.data(), !split_backward);
@@ -341,9 +422,9 @@ class StageExecutor {
   template <int K, class St>
   void weight(St& st, int j, Step& step) {
     using Seq = stage_seq<K>;
-    auto it = st.in_flight.find(j);
-    if (it == st.in_flight.end() || it->second.dy.data() == nullptr) CUPIPE_THROW("W before B for microbatch ", j);
-    auto& f = it->second;
+    auto* found = st.in_flight.find(j);
+    if (found == nullptr || found->dy.data() == nullptr) CUPIPE_THROW("W before B for microbatch ", j);
+    auto& f = *found;
     Seq::backward_weight(*st.be, stage_input<K, St>(f, step, j), f.record.data(),
                          ConstViewOn<stage_backend<K>, typename St::T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
                          f.grad_record.data(), st.grads.data());
@@ -354,6 +435,10 @@ class StageExecutor {
   /// its completion triggers, keeping exactly the versions unfinished microbatches still need.
   template <int K, class St>
   void finish(St& st, int j, Step& step) {
+    if (auto* f = st.in_flight.find(j)) {
+      if constexpr (K > 0) recycle<K>(std::move(f->input));
+      if constexpr (K + 1 < virtual_stages) recycle<K>(f->dy.release());
+    }
     st.in_flight.erase(j);
     st.done[std::size_t(j)] = 1;
     if constexpr (update_rule != schedule::UpdateRule::flush) {
@@ -380,6 +465,8 @@ class StageExecutor {
   comm::Communicator* comm_;
   bool check_finite_;
   HandOverWires wires_;
+  bool arena_;
+  std::vector<index_t> laid_out_rows_;  ///< the rows the arenas are laid out for (empty: none)
 };
 
 }  // namespace cupipe::pipeline

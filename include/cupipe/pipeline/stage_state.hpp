@@ -5,13 +5,14 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/pipeline/activation_arena.hpp"
+#include "cupipe/pipeline/in_flight_table.hpp"
 #include "cupipe/pipeline/versioned_weights.hpp"
 
 namespace cupipe::pipeline {
@@ -47,14 +48,16 @@ struct StageState {
   static constexpr bool master_weights = !std::is_same_v<T, G>;
   static constexpr index_t param_count = Seq::param_count;
 
+  using slot = ArenaSlot<buffer>;
+
   /// What a microbatch leaves on the stage between its forward and its backward (or W).
   struct InFlight {
     index_t rows = 0;
     int version = 0;
-    buffer input;        // received activation (empty on virtual stage 0: the batch rows are used)
-    buffer record;       // what backward needs
-    buffer grad_record;  // per-layer output gradients, kept for W
-    buffer dy;           // incoming gradient, kept for W
+    buffer input;      // received activation (empty on virtual stage 0: the batch rows are used)
+    slot record;       // what backward needs
+    slot grad_record;  // per-layer output gradients, kept for W
+    slot dy;           // incoming gradient (the loss's on the last stage), kept for W
   };
 
   StageState(Backend& backend, int allowed_versions, bool recompute_)
@@ -96,7 +99,8 @@ struct StageState {
   std::vector<grad_buffer> saved;
   std::int64_t saved_updates = 0;
   bool recompute = false;     ///< keep only the input after F; B recomputes the record
-  std::map<int, InFlight> in_flight;
+  InFlightTable<InFlight> in_flight;
+  ActivationArena<Backend> arena;  ///< where a laid-out step's InFlight buffers live
   std::vector<char> done;          ///< per microbatch of the running step
   std::vector<int> done_in_batch;  ///< per batch of the running step
 };

@@ -32,6 +32,9 @@ class Transport {
   /// The message `key` from worker `peer`, `elements` values, in worker `at`'s memory. A wait longer
   /// than the transfer timeout is an error naming the message and the peer.
   virtual buffer receive(int at, int peer, const MessageKey& key, index_t elements) = 0;
+  /// Gives back a message worker `at` received and no longer needs, for a later message to it to
+  /// reuse (LocalTransport does on the host); by default it is freed.
+  virtual void recycle(int /*at*/, buffer&& message) { buffer dropped = std::move(message); }
   /// Wakes every waiter with pipeline::Aborted: a failure elsewhere ends the step.
   virtual void abort() = 0;
   /// Waits until every send of the step has been received (within the transfer timeout).

@@ -102,6 +102,13 @@ struct Host : ops::Dispatch {
     return buffer<U>(count, &memory, tag, host_poison() ? BlockFill::poison : BlockFill::none);
   }
 
+  /// Makes `count` values at `data`, memory reused without a new allocation (a pipeline stage's
+  /// arena), look as allocate() would leave them: 0xFF bytes with host_poison(), else as they are.
+  template <class U>
+  void mark_unwritten(U* data, index_t count) {
+    if (host_poison() && count > 0) std::memset(static_cast<void*>(data), 0xFF, std::size_t(count) * sizeof(U));
+  }
+
   /// Copies host memory into this backend's memory (here: a plain copy).
   template <class U>
   void upload(std::span<const U> from, U* to) {
