@@ -2,7 +2,8 @@
 // The planned arena (pipeline/activation_arena.hpp): its layout against the lifetimes it is given,
 // the stage's table of microbatches in flight, a pipeline with the arena against the same pipeline
 // on the pool (bitwise: the arithmetic is the same, only the addresses differ), and the heap
-// allocations of a steady step, counted by this program's operator new (tests/support/heap_count.hpp).
+// allocations of a steady step, counted by this program's operator new (tests/support/heap_count.hpp);
+// activation offload (PipelineOptions::offload) against records kept resident.
 #include "pipeline_test_support.hpp"
 
 #include <algorithm>
@@ -142,7 +143,24 @@ namespace {
 using Head = Stage<Entry<4>, Linear<4, 8>, ReLU>;
 using Four = StageList<Head, Stage<Linear<8, 8>, ReLU>, Stage<Linear<8, 8>, ReLU>, Stage<Linear<8, 4>>>;
 
-/// Three AdamW steps with the arena and on the pool: equal losses, norms and weights, bitwise.
+/// Three AdamW steps of `Schedule` with options `a` and `b` from the same start: equal losses,
+/// norms and weights, bitwise.
+template <class Schedule>
+void check_same_training(const PipelineOptions& a, const PipelineOptions& b, index_t rows) {
+  Pipeline<Four, Schedule, Host> first(a), second(b);
+  const optim::AdamW adamw({.lr = 1e-2});
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = test::make_batch(rows, 4, 4, 60 + std::uint64_t(step));
+    const StepStats x = test::bounded(30, [&] { return first.train_step(batch.inputs(), batch.targets(), adamw); });
+    const StepStats y = test::bounded(30, [&] { return second.train_step(batch.inputs(), batch.targets(), adamw); });
+    CHECK(x.loss == y.loss);
+    CHECK(x.grad_norm == y.grad_norm);
+    CHECK(std::isfinite(x.loss));
+  }
+  CHECK(first.parameters() == second.parameters());
+}
+
+/// The arena against the pool.
 template <class Schedule>
 void check_arena_equals_pool(int microbatches, index_t rows, std::vector<int> recompute = {}) {
   INFO(Schedule::name << ", " << microbatches << " microbatches of " << rows << " rows, recompute " << recompute.size());
@@ -152,17 +170,7 @@ void check_arena_equals_pool(int microbatches, index_t rows, std::vector<int> re
   options.recompute = std::move(recompute);
   PipelineOptions pool_options = options;
   pool_options.planned_arena = false;
-  Pipeline<Four, Schedule, Host> arena(options), pool(pool_options);
-  const optim::AdamW adamw({.lr = 1e-2});
-  for (int step = 0; step < 3; ++step) {
-    const Batch b = test::make_batch(rows, 4, 4, 60 + std::uint64_t(step));
-    const StepStats a = test::bounded(30, [&] { return arena.train_step(b.inputs(), b.targets(), adamw); });
-    const StepStats p = test::bounded(30, [&] { return pool.train_step(b.inputs(), b.targets(), adamw); });
-    CHECK(a.loss == p.loss);
-    CHECK(a.grad_norm == p.grad_norm);
-    CHECK(std::isfinite(a.loss));
-  }
-  CHECK(arena.parameters() == pool.parameters());
+  check_same_training<Schedule>(options, pool_options, rows);
 }
 
 }  // namespace
@@ -195,6 +203,8 @@ std::uint64_t steady_step_allocations(int microbatches, bool arena) {
     test::bounded(30, [&] { return pipe.train_step(b.inputs(), b.targets(), sgd); });
     fewest = std::min(fewest, test::heap_allocation_count.load() - before);
   }
+  // Between steps nothing counts as activations: not the arenas' blocks, not the spare messages.
+  for (int w = 0; w < 4; ++w) CHECK(pipe.backend(w).memory.in_use(MemoryTag::activations) == 0);
   return fewest;
 }
 
@@ -209,4 +219,77 @@ TEST_CASE("a steady step allocates nothing per action: as many allocations for 1
   const std::uint64_t four_pool = steady_step_allocations(4, false), sixteen_pool = steady_step_allocations(16, false);
   INFO("on the pool: " << four_pool << " at m = 4, " << sixteen_pool << " at m = 16");
   CHECK(sixteen_pool > four_pool + 2 * 4 * 12);  // at least a record and a gradient record per stage and microbatch
+}
+
+namespace {
+
+/// Offloading every stage's records but one per stage, against keeping them. (Their peaks depend on
+/// when messages arrive; the GPipe case below bounds them.)
+template <class Schedule>
+void check_offload_equals_resident(int microbatches, index_t rows, bool arena = true) {
+  INFO(Schedule::name << ", " << microbatches << " microbatches of " << rows << " rows, arena " << arena);
+  PipelineOptions options;
+  options.microbatches = microbatches;
+  options.seed = 4;
+  options.planned_arena = arena;
+  PipelineOptions offload_options = options;
+  offload_options.offload = {0, 1, 2, 3};
+  offload_options.offload_resident = 1;
+  check_same_training<Schedule>(offload_options, options, rows);
+}
+
+}  // namespace
+
+TEST_CASE("offloaded records come back bitwise: the same training as records kept resident", "[pipeline][offload]") {
+  check_offload_equals_resident<schedule::OneFOneB>(8, 16);
+  check_offload_equals_resident<schedule::GPipe>(6, 15);  // ragged
+  check_offload_equals_resident<schedule::GPipe>(6, 12, false);  // on the pool
+  check_offload_equals_resident<schedule::ZeroBubbleH1>(6, 12);
+  check_offload_equals_resident<schedule::DualPipeV>(8, 16);
+  check_offload_equals_resident<schedule::Interleaved<2>>(4, 16);
+}
+
+TEST_CASE("offload lowers the measured activation peak of GPipe's first stage as planned", "[pipeline][offload]") {
+  // GPipe holds all 8 records on every stage; offloading, a stage holds its cap and one more.
+  PipelineOptions options;
+  options.microbatches = 8;
+  PipelineOptions offload_options = options;
+  offload_options.offload = {0};
+  offload_options.offload_resident = 2;
+  Pipeline<Four, schedule::GPipe, Host> offloading(offload_options), resident(options);
+  const schedule::OffloadPlan plan = schedule::plan_offload(offloading.plan(), offload_options.offload, 2);
+  CHECK(plan.peak_resident[0] == 3);
+  CHECK(schedule::peak_activations(offloading.plan())[0] == 8);
+  const Batch b = test::make_batch(64, 4, 4, 5);
+  const optim::SGD sgd({.lr = 0.01});
+  const StepStats o = test::bounded(30, [&] { return offloading.train_step(b.inputs(), b.targets(), sgd); });
+  const StepStats r = test::bounded(30, [&] { return resident.train_step(b.inputs(), b.targets(), sgd); });
+  // Stage 0 keeps each microbatch's record (8 rows); besides records it holds at most one gradient
+  // record and the 8 incoming gradients (8 x 8 values each, however they arrive).
+  using S0 = Four::stage<0>;
+  const auto bytes = [](index_t values) { return std::int64_t(values) * std::int64_t(sizeof(double)); };
+  const std::int64_t record = bytes(S0::record_elements(8));
+  const std::int64_t others = bytes(S0::grad_record_elements(8)) + 8 * bytes(8 * S0::out_features);
+  INFO("stage 0 peak: offloading " << o.peak_activation_bytes[0] << " bytes, resident " << r.peak_activation_bytes[0]
+                                   << ", a record " << record << " bytes");
+  CHECK(r.peak_activation_bytes[0] >= 8 * record);
+  CHECK(o.peak_activation_bytes[0] <= 3 * record + others);
+  CHECK(o.peak_activation_bytes[0] >= 3 * record);
+  CHECK(o.loss == r.loss);
+}
+
+TEST_CASE("offload options are checked: a stage out of range, with recompute, a cap below 1", "[pipeline][offload]") {
+  PipelineOptions options;
+  options.microbatches = 4;
+  options.offload = {4};
+  CHECK_THROWS_WITH((Pipeline<Four, schedule::OneFOneB, Host>(options)),
+                    Catch::Contains("offload names stage 4 but there are 4 (virtual) stages"));
+  options.offload = {1};
+  options.recompute = {1};
+  CHECK_THROWS_WITH((Pipeline<Four, schedule::OneFOneB, Host>(options)),
+                    Catch::Contains("stage 1 both recomputes and offloads its records"));
+  options.recompute = {};
+  options.offload_resident = 0;
+  CHECK_THROWS_WITH((Pipeline<Four, schedule::OneFOneB, Host>(options)),
+                    Catch::Contains("offload_resident must be at least 1 record per stage, got 0"));
 }

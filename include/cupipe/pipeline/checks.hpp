@@ -50,6 +50,14 @@ struct PipelineChecks {
     for (int k : o.recompute)
       CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: recompute names stage ", k, " but there are ",
                      virtual_stages, " (virtual) stages");
+    for (int k : o.offload) {
+      CUPIPE_REQUIRE(k >= 0 && k < virtual_stages, "Pipeline: offload names stage ", k, " but there are ",
+                     virtual_stages, " (virtual) stages");
+      CUPIPE_REQUIRE(std::find(o.recompute.begin(), o.recompute.end(), k) == o.recompute.end(), "Pipeline: stage ", k,
+                     " both recomputes and offloads its records; a recomputing stage keeps none to offload");
+    }
+    CUPIPE_REQUIRE(o.offload_resident >= 1, "Pipeline: offload_resident must be at least 1 record per stage, got ",
+                   o.offload_resident);
   }
 
   /// The stage this process runs (-1: all of them), from the communicator's topology.

@@ -32,7 +32,7 @@ class LocalTransport final : public Transport<Backend> {
       : backends_(std::move(backends)), timeout_(timeout_seconds) {
     for (std::size_t w = 0; w < backends_.size(); ++w) {
       mailboxes_.push_back(std::make_unique<Mailbox<buffer>>());
-      spares_.push_back(std::make_unique<Spares>());
+      spares_.push_back(std::make_unique<Spares>(backends_[w] ? &backends_[w]->memory : nullptr));
     }
   }
 
@@ -74,9 +74,17 @@ class LocalTransport final : public Transport<Backend> {
   static constexpr bool recycles = host_accessible<typename Backend::space>;
 
   /// Messages a worker is done with, for the next messages to it. Senders and the receiver share it.
+  /// A spare does not count as activations in the worker's tracker while it waits (a freed pool
+  /// block does not either), so measured peaks are the same as without recycling.
   class Spares {
    public:
     static constexpr std::size_t most = 256;  // beyond: freed (sizes a run no longer sends)
+    explicit Spares(MemoryTracker* tracker) : tracker_(tracker) {}
+    Spares(const Spares&) = delete;
+    Spares& operator=(const Spares&) = delete;
+    ~Spares() {
+      for (const buffer& b : held_) count(b);  // each buffer's destructor takes its bytes off again
+    }
     /// A spare of exactly `elements` values (empty: none).
     buffer take(index_t elements) {
       if constexpr (recycles) {
@@ -86,17 +94,26 @@ class LocalTransport final : public Transport<Backend> {
             buffer out = std::move(held_[i]);
             held_[i] = std::move(held_.back());
             held_.pop_back();
+            count(out);
             return out;
           }
       }
       return buffer{};
     }
-    void give(buffer&& message) {
+    void give(buffer message) {
       std::lock_guard lock(mutex_);
-      if (held_.size() < most) held_.push_back(std::move(message));
+      if (tracker_ == nullptr || held_.size() >= most) return;  // freed as `message` goes
+      tracker_->release(MemoryTag::activations, bytes(message));
+      held_.push_back(std::move(message));
     }
 
    private:
+    static std::size_t bytes(const buffer& b) { return std::size_t(b.size()) * sizeof(T); }
+    void count(const buffer& b) {
+      if (tracker_) tracker_->allocate(MemoryTag::activations, bytes(b));
+    }
+
+    MemoryTracker* tracker_;
     std::mutex mutex_;
     std::vector<buffer> held_;
   };

@@ -92,6 +92,14 @@ struct PipelineOptions {
   /// action takes them without the allocator. Off: each comes from the backend's pool, as before
   /// 2026-12; results are the same bitwise.
   bool planned_arena = true;
+  /// Activation offload (schedule/offload.hpp): these virtual stages keep at most `offload_resident`
+  /// forward records in the backend's memory between actions; after a forward, the records whose
+  /// backward comes last go to host memory, and each comes back as its backward starts. Results are
+  /// the same bitwise. The copies wait for the backend today (no copy stream yet); on the host backend
+  /// the move is between two host buffers, for tests and plans. Not with recompute on the same stage;
+  /// train_steps with post_validation keeps the records resident.
+  std::vector<int> offload{};
+  int offload_resident = 1;
 };
 
 

@@ -117,7 +117,7 @@ class Pipeline {
     runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(
         workers_, stages, options_.measure_actions, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal});
     executor_ = std::make_unique<Executor>(plan_, states_, *transport_, *runtime_, comm(), options_.check_finite,
-                                           pipeline::HandOverWires(options_.hand_over, int(Stages::size)), options_.planned_arena);
+        pipeline::HandOverWires(options_.hand_over, int(Stages::size)), pipeline::memory_of(options_));
     loop_ = std::make_unique<pipeline::StepLoop<Executor>>(plan_, workers_, states_, *transport_, *runtime_, *executor_,
                                                            comm(), local_worker_, options_.channel_capacity);
     sync_ = std::make_unique<Sync>(states_, plan_,

@@ -12,6 +12,8 @@
 //   weight gradient to W, which keeps the per-layer output gradients.
 // - What a stage keeps for a microbatch lives in its ActivationArena, laid out before the step
 //   (prepare); a received message goes back to the transport when the stage is done with it.
+// - Offloading stages (schedule/offload.hpp) send the records whose backward comes last to host
+//   memory when a forward ends, and bring each back as its backward starts.
 // - When a stage is done with a microbatch it frees its record; asynchronous schedules then drop
 //   every weight version no unfinished microbatch needs and apply their update.
 #pragma once
@@ -35,12 +37,14 @@
 #include "cupipe/pipeline/hand_over_transport.hpp"
 #include "cupipe/pipeline/hand_over_wire.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
+#include "cupipe/pipeline/options.hpp"
 #include "cupipe/pipeline/stage_states.hpp"
 #include "cupipe/pipeline/step_plan.hpp"
 #include "cupipe/pipeline/transport.hpp"
 #include "cupipe/pipeline/worker_runtime.hpp"
 #include "cupipe/pipeline/workers.hpp"
 #include "cupipe/schedule/action.hpp"
+#include "cupipe/schedule/offload.hpp"
 #include "cupipe/schedule/weights.hpp"
 
 namespace cupipe::pipeline {
@@ -55,6 +59,15 @@ struct transport_for<Contexts, N, true> {
   using type = HandOverTransport<Contexts, N>;
 };
 }  // namespace detail
+
+/// Where a stage's per-microbatch buffers live (PipelineOptions::planned_arena, offload,
+/// offload_resident).
+struct ExecutorMemory {
+  bool arena = true;
+  std::vector<int> offload{};
+  int offload_resident = 1;
+};
+inline ExecutorMemory memory_of(const PipelineOptions& o) { return {o.planned_arena, o.offload, o.offload_resident}; }
 
 /// `Spec` is the pipeline's backend argument: one backend, or backend::PerWorker (one per worker).
 template <class Stages, class Schedule, class Spec>
@@ -137,13 +150,15 @@ class StageExecutor {
     /// Whether the stages' arenas are laid out for this step (prepare); else every buffer comes from
     /// the pool.
     bool laid_out = false;
+    /// Whether this step runs the offload plan (prepare; the actions are counted per worker).
+    bool offload = false;
   };
 
-  /// `wires`: what each link's hand-overs carry (PipelineOptions::hand_over); `arena`: whether
-  /// prepare() lays out the stages' buffers (PipelineOptions::planned_arena).
+  /// `wires`: what each link's hand-overs carry (PipelineOptions::hand_over); `memory`: whether
+  /// prepare() lays out the stages' buffers, and which stages offload.
   StageExecutor(const schedule::Plan& plan, States& states, TransportType& transport,
                 WorkerRuntime<Contexts>& runtime, comm::Communicator* comm, bool check_finite, HandOverWires wires = {},
-                bool arena = true)
+                ExecutorMemory memory = {})
       : plan_(plan),
         offsets_(schedule::detail::microbatch_versions(plan)),
         states_(states),
@@ -152,7 +167,18 @@ class StageExecutor {
         comm_(comm),
         check_finite_(check_finite),
         wires_(std::move(wires)),
-        arena_(arena) {}
+        arena_(memory.arena),
+        offload_(schedule::plan_offload(plan, memory.offload, memory.offload_resident)),
+        cursor_(std::size_t(workers), 0),
+        evicted_after_(std::size_t(virtual_stages), std::vector<int>(std::size_t(plan.config.total_microbatches()), -1)) {
+    for (std::size_t w = 0; w < offload_.out_after.size(); ++w)
+      for (std::size_t i = 0; i < offload_.out_after[w].size(); ++i)
+        for (const schedule::OffloadMove& move : offload_.out_after[w][i])
+          evicted_after_[std::size_t(move.virtual_stage)][std::size_t(move.microbatch)] = int(i);
+  }
+
+  /// The offload plan this executor runs (empty without PipelineOptions::offload).
+  const schedule::OffloadPlan& offload_plan() const noexcept { return offload_; }
 
   int worker_of(int virtual_stage) const { return plan_.placement.worker_of(virtual_stage); }
   const std::vector<int>& version_offsets() const noexcept { return offsets_; }
@@ -181,34 +207,33 @@ class StageExecutor {
     }
   }
 
-  /// Before a step of the plan with `step_plan`'s rows: lays out every local stage's arena (once for
-  /// each new set of rows; a run of same-sized batches lays out once). Returns whether the step may
-  /// take its buffers from the arenas (Step::laid_out).
-  bool prepare(const StepPlan& step_plan) {
-    if (!arena_) return false;
-    if (step_plan.rows == laid_out_rows_) return true;
-    laid_out_rows_.clear();  // a failure below leaves nothing laid out
-    std::vector<ArenaUse> uses;
-    states_.for_each([&](auto k, auto& st) {
-      constexpr int K = decltype(k)::value;
-      arena_uses<K>(st.recompute, step_plan, uses);
-      st.arena.lay_out(*st.be, step_plan.microbatches(), uses);
-    });
-    laid_out_rows_ = step_plan.rows;
-    return true;
+  /// Before a step of the plan: lays out every local stage's arena for the step's rows (once for
+  /// each new set of rows; a run of same-sized batches lays out once), and starts counting each
+  /// worker's actions for the offload plan. Sets Step::laid_out and Step::offload.
+  void prepare(Step& step) {
+    std::fill(cursor_.begin(), cursor_.end(), std::size_t{0});
+    step.offload = !offload_.empty();
+    step.laid_out = lay_out(*step.plan);
   }
 
   /// Runs action `a` of worker `w`.
   void execute(int w, const schedule::Action& a, Step& step) {
+    const std::size_t at = step.offload ? cursor_[std::size_t(w)]++ : 0;
     if (a.overlap) take_partner_input(w, a);
     states_.visit(plan_.virtual_stage(w, a), [&](auto k, auto& st) {
       constexpr int K = decltype(k)::value;
       switch (a.kind) {
         case schedule::ActionKind::F: forward<K>(st, a.microbatch, step, a.overlap); break;
-        case schedule::ActionKind::B: backward<K>(st, a.microbatch, step); break;
+        case schedule::ActionKind::B:
+          if (step.offload && offload_.back_before[std::size_t(w)][at]) bring_back<K>(st, a.microbatch, step);
+          backward<K>(st, a.microbatch, step);
+          break;
         case schedule::ActionKind::W: weight<K>(st, a.microbatch, step); break;
       }
     });
+    if (step.offload)
+      for (const schedule::OffloadMove& move : offload_.out_after[std::size_t(w)][at])
+        states_.visit(move.virtual_stage, [&](auto k, auto& st) { send_out<decltype(k)::value>(st, move.microbatch); });
   }
 
   /// Inference through this process's virtual stages in order, on the caller's thread, with each
@@ -242,6 +267,21 @@ class StageExecutor {
  private:
   template <int K>
   using stage_seq = typename Stages::template stage<K>;
+
+  /// The arenas' layout for `step_plan`'s rows; false where the arena is off.
+  bool lay_out(const StepPlan& step_plan) {
+    if (!arena_) return false;
+    if (step_plan.rows == laid_out_rows_) return true;
+    laid_out_rows_.clear();  // a failure below leaves nothing laid out
+    std::vector<ArenaUse> uses;
+    states_.for_each([&](auto k, auto& st) {
+      constexpr int K = decltype(k)::value;
+      arena_uses<K>(st.recompute, step_plan, uses);
+      st.arena.lay_out(*st.be, step_plan.microbatches(), uses);
+    });
+    laid_out_rows_ = step_plan.rows;
+    return true;
+  }
 
   template <int K, class St>
   auto stage_input(const typename St::InFlight& f, const Step& step, int j) const {
@@ -330,8 +370,9 @@ class StageExecutor {
       const auto use = [&](ArenaRole role, index_t elements, int first, int last) {
         uses.push_back({j, role, ArenaRequest{elements, first, std::max(last, f_until[i])}});
       };
-      if (recompute) {
-        use(ArenaRole::forward_record, Seq::record_elements(rows), f_at[i], f_until[i]);
+      const int evicted = evicted_after_[std::size_t(K)][i];  // offload: the record leaves after this action
+      if (recompute || evicted >= 0) {
+        use(ArenaRole::forward_record, Seq::record_elements(rows), f_at[i], recompute ? f_until[i] : evicted);
         use(ArenaRole::record, Seq::record_elements(rows), b_at[i], done);
       } else {
         use(ArenaRole::record, Seq::record_elements(rows), f_at[i], done);
@@ -347,6 +388,28 @@ class StageExecutor {
   typename St::slot take(St& st, const Step& step, int j, ArenaRole role, index_t elements) {
     if (step.laid_out) return st.arena.take(*st.be, j, role, elements);
     return typename St::slot(st.be->template allocate<typename St::T>(elements, MemoryTag::activations));
+  }
+
+  /// Offload: microbatch j's record on virtual stage K goes to its host copy, and its memory is free.
+  template <int K, class St>
+  void send_out(St& st, int j) {
+    auto* f = st.in_flight.find(j);
+    if (f == nullptr || f->record.data() == nullptr) CUPIPE_THROW("offload: no record of microbatch ", j, " to send out");
+    const index_t n = stage_seq<K>::record_elements(f->rows);
+    if (st.offloaded.size() <= std::size_t(j)) st.offloaded.resize(std::size_t(j) + 1);
+    HostBuffer<typename St::T>& host = st.offloaded[std::size_t(j)];
+    if (host.size() != n) host = HostBuffer<typename St::T>(n, nullptr, MemoryTag::activations, BlockFill::none);
+    st.be->download(f->record.data(), host.span());
+    f->record = {};
+  }
+  /// Offload: microbatch j's record comes back from its host copy before its backward.
+  template <int K, class St>
+  void bring_back(St& st, int j, const Step& step) {
+    auto* f = st.in_flight.find(j);
+    if (f == nullptr || std::size_t(j) >= st.offloaded.size()) CUPIPE_THROW("offload: no record of microbatch ", j, " to bring back");
+    const HostBuffer<typename St::T>& host = st.offloaded[std::size_t(j)];
+    f->record = take<K>(st, step, j, ArenaRole::record, host.size());
+    st.be->upload(host.span(), f->record.data());
   }
 
   /// A message virtual stage K received and is done with goes back to the transport for reuse.
@@ -367,8 +430,8 @@ class StageExecutor {
     f.version = step.plan->version[std::size_t(j)];
     if constexpr (K > 0) f.input = receive<K>(K - 1, {Flow::activation, K, j}, f.rows * Seq::in_features);
     if (overlapped) backend::capabilities<B>::overlap_begin(be);  // after the input is in, see take_partner_input
-    f.record = take<K>(st, step, j, st.recompute ? ArenaRole::forward_record : ArenaRole::record,
-                       Seq::record_elements(f.rows));
+    const bool leaves = st.recompute || (step.offload && evicted_after_[std::size_t(K)][std::size_t(j)] >= 0);
+    f.record = take<K>(st, step, j, leaves ? ArenaRole::forward_record : ArenaRole::record, Seq::record_elements(f.rows));
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
     const ConstViewOn<B, T> out = Seq::template output<typename B::space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
@@ -467,6 +530,9 @@ class StageExecutor {
   HandOverWires wires_;
   bool arena_;
   std::vector<index_t> laid_out_rows_;  ///< the rows the arenas are laid out for (empty: none)
+  schedule::OffloadPlan offload_;
+  std::vector<std::size_t> cursor_;  ///< [worker] the action it runs in this step (each written by its own thread)
+  std::vector<std::vector<int>> evicted_after_;  ///< [virtual stage][microbatch] offload: the action after which its record leaves, or -1
 };
 
 }  // namespace cupipe::pipeline

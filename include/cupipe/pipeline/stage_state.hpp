@@ -101,6 +101,9 @@ struct StageState {
   bool recompute = false;     ///< keep only the input after F; B recomputes the record
   InFlightTable<InFlight> in_flight;
   ActivationArena<Backend> arena;  ///< where a laid-out step's InFlight buffers live
+  /// [microbatch] the host copies of offloaded records (PipelineOptions::offload), kept from step
+  /// to step so that a steady run allocates none.
+  std::vector<HostBuffer<T>> offloaded;
   std::vector<char> done;          ///< per microbatch of the running step
   std::vector<int> done_in_batch;  ///< per batch of the running step
 };

@@ -105,7 +105,7 @@ class StepLoop {
   void run_step(Step& step, After&& after, Abandon&& abandon) {
     constexpr bool flush = Executor::update_rule == schedule::UpdateRule::flush;
     constexpr int last = Executor::worker_at(States::size - 1);
-    step.laid_out = executor_.prepare(*step.plan);  // first: a block that grows moves no peak
+    executor_.prepare(step);  // first: an arena block that grows moves no peak
     reset(plan_.config.total_microbatches(), plan_.config.batches);
     DeferredChecks<Contexts, Executor::workers> deferred(workers_, flush);
     if constexpr (flush)

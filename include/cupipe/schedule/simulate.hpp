@@ -10,6 +10,7 @@
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/schedule/action.hpp"
+#include "cupipe/schedule/offload.hpp"
 #include "cupipe/schedule/policy.hpp"
 #include "cupipe/schedule/verify.hpp"
 #include "cupipe/schedule/weights.hpp"
@@ -33,6 +34,9 @@ struct Costs {
   /// How long a stage that sat idle waiting for another stage's message takes to start once the
   /// message arrives (a sleeping thread's wake-up); a stage still busy when it arrives pays nothing.
   double wake = 0;
+  /// One forward record's copy between device and host memory, one way, for a whole stage (a
+  /// chunk's is 1/V): what an action of an OffloadPlan adds per record it moves.
+  double offload = 0;
   std::vector<StageCosts> per_stage{};
   /// One entry per virtual stage (stages x chunks), when not empty: overrides the rest, and an
   /// action of chunk c takes its own virtual stage's costs instead of 1/V of its stage's (a model
@@ -132,8 +136,10 @@ constexpr void check_costs(const Config& c, const Costs& costs) {
 }  // namespace detail
 
 /// Simulates a plan. Throws cupipe::error (a compile error in constant evaluation) when the plan
-/// cannot run, with verify's reason.
-constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
+/// cannot run, with verify's reason. With `offload` (plan_offload of this plan), an action that
+/// moves records takes Costs::offload longer per record, as the runtime's synchronous copies do,
+/// and the peak activations are the records resident on the device.
+constexpr SimResult simulate(const Plan& plan, const Costs& costs, const OffloadPlan* offload = nullptr) {
   const Config& c = plan.config;
   const auto p = static_cast<std::size_t>(c.stages);
   detail::check_costs(c, costs);
@@ -180,7 +186,10 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
           wait_for(input);
         }
         // B of the last virtual stage and W consume this stage's own F or B, done earlier in order.
-        const double length = duration(plan, costs, stage, a);
+        double length = duration(plan, costs, stage, a);
+        if (offload != nullptr)
+          length += offload->copies(stage, next[s]) * costs.offload /
+                    (costs.per_virtual_stage.empty() && costs.per_microbatch.empty() ? c.chunks : 1);
         out.times[s].push_back({ready, ready + length});
         end[static_cast<std::size_t>(detail::slot_of(plan, stage, a))] = ready + length;
         free_at[s] = ready + length;
@@ -199,7 +208,8 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs) {
   out.idle.assign(p, 0);
   for (std::size_t s = 0; s < p; ++s) out.idle[s] = out.makespan - out.busy[s];
   out.bubble_fraction = out.makespan > 0 ? out.total_idle() / (static_cast<double>(p) * out.makespan) : 0;
-  out.peak_activations = peak_activations(plan);
+  if (offload != nullptr && !offload->empty()) out.peak_activations = offload->peak_resident;
+  else out.peak_activations = peak_activations(plan);
   out.weight_versions = weight_versions(plan);
   return out;
 }
