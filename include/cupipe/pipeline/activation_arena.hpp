@@ -128,12 +128,12 @@ class ArenaSlot {
 
   ArenaSlot() = default;
   ArenaSlot(Buffer owned) noexcept : owned_(std::move(owned)), data_(owned_.data()) {}  // NOLINT: a buffer is a slot
-  ArenaSlot(ArenaSlot&& other) noexcept { take_from(other); }
+  ArenaSlot(ArenaSlot&& other) noexcept : owned_(std::move(other.owned_)) { take_region(other); }
   ArenaSlot& operator=(ArenaSlot&& other) noexcept {
     if (this != &other) {
       uncount();
       owned_ = std::move(other.owned_);
-      take_from(other);
+      take_region(other);
     }
     return *this;
   }
@@ -161,8 +161,8 @@ class ArenaSlot {
   }
 
  private:
-  void take_from(ArenaSlot& other) noexcept {
-    if (owned_.data() == nullptr) owned_ = std::move(other.owned_);
+  /// Everything but the owned buffer, which the caller has moved.
+  void take_region(ArenaSlot& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     tracker_ = std::exchange(other.tracker_, nullptr);

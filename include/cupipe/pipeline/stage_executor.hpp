@@ -384,8 +384,8 @@ class StageExecutor {
   }
 
   /// Microbatch j's buffer for `role` on virtual stage K: from its arena when the step is laid out.
-  template <int K, class St>
-  typename St::slot take(St& st, const Step& step, int j, ArenaRole role, index_t elements) {
+  template <class St>
+  static typename St::slot take(St& st, const Step& step, int j, ArenaRole role, index_t elements) {
     if (step.laid_out) return st.arena.take(*st.be, j, role, elements);
     return typename St::slot(st.be->template allocate<typename St::T>(elements, MemoryTag::activations));
   }
@@ -408,7 +408,7 @@ class StageExecutor {
     auto* f = st.in_flight.find(j);
     if (f == nullptr || std::size_t(j) >= st.offloaded.size()) CUPIPE_THROW("offload: no record of microbatch ", j, " to bring back");
     const HostBuffer<typename St::T>& host = st.offloaded[std::size_t(j)];
-    f->record = take<K>(st, step, j, ArenaRole::record, host.size());
+    f->record = take(st, step, j, ArenaRole::record, host.size());
     st.be->upload(host.span(), f->record.data());
   }
 
@@ -431,7 +431,7 @@ class StageExecutor {
     if constexpr (K > 0) f.input = receive<K>(K - 1, {Flow::activation, K, j}, f.rows * Seq::in_features);
     if (overlapped) backend::capabilities<B>::overlap_begin(be);  // after the input is in, see take_partner_input
     const bool leaves = st.recompute || (step.offload && evicted_after_[std::size_t(K)][std::size_t(j)] >= 0);
-    f.record = take<K>(st, step, j, leaves ? ArenaRole::forward_record : ArenaRole::record, Seq::record_elements(f.rows));
+    f.record = take(st, step, j, leaves ? ArenaRole::forward_record : ArenaRole::record, Seq::record_elements(f.rows));
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
     const ConstViewOn<B, T> out = Seq::template output<typename B::space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
@@ -461,19 +461,19 @@ class StageExecutor {
     const T* params = st.weights.data(f.version);
     const auto x0 = stage_input<K, St>(f, step, j);
     if (st.recompute) {
-      f.record = take<K>(st, step, j, ArenaRole::record, Seq::record_elements(f.rows));
+      f.record = take(st, step, j, ArenaRole::record, Seq::record_elements(f.rows));
       Seq::forward(be, params, x0, f.record.data());
     }
     if constexpr (K + 1 == virtual_stages) {
-      f.dy = take<K>(st, step, j, ArenaRole::dy, f.rows * Seq::out_features);
+      f.dy = take(st, step, j, ArenaRole::dy, f.rows * Seq::out_features);
       Loss::backward(be, ConstViewOn<B, T>(Seq::template output<space>(f.record.data(), f.rows)), microbatch_labels(step, j),
                      ViewOn<B, T>{f.dy.data(), Shape{f.rows, Seq::out_features}}, step.plan->normalizer[std::size_t(j)]);
     } else if (f.dy.data() == nullptr) {  // not taken already by an overlapped F before it
       f.dy = receive<K>(K + 1, {Flow::gradient, K, j}, f.rows * Seq::out_features);
     }
-    f.grad_record = take<K>(st, step, j, ArenaRole::grad_record, Seq::grad_record_elements(f.rows));
+    f.grad_record = take(st, step, j, ArenaRole::grad_record, Seq::grad_record_elements(f.rows));
     typename St::slot dx;
-    if constexpr (K > 0) dx = take<K>(st, step, j, ArenaRole::dx, f.rows * Seq::in_features);
+    if constexpr (K > 0) dx = take(st, step, j, ArenaRole::dx, f.rows * Seq::in_features);
     Seq::backward(be, params, x0, f.record.data(), ConstViewOn<B, T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
                   K > 0 ? ViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<B, T>{}, st.grads.data(),
                   f.grad_record.data(), !split_backward);

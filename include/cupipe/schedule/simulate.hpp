@@ -99,6 +99,12 @@ constexpr std::vector<int> peak_activations(const Plan& plan) {
   return peak;
 }
 
+/// The share of a stage's costs one chunk's action takes: 1 where costs are given per virtual stage
+/// or per microbatch, else 1/V.
+constexpr double chunk_share(const Plan& plan, const Costs& costs) {
+  return costs.per_microbatch.empty() && costs.per_virtual_stage.empty() ? 1.0 / plan.config.chunks : 1.0;
+}
+
 /// How long one action takes on its stage.
 constexpr double duration(const Plan& plan, const Costs& costs, int stage, const Action& a) {
   const bool by_microbatch = !costs.per_microbatch.empty(), own = by_microbatch || !costs.per_virtual_stage.empty();
@@ -106,7 +112,7 @@ constexpr double duration(const Plan& plan, const Costs& costs, int stage, const
   const StageCosts stage_costs = by_microbatch ? costs.per_microbatch[static_cast<std::size_t>(a.microbatch)][k]
                                  : own         ? costs.per_virtual_stage[k]
                                                : costs.of_stage(stage);
-  const double per_chunk = own ? 1.0 : 1.0 / plan.config.chunks;
+  const double per_chunk = chunk_share(plan, costs);
   switch (a.kind) {
     case ActionKind::F: return stage_costs.forward * per_chunk;
     case ActionKind::B:
@@ -187,9 +193,7 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs, const Offload
         }
         // B of the last virtual stage and W consume this stage's own F or B, done earlier in order.
         double length = duration(plan, costs, stage, a);
-        if (offload != nullptr)
-          length += offload->copies(stage, next[s]) * costs.offload /
-                    (costs.per_virtual_stage.empty() && costs.per_microbatch.empty() ? c.chunks : 1);
+        if (offload != nullptr) length += offload->copies(stage, next[s]) * costs.offload * chunk_share(plan, costs);
         out.times[s].push_back({ready, ready + length});
         end[static_cast<std::size_t>(detail::slot_of(plan, stage, a))] = ready + length;
         free_at[s] = ready + length;
