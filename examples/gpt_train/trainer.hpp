@@ -484,6 +484,9 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"seconds", seconds},
                             {"tokens_per_second", seconds > 0 ? double(steps * f.batch * config.context) / seconds : 0.0},
                             {"bubble_fraction_measured", steps ? bubble_sum / double(steps) : 0.0},
+                            // The last step's hand-overs from this process's workers to others, as
+                            // their transports moved them (packed where --hand-over compresses).
+                            {"sent_bytes_per_step", std::accumulate(last_stats.sent_bytes.begin(), last_stats.sent_bytes.end(), std::int64_t{0})},
                             {"backend", f.backend},
                             {"precision", f.precision},
                             {"schedule", f.schedule},

@@ -2,15 +2,20 @@
 // FP8 E4M3 against the OCP 8-bit floating point specification: every one of the 256 codes decoded
 // from the bit layout, every code round-tripped, every tie between neighbours rounded to the even
 // code, saturation at 448 and NaN; bfloat16's rounding of doubles; and the hand-over round trip
-// (ops::wire_round_trip) on the host, whose CUDA twin tests/cuda checks against it.
+// (ops::wire_round_trip) and its packed message (ops::wire_pack, wire_unpack) on the host, whose
+// CUDA twins tests/cuda checks against them.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "cupipe/backend/host/ops.hpp"
+#include "cupipe/backend/host/ops_bf16.hpp"
+#include "cupipe/core/rng.hpp"
 #include "cupipe/core/float8.hpp"
 #include "cupipe/core/wire.hpp"
 
@@ -102,6 +107,103 @@ TEST_CASE("wire_round_trip: full copies, bf16 rounds each value, e4m3 scales to 
   wire_round_trip(be, xv, yv, cupipe::Wire::e4m3);
   CHECK(y[0] == x[0]);
   CHECK(std::isinf(y[2]));
+}
+
+/// Values over ten binary orders of magnitude, both signs, some exact zeros of either sign.
+template <class T>
+std::vector<T> spread_values(std::size_t n, std::uint64_t seed) {
+  cupipe::Rng rng(seed);
+  std::vector<T> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = T(rng.uniform(-1.0, 1.0) * std::ldexp(1.0, int(i % 11) - 5));
+  x[3] = T(0.0);
+  x[5] = T(-0.0);
+  return x;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+/// unpack(pack(x)) for storage T on backend B.
+template <class B, class T>
+std::vector<T> through_message(B& be, const std::vector<T>& x, cupipe::Wire wire, std::vector<T>* packed_out = nullptr) {
+  const auto n = cupipe::index_t(x.size());
+  std::vector<T> packed(std::size_t(cupipe::wire_elements<T>(wire, n))), y(x.size());
+  wire_pack(be, cupipe::ConstView<T>{x.data(), cupipe::Shape{n}}, cupipe::TensorView<T>{packed.data(), cupipe::Shape{cupipe::index_t(packed.size())}}, wire);
+  wire_unpack(be, cupipe::ConstView<T>{packed.data(), cupipe::Shape{cupipe::index_t(packed.size())}}, cupipe::TensorView<T>{y.data(), cupipe::Shape{n}}, wire);
+  if (packed_out) *packed_out = packed;
+  return y;
+}
+
+template <class B, class T>
+std::vector<T> round_tripped(B& be, const std::vector<T>& x, cupipe::Wire wire) {
+  std::vector<T> y(x.size());
+  const cupipe::Shape s{cupipe::index_t(x.size())};
+  wire_round_trip(be, cupipe::ConstView<T>{x.data(), s}, cupipe::TensorView<T>{y.data(), s}, wire);
+  return y;
+}
+
+TEST_CASE("wire_pack's message: its size, and unpacked, wire_round_trip's values bitwise", "[core][float8]") {
+  using cupipe::Wire;
+  // A quarter of float's bytes plus the 8-byte header; an eighth of double's; bf16 a half and a quarter.
+  CHECK(cupipe::wire_elements<float>(Wire::e4m3, 4096) == 1026);
+  CHECK(cupipe::wire_elements<double>(Wire::e4m3, 4096) == 513);
+  CHECK(cupipe::wire_elements<float>(Wire::bf16, 4096) == 2048);
+  CHECK(cupipe::wire_elements<float>(Wire::bf16, 7) == 4);  // 14 bytes round up to whole floats
+  CHECK(cupipe::wire_elements<cupipe::bfloat16>(Wire::e4m3, 7) == 8);
+  CHECK_FALSE(cupipe::wire_packs<cupipe::bfloat16>(Wire::bf16));
+  CHECK_FALSE(cupipe::wire_packs<float>(Wire::full));
+
+  cupipe::backend::Host<float> hf;
+  cupipe::backend::Host<double> hd;
+  for (const std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(64), std::size_t(1001)}) {
+    for (const Wire wire : {Wire::bf16, Wire::e4m3}) {
+      const auto xf = spread_values<float>(std::max<std::size_t>(n, 6), 11 + n);
+      CHECK(same_bits(through_message(hf, xf, wire), round_tripped(hf, xf, wire)));
+      const auto xd = spread_values<double>(std::max<std::size_t>(n, 6), 17 + n);
+      CHECK(same_bits(through_message(hd, xd, wire), round_tripped(hd, xd, wire)));
+    }
+  }
+  // The header holds the largest magnitude; zeros keep their sign; a zero tensor stays zeros.
+  std::vector<float> packed;
+  const std::vector<float> x{0.5f, -3.0f, 0.0f, -0.0f, 1e-3f};
+  const auto y = through_message(hf, x, Wire::e4m3, &packed);
+  double header = 0;
+  std::memcpy(&header, packed.data(), sizeof header);
+  CHECK(header == 3.0);
+  CHECK(y[1] == -3.0f);
+  CHECK(std::signbit(y[3]));
+  CHECK_FALSE(std::signbit(y[2]));
+  const std::vector<float> zeros{0.0f, -0.0f, 0.0f};
+  CHECK(same_bits(through_message(hf, zeros, Wire::e4m3), zeros));
+  // Bytes past the last code are zero, so equal tensors make equal messages.
+  const auto* bytes = reinterpret_cast<const unsigned char*>(packed.data());
+  for (std::size_t i = 8 + x.size(); i < packed.size() * sizeof(float); ++i) CHECK(bytes[i] == 0);
+}
+
+TEST_CASE("wire_pack: bf16 storage packs e4m3 as its round trip computes, and a non-finite tensor arrives as NaN",
+          "[core][float8]") {
+  using cupipe::Wire;
+  cupipe::ops::HostBf16 hb;
+  std::vector<cupipe::bfloat16> xb;
+  for (const float v : spread_values<float>(301, 5)) xb.push_back(cupipe::bfloat16(v));
+  CHECK(same_bits(through_message(hb, xb, Wire::e4m3), round_tripped(hb, xb, Wire::e4m3)));
+  // A bf16 link over bf16 storage sends the values themselves: packing it is refused.
+  std::vector<cupipe::bfloat16> out(xb.size());
+  const cupipe::Shape s{cupipe::index_t(xb.size())};
+  CHECK_THROWS_WITH(wire_pack(hb, cupipe::ConstView<cupipe::bfloat16>{xb.data(), s}, cupipe::TensorView<cupipe::bfloat16>{out.data(), s}, Wire::bf16),
+                    Catch::Contains("sends the values themselves"));
+
+  cupipe::backend::Host<float> hf;
+  std::vector<float> x = spread_values<float>(40, 3);
+  std::vector<float> wrong(5);
+  CHECK_THROWS_WITH(wire_pack(hf, cupipe::ConstView<float>{x.data(), cupipe::Shape{40}}, cupipe::TensorView<float>{wrong.data(), cupipe::Shape{5}}, Wire::e4m3),
+                    Catch::Contains("40 values as e4m3 take 12 elements of storage, but the packed message has 5"));
+  x[7] = std::numeric_limits<float>::infinity();
+  for (const float v : through_message(hf, x, Wire::e4m3)) CHECK(std::isnan(v));
+  // bf16 keeps an infinity as itself.
+  CHECK(std::isinf(through_message(hf, x, Wire::bf16)[7]));
 }
 
 TEST_CASE("parse_wire and parse_wires name the choices", "[core][float8]") {

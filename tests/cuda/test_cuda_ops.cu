@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -86,6 +87,36 @@ TEST_CASE("elementwise ops match the host", "[gpu][cuda][ops]") {
     DeviceArray<float, Gpu> inf_(gpu, with_inf);
     ops::wire_round_trip(gpu, inf_.cview(s), inf_.view(s), Wire::e4m3);
     CHECK(inf_.download() == with_inf);
+  }
+  SECTION("wire_pack and wire_unpack: the host's message bytes, and the round trip's values, bitwise") {
+    backend::Host<float> host;
+    for (const Wire wire : {Wire::bf16, Wire::e4m3}) {
+      const index_t elements = wire_elements<float>(wire, n);
+      const Shape ps{elements};
+      auto packed = poisoned<float>(gpu, elements);
+      ops::wire_pack(gpu, dx_.cview(s), packed.view(ps), wire);
+      std::vector<float> expected(std::size_t(elements), 0.0f);
+      ops::wire_pack(host, ConstView<float>{x.data(), s}, TensorView<float>{expected.data(), ps}, wire);
+      const std::vector<float> got = packed.download();
+      const std::size_t used = wire == Wire::e4m3 ? wire_header_bytes + std::size_t(n) : 2 * std::size_t(n);
+      CHECK(std::memcmp(got.data(), expected.data(), used) == 0);  // the padding after is not written
+      auto y = poisoned<float>(gpu, n);
+      ops::wire_unpack(gpu, packed.cview(ps), y.view(s), wire);
+      std::vector<float> round(x.size());
+      ops::wire_round_trip(host, ConstView<float>{x.data(), s}, TensorView<float>{round.data(), s}, wire);
+      const std::vector<float> values = y.download();
+      CHECK(std::memcmp(values.data(), round.data(), round.size() * sizeof(float)) == 0);
+    }
+    // A tensor with an infinity arrives as all NaN over e4m3.
+    std::vector<float> with_inf = x;
+    with_inf[std::size_t(n / 2)] = std::numeric_limits<float>::infinity();
+    DeviceArray<float, Gpu> inf_(gpu, with_inf);
+    const Shape ps{wire_elements<float>(Wire::e4m3, n)};
+    auto packed = poisoned<float>(gpu, ps[0]);
+    ops::wire_pack(gpu, inf_.cview(s), packed.view(ps), Wire::e4m3);
+    DeviceArray<float, Gpu> y(gpu, std::vector<float>(std::size_t(n), 1.0f));  // finite: the NaN must be written
+    ops::wire_unpack(gpu, packed.cview(ps), y.view(s), Wire::e4m3);
+    for (const float v : y.download()) CHECK(std::isnan(v));
   }
   SECTION("convert to bf16 and back") {
     auto b = gpu.allocate<cupipe::bfloat16>(n, MemoryTag::activations);

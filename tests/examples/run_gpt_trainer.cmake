@@ -16,7 +16,8 @@
 #         sums in another order), and the 4-process run writes a checkpoint; with --zero the same
 #         losses to 1 part per million; 2 stages x 2 tensor-parallel ranks (--tp 2) equal one process
 #         to 2 parts per million; with -DBF16=1 (a trainer built with bf16) the same --tp 2 run in
-#         bf16 equals one bf16 process to 0.1%.
+#         bf16 equals one bf16 process to 0.1%; with --hand-over e4m3 (packed messages between the
+#         processes) 2 replicas equal one process with the same links to 2 parts per million.
 # cuda:   20 steps of the tiny preset with --backend cuda, then on the host: losses within 0.5%
 #         (float32 either way, other summation orders), and the summary's MFU in (0, 1). Prints
 #         "SKIPPED: ..." when the CUDA runtime finds no usable GPU.
@@ -107,6 +108,7 @@ elseif(MODE STREQUAL "data_parallel")
   string(JSON dp_held_out GET "${summary}" held_out_loss)
   string(JSON dp_train GET "${summary}" train_loss)
   string(JSON dp_optimizer GET "${summary}" optimizer_bytes)
+  string(JSON dp_sent GET "${summary}" sent_bytes_per_step)
   if(NOT EXISTS "${WORK_DIR}/dp.safetensors" OR NOT EXISTS "${WORK_DIR}/dp.state.safetensors")
     message(FATAL_ERROR "the 4-process run did not write ${WORK_DIR}/dp.safetensors and dp.state.safetensors")
   endif()
@@ -134,6 +136,19 @@ elseif(MODE STREQUAL "data_parallel")
   endif()
   string(JSON tp_held_out GET "${summary}" held_out_loss)
   string(JSON tp_train GET "${summary}" train_loss)
+  # Compressed hand-overs between processes: the packed e4m3 messages (pipeline/wire_transport.hpp)
+  # cross MPI. Each replica's 4 sequences make 4 microbatches of one sequence, as one process's 8
+  # sequences in 8 microbatches (below) do, so every message holds the same values and has the same
+  # scale.
+  run_trainer(${flags} --dp 2 --hand-over e4m3)
+  string(JSON e4m3_held_out GET "${summary}" held_out_loss)
+  string(JSON e4m3_train GET "${summary}" train_loss)
+  # Rank 0 (stage 0) sends its activations: packed, a quarter of fp32's bytes and a header each.
+  string(JSON e4m3_sent GET "${summary}" sent_bytes_per_step)
+  math(EXPR e4m3_sent_x3 "3 * ${e4m3_sent}")
+  if(NOT e4m3_sent GREATER 0 OR NOT e4m3_sent_x3 LESS dp_sent)
+    message(FATAL_ERROR "--hand-over e4m3: rank 0 sent ${e4m3_sent} bytes a step, not under a third of the ${dp_sent} at full precision")
+  endif()
   if(BF16)
     # bf16 storage with 2 tensor-parallel ranks: each rank's bf16 part is widened, summed in fp32 and
     # rounded once, where one process rounds the whole GEMM once: equal to bf16 accuracy, not bitwise.
@@ -148,6 +163,14 @@ elseif(MODE STREQUAL "data_parallel")
                  "${one_bf16_held_out}" 1000)
     message("bf16: 2 tensor-parallel ranks ~ one process: held-out loss ${tp_bf16_held_out} and ${one_bf16_held_out}")
   endif()
+  run_trainer(${flags} --hand-over e4m3 --microbatches 8)
+  string(JSON one_e4m3_held_out GET "${summary}" held_out_loss)
+  string(JSON one_e4m3_train GET "${summary}" train_loss)
+  expect_close("e4m3 hand-overs: held-out loss, 2 replicas over MPI against one process" "${e4m3_held_out}"
+               "${one_e4m3_held_out}" 2)
+  expect_close("e4m3 hand-overs: training loss, 2 replicas over MPI against one process" "${e4m3_train}"
+               "${one_e4m3_train}" 2)
+  message("e4m3 hand-overs over MPI = one process: held-out loss ${e4m3_held_out} and ${one_e4m3_held_out}")
   run_trainer(${flags})
   string(JSON one_held_out GET "${summary}" held_out_loss)
   string(JSON one_train GET "${summary}" train_loss)

@@ -67,6 +67,42 @@ TEST_CASE("compressed hand-overs equal rounding layers at the links, bitwise (1F
   check_against_oracle<schedule::ZeroBubbleH1>();
 }
 
+TEST_CASE("compressed links move their packed bytes: a quarter and a half of full messages plus headers",
+          "[pipeline][hand_over]") {
+  // 16 rows in 4 microbatches of 4; every link carries 4 x 8 = 32 doubles (256 bytes) per message.
+  // e4m3 packs them into an 8-byte header and 32 codes (40 bytes, 5 doubles); bf16 into 64 bytes.
+  PipelineOptions options;
+  options.microbatches = 4;
+  options.hand_over = {Wire::full, Wire::e4m3, Wire::bf16};
+  Pipeline<Compressed, schedule::OneFOneB, Host> compressed(options);
+  options.hand_over = {};
+  Pipeline<Compressed, schedule::OneFOneB, Host> plain(options);
+  const Batch b = test::make_batch(16, 4, 4, 3);
+  const optim::SGD sgd({.lr = 0.1});
+  for (int step = 0; step < 2; ++step) {  // the second step reuses the first's buffers
+    const StepStats c = test::bounded(30, [&] { return compressed.train_step(b.inputs(), b.targets(), sgd); });
+    const StepStats p = test::bounded(30, [&] { return plain.train_step(b.inputs(), b.targets(), sgd); });
+    // Worker 0 sends activations over the full link; 1 activations over e4m3 and gradients over full;
+    // 2 activations over bf16 and gradients over e4m3; 3 gradients over bf16.
+    CHECK(p.sent_bytes == std::vector<std::int64_t>{4 * 256, 8 * 256, 8 * 256, 4 * 256});
+    CHECK(c.sent_bytes == std::vector<std::int64_t>{4 * 256, 4 * 40 + 4 * 256, 4 * 64 + 4 * 40, 4 * 64});
+  }
+}
+
+TEST_CASE("a packed e4m3 link with a non-finite activation delivers NaN, which the finite check reports",
+          "[pipeline][hand_over]") {
+  PipelineOptions options;
+  options.microbatches = 2;
+  options.hand_over = {Wire::e4m3};
+  Pipeline<Compressed, schedule::OneFOneB, Host> pipe(options);
+  Batch b = test::make_batch(8, 4, 4, 3);
+  b.x[0] = std::numeric_limits<double>::infinity();
+  const std::string message = test::error_message([&] {
+    test::bounded(30, [&] { return pipe.train_step(b.inputs(), b.targets(), optim::SGD({.lr = 0.1})); });
+  });
+  CHECK_THAT(message, Catch::Contains("finite"));
+}
+
 TEST_CASE("hand_over with a wrong number of links is refused naming the counts", "[pipeline][hand_over]") {
   PipelineOptions options;
   options.microbatches = 2;

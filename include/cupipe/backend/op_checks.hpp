@@ -16,6 +16,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/shape.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/core/wire.hpp"
 
 namespace cupipe::ops::checks {
 
@@ -115,6 +116,28 @@ void transfer(TensorView<const T, S> src, const TensorView<T, S>& dst) {
 template <class T, class S>
 void wire_round_trip(TensorView<const T, S> x, const TensorView<T, S>& y) {
   same_shape("wire_round_trip", {"x", "y"}, x, y);
+}
+
+/// A compressed hand-over's message (core/wire.hpp): `packed` holds wire_elements<T>(wire, n) values
+/// of storage for the n values of `values`.
+template <class T, class S, class V, class P>
+void wire_message(const char* op, const TensorView<V, S>& values, const TensorView<P, S>& packed, Wire wire) {
+  check_view(values, values.shape(), op, "values");
+  check_view(packed, packed.shape(), op, "packed");
+  if (!wire_packs<T>(wire))
+    CUPIPE_THROW(op, ": a ", name(wire), " link over ", sizeof(T), "-byte storage sends the values themselves, "
+                 "not a packed message");
+  if (packed.numel() != wire_elements<T>(wire, values.numel()))
+    CUPIPE_THROW(op, ": ", values.numel(), " values as ", name(wire), " take ", wire_elements<T>(wire, values.numel()),
+                 " elements of storage, but the packed message has ", packed.numel());
+}
+template <class T, class S>
+void wire_pack(TensorView<const T, S> x, const TensorView<T, S>& packed, Wire wire) {
+  wire_message<T>("wire_pack", x, packed, wire);
+}
+template <class T, class S>
+void wire_unpack(TensorView<const T, S> packed, const TensorView<T, S>& y, Wire wire) {
+  wire_message<T>("wire_unpack", y, packed, wire);
 }
 
 // ---- LayerNorm --------------------------------------------------------------------------------

@@ -3,15 +3,25 @@
 // the storage type; `bf16` rounds each value to bfloat16; `e4m3` scales the tensor so that its
 // largest magnitude is 448 and rounds each value to FP8 E4M3 (core/float8.hpp), then scales back.
 // The receiver gets exactly what a compressed message would give it, on every backend.
+//
+// The packed message (ops::wire_pack and ops::wire_unpack) is what a compressed link moves:
+// - bf16: each value's bfloat16, 2 bytes;
+// - e4m3: an 8-byte header, then each value's E4M3 code, 1 byte. The header holds the tensor's
+//   largest magnitude as a double (the scale is 448 over it), 0 for a tensor of zeros, and NaN when
+//   some value is not finite: such a tensor arrives as all NaN, so the receiver's checks see it.
+// The bytes sit in a buffer of the storage type, rounded up to whole elements (wire_elements), so
+// every transport moves them as it moves any message. A bf16 link over bf16 storage packs nothing.
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "cupipe/core/error.hpp"
+#include "cupipe/core/shape.hpp"
 
 namespace cupipe {
 
@@ -41,6 +51,30 @@ inline std::vector<Wire> parse_wires(std::string_view text) {
   }
   if (links.size() == 1 && links.front() == Wire::full) links.clear();
   return links;
+}
+
+/// The text parse_wires reads back: "full" for none, else the entries comma-separated.
+inline std::string wires_text(const std::vector<Wire>& links) {
+  if (links.empty()) return "full";
+  std::string text;
+  for (Wire w : links) text += (text.empty() ? "" : ",") + std::string(name(w));
+  return text;
+}
+
+/// Bytes before an e4m3 message's codes: its largest magnitude as a double.
+inline constexpr std::size_t wire_header_bytes = 8;
+
+/// Whether a link of precision `wire` over storage T sends a packed message (fewer bytes).
+template <class T>
+constexpr bool wire_packs(Wire wire) noexcept {
+  return wire == Wire::e4m3 || (wire == Wire::bf16 && sizeof(T) > 2);
+}
+
+/// Elements of T that hold the packed message of n values (wire_packs<T>(wire)).
+template <class T>
+constexpr index_t wire_elements(Wire wire, index_t n) noexcept {
+  const index_t bytes = wire == Wire::e4m3 ? index_t(wire_header_bytes) + n : 2 * n;
+  return (bytes + index_t(sizeof(T)) - 1) / index_t(sizeof(T));
 }
 
 }  // namespace cupipe

@@ -182,6 +182,7 @@ struct PipelineChecks {
                                           {"seed", std::to_string(o.seed)},
                                           {"zero", o.zero ? "on" : "off"},
                                           {"tensor-parallel ranks", std::to_string(comm->topology().tensor)},
+                                          {"hand-over", wires_text(o.hand_over)},
                                           {"plan fingerprint", schedule::fingerprint(plan)}});
     if (o.channel_capacity > 0 && o.channel_capacity < std::size_t(plan.channel_depth))
       CUPIPE_THROW("Pipeline: channel_capacity ", o.channel_capacity, " is below the ", plan.channel_depth,

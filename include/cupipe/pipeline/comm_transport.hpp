@@ -36,7 +36,7 @@ class CommTransport final : public Transport<Backend> {
     self_.begin_step(capacity);
   }
 
-  void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
+  std::size_t send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
     if (from == to) return self_.send(from, to, key, data);
     Backend& source = *backends_[std::size_t(from)];
     const auto describe = [&] { return "sending " + describe_message(key, "to", to); };
@@ -44,19 +44,27 @@ class CommTransport final : public Transport<Backend> {
     if (direct()) {
       // A device communicator orders the send after the kernels queued on the stream (events); the
       // host waits for nothing. Host memory has nothing queued.
-      if (void* stream = queue_of(source)) return comm_->send(to, key, data.data(), bytes, describe, stream);
+      if (void* stream = queue_of(source)) {
+        comm_->send(to, key, data.data(), bytes, describe, stream);
+        return bytes;
+      }
       source.synchronize();
-      return comm_->send(to, key, data.data(), bytes, describe);
+      comm_->send(to, key, data.data(), bytes, describe);
+      return bytes;
     }
     std::vector<T> host(static_cast<std::size_t>(data.numel()));
     source.download(data.data(), std::span<T>(host));
     comm_->send(to, key, host.data(), bytes, describe);
+    return bytes;
   }
+
+  buffer spare(int at, index_t elements) override { return self_.spare(at, elements); }
+  void recycle(int at, buffer&& message) override { self_.recycle(at, std::move(message)); }
 
   buffer receive(int at, int peer, const MessageKey& key, index_t elements) override {
     if (at == peer) return self_.receive(at, peer, key, elements);
     Backend& be = *backends_[std::size_t(at)];
-    buffer data = be.template allocate<T>(elements, MemoryTag::activations);
+    buffer data = self_.spare(at, elements);
     const auto describe = [&] { return "waiting for " + describe_message(key, "from", peer); };
     const std::size_t bytes = std::size_t(elements) * sizeof(T);
     try {

@@ -36,14 +36,16 @@ class HandOverTransport {
   }
 
   /// Hands `data` (worker From's storage, in its memory) to worker To as To's storage type.
+  /// Returns the bytes sent to another worker (0 when To == From).
   template <int From, int To, class U>
-  void send(const MessageKey& key, TensorView<const U, typename backend_at<From>::space> data) {
+  std::size_t send(const MessageKey& key, TensorView<const U, typename backend_at<From>::space> data) {
     backend_at<To>& target = *workers_.template get<To>();
     using V = typename backend_at<To>::value_type;
     buffer<To> message = target.template allocate<V>(data.numel(), MemoryTag::activations);
     hand_over<backend_at<From>, backend_at<To>, U, V>(*workers_.template get<From>(), target, data,
                                                       TensorView<V, typename backend_at<To>::space>{message.data(), data.shape()});
     std::get<std::size_t(To)>(mailboxes_).send(key, std::move(message));
+    return From == To ? 0 : std::size_t(data.numel()) * sizeof(U);
   }
 
   /// The message `key` from worker `peer`, in worker At's memory.

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Compressed hand-overs (PipelineOptions::hand_over): each link between neighbouring virtual stages
 // may carry its activations forward and its gradients back in a narrower precision (core/wire.hpp:
-// bf16, or FP8 E4M3 with a per-tensor scale). HandOverWires says which link carries what; send_over
-// makes the message a link delivers: a rounded copy in the sender's memory (the sender's own
-// tensor stays as it was: its backward reads it), which the transport then sends as any message.
-// The receiver computes with exactly the values a compressed message gives it, on every backend;
-// the transports still move the storage type, so the bytes on the wire are not yet fewer.
+// bf16, or FP8 E4M3 with a per-tensor scale). HandOverWires says which link carries what.
+// Pipelines with one backend send the packed message (pipeline/wire_transport.hpp): fewer bytes.
+// A pipeline with a backend per worker converts each value on the way (HandOverTransport), so there
+// send_over makes the values a link delivers, a rounded copy in the sender's memory (the sender's
+// own tensor stays as it was: its backward reads it), which that transport sends at full size.
 #pragma once
 
 #include <algorithm>

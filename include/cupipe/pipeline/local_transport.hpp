@@ -40,12 +40,17 @@ class LocalTransport final : public Transport<Backend> {
     for (auto& box : mailboxes_) box->reset(capacity);
   }
 
-  void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
-    Backend& target = *backends_[std::size_t(to)];
-    buffer message = spares_[std::size_t(to)]->take(data.numel());
-    if (message.data() == nullptr) message = target.template allocate<T>(data.numel(), MemoryTag::activations);
-    transfer(*backends_[std::size_t(from)], target, data, ViewOn<Backend, T>{message.data(), data.shape()});
+  std::size_t send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) override {
+    buffer message = spare(to, data.numel());
+    transfer(*backends_[std::size_t(from)], *backends_[std::size_t(to)], data, ViewOn<Backend, T>{message.data(), data.shape()});
     mailboxes_[std::size_t(to)]->send(key, std::move(message));
+    return from == to ? 0 : std::size_t(data.numel()) * sizeof(T);
+  }
+
+  buffer spare(int at, index_t elements) override {
+    buffer message = spares_[std::size_t(at)]->take(elements);
+    if (message.data() == nullptr) message = backends_[std::size_t(at)]->template allocate<T>(elements, MemoryTag::activations);
+    return message;
   }
 
   buffer receive(int at, int peer, const MessageKey& key, index_t) override {

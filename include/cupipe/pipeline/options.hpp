@@ -84,8 +84,9 @@ struct PipelineOptions {
   /// neighbouring virtual stages carries, activations forward and gradients back. Empty: full
   /// precision; one entry: every link; else entry k for the link between virtual stages k and k + 1.
   /// Wire::bf16 rounds each value to bfloat16; Wire::e4m3 scales the tensor to FP8 E4M3's range and
-  /// rounds to it. Every backend computes with the values such a message delivers; the bytes moved
-  /// are still the storage type's.
+  /// rounds to it. Every backend computes with the values such a message delivers. With one backend
+  /// the link sends the packed message (pipeline/wire_transport.hpp: fewer bytes, counted in
+  /// StepStats::sent_bytes); with a backend per worker each message converts at full size.
   std::vector<Wire> hand_over{};
   /// Lay out each stage's per-microbatch buffers (forward records, output gradients, the loss's and
   /// the input gradients) in one block before a step (pipeline/activation_arena.hpp), so that an

@@ -113,7 +113,7 @@ class Pipeline {
       if constexpr (requires { be.tensor_group; })
         if (tensor_group_) be.tensor_group = tensor_group_;
     });
-    transport_ = pipeline::make_transport<Executor>(workers_, options_.communicator, options_.transfer_timeout_seconds);
+    transport_ = pipeline::make_transport<Executor>(workers_, options_);
     runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(
         workers_, stages, options_.measure_actions, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal});
     executor_ = std::make_unique<Executor>(plan_, states_, *transport_, *runtime_, comm(), options_.check_finite,

@@ -152,6 +152,8 @@ class StageExecutor {
     bool laid_out = false;
     /// Whether this step runs the offload plan (prepare; the actions are counted per worker).
     bool offload = false;
+    /// Per worker: bytes its transport moved to other workers (StepStats::sent_bytes).
+    std::array<std::int64_t, std::size_t(workers)> sent_bytes{};
   };
 
   /// `wires`: what each link's hand-overs carry (PipelineOptions::hand_over); `memory`: whether
@@ -322,14 +324,21 @@ class StageExecutor {
     else return transport_.receive(worker_at(K), worker_of(from), key, elements);
   }
   /// Sends `data` (virtual stage From's output or input gradient, in `be`'s memory) to virtual stage
-  /// To, as the link between them carries it (HandOverWires).
+  /// To, as the link between them carries it (HandOverWires: a WireTransport packs it; a mixed
+  /// pipeline's transport converts, so it sends the round trip's values), and adds the bytes moved
+  /// to another worker to `*sent` (when given).
   template <int From, int To, class U>
-  void send_message(stage_backend<From>& be, const MessageKey& key,
-                    TensorView<const U, typename stage_backend<From>::space> data) {
-    send_over(be, wires_.between(From, To), data, [&](TensorView<const U, typename stage_backend<From>::space> sent) {
-      if constexpr (Contexts::mixed) transport_.template send<worker_at(From), worker_at(To)>(key, sent);
-      else transport_.send(worker_at(From), worker_at(To), key, sent);
-    });
+  void send_message(stage_backend<From>& be, const MessageKey& key, TensorView<const U, typename stage_backend<From>::space> data,
+                    std::int64_t* sent = nullptr) {
+    std::size_t bytes = 0;
+    if constexpr (Contexts::mixed) {
+      send_over(be, wires_.between(From, To), data, [&](TensorView<const U, typename stage_backend<From>::space> values) {
+        bytes = transport_.template send<worker_at(From), worker_at(To)>(key, values);
+      });
+    } else {
+      bytes = transport_.send(worker_at(From), worker_at(To), key, data);
+    }
+    if (sent) *sent += std::int64_t(bytes);
   }
   /// Waits for a message for virtual stage K from virtual stage `from`; the action's measured time
   /// starts when it arrives.
@@ -435,7 +444,7 @@ class StageExecutor {
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
     const ConstViewOn<B, T> out = Seq::template output<typename B::space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
-      send_message<K, K + 1>(be, {Flow::activation, K + 1, j}, out);
+      send_message<K, K + 1>(be, {Flow::activation, K + 1, j}, out, &step.sent_bytes[std::size_t(worker_at(K))]);
     } else {
       const auto labels = microbatch_labels(step, j);
       const index_t normalizer = step.plan->normalizer[std::size_t(j)];
@@ -478,7 +487,8 @@ class StageExecutor {
                   K > 0 ? ViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<B, T>{}, st.grads.data(),
                   f.grad_record.data(), !split_backward);
     if constexpr (K > 0)
-      send_message<K, K - 1>(be, {Flow::gradient, K - 1, j}, ConstViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}});
+      send_message<K, K - 1>(be, {Flow::gradient, K - 1, j}, ConstViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}},
+                             &step.sent_bytes[std::size_t(worker_at(K))]);
     if constexpr (!split_backward) finish<K>(st, j, step);
   }
 

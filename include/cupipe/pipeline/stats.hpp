@@ -33,6 +33,10 @@ struct StepStats {
   std::vector<std::int64_t> peak_activation_bytes;  ///< per stage, from its allocator
   std::vector<std::int64_t> peak_weight_bytes;      ///< per stage, all versions held
   std::vector<int> peak_weight_versions;            ///< per stage
+  /// Per worker: the bytes of the step's hand-overs it sent to other workers, as its transport moved
+  /// them (packed where PipelineOptions::hand_over compresses a link); 0 for workers of other
+  /// processes, which report their own.
+  std::vector<std::int64_t> sent_bytes;
   std::vector<ActionRecord> actions;                ///< every action, in start order per stage
   std::int64_t samples = 0;
   /// Pipeline::train_steps with post-validation: this step's update, made before its global gradient

@@ -20,6 +20,8 @@
 #include "cupipe/pipeline/comm_transport.hpp"
 #include "cupipe/pipeline/deferred_checks.hpp"
 #include "cupipe/pipeline/local_transport.hpp"
+#include "cupipe/pipeline/options.hpp"
+#include "cupipe/pipeline/wire_transport.hpp"
 #include "cupipe/pipeline/measure.hpp"
 #include "cupipe/pipeline/step_plan.hpp"
 #include "cupipe/pipeline/worker_runtime.hpp"
@@ -27,18 +29,23 @@
 namespace cupipe::pipeline {
 
 /// The transport of a pipeline whose workers are `workers`: with a backend per worker, hand-overs
-/// that convert; else through `communicator` across processes, or in this process.
+/// that convert; else through the options' communicator across processes, or in this process,
+/// inside a WireTransport where a link of `options.hand_over` packs.
 template <class Executor>
 std::unique_ptr<typename Executor::TransportType> make_transport(typename Executor::Contexts& workers,
-                                                                 std::shared_ptr<comm::Communicator> communicator,
-                                                                 double timeout) {
+                                                                 const PipelineOptions& options) {
   using Contexts = typename Executor::Contexts;
+  const double timeout = options.transfer_timeout_seconds;
   if constexpr (Contexts::mixed) {
     return std::make_unique<typename Executor::TransportType>(workers, timeout);
   } else {
     using Uniform = typename Contexts::Backend;
-    if (communicator) return std::make_unique<CommTransport<Uniform>>(std::move(communicator), workers.pointers(), timeout);
-    return std::make_unique<LocalTransport<Uniform>>(workers.pointers(), timeout);
+    std::unique_ptr<Transport<Uniform>> inner;
+    if (options.communicator) inner = std::make_unique<CommTransport<Uniform>>(options.communicator, workers.pointers(), timeout);
+    else inner = std::make_unique<LocalTransport<Uniform>>(workers.pointers(), timeout);
+    if (!WireTransport<Uniform>::needed(options.hand_over)) return inner;
+    return std::make_unique<WireTransport<Uniform>>(std::move(inner), workers.pointers(),
+                                                    HandOverWires(options.hand_over, Executor::virtual_stages));
   }
 }
 
@@ -184,6 +191,7 @@ class StepLoop {
     workers_.for_each([&](int w, auto& be) { memory[std::size_t(w)] = &be.memory; });
     StepStats stats = measure_step(records, memory, peak_versions, runtime_.measures_actions());
     stats.samples = samples;
+    stats.sent_bytes.assign(step.sent_bytes.begin(), step.sent_bytes.end());
     for (std::size_t j = 0; j < step.losses.size(); ++j)
       stats.loss += step.losses[j] * double(plan.normalizer[j]) / double(samples);
     if (comm_) stats.loss = comm_->sum_over_world(comm_->topology().tensor_rank() == 0 ? stats.loss : 0.0);

@@ -27,11 +27,14 @@ class Transport {
   /// worker holds before senders wait.
   virtual void begin_step(std::size_t capacity) = 0;
   /// Hands `data` (in worker `from`'s memory) to worker `to` under `key`. The caller may reuse
-  /// `data` once this returns.
-  virtual void send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) = 0;
+  /// `data` once this returns. Returns the bytes it moved to another worker (0 when to == from).
+  virtual std::size_t send(int from, int to, const MessageKey& key, ConstViewOn<Backend, T> data) = 0;
   /// The message `key` from worker `peer`, `elements` values, in worker `at`'s memory. A wait longer
   /// than the transfer timeout is an error naming the message and the peer.
   virtual buffer receive(int at, int peer, const MessageKey& key, index_t elements) = 0;
+  /// A buffer of `elements` values in worker `at`'s memory, counted as activations: a recycled
+  /// message of that size where one waits, else a new one.
+  virtual buffer spare(int at, index_t elements) = 0;
   /// Gives back a message worker `at` received and no longer needs, for a later message to it to
   /// reuse (LocalTransport does on the host); by default it is freed.
   virtual void recycle(int /*at*/, buffer&& message) { buffer dropped = std::move(message); }

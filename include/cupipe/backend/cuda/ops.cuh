@@ -211,6 +211,49 @@ void wire_round_trip(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T
   backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::E4m3RoundTripOp<D>{state}, in, out);
 }
 
+/// `packed` = the message a link of precision `wire` sends for x (core/wire.hpp; the host op,
+/// backend/host/wire.hpp, is the reference): bf16 values for float storage; for e4m3, amax's
+/// reduction into the context's scratch, the header from it, and each value's code (no host wait).
+template <class T, class C>
+void wire_pack(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> packed, Wire wire) {
+  checks::wire_pack(x, packed, wire);
+  static_assert(!std::is_same_v<T, double>, "wire_pack: the CUDA op takes float or bf16 storage");
+  using D = backend::cuda::detail::dev_t<T>;
+  const backend::cuda::detail::OpScope scope(be, "cupipe::wire_pack");
+  const D* in = backend::cuda::detail::device_ptr(x.data());
+  auto* bytes = reinterpret_cast<unsigned char*>(packed.data());
+  if (wire == Wire::bf16) {
+    backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::PackBf16Op<D>{}, in,
+                                      reinterpret_cast<__nv_bfloat16*>(bytes));
+    return;
+  }
+  auto* state = static_cast<unsigned*>(be.context().scratch(2 * sizeof(unsigned)));
+  backend::cuda::kernels::amax(be.context(), in, x.numel(), state);
+  backend::cuda::kernels::wire_header(be.context(), state, reinterpret_cast<double*>(bytes));
+  backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::E4m3PackOp<D>{state}, in,
+                                    bytes + wire_header_bytes);
+}
+
+/// y = the values of a packed message (the host op is the reference): wire_round_trip's values for a
+/// finite tensor, all NaN for one with a value that is not finite.
+template <class T, class C>
+void wire_unpack(backend::Cuda<T, C>& be, DeviceConstView<T> packed, DeviceView<T> y, Wire wire) {
+  checks::wire_unpack(packed, y, wire);
+  static_assert(!std::is_same_v<T, double>, "wire_unpack: the CUDA op takes float or bf16 storage");
+  using D = backend::cuda::detail::dev_t<T>;
+  const backend::cuda::detail::OpScope scope(be, "cupipe::wire_unpack");
+  const auto* bytes = reinterpret_cast<const unsigned char*>(packed.data());
+  D* out = backend::cuda::detail::device_ptr(y.data());
+  if (wire == Wire::bf16) {
+    backend::cuda::kernels::transform(be.context(), y.numel(), backend::cuda::kernels::UnpackBf16Op<D>{},
+                                      reinterpret_cast<const __nv_bfloat16*>(bytes), out);
+    return;
+  }
+  backend::cuda::kernels::transform(be.context(), y.numel(),
+                                    backend::cuda::kernels::E4m3UnpackOp<D>{reinterpret_cast<const double*>(bytes)},
+                                    bytes + wire_header_bytes, out);
+}
+
 template <class T, class C, class V>
   requires backend::cuda::detail::either_precision<V, T, C>
 void copy(backend::Cuda<T, C>& be, DeviceConstView<V> from, DeviceView<V> to) {

@@ -138,6 +138,18 @@ inline void wire_round_trip(HostBf16& be, ConstView<bfloat16> x, TensorView<bflo
   wire_round_trip(be.widened(), wx.view(), wy.view(), wire);
   wy.store(y);
 }
+/// bf16 storage packs only for e4m3, from the widened values, as wire_round_trip computes.
+inline void wire_pack(HostBf16&, ConstView<bfloat16> x, TensorView<bfloat16> packed, Wire wire) {
+  checks::wire_pack(x, packed, wire);
+  auto wx = detail::in(x, "wire_pack", "x");
+  detail::pack_wire(wx.view().data(), x.numel(), detail::zero_padding(packed, wire, x.numel()), wire);
+}
+inline void wire_unpack(HostBf16&, ConstView<bfloat16> packed, TensorView<bfloat16> y, Wire wire) {
+  checks::wire_unpack(packed, y, wire);
+  auto wy = detail::out(y, "wire_unpack", "y");
+  detail::unpack_wire(reinterpret_cast<const unsigned char*>(packed.data()), y.numel(), wy.view().data(), wire);
+  wy.store(y);
+}
 inline void residual_add(HostBf16& be, ConstView<bfloat16> a, ConstView<bfloat16> b, TensorView<bfloat16> y) {
   auto wa = detail::in(a, "residual_add", "a"), wb = detail::in(b, "residual_add", "b");
   auto wy = detail::out(y, "residual_add", "y");

@@ -126,6 +126,51 @@ struct E4m3RoundTripOp {
   }
 };
 
+/// A bf16 link's packed value (core/wire.hpp): x rounded to bfloat16, the bits RoundBf16Op keeps.
+template <class T>
+struct PackBf16Op {
+  __device__ void operator()(const T& x, __nv_bfloat16& b) const { b = __float2bfloat16_rn(float(to_acc(x))); }
+};
+template <class T>
+struct UnpackBf16Op {
+  __device__ void operator()(const __nv_bfloat16& b, T& y) const { y = from_acc<T>(__bfloat162float(b)); }
+};
+
+/// An e4m3 link's code for x (core/wire.hpp): E4m3RoundTripOp's code, with `state` from
+/// kernels::amax. Zeros keep their signed codes (scale 1); a tensor with a non-finite value sends
+/// zero codes, and its header (kernels::wire_header) says NaN.
+template <class T>
+struct E4m3PackOp {
+  const unsigned* state;
+  __device__ void operator()(const T& x, unsigned char& code) const {
+    if (state[1] != 0) {
+      code = 0;
+      return;
+    }
+    const float amax = __uint_as_float(state[0]);
+    const float scale = amax == 0.0f ? 1.0f : 448.0f / amax;
+    code = __nv_fp8_e4m3(float(to_acc(x)) * scale).__x;
+  }
+};
+/// y = the code over the scale from the message's header: E4m3RoundTripOp's value; NaN where the
+/// header is.
+template <class T>
+struct E4m3UnpackOp {
+  const double* header;
+  __device__ void operator()(const unsigned char& code, T& y) const {
+    const double h = *header;
+    if (isnan(h)) {
+      y = from_acc<T>(acc_t<T>(__int_as_float(0x7fc00000)));
+      return;
+    }
+    const float amax = float(h);
+    const float scale = amax == 0.0f ? 1.0f : 448.0f / amax;
+    __nv_fp8_e4m3 q;
+    q.__x = code;
+    y = from_acc<T>(float(q) / scale);
+  }
+};
+
 template <class T>
 struct AddOp {
   __device__ void operator()(const T& a, const T& b, T& y) const { y = from_acc<T>(to_acc(a) + to_acc(b)); }

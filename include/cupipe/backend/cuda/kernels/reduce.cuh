@@ -158,4 +158,16 @@ void amax(Context& ctx, const T* x, index_t n, unsigned* state) {
   CUPIPE_CHECK_LAUNCH();
 }
 
+/// An e4m3 message's header (core/wire.hpp) from amax's state: the largest magnitude as a double,
+/// NaN where a value was not finite. A template, as every kernel here (one definition per program).
+template <class Header = double>
+__global__ void wire_header_kernel(const unsigned* state, Header* header) {
+  *header = state[1] != 0 ? __longlong_as_double(0x7ff8000000000000LL) : double(__uint_as_float(state[0]));
+}
+
+inline void wire_header(Context& ctx, const unsigned* state, double* header) {
+  wire_header_kernel<<<1, 1, 0, ctx.stream()>>>(state, header);
+  CUPIPE_CHECK_LAUNCH();
+}
+
 }  // namespace cupipe::backend::cuda::kernels
