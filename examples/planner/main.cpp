@@ -103,7 +103,8 @@ nlohmann::json layout_json(const planner::Layout& l) {
           {"tensor", l.tensor},          {"cuts", l.cuts},              {"step_seconds", l.step_seconds}, {"bubble", l.bubble},
           {"allreduce_seconds", l.allreduce_seconds}, {"update_seconds", l.update_seconds}, {"peak_bytes", l.peak_bytes},
           {"peak_activation_bytes", l.peak_activation_bytes}, {"peak_activation_low_bytes", l.peak_activation_low_bytes},
-          {"peak_activation_high_bytes", l.peak_activation_high_bytes}, {"most_bytes", l.most_bytes}};
+          {"peak_activation_high_bytes", l.peak_activation_high_bytes}, {"most_bytes", l.most_bytes},
+          {"offload", l.offload},        {"offload_resident", l.offload_resident}};
 }
 
 }  // namespace

@@ -47,11 +47,14 @@ struct Peaks {
 
 /// Runs two AdamW steps of `Stages` under `Policy` on `B` with M microbatches of two sequences and
 /// returns each worker's measured peak bytes in the second step (optimizer slots exist by then).
+/// `offload`: the virtual stages that keep at most `resident` records (PipelineOptions::offload).
 template <class Stages, class Policy, int M, class B = Host>
-Peaks measured() {
+Peaks measured(std::vector<int> offload = {}, int resident = 1) {
   PipelineOptions options;
   options.microbatches = M;
   options.seed = 7;
+  options.offload = std::move(offload);
+  options.offload_resident = resident;
   Pipeline<Stages, Policy, B> pipe(options);
   const optim::AdamW adamw({.lr = 1e-3});
   Peaks peaks;
@@ -71,10 +74,10 @@ std::vector<double> measured_peaks() {
   return measured<Stages, Policy, M>().total;
 }
 
-/// The planner's layout for this run on `B`: a cost model of the GPT whose times follow its FLOPs
-/// (the peaks follow the order of actions, which such times reproduce), split as Stages.
-template <class Stages, class Policy, int M, class B = Host>
-planner::Layout planned() {
+/// A cost model of the GPT on `B` whose times follow its FLOPs (the peaks follow the order of
+/// actions, which such times reproduce).
+template <class B = Host>
+planner::CostModel gpt_cost_model() {
   using Body = Gpt::body;
   LayerProfile profile;
   profile.rows = sequences_per_microbatch * T;
@@ -85,9 +88,16 @@ planner::Layout planned() {
       profile.backward_weight.push_back(profile.forward.back())),
      ...);
   }(std::make_index_sequence<Body::size>());
+  planner::CostModel model = planner::cost_model<Body>(profile, int(sizeof(typename B::value_type)), 2, T);
+  model.compute_bytes = int(sizeof(grad_t<B>));
+  return model;
+}
+
+/// The planner's layout for this run on `B` (gpt_cost_model), split as Stages.
+template <class Stages, class Policy, int M, class B = Host>
+planner::Layout planned() {
   planner::Request request;
-  request.model = planner::cost_model<Body>(profile, int(sizeof(typename B::value_type)), 2, T);
-  request.model.compute_bytes = int(sizeof(grad_t<B>));
+  request.model = gpt_cost_model<B>();
   request.devices = int(Stages::size) / Policy::chunks;
   request.batch = M * sequences_per_microbatch;
   request.schedules = {std::string(Policy::name)};
@@ -137,6 +147,29 @@ TEST_CASE("the memory estimate follows each worker's measured peak bytes", "[pip
   check_estimate<partition<Gpt, 4>, schedule::OneFOneB, 8>(tolerance);
   check_estimate<partition<Gpt, 4>, schedule::ZeroBubbleH1, 8>(tolerance);
   check_estimate<partition<Gpt, 4>, schedule::ZeroBubbleH2, 8>(tolerance);
+}
+
+// Activation offload: GPipe's first worker holds every microbatch's record until its backward; with
+// one resident it sends the others to host memory. The measured activation peaks lie within the
+// planner's bounds for the same offload plan, and worker 0's is below what any timing gives without.
+TEST_CASE("with offload the measured activation peaks lie within the planner's bounds", "[pipeline][memory][offload]") {
+  using Stages = partition<Gpt, 2>;
+  const planner::CostModel model = gpt_cost_model<Host>();
+  const schedule::Plan plan = schedule::generate<schedule::GPipe>(schedule::Config{2, 4});
+  const auto sizes = planner::detail::chunk_sizes(model, stage_cuts<Stages>());
+  const std::vector<double> rows(4, double(sequences_per_microbatch * T));
+  const schedule::OffloadPlan offload = schedule::plan_offload(plan, {0}, 1);
+  const planner::detail::ActivationBounds with = planner::detail::activation_bounds(plan, sizes, rows, &offload),
+                                          without = planner::detail::activation_bounds(plan, sizes, rows);
+  const Peaks peaks = measured<Stages, schedule::GPipe, 4>({0}, 1);
+  constexpr double value_bytes = sizeof(double);
+  for (std::size_t w = 0; w < 2; ++w) {
+    INFO("worker " << w << ": measured " << peaks.activations[w] << " bytes, planner with offload "
+                   << with.low[w] * value_bytes << " to " << with.high[w] * value_bytes);
+    CHECK(peaks.activations[w] >= with.low[w] * value_bytes);
+    CHECK(peaks.activations[w] <= with.high[w] * value_bytes);
+  }
+  CHECK(with.high[0] < without.low[0]);
 }
 
 // bf16 storage: weights in use and activations take 2 bytes, gradients, AdamW slots and the fp32

@@ -19,6 +19,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/shape.hpp"
+#include "cupipe/schedule/offload.hpp"
 #include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/simulate.hpp"
 
@@ -87,6 +88,25 @@ inline ActionValues action_values(const schedule::Plan& plan, const std::vector<
   return v;
 }
 
+/// What an offload plan (schedule::plan_offload) adds to action i of worker w (values times rows):
+/// the record its B brings back, allocated at its start, and the records that leave for host memory
+/// after it, freed at its end (StageExecutor::bring_back, send_out). Zero without a plan.
+struct OffloadValues {
+  double back = 0, out = 0;
+};
+
+inline OffloadValues offload_values(const schedule::Plan& plan, const schedule::OffloadPlan* offload,
+                                    const std::vector<ChunkSizes>& sizes, const std::vector<double>& rows, int w, std::size_t i) {
+  OffloadValues v;
+  if (offload == nullptr || offload->empty()) return v;
+  const schedule::Action& a = plan.actions[std::size_t(w)][i];
+  if (offload->back_before[std::size_t(w)][i])
+    v.back = rows[std::size_t(a.microbatch)] * sizes[std::size_t(plan.virtual_stage(w, a))].record;
+  for (const schedule::OffloadMove& move : offload->out_after[std::size_t(w)][i])
+    v.out += rows[std::size_t(move.microbatch)] * sizes[std::size_t(move.virtual_stage)].record;
+  return v;
+}
+
 /// Each worker's peak activation values (times rows) when `plan` runs with `sim`'s timing: the
 /// allocations of StageExecutor and the in-process transport replayed in simulated time.
 ///   F of virtual stage k: at its start the record (rows x record); at its end the output message
@@ -99,9 +119,11 @@ inline ActionValues action_values(const schedule::Plan& plan, const std::vector<
 /// At equal times messages come first (a message that lands as the receiver finishes an action may
 /// land before its frees: the estimate takes the larger peak), then frees, then allocations at an
 /// action's start.
-/// `rows[j]` is microbatch j's rows.
+/// `rows[j]` is microbatch j's rows. With `offload`, records also leave after their actions and come
+/// back before their B (offload_values).
 inline std::vector<double> activation_peaks(const schedule::Plan& plan, const schedule::SimResult& sim,
-                                            const std::vector<ChunkSizes>& sizes, const std::vector<double>& rows) {
+                                            const std::vector<ChunkSizes>& sizes, const std::vector<double>& rows,
+                                            const schedule::OffloadPlan* offload = nullptr) {
   struct Event {
     double time;
     int order;  // 0 message, 1 free, 2 allocation at a start
@@ -113,10 +135,11 @@ inline std::vector<double> activation_peaks(const schedule::Plan& plan, const sc
     const auto& actions = plan.actions[std::size_t(w)];
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const ActionValues v = action_values(plan, sizes, rows, w, actions[i]);
+      const OffloadValues moved = offload_values(plan, offload, sizes, rows, w, i);
       const schedule::ActionTime t = sim.times[std::size_t(w)][i];
-      events.push_back({t.start, 2, w, v.allocate});
+      events.push_back({t.start, 2, w, v.allocate + moved.back});
       if (v.to >= 0) events.push_back({t.end, 0, v.to, v.message});
-      if (v.free > 0) events.push_back({t.end, 1, w, -v.free});
+      if (v.free + moved.out > 0) events.push_back({t.end, 1, w, -(v.free + moved.out)});
     }
   }
   std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
@@ -241,11 +264,12 @@ struct ActionSlot {
   double own = 0;  // messages to this worker from its own action, landing as it ends
 };
 
-/// Every action's own values and every message placed at its earliest and latest landing on its
-/// receiver, per worker (`clock`: happens_before_clocks).
+/// Every action's own values (with `offload`'s moves) and every message placed at its earliest and
+/// latest landing on its receiver, per worker (`clock`: happens_before_clocks).
 inline std::vector<std::vector<ActionSlot>> place_messages(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
                                                            const std::vector<double>& rows, const ActionGraph& graph,
-                                                           const std::vector<int>& clock) {
+                                                           const std::vector<int>& clock,
+                                                           const schedule::OffloadPlan* offload = nullptr) {
   const std::size_t W = std::size_t(plan.config.stages);
   const std::vector<std::size_t>& first = graph.first;
   std::vector<std::vector<ActionSlot>> slots(W);
@@ -254,9 +278,10 @@ inline std::vector<std::vector<ActionSlot>> place_messages(const schedule::Plan&
     const auto& actions = plan.actions[w];
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const ActionValues v = action_values(plan, sizes, rows, int(w), actions[i]);
+      const OffloadValues moved = offload_values(plan, offload, sizes, rows, int(w), i);
       ActionSlot& s = slots[w][i];
-      s.allocate = v.allocate;
-      s.free = v.free;
+      s.allocate = v.allocate + moved.back;
+      s.free = v.free + moved.out;
       // The message this action sends, placed on its receiver.
       if (v.to < 0) continue;
       const double values = v.message;
@@ -314,11 +339,12 @@ inline ActivationBounds replay_bounds(const std::vector<std::vector<ActionSlot>>
 
 /// Each worker's least and most activation peak (see ActivationBounds): the plan's actions as a
 /// graph, their vector clocks, every message placed at its earliest and latest landing, the replay.
+/// With `offload`, its moves are the worker's own, in program order (offload_values).
 inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
-                                          const std::vector<double>& rows) {
+                                          const std::vector<double>& rows, const schedule::OffloadPlan* offload = nullptr) {
   const ActionGraph graph = action_graph(plan);
   const std::vector<int> clock = happens_before_clocks(plan, graph);
-  return replay_bounds(place_messages(plan, sizes, rows, graph, clock));
+  return replay_bounds(place_messages(plan, sizes, rows, graph, clock, offload));
 }
 
 }  // namespace detail

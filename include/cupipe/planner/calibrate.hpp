@@ -440,6 +440,7 @@ CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backe
   const LinkCost link = local_link<Backend>();
   model.link_latency = link.latency;
   model.link_bytes_per_second = link.bytes_per_second;
+  model.offload_bytes_per_second = offload_bandwidth<Backend>();
   return model;
 }
 

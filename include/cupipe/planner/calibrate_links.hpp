@@ -75,6 +75,27 @@ LinkCost local_link(index_t small = index_t(1) << 10, index_t large = index_t(1)
   return detail::fit_link(t_small, t_large, double(small) * sizeof(T), double(large) * sizeof(T));
 }
 
+/// Measured bytes per second of a forward record's copy between a context of `Backend` and host
+/// memory, one way (CostModel::offload_bytes_per_second): the backend's download and then upload
+/// of `values` values, as activation offload moves a record out and back (StageExecutor::send_out,
+/// bring_back), the median of `repeats` round trips over twice the bytes.
+template <class Backend>
+double offload_bandwidth(index_t values = index_t(1) << 20, int repeats = 5) {
+  using T = typename Backend::value_type;
+  CUPIPE_REQUIRE(values >= 1 && repeats >= 1, "planner: time offload copies of at least one value, once");
+  Backend be;
+  auto data = be.template allocate<T>(values, MemoryTag::activations);
+  fill(be, ViewOn<Backend, T>{data.data(), Shape{values}}, T(1));
+  HostBuffer<T> host(values, nullptr, MemoryTag::activations, BlockFill::none);
+  be.synchronize();
+  const double seconds = cupipe::detail::median_seconds(repeats, [&] {
+    be.download(data.data(), host.span());
+    be.upload(std::span<const T>(host.span()), data.data());
+    be.synchronize();
+  });
+  return seconds > 0 ? 2.0 * double(values) * sizeof(T) / seconds : 0.0;
+}
+
 /// Measured seconds after which a worker blocked in its mailbox runs once a message for it is
 /// posted (CostModel::wake_seconds): two threads pass a one-value message back and forth through a
 /// LocalTransport, as two workers of a pipeline do, `round_trips` times after a few to warm up;

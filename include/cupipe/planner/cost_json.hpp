@@ -61,6 +61,7 @@ inline nlohmann::json to_json(const CostModel& m) {
   return {{"profiled_rows", m.profiled_rows}, {"rows_per_sample", m.rows_per_sample}, {"value_bytes", m.value_bytes},
           {"compute_bytes", m.gradient_bytes()}, {"optimizer_slots", m.optimizer_slots}, {"link_latency", m.link_latency},
           {"link_bytes_per_second", m.link_bytes_per_second}, {"allreduce_bytes_per_second", m.allreduce_bytes_per_second},
+          {"offload_bytes_per_second", m.offload_bytes_per_second},
           {"update_seconds_per_param", m.update_seconds_per_param}, {"step_overhead_seconds", m.step_overhead_seconds},
           {"action_overhead_seconds", m.action_overhead_seconds}, {"wake_seconds", m.wake_seconds}, {"contention", m.contention},
           {"tied", m.tied}, {"tensor_sum_latency", m.tensor_sum_latency},
@@ -86,6 +87,7 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
     m.link_latency = j.value("link_latency", 0.0);
     m.link_bytes_per_second = j.value("link_bytes_per_second", 0.0);
     m.allreduce_bytes_per_second = j.value("allreduce_bytes_per_second", 0.0);
+    m.offload_bytes_per_second = j.value("offload_bytes_per_second", 0.0);
     m.update_seconds_per_param = j.value("update_seconds_per_param", 0.0);
     m.step_overhead_seconds = j.value("step_overhead_seconds", 0.0);
     m.action_overhead_seconds = j.value("action_overhead_seconds", 0.0);

@@ -66,6 +66,9 @@ struct CostModel {
   double link_latency = 0;      ///< seconds per hand-over between stages
   double link_bytes_per_second = 0;       ///< hand-over bandwidth; 0: free
   double allreduce_bytes_per_second = 0;  ///< data-parallel gradient sum bandwidth; 0: free
+  /// A forward record's copy between a worker's memory and host memory, one way (activation
+  /// offload: the backend's download and upload); 0: not measured, and the planner does not offload.
+  double offload_bytes_per_second = 0;
   double update_seconds_per_param = 0;    ///< the optimizer step with its norm, per parameter
   /// What a training step takes beyond its actions and update (staging the batch, allocations,
   /// reading the loss, waking the workers), once per step; planner::calibrate measures it.
@@ -148,6 +151,11 @@ struct Request {
   /// name, the stages, the replicas and the tensor-parallel ranks, the reason it cannot (the layout
   /// is then refused with it), or an empty string. Empty function: it runs every layout.
   std::function<std::string(std::string_view schedule, int stages, int replicas, int tensor)> refuses{};
+  /// A layout over `memory_bytes` may offload activations (PipelineOptions::offload): the virtual
+  /// stages of each worker over it keep the most forward records resident that fit, and the copies
+  /// cost what CostModel::offload_bytes_per_second says. Needs that figure; off: such a layout is
+  /// refused.
+  bool offload = true;
 };
 
 /// One layout and what the cost model predicts for it.
@@ -172,6 +180,11 @@ struct Layout {
   /// Per worker, the least and most activation peak over every timing the plan allows
   /// (detail::activation_bounds): a measured peak lies between them whatever the machine does.
   std::vector<double> peak_activation_low_bytes, peak_activation_high_bytes;
+  /// Activation offload (PipelineOptions::offload, offload_resident): the virtual stages that keep
+  /// at most `offload_resident` forward records on the device; empty: none. Its copies are in
+  /// step_seconds.
+  std::vector<int> offload{};
+  int offload_resident = 0;
   double samples_per_second() const { return step_seconds > 0 ? 1.0 / step_seconds : 0; }
   std::string describe() const;
 };
@@ -198,6 +211,11 @@ inline std::string Layout::describe() const {
   std::ostringstream out;
   out << schedule << " p=" << stages << " v=" << chunks << " m=" << microbatches << " d=" << replicas;
   if (tensor > 1) out << " t=" << tensor;
+  if (!offload.empty()) {
+    out << " offload=";
+    for (std::size_t i = 0; i < offload.size(); ++i) out << (i ? "," : "") << offload[i];
+    out << " resident=" << offload_resident;
+  }
   return out.str();
 }
 

@@ -209,6 +209,9 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
   out << "best: " << best.describe() << " (predicted, from the cost model)\n"
       << "  step " << best.step_seconds * 1e3 << " ms, bubble " << best.bubble << ", update " << best.update_seconds * 1e3
       << " ms, gradient sum " << best.allreduce_seconds * 1e3 << " ms\n";
+  if (!best.offload.empty())
+    out << "  activation offload: its virtual stages keep at most " << best.offload_resident
+        << " forward records on the device (PipelineOptions::offload, offload_resident); the copies are in the step\n";
   // The layer names of the split the best layout runs (a tensor-parallel part's own names).
   const std::vector<LayerCost>* names = &model.layers;
   for (const TensorVariant& v : model.tensor_variants)

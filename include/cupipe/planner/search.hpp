@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -20,6 +21,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/shape.hpp"
+#include "cupipe/schedule/offload.hpp"
 #include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/simulate.hpp"
 
@@ -316,10 +318,12 @@ inline schedule::Costs step_costs(const Request& request, const CostModel& model
 /// time they ran, with as many workers busy as the first simulation says. Workers of one process
 /// share its cores; across processes, the ranks one node holds share its cores alike, and
 /// replicas and tensor ranks run the timeline the simulation has for one pipeline.
+/// With `offload`, its copies are in the actions (schedule::simulate).
 inline schedule::SimResult simulate_with_contention(const Request& request, const CostModel& model, const Candidate& c,
-                                                    const schedule::Plan& plan, schedule::Costs costs) {
+                                                    const schedule::Plan& plan, schedule::Costs costs,
+                                                    const schedule::OffloadPlan* offload = nullptr) {
   const int p = c.p, d = c.d, t = c.t, virtual_stages = c.virtual_stages();
-  schedule::SimResult sim = schedule::simulate(plan, costs);
+  schedule::SimResult sim = schedule::simulate(plan, costs, offload);
   const int sharing = request.one_process ? p * d * t : std::min(p * d * t, request.colocated);
   // One entry (an action alone) still charges turns on too few cores.
   if (sharing > 1 && !model.contention.empty() &&
@@ -334,16 +338,17 @@ inline schedule::SimResult simulate_with_contention(const Request& request, cons
     };
     if (!costs.per_virtual_stage.empty()) scale(costs.per_virtual_stage);
     for (std::vector<schedule::StageCosts>& list : costs.per_microbatch) scale(list);
-    sim = schedule::simulate(plan, costs);
+    sim = schedule::simulate(plan, costs, offload);
   }
   return sim;
 }
 
 /// The layout `sim` predicts: its bubble, each worker's state and activation bytes (at the
 /// simulated times and bounded over every timing), the replicas' gradient sum, a flush update and
-/// the step's time.
+/// the step's time. With `offload`, its stages and cap, and its moves in the activations.
 inline Layout priced_layout(const Request& request, const CostModel& model, const Candidate& c, const schedule::Config& config,
-                            const schedule::Plan& plan, const schedule::SimResult& sim, const std::vector<double>& rows) {
+                            const schedule::Plan& plan, const schedule::SimResult& sim, const std::vector<double>& rows,
+                            const schedule::OffloadPlan* offload = nullptr) {
   const int d = c.d;
   const std::vector<double> params = worker_params(model, plan, c.cuts);
   Layout layout;
@@ -356,8 +361,8 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
   layout.batches = config.batches;
   layout.cuts = c.cuts;
   layout.bubble = sim.bubble_fraction;
-  const std::vector<double> values = activation_peaks(plan, sim, c.sizes, rows);
-  const ActivationBounds bounds = activation_bounds(plan, c.sizes, rows);
+  const std::vector<double> values = activation_peaks(plan, sim, c.sizes, rows, offload);
+  const ActivationBounds bounds = activation_bounds(plan, c.sizes, rows, offload);
   layout.peak_bytes = state_bytes(model, sim, params);
   layout.most_bytes = layout.peak_bytes;
   const double value_bytes = double(model.value_bytes);
@@ -393,6 +398,39 @@ inline std::string memory_refusal(const Request& request, const Layout& layout) 
              gigabytes(request.memory_bytes) + " a device has";
   }
   return {};
+}
+
+/// `over` (a layout over the request's device memory) with activation offload (Request::offload):
+/// the virtual stages of every worker over the memory keep the most forward records resident that
+/// fit, from one fewer than the plan holds down to 1 (schedule::plan_offload). Each move costs the
+/// largest such record's bytes over CostModel::offload_bytes_per_second inside its action, as the
+/// runtime's synchronous copies do. Empty where offload is off or unmeasured, or nothing fits.
+inline std::optional<Layout> offloaded_layout(const Request& request, const CostModel& model, const Candidate& c,
+                                              const schedule::Config& config, const schedule::Plan& plan,
+                                              const std::vector<double>& rows, const Layout& over) {
+  if (!request.offload || model.offload_bytes_per_second <= 0 || request.memory_bytes <= 0) return std::nullopt;
+  std::vector<int> stages;
+  const double largest_rows = *std::max_element(rows.begin(), rows.end());
+  double record_bytes = 0;
+  for (int k = 0; k < c.virtual_stages(); ++k)
+    if (over.most_bytes[std::size_t(plan.placement.worker_of(k))] > request.memory_bytes) {
+      stages.push_back(k);
+      record_bytes = std::max(record_bytes, largest_rows * c.sizes[std::size_t(k)].record * double(model.value_bytes));
+    }
+  if (stages.empty()) return std::nullopt;
+  schedule::Costs costs = step_costs(request, model, c, rows);
+  costs.offload = record_bytes / model.offload_bytes_per_second;
+  const std::vector<int> held = schedule::plan_offload(plan, stages, config.total_microbatches()).peak_resident;
+  for (int resident = *std::max_element(held.begin(), held.end()) - 1; resident >= 1; --resident) {
+    const schedule::OffloadPlan offload = schedule::plan_offload(plan, stages, resident);
+    const schedule::SimResult sim = simulate_with_contention(request, model, c, plan, costs, &offload);
+    Layout layout = priced_layout(request, model, c, config, plan, sim, rows, &offload);
+    if (!memory_refusal(request, layout).empty()) continue;
+    layout.offload = stages;
+    layout.offload_resident = resident;
+    return layout;
+  }
+  return std::nullopt;
 }
 
 /// Every policy and microbatch count for p stages, d replicas and t tensor-parallel ranks per stage,
@@ -433,8 +471,12 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
           simulate_with_contention(request, model, candidate, plan, step_costs(request, model, candidate, rows));
       Layout layout = priced_layout(request, model, candidate, config, plan, sim, rows);
       if (std::string why = memory_refusal(request, layout); !why.empty()) {
-        report.rejected.push_back({name, std::move(why)});
-        continue;
+        std::optional<Layout> offloaded = offloaded_layout(request, model, candidate, config, plan, rows, layout);
+        if (!offloaded) {
+          report.rejected.push_back({name, std::move(why)});
+          continue;
+        }
+        layout = std::move(*offloaded);
       }
       report.ranked.push_back(std::move(layout));
     }
