@@ -5,7 +5,7 @@
 // check can fail), device-side step timing, the V schedules and DualPipeV's F&B pairs on two
 // streams (ordering, held-back blocks, concurrency), the ReLU NaN and null-input contracts, a
 // pipeline of CPU and GPU stages (backend::PerWorker), a bad label reported once after a step's
-// actions, and stages on devices 0,0,1,1 ([multi_gpu]).
+// actions, activation offload and packed hand-overs, and stages on devices 0,0,1,1 ([multi_gpu]).
 //
 // Own main: exits 77 (ctest "Skipped") without a device, and with fewer devices than
 // --min-devices (the multi_gpu tests are registered with --min-devices 2).
@@ -192,6 +192,41 @@ TEST_CASE("ZBV, V-Half, DualPipeV (its F&B pairs on two streams) and breadth-fir
   check_cuda_equals_host<schedule::VHalf, 2>({0, 0});
   check_cuda_equals_host<schedule::DualPipeV, 2>({0, 0});
   check_cuda_equals_host<schedule::BreadthFirst<2>, 2>({0, 0});
+}
+
+TEST_CASE("activation offload and packed hand-overs on CUDA", "[gpu][pipeline][offload][hand_over]") {
+  using Stages = partition_for<Deep, 2, schedule::GPipe>;
+  using Gpu = Pipeline<Stages, schedule::GPipe, backend::Cuda<float>>;
+  using Cpu = Pipeline<Stages, schedule::GPipe, backend::Host<float>>;
+  PipelineOptions options;
+  options.microbatches = 4;
+  options.seed = seed;
+  PipelineOptions offloading = options;
+  offloading.offload = {0};  // GPipe's first stage holds 4 records; with one resident 3 go out and back
+  offloading.offload_resident = 1;
+  PipelineOptions packed = options;
+  packed.hand_over = {Wire::e4m3};
+  Gpu plain(options), offloaded(offloading), compressed(packed);
+  Cpu host(packed);
+  const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
+  for (int step = 0; step < 3; ++step) {
+    const HostBatch b = make_batch(8, 300 + std::uint64_t(step));
+    const StepStats p = plain.train_step(b.inputs(), b.targets(), sgd);
+    const StepStats o = offloaded.train_step(b.inputs(), b.targets(), sgd);
+    CHECK(o.loss == p.loss);  // the same kernels on the same values: bitwise
+    const StepStats c = compressed.train_step(b.inputs(), b.targets(), sgd);
+    const StepStats h = host.train_step(b.inputs(), b.targets(), sgd);
+    // 4 activations of 2 x 16 floats forward, 4 gradients back: 128 bytes each at full precision,
+    // 8 + 32 as e4m3.
+    CHECK(p.sent_bytes == std::vector<std::int64_t>{4 * 128, 4 * 128});
+    CHECK(c.sent_bytes == std::vector<std::int64_t>{4 * 40, 4 * 40});
+    CHECK(c.sent_bytes == h.sent_bytes);
+    // The CUDA pack gives the host's codes for the host's values; the values differ in the last bits
+    // (other summation orders), which can move a code by one: 1/16 of a value at most.
+    CHECK(std::abs(c.loss - h.loss) <= 1e-3 * std::abs(h.loss));
+  }
+  CHECK(offloaded.parameters() == plain.parameters());
+  CHECK(relative_error(compressed.parameters(), host.parameters()) <= 1e-3);
 }
 
 TEST_CASE("an overlap's side stream starts after the main stream's work and holds its released blocks until the join",
