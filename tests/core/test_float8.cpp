@@ -70,6 +70,60 @@ TEST_CASE("float8_e4m3 encodes every value to its own code, ties to even, satura
   CHECK(float8_e4m3(-0.0).bits == 0x80);
 }
 
+/// E5M2's value of code `c` by the specification: (-1)^s 2^(e-15) (1 + m/4) for 0 < e < 31,
+/// (-1)^s 2^-14 (m/4) for e = 0; e = 31 is an infinity for m = 0 and NaN otherwise.
+double spec_value_e5m2(int c) {
+  const int s = c >> 7, e = (c >> 2) & 0x1F, m = c & 3;
+  if (e == 31) return m == 0 ? (s ? -1 : 1) * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  const double magnitude = e == 0 ? std::ldexp(m / 4.0, -14) : std::ldexp(1 + m / 4.0, e - 15);
+  return s ? -magnitude : magnitude;
+}
+
+TEST_CASE("float8_e5m2 decodes every code as the OCP specification", "[core][float8]") {
+  using cupipe::float8_e5m2;
+  for (int c = 0; c < 256; ++c) {
+    const float value = float(float8_e5m2::from_bits(std::uint8_t(c)));
+    const double expected = spec_value_e5m2(c);
+    if (std::isnan(expected)) CHECK(std::isnan(value));
+    else CHECK(double(value) == expected);
+  }
+  CHECK(float(float8_e5m2::from_bits(0x7B)) == 57344.0f);
+  CHECK(float(float8_e5m2::from_bits(0x01)) == std::ldexp(1.0f, -16));
+  CHECK(float(float8_e5m2::from_bits(0x3C)) == 1.0f);
+  CHECK(std::isinf(float(float8_e5m2::from_bits(0xFC))));
+}
+
+TEST_CASE("float8_e5m2 encodes every value to its own code, ties to even, saturating", "[core][float8]") {
+  using cupipe::float8_e5m2;
+  for (int c = 0; c < 256; ++c) {
+    const double v = spec_value_e5m2(c);
+    if (std::isnan(v)) {
+      const std::uint8_t got = float8_e5m2(v).bits;
+      CHECK(((got >> 2) & 0x1F) == 31);
+      CHECK((got & 3) != 0);
+      continue;
+    }
+    if (std::isinf(v)) {
+      CHECK(float8_e5m2(v).bits == (c & 0x80) + 0x7B);  // saturating: an infinity becomes the largest
+      continue;
+    }
+    CHECK(float8_e5m2(v).bits == c);
+  }
+  for (int c = 0; c < 0x7B; ++c) {
+    const double lo = spec_value_e5m2(c), hi = spec_value_e5m2(c + 1), mid = (lo + hi) / 2;
+    CHECK(float8_e5m2(std::nextafter(mid, lo)).bits == c);
+    CHECK(float8_e5m2(std::nextafter(mid, hi)).bits == c + 1);
+    CHECK(float8_e5m2(mid).bits == (c % 2 == 0 ? c : c + 1));
+    CHECK(float8_e5m2(-mid).bits == (0x80 | (c % 2 == 0 ? c : c + 1)));
+  }
+  CHECK(float8_e5m2(61440.0).bits == 0x7B);  // the midpoint to 2^16 saturates
+  CHECK(float8_e5m2(1e30).bits == 0x7B);
+  CHECK(float8_e5m2(-1e30).bits == 0xFB);
+  CHECK(float8_e5m2(std::ldexp(1.0, -17)).bits == 0x00);  // half the smallest subnormal: ties to 0
+  CHECK(float8_e5m2(std::ldexp(1.5, -17)).bits == 0x01);
+  CHECK(float8_e5m2(-0.0).bits == 0x80);
+}
+
 TEST_CASE("bfloat16_round_trip rounds a double once, to nearest even", "[core][float8]") {
   CHECK(cupipe::bfloat16_round_trip(1.0) == 1.0);
   const double ulp = std::ldexp(1.0, -7);  // bfloat16's spacing in [1, 2)
