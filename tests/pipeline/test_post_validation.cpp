@@ -96,6 +96,7 @@ void check_bitwise(Clip clip) {
     CHECK(got[t].loss == expected[t].loss);
     CHECK(got[t].grad_norm == expected[t].grad_norm);
     CHECK(got[t].samples == expected[t].samples);
+    CHECK(got[t].sent_bytes == expected[t].sent_bytes);  // a rerun step counts its own run's bytes only
     // An update is rolled back when its norm clips; the last step is checked before its update.
     const bool clips = optim::clip_factor(expected[t].grad_norm, clip_norm) != 1.0;
     CHECK(got[t].rolled_back == (clips && t + 1 < got.size()));

@@ -7,7 +7,8 @@
 //   subnormal 2^-16.
 // Conversion rounds to nearest, ties to even, and saturates: a finite value or an infinity beyond the
 // largest becomes +-largest (CUDA's __NV_SATFINITE), NaN stays NaN. This is the host's reference for
-// the CUDA conversions (cuda_fp8.h), so both give the same bits.
+// the CUDA conversions (cuda_fp8.h), so both give the same bits for every value but NaN: the host
+// keeps a NaN's sign (E4M3 S.1111.111, E5M2 S.11111.10), CUDA's float conversion gives 0x7F.
 // Also the round trip of a double through bfloat16 (the float one is core/dtype.hpp's bfloat16).
 #pragma once
 

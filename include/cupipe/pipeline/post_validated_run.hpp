@@ -97,6 +97,7 @@ class PostValidatedRun {
     const auto optimizer = [&](int t) -> const Optimizer& { return optimizers[std::size_t(first + t)]; };
     const schedule::Plan& plan = repeated_plan(count);
     NormLedger ledger(count, virtual_stages, stages, tied);
+    for (int t = first; t < int(steps.size()); ++t) steps[std::size_t(t)].sent_bytes.fill(0);  // a rerun counts afresh
     loop_.reset(m, 0);
     // The boundary of worker w after step t: check step t-1's norm, report step t's, save, update.
     auto boundary = [&](int w, int t) {

@@ -78,11 +78,14 @@ LinkCost local_link(index_t small = index_t(1) << 10, index_t large = index_t(1)
 /// Measured bytes per second of a forward record's copy between a context of `Backend` and host
 /// memory, one way (CostModel::offload_bytes_per_second): the backend's download and then upload
 /// of `values` values, as activation offload moves a record out and back (StageExecutor::send_out,
-/// bring_back), the median of `repeats` round trips over twice the bytes.
+/// bring_back), the median of `repeats` round trips over twice the bytes. 0 for a backend whose
+/// memory is host memory: there offload only moves a record from one host buffer to another and
+/// frees nothing, so the planner must not offer it.
 template <class Backend>
 double offload_bandwidth(index_t values = index_t(1) << 20, int repeats = 5) {
   using T = typename Backend::value_type;
   CUPIPE_REQUIRE(values >= 1 && repeats >= 1, "planner: time offload copies of at least one value, once");
+  if constexpr (host_accessible<typename Backend::space>) return 0.0;
   Backend be;
   auto data = be.template allocate<T>(values, MemoryTag::activations);
   fill(be, ViewOn<Backend, T>{data.data(), Shape{values}}, T(1));

@@ -214,6 +214,7 @@ void wire_round_trip(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T
 /// `packed` = the message a link of precision `wire` sends for x (core/wire.hpp; the host op,
 /// backend/host/wire.hpp, is the reference): bf16 values for float storage; for e4m3, amax's
 /// reduction into the context's scratch, the header from it, and each value's code (no host wait).
+/// The bytes past the last code (storage rounds up) are zeroed, as on the host.
 template <class T, class C>
 void wire_pack(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> packed, Wire wire) {
   checks::wire_pack(x, packed, wire);
@@ -222,6 +223,9 @@ void wire_pack(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> pack
   const backend::cuda::detail::OpScope scope(be, "cupipe::wire_pack");
   const D* in = backend::cuda::detail::device_ptr(x.data());
   auto* bytes = reinterpret_cast<unsigned char*>(packed.data());
+  const std::size_t used = wire == Wire::e4m3 ? wire_header_bytes + std::size_t(x.numel()) : 2 * std::size_t(x.numel()),
+                    total = std::size_t(packed.numel()) * sizeof(T);
+  if (total > used) CUPIPE_CHECK_CUDA(cudaMemsetAsync(bytes + used, 0, total - used, be.stream()));
   if (wire == Wire::bf16) {
     backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::PackBf16Op<D>{}, in,
                                       reinterpret_cast<__nv_bfloat16*>(bytes));

@@ -46,12 +46,21 @@ WireAmax<A> wire_amax(const A* x, index_t n) noexcept {
   return m;
 }
 
+/// The e4m3 scale of a tensor whose largest magnitude is `amax`: 448 / amax, or 1 where that would
+/// not be finite (a tensor of zeros, or one so small, below 448 / A's largest, that its codes are
+/// signed zeros either way). The CUDA ops compute the same in float.
+template <class A>
+A wire_scale(A amax) noexcept {
+  return amax > A(float8_e4m3::max) / std::numeric_limits<A>::max() ? A(float8_e4m3::max) / amax : A(1);
+}
+
 }  // namespace detail
 
 /// y = x as a hand-over of precision `wire` delivers it (core/wire.hpp): bf16 rounds each value to
 /// bfloat16 (nearest even); e4m3 scales by 448 / max|x|, rounds each value to FP8 E4M3 (nearest even,
-/// saturating) and divides by the scale, in T's arithmetic, as the CUDA op does. A tensor of zeros
-/// or with a non-finite value passes unchanged, so a later finite check still sees it. y may alias x.
+/// saturating) and divides by the scale, in T's arithmetic, as the CUDA op does (a tensor too small
+/// for that scale to be finite takes scale 1: detail::wire_scale). A tensor of zeros or with a
+/// non-finite value passes unchanged, so a later finite check still sees it. y may alias x.
 template <class T>
 void wire_round_trip(backend::Host<T>&, ConstView<T> x, TensorView<T> y, Wire wire) {
   checks::wire_round_trip(x, y);
@@ -65,7 +74,7 @@ void wire_round_trip(backend::Host<T>&, ConstView<T> x, TensorView<T> y, Wire wi
     if (y.data() != x.data()) std::copy_n(x.data(), n, y.data());
     return;
   }
-  const T scale = T(float8_e4m3::max) / amax;
+  const T scale = detail::wire_scale(amax);
   for (index_t i = 0; i < n; ++i) y[i] = T(float(float8_e4m3(double(x[i] * scale)))) / scale;
 }
 
@@ -90,7 +99,7 @@ void pack_wire(const A* x, index_t n, unsigned char* out, Wire wire) {
     std::fill_n(codes, n, 0);
     return;
   }
-  const A scale = amax == A(0) ? A(1) : A(float8_e4m3::max) / amax;  // zeros: their signed codes
+  const A scale = wire_scale(amax);  // zeros: their signed codes
   for (index_t i = 0; i < n; ++i) codes[i] = float8_e4m3(double(x[i] * scale)).bits;
 }
 
@@ -112,8 +121,7 @@ void unpack_wire(const unsigned char* in, index_t n, A* y, Wire wire) {
     std::fill_n(y, n, std::numeric_limits<A>::quiet_NaN());
     return;
   }
-  const A amax = A(header);
-  const A scale = amax == A(0) ? A(1) : A(float8_e4m3::max) / amax;
+  const A scale = wire_scale(A(header));
   for (index_t i = 0; i < n; ++i) y[i] = A(float(float8_e4m3::from_bits(codes[i]))) / scale;
 }
 

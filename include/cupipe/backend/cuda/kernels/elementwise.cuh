@@ -108,6 +108,10 @@ struct RoundBf16Op {
   __device__ void operator()(const T& x, T& y) const { y = from_acc<T>(__bfloat162float(__float2bfloat16_rn(float(to_acc(x))))); }
 };
 
+/// An e4m3 hand-over's scale for a tensor of largest magnitude `amax`: 448 / amax, or 1 where that
+/// would not be finite (the host's ops::detail::wire_scale, the same float operations).
+__device__ __forceinline__ float wire_scale(float amax) { return amax > 448.0f / 3.40282347e38f ? 448.0f / amax : 1.0f; }
+
 /// y = e4m3(x * s) / s with s = 448 / max|x| from `state` (kernels::amax): an FP8 E4M3 hand-over,
 /// rounded to nearest even and saturating as the host's float8_e4m3. A tensor of zeros, or with a
 /// non-finite value, passes unchanged.
@@ -120,7 +124,7 @@ struct E4m3RoundTripOp {
       y = x;
       return;
     }
-    const float scale = 448.0f / amax;
+    const float scale = wire_scale(amax);
     const float q = float(__nv_fp8_e4m3(float(to_acc(x)) * scale));
     y = from_acc<T>(q / scale);
   }
@@ -147,8 +151,7 @@ struct E4m3PackOp {
       code = 0;
       return;
     }
-    const float amax = __uint_as_float(state[0]);
-    const float scale = amax == 0.0f ? 1.0f : 448.0f / amax;
+    const float scale = wire_scale(__uint_as_float(state[0]));
     code = __nv_fp8_e4m3(float(to_acc(x)) * scale).__x;
   }
 };
@@ -163,8 +166,7 @@ struct E4m3UnpackOp {
       y = from_acc<T>(acc_t<T>(__int_as_float(0x7fc00000)));
       return;
     }
-    const float amax = float(h);
-    const float scale = amax == 0.0f ? 1.0f : 448.0f / amax;
+    const float scale = wire_scale(float(h));
     __nv_fp8_e4m3 q;
     q.__x = code;
     y = from_acc<T>(float(q) / scale);
