@@ -202,6 +202,8 @@ std::vector<T> round_tripped(B& be, const std::vector<T>& x, cupipe::Wire wire) 
 TEST_CASE("wire_pack's message: its size, and unpacked, wire_round_trip's values bitwise", "[core][float8]") {
   using cupipe::Wire;
   // A quarter of float's bytes plus the 8-byte header; an eighth of double's; bf16 a half and a quarter.
+  CHECK(cupipe::wire_bytes(Wire::e4m3, 7) == 15);  // the 8-byte header and one code each
+  CHECK(cupipe::wire_bytes(Wire::bf16, 7) == 14);
   CHECK(cupipe::wire_elements<float>(Wire::e4m3, 4096) == 1026);
   CHECK(cupipe::wire_elements<double>(Wire::e4m3, 4096) == 513);
   CHECK(cupipe::wire_elements<float>(Wire::bf16, 4096) == 2048);

@@ -70,11 +70,15 @@ constexpr bool wire_packs(Wire wire) noexcept {
   return wire == Wire::e4m3 || (wire == Wire::bf16 && sizeof(T) > 2);
 }
 
+/// Bytes of the packed message of n values: the header and one code each (e4m3), or 2 each (bf16).
+constexpr std::size_t wire_bytes(Wire wire, index_t n) noexcept {
+  return wire == Wire::e4m3 ? wire_header_bytes + std::size_t(n) : 2 * std::size_t(n);
+}
+
 /// Elements of T that hold the packed message of n values (wire_packs<T>(wire)).
 template <class T>
 constexpr index_t wire_elements(Wire wire, index_t n) noexcept {
-  const index_t bytes = wire == Wire::e4m3 ? index_t(wire_header_bytes) + n : 2 * n;
-  return (bytes + index_t(sizeof(T)) - 1) / index_t(sizeof(T));
+  return index_t((wire_bytes(wire, n) + sizeof(T) - 1) / sizeof(T));
 }
 
 }  // namespace cupipe

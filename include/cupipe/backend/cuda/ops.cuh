@@ -223,8 +223,7 @@ void wire_pack(backend::Cuda<T, C>& be, DeviceConstView<T> x, DeviceView<T> pack
   const backend::cuda::detail::OpScope scope(be, "cupipe::wire_pack");
   const D* in = backend::cuda::detail::device_ptr(x.data());
   auto* bytes = reinterpret_cast<unsigned char*>(packed.data());
-  const std::size_t used = wire == Wire::e4m3 ? wire_header_bytes + std::size_t(x.numel()) : 2 * std::size_t(x.numel()),
-                    total = std::size_t(packed.numel()) * sizeof(T);
+  const std::size_t used = wire_bytes(wire, x.numel()), total = std::size_t(packed.numel()) * sizeof(T);
   if (total > used) CUPIPE_CHECK_CUDA(cudaMemsetAsync(bytes + used, 0, total - used, be.stream()));
   if (wire == Wire::bf16) {
     backend::cuda::kernels::transform(be.context(), x.numel(), backend::cuda::kernels::PackBf16Op<D>{}, in,

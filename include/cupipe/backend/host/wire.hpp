@@ -129,7 +129,7 @@ void unpack_wire(const unsigned char* in, index_t n, A* y, Wire wire) {
 template <class T>
 unsigned char* zero_padding(TensorView<T> packed, Wire wire, index_t n) {
   auto* bytes = reinterpret_cast<unsigned char*>(packed.data());
-  const std::size_t used = wire == Wire::e4m3 ? wire_header_bytes + std::size_t(n) : 2 * std::size_t(n);
+  const std::size_t used = wire_bytes(wire, n);
   std::fill(bytes + used, bytes + std::size_t(packed.numel()) * sizeof(T), 0);
   return bytes;
 }
