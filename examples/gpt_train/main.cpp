@@ -197,9 +197,11 @@ int main(int argc, char** argv) {
                           ->check(CLI::IsMember({"fp32", "tf32"}));
   app.add_option("--precision", f.precision,
                  "fp32, or bf16: weights in use, activations and messages in bfloat16; master weights, gradients, "
-                 "AdamW state, statistics and the loss in fp32 (every schedule, on the host and on cuda)")
+                 "AdamW state, statistics and the loss in fp32 (every schedule, on the host and on cuda); or "
+                 "fp8-block, fp8-delayed: bf16 with every layer GEMM in FP8, DeepSeek-V3's block scaling or "
+                 "TransformerEngine's delayed scaling, emulated on the host (gpipe, 1f1b, zb-h1, zb-h2)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8-block", "fp8-delayed"}));
   app.add_flag("--zero", f.zero,
                "ZeRO-1: each of the --dp replicas keeps the AdamW state of 1/dp of the parameters and the updated "
                "shards are gathered (the weights are those without it, to rounding)");
@@ -243,6 +245,22 @@ int main(int argc, char** argv) {
       if (math->count() > 0)
         CUPIPE_THROW("--math sets how fp32 GEMMs run on CUDA; with --precision bf16 every GEMM takes bf16 inputs and "
                      "accumulates in fp32");
+    }
+    if (f.precision.starts_with("fp8")) {
+#if !CUPIPE_TRAINER_HAS_FP8
+      CUPIPE_THROW("--precision ", f.precision, " is not in this build, which was configured with "
+                   "-DCUPIPE_TRAINER_SCHEDULES=", cupipe::examples::trainer_setting,
+                   "; configure without it for FP8 training on the CPU");
+#endif
+      if (f.backend != "host")
+        CUPIPE_THROW("--precision ", f.precision, " is the host's FP8 emulation; FP8 GEMMs on CUDA are not built yet "
+                     "(issue #59): use --backend host, or --precision bf16 on cuda");
+      if (f.plan == "auto")
+        CUPIPE_THROW("--plan auto profiles fp32 or bf16; with --precision ", f.precision,
+                     " name --schedule, --stages and --microbatches");
+      if (cupipe::examples::family_of_name(f.schedule) != cupipe::examples::ScheduleFamily::flush)
+        CUPIPE_THROW("--precision ", f.precision, " trains the flush schedules (gpipe, 1f1b, zb-h1, zb-h2), not --schedule ",
+                     f.schedule);
     }
     if (f.plan == "auto" && (f.backend != "host" || f.preset != "tiny"))
       CUPIPE_THROW("--plan auto plans --preset tiny on the host backend");
@@ -295,6 +313,12 @@ int main(int argc, char** argv) {
     // The training loop of --schedule's family, in fp32 or bf16: each is a unit of its own
     // (require_built_schedule let the schedule through).
     using cupipe::examples::ScheduleFamily;
+#if CUPIPE_TRAINER_HAS_FP8
+    if (f.precision == "fp8-block")
+      return train_family<ScheduleFamily::flush, HostFp8Block>(f, corpus, split, launch);
+    if (f.precision == "fp8-delayed")
+      return train_family<ScheduleFamily::flush, HostFp8Delayed>(f, corpus, split, launch);
+#endif
 #if CUPIPE_TRAINER_HAS_BF16
     if (f.precision == "bf16")
       return cupipe::examples::with_family(f.schedule, [&]<ScheduleFamily F>() { return train_family<F, HostBf16>(f, corpus, split, launch); });

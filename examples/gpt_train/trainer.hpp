@@ -68,7 +68,8 @@ struct Flags {
   std::string backend = "host";
   std::string devices;
   std::string math = "tf32";
-  std::string precision = "fp32";  ///< "bf16": Host<bfloat16, float> or Cuda<bfloat16, float>
+  std::string precision = "fp32";  ///< "bf16": Host<bfloat16, float> or Cuda<bfloat16, float>; "fp8-block",
+                                   ///< "fp8-delayed": backend::HostFp8
   int dp = 1;
   double timeout = comm::Communicator::default_collective_timeout_seconds;
   std::string plan;                   ///< "auto": the planner chooses the schedule, stages and microbatches
@@ -289,6 +290,12 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   if constexpr (!std::is_same_v<typename Pipe::T, typename Pipe::G>)
     say("precision: weights in use, activations and messages in bf16; master weights, gradients, AdamW state and the "
         "loss in fp32\n");
+  if constexpr (requires { typename Backend::recipe; })
+    say("FP8 (%s, emulated on the CPU): every GEMM of a layer multiplies FP8 codes with fp32 accumulation, %s\n",
+        std::string(Backend::name).c_str(),
+        std::is_same_v<typename Backend::recipe, fp8::Blockwise>
+            ? "E4M3 in 1 x 128 activation tiles and 128 x 128 weight blocks (DeepSeek-V3)"
+            : "one scale per tensor from its last 16 amaxes, E4M3 forward and E5M2 gradients (TransformerEngine)");
   say("%s: %lld files, %zu tokens; %zu train, %zu held out\n", corpus.source.c_str(), (long long)corpus.files,
       corpus.tokens.size(), split.train.size(), split.held_out.size());
   say("%s, %d stages x %d chunk(s)%s%s; %d sequences (%d tokens) a step in %d microbatches; AdamW lr %g\n",
@@ -556,6 +563,11 @@ using HostBf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS d
 CUPIPE_GPT_TRAIN_FAMILY(backend::Host<T>)
 CUPIPE_GPT_TRAIN_FAMILY(HostBf16)
 #undef CUPIPE_GPT_TRAIN_FAMILY
+/// --precision fp8-block and fp8-delayed on the host: the flush family only (train_fp8.cpp).
+using HostFp8Block = backend::HostFp8<fp8::Blockwise>;
+using HostFp8Delayed = backend::HostFp8<fp8::PerTensorDelayed>;
+extern template int train_family<examples::ScheduleFamily::flush, HostFp8Block>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt);
+extern template int train_family<examples::ScheduleFamily::flush, HostFp8Delayed>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt);
 
 /// Trains on the CUDA backend, every schedule in fp32 and bf16 (defined in trainer_cuda.cu; only in
 /// builds with CUDA).

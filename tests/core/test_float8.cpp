@@ -6,6 +6,7 @@
 // CUDA twins tests/cuda checks against them.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -122,6 +123,48 @@ TEST_CASE("float8_e5m2 encodes every value to its own code, ties to even, satura
   CHECK(float8_e5m2(std::ldexp(1.0, -17)).bits == 0x00);  // half the smallest subnormal: ties to 0
   CHECK(float8_e5m2(std::ldexp(1.5, -17)).bits == 0x01);
   CHECK(float8_e5m2(-0.0).bits == 0x80);
+}
+
+namespace {
+
+/// Every float at and around the format's grid (each value, the midpoints between neighbours and
+/// the floats either side of each), around its largest value, the float extremes, and a million
+/// floats drawn across every exponent: from_float must give the double constructor's bits for each.
+template <class F>
+void check_from_float() {
+  std::vector<float> probes{0.0f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                            std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                            float(F::max), std::nextafter(float(F::max), 0.0f), std::nextafter(float(F::max), 1e30f)};
+  std::vector<float> grid;
+  for (int b = 0; b < 128; ++b) {
+    const float v = float(F::from_bits(std::uint8_t(b)));
+    if (std::isfinite(v)) grid.push_back(v);
+  }
+  std::sort(grid.begin(), grid.end());
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const float next = i + 1 < grid.size() ? grid[i + 1] : 2 * grid[i];
+    for (const float v : {grid[i], 0.5f * (grid[i] + next)})
+      for (const float w : {v, std::nextafter(v, 0.0f), std::nextafter(v, 1e30f)}) probes.push_back(w);
+  }
+  cupipe::Rng rng(8);
+  for (int i = 0; i < 1000000; ++i)
+    probes.push_back(std::bit_cast<float>(std::uint32_t(rng.below(0x7F800000))));  // every finite magnitude
+  int mismatched = 0;
+  for (const float p : probes)
+    for (const float v : {p, -p}) {
+      const std::uint8_t fast = F::from_float(v).bits, exact = F(double(v)).bits;
+      if (fast != exact && ++mismatched <= 5) FAIL_CHECK(v << ": from_float " << int(fast) << ", the constructor " << int(exact));
+    }
+  CHECK(mismatched == 0);
+  CHECK(F::from_float(std::numeric_limits<float>::quiet_NaN()).bits == F(std::nan("")).bits);
+  CHECK(F::from_float(-std::numeric_limits<float>::infinity()).bits == (0x80 | F::max_bits));
+}
+
+}  // namespace
+
+TEST_CASE("float8 from_float: the double constructor's bits for every float on and around the grid", "[core][float8]") {
+  check_from_float<float8_e4m3>();
+  check_from_float<cupipe::float8_e5m2>();
 }
 
 TEST_CASE("bfloat16_round_trip rounds a double once, to nearest even", "[core][float8]") {

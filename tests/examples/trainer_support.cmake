@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Shared by the trainer tests (run_trainer.cmake, run_gpt_trainer.cmake): run TRAINER with `common`
-# and more flags and read its JSON summary line; compare checkpoints' tensor bytes and losses.
+# and more flags and read its JSON summary line (and `output`, all it printed); compare checkpoints' tensor bytes and losses.
 
 # Runs the trainer with `common` and ARGN, under `launcher` (e.g. an mpirun command line) when that
 # is set; sets `summary` to its last output line, which must be JSON.
@@ -19,6 +19,7 @@ function(run_trainer)
     message(FATAL_ERROR "the last line of the output is not a JSON object: '${last}' (${json_error})")
   endif()
   set(summary "${last}" PARENT_SCOPE)
+  set(output "${out}${err}" PARENT_SCOPE)
 endfunction()
 
 # The tensor bytes of a safetensors file as hex: everything after the 8-byte length and the header.

@@ -95,4 +95,22 @@ std::string error_message(F&& f) {
   return {};
 }
 
+/// Whether a and b hold the same bytes.
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+/// The flush update of a pipeline, by hand on a Network: AdamW (no clipping) on the float master
+/// weights, then the weights in use become their rounding (nothing to do in fp32).
+template <class Net>
+void network_adamw_step(Net& net, const optim::AdamW& adamw, std::vector<std::vector<float>>& slots, int step) {
+  constexpr index_t count = Net::Body::param_count;
+  if (slots.empty()) slots.assign(2, std::vector<float>(std::size_t(count)));
+  std::vector<TensorView<float>> views{{slots[0].data(), Shape{count}}, {slots[1].data(), Shape{count}}};
+  adamw.update(net.backend(), TensorView<float>{net.master_data(), Shape{count}},
+               ConstView<float>{net.gradient_data(), Shape{count}}, std::span<const TensorView<float>>(views), step, 1.0);
+  net.publish_master();
+}
+
 }  // namespace cupipe::test

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -71,6 +72,31 @@ struct float8 {
       bits = std::uint8_t(sign | ((exponent + bias) << M) | mantissa);
     }
   }
+  /// The bits of +max: S.1111.110 (E4M3), S.11110.11 (E5M2).
+  static constexpr std::uint8_t max_bits = Ieee ? std::uint8_t(((top - 1) << M) | ((1 << M) - 1))
+                                                : std::uint8_t((top << M) | ((1 << M) - 2));
+
+  /// float8(double(value)), bit for bit, from the float's bits: what quantising a tensor calls per
+  /// element (the double constructor's ilogb and ldexp cost several times more). The mantissa is
+  /// rounded to M bits, ties to even, on the float's own bits; below the smallest normal the value
+  /// is rounded to a multiple of the smallest subnormal by adding and subtracting 2^23.
+  static float8 from_float(float value) noexcept {
+    std::uint32_t u = std::bit_cast<std::uint32_t>(value);
+    const std::uint8_t sign = std::uint8_t((u >> 24) & 0x80);
+    u &= 0x7FFFFFFFu;
+    if (u > 0x7F800000u) return float8(double(value));                 // NaN: the constructor keeps its sign
+    if (std::bit_cast<float>(u) >= float(max)) return from_bits(sign | max_bits);  // saturate (an infinity too)
+    constexpr int shift = 23 - M;
+    if (int(u >> 23) - 127 < min_exponent) {
+      // Multiples of 2^(min_exponent - M); a count of 2^M is the smallest normal, whose bits it is.
+      const float steps = std::bit_cast<float>(u) * std::ldexp(1.0f, M - min_exponent);  // < 2^M, exact
+      return from_bits(std::uint8_t(sign | int((steps + 8388608.0f) - 8388608.0f)));  // nearest even
+    }
+    u += ((1u << (shift - 1)) - 1) + ((u >> shift) & 1u);  // round to nearest even at bit `shift`
+    const int exponent = int(u >> 23) - 127;
+    return from_bits(std::uint8_t(sign | ((exponent + bias) << M) | ((u >> shift) & ((1u << M) - 1))));
+  }
+
   static float8 from_bits(std::uint8_t b) noexcept {
     float8 out;
     out.bits = b;

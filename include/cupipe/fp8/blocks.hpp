@@ -8,12 +8,15 @@
 // across ranks, which is what hangs FP8 under pipeline parallelism in other frameworks.
 //
 // gemm_nt multiplies the codes block by block along K. Within one block of 128 the products are
-// summed in fp32, as the tensor cores' accumulator does. Each block's sum is then multiplied by both
-// blocks' scales and added into an fp32 accumulator: DeepSeek's promotion every 128 elements of K,
-// which keeps the long sums of K out of the tensor cores' narrower accumulator.
+// summed in fp32 (by the host BLAS), as the tensor cores' accumulator does. Each block's sum is then
+// multiplied by both blocks' scales and added into an fp32 accumulator: DeepSeek's promotion every
+// 128 elements of K, which keeps the long sums of K out of the tensor cores' narrower accumulator.
 #pragma once
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -84,7 +87,8 @@ Quantized<Format> quantize(ConstView<float> x) {
       const float scale = amax > 0 ? amax / float(Format::max) : 1.0f;
       q.scales[std::size_t(br * q.scale_cols() + bc)] = scale;
       for (index_t r = r0; r < r1; ++r)
-        for (index_t c = c0; c < c1; ++c) q.codes[std::size_t(r * q.cols + c)] = Format(double(x[r * q.cols + c] / scale));
+        for (index_t c = c0; c < c1; ++c)
+          q.codes[std::size_t(r * q.cols + c)] = Format::from_float(x[r * q.cols + c] / scale);
     }
   return q;
 }
@@ -97,10 +101,22 @@ void dequantize(const Quantized<Format>& q, TensorView<float> y) {
     for (index_t c = 0; c < q.cols; ++c) y[r * q.cols + c] = q.value(r, c);
 }
 
+/// The 256 values of Format's codes in fp32, indexed by bits (a NaN code gives NaN).
+template <class Format>
+const std::array<float, 256>& code_values() {
+  static const std::array<float, 256> values = [] {
+    std::array<float, 256> v{};
+    for (int b = 0; b < 256; ++b) v[std::size_t(b)] = float(Format::from_bits(std::uint8_t(b)));
+    return v;
+  }();
+  return values;
+}
+
 /// y (m x n) = x (m x k) times w (n x k) transposed, from their codes, as the CUDA path must compute
-/// it: for each block of 128 along k (the blocks of both must be 128 wide there), the products of
-/// the codes summed in fp32 in k's order, then times x's scale and w's scale for that block, added
-/// into an fp32 accumulator.
+/// it: for each block of k (the blocks of both must be as wide along k, 128 in the recipes), the
+/// products of the codes summed in fp32 (each product of two FP8 values is exact in fp32; the order
+/// of the sum is the BLAS's), then times x's scale and w's scale for that block, added into an fp32
+/// accumulator in k's order: DeepSeek's promotion.
 template <class FormatX, class FormatW>
 void gemm_nt(const Quantized<FormatX>& x, const Quantized<FormatW>& w, TensorView<float> y) {
   CUPIPE_REQUIRE(x.cols == w.cols, "fp8::gemm_nt: x is (", x.rows, ", ", x.cols, ") and w (", w.rows, ", ", w.cols,
@@ -108,18 +124,25 @@ void gemm_nt(const Quantized<FormatX>& x, const Quantized<FormatW>& w, TensorVie
   CUPIPE_REQUIRE(x.block_cols == w.block_cols, "fp8::gemm_nt: x's blocks are ", x.block_cols, " wide along k and w's ",
                  w.block_cols, ": the scales must change at the same k");
   check_view(y, Shape{x.rows, w.rows}, "fp8::gemm_nt", "y");
-  const index_t k = x.cols, step = x.block_cols;
-  for (index_t i = 0; i < x.rows; ++i)
-    for (index_t j = 0; j < w.rows; ++j) {
-      float acc = 0;
-      for (index_t k0 = 0; k0 < k; k0 += step) {
-        float partial = 0;
-        for (index_t kk = k0; kk < std::min(k, k0 + step); ++kk)
-          partial += float(x.codes[std::size_t(i * k + kk)]) * float(w.codes[std::size_t(j * k + kk)]);
-        acc += partial * x.scale(i, k0) * w.scale(j, k0);
-      }
-      y[i * w.rows + j] = acc;
+  const index_t m = x.rows, n = w.rows, k = x.cols, step = x.block_cols;
+  const auto& xv = code_values<FormatX>();
+  const auto& wv = code_values<FormatW>();
+  std::fill_n(y.data(), m * n, 0.0f);
+  std::vector<float> a(std::size_t(m * std::min(step, k))), b(std::size_t(n * std::min(step, k))), part(std::size_t(m * n));
+  for (index_t k0 = 0; k0 < k; k0 += step) {
+    const index_t width = std::min(step, k - k0);
+    for (index_t i = 0; i < m; ++i)
+      for (index_t kk = 0; kk < width; ++kk) a[std::size_t(i * width + kk)] = xv[x.codes[std::size_t(i * k + k0 + kk)].bits];
+    for (index_t j = 0; j < n; ++j)
+      for (index_t kk = 0; kk < width; ++kk) b[std::size_t(j * width + kk)] = wv[w.codes[std::size_t(j * k + k0 + kk)].bits];
+    if (m > 0 && n > 0)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(width), 1.0f, a.data(), int(width), b.data(),
+                  int(width), 0.0f, part.data(), int(n));
+    for (index_t i = 0; i < m; ++i) {
+      const float sx = x.scale(i, k0);
+      for (index_t j = 0; j < n; ++j) y[i * n + j] += part[std::size_t(i * n + j)] * sx * w.scale(j, k0);
     }
+  }
 }
 
 }  // namespace cupipe::fp8

@@ -59,11 +59,14 @@ class DelayedScaling {
       const float v = x[i];
       if (!std::isfinite(v)) CUPIPE_THROW("fp8::DelayedScaling::quantize: element ", i, " of x is ", v, ", which FP8 cannot hold");
       seen = std::max(seen, std::abs(v));
-      q.codes[std::size_t(i)] = Format(double(v / s));
+      q.codes[std::size_t(i)] = Format::from_float(v / s);
     }
     if (amax) *amax = seen;
     return q;
   }
+
+  /// Whether any amax has been recorded.
+  bool recorded() const noexcept { return !amaxes_.empty(); }
 
   /// Adds one step's amax (after any reduction over the group); the oldest beyond `history` goes.
   void record(float amax) {
