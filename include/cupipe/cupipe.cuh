@@ -8,6 +8,7 @@
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/context.cuh"
 #include "cupipe/backend/cuda/cuda.cuh"
+#include "cupipe/backend/cuda/fp8.cuh"
 #include "cupipe/backend/cuda/gemm.cuh"
 #include "cupipe/backend/cuda/memory_pool.cuh"
 #include "cupipe/backend/cuda/nvtx.cuh"

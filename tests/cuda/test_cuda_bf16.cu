@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda_test_support.hpp"
+#include "transposed.hpp"
 #include "cupipe/gpt/model.hpp"
 
 using namespace cupipe;
@@ -415,5 +416,120 @@ TEST_CASE("Cuda<bfloat16, float>: pipelines train as on the bf16 host backend", 
   }
   SECTION("tied GPT") {
     check_small_gpt<4>(rng);
+  }
+}
+
+// ---- FP8 with DeepSeek-V3's block scaling (issue #59): CudaFp8<Blockwise> against HostFp8<Blockwise> ----
+
+namespace {
+
+using GpuFp8 = backend::CudaFp8<fp8::Blockwise>;
+using CpuFp8 = backend::HostFp8<fp8::Blockwise>;
+
+// No fused epilogue on FP8: a Linear runs the FP8 GEMM, then its bias-gradient and GELU kernels.
+static_assert(!cupipe::detail::fuses_bias_grad<GpuFp8, BF> && !cupipe::detail::fuses_dgelu<GpuFp8, BF> &&
+              !cupipe::detail::fuses_bias_gelu<GpuFp8, BF>);
+static_assert(cupipe::detail::fuses_bias<GpuFp8, BF>);  // gemm_bias: the FP8 product, then the bias kernel
+
+std::vector<float> as_floats(const std::vector<BF>& v) {
+  std::vector<float> out;
+  for (const BF& x : v) out.push_back(float(x));
+  return out;
+}
+
+/// How many codes differ from the host's (q.codes, row-major as `got`).
+int code_mismatches(const std::vector<unsigned char>& got, const fp8::Quantized<float8_e4m3>& q) {
+  int bad = 0;
+  for (std::size_t i = 0; i < got.size() && i < q.codes.size(); ++i) bad += got[i] != q.codes[i].bits;
+  return bad + int(got.size() != q.codes.size());
+}
+
+/// Every element within 2 bf16 ulps of the host's, plus 1e-4 of the largest (fp32 sums in another order).
+bool within_fp8_sums(const std::vector<BF>& got, const std::vector<BF>& want) {
+  const std::vector<double> g = widen(got), w = widen(want);
+  double scale = 0;
+  for (double x : w) scale = std::max(scale, std::abs(x));
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (!std::isfinite(g[i]) || std::abs(g[i] - w[i]) > 2 * std::ldexp(std::abs(w[i]), -8) + 1e-4 * scale) {
+      UNSCOPED_INFO("element " << i << ": " << g[i] << " against " << w[i]);
+      return false;
+    }
+  return g.size() == w.size();
+}
+
+}  // namespace
+
+TEST_CASE("CudaFp8<Blockwise>: the host emulation's codes and scales, bitwise, and its three GEMMs", "[gpu][cuda][fp8]") {
+  Rng rng(59);
+  // 48 tokens; 272 features (3 blocks of k, the last 16 wide); 144 outputs (2 blocks, the last 16).
+  const index_t m = 48, k = 272, n = 144;
+  GpuFp8 gpu;
+  CpuFp8 cpu;
+  const auto x = random_bf16(rng, m * k), w = random_bf16(rng, n * k, -0.05, 0.05), dy = random_bf16(rng, m * n, -1e-3, 1e-3);
+  const std::vector<float> xf = as_floats(x), wf = as_floats(w);
+  DeviceArray<BF, GpuFp8> dx(gpu, x), dw(gpu, w), ddy(gpu, dy);
+  const Shape xs{m, k}, ws{n, k}, ys{m, n};
+  namespace kernels = backend::cuda::kernels;
+  auto& ctx = gpu.context();
+
+  SECTION("quantisation: the host's codes and scales, in cuBLASLt's layouts") {
+    // x in 1 x 128 tiles: scales[b * m + i].
+    const auto qx = fp8::quantize<fp8::ActivationTiles>(ConstView<float>{xf.data(), xs});
+    DeviceArray<unsigned char, GpuFp8> codes(gpu, m * k);
+    DeviceArray<float, GpuFp8> scales(gpu, 3 * m);
+    kernels::quantize_tiles(ctx, kernels::device_ptr(dx.buffer.data()), m, k, codes.buffer.data(), scales.buffer.data());
+    CHECK(code_mismatches(codes.download(), qx) == 0);
+    const std::vector<float> s = scales.download();
+    for (index_t b = 0; b < 3; ++b)
+      for (index_t i = 0; i < m; ++i) CHECK(s[std::size_t(b * m + i)] == qx.scales[std::size_t(i * 3 + b)]);
+    // x^T (k, m) in tiles along the tokens, from x: scales[b * k + c], one tile of 48.
+    const std::vector<float> xt = transposed(xf, m, k);
+    const auto qxt = fp8::quantize<fp8::ActivationTiles>(ConstView<float>{xt.data(), Shape{k, m}});
+    DeviceArray<float, GpuFp8> scales_t(gpu, k);
+    kernels::quantize_tiles_transposed(ctx, kernels::device_ptr(dx.buffer.data()), m, k, codes.buffer.data(),
+                                       scales_t.buffer.data());
+    CHECK(code_mismatches(codes.download(), qxt) == 0);
+    CHECK(scales_t.download() == qxt.scales);
+    // W (n, k) in 128 x 128 blocks and W^T (k, n) from the same pass: scales[p * 4 + b], l4 = 4.
+    const auto qw = fp8::quantize<fp8::WeightBlocks>(ConstView<float>{wf.data(), ws});
+    const std::vector<float> wt = transposed(wf, n, k);
+    const auto qwt = fp8::quantize<fp8::WeightBlocks>(ConstView<float>{wt.data(), Shape{k, n}});
+    DeviceArray<unsigned char, GpuFp8> wcodes(gpu, n * k), wcodes_t(gpu, n * k);
+    DeviceArray<float, GpuFp8> wscales(gpu, 2 * 4), wscales_t(gpu, 3 * 4);
+    kernels::quantize_blocks(ctx, kernels::device_ptr(dw.buffer.data()), n, k, wcodes.buffer.data(), wscales.buffer.data(), 4,
+                             wcodes_t.buffer.data(), wscales_t.buffer.data(), 4);
+    CHECK(code_mismatches(wcodes.download(), qw) == 0);
+    CHECK(code_mismatches(wcodes_t.download(), qwt) == 0);
+    const std::vector<float> ws_ = wscales.download(), wst = wscales_t.download();
+    for (index_t p = 0; p < 2; ++p)
+      for (index_t b = 0; b < 3; ++b) {
+        CHECK(ws_[std::size_t(p * 4 + b)] == qw.scales[std::size_t(p * 3 + b)]);
+        CHECK(wst[std::size_t(b * 4 + p)] == qwt.scales[std::size_t(b * 2 + p)]);
+      }
+  }
+  SECTION("y = x W^T, dx = dy W and dW += dy^T x: the host's products to fp32 sums") {
+    std::vector<BF> y_cpu(std::size_t(m * n)), dx_cpu(std::size_t(m * k));
+    ops::gemm(cpu, Transpose::no, Transpose::yes, BF(1.0f), ConstView<BF>{x.data(), xs}, ConstView<BF>{w.data(), ws}, BF(0.0f),
+              TensorView<BF>{y_cpu.data(), ys});
+    auto y = poisoned<BF>(gpu, m * n);
+    ops::gemm(gpu, Transpose::no, Transpose::yes, BF(1.0f), dx.cview(xs), dw.cview(ws), BF(0.0f), y.view(ys));
+    CHECK(within_fp8_sums(y.download(), y_cpu));
+    ops::gemm(cpu, Transpose::no, Transpose::no, BF(1.0f), ConstView<BF>{dy.data(), ys}, ConstView<BF>{w.data(), ws}, BF(0.0f),
+              TensorView<BF>{dx_cpu.data(), xs});
+    auto dxo = poisoned<BF>(gpu, m * k);
+    ops::gemm(gpu, Transpose::no, Transpose::no, BF(1.0f), ddy.cview(ys), dw.cview(ws), BF(0.0f), dxo.view(xs));
+    CHECK(within_fp8_sums(dxo.download(), dx_cpu));
+    std::vector<float> g_cpu(std::size_t(n * k), 0.25f);
+    ops::gemm(cpu, Transpose::yes, Transpose::no, BF(1.0f), ConstView<BF>{dy.data(), ys}, ConstView<BF>{x.data(), xs}, BF(1.0f),
+              TensorView<float>{g_cpu.data(), ws});
+    DeviceArray<float, GpuFp8> g(gpu, std::vector<float>(std::size_t(n * k), 0.25f));
+    ops::gemm(gpu, Transpose::yes, Transpose::no, BF(1.0f), ddy.cview(ys), dx.cview(xs), BF(1.0f), g.view(ws));
+    CHECK(relative_error(g.download(), g_cpu) <= 1e-4);
+  }
+  SECTION("a shape cuBLASLt's block-scaled GEMM cannot take is refused, naming it") {
+    auto y = poisoned<BF>(gpu, (m - 2) * n);
+    CHECK_THROWS_WITH(ops::gemm(gpu, Transpose::no, Transpose::yes, BF(1.0f), dx.cview(Shape{m - 2, k}), dw.cview(ws), BF(0.0f),
+                                y.view(Shape{m - 2, n})),
+                      Catch::Contains("(46, 144, 272) with m and n multiples of 4 and k of 16"));
   }
 }

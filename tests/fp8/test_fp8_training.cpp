@@ -12,9 +12,11 @@
 
 #include "cupipe/backend/host/fp8.hpp"
 #include "gpt_test_support.hpp"
+#include "transposed.hpp"
 
 using namespace cupipe;
 using namespace cupipe::test;
+using cupipe::testing::transposed;
 
 namespace {
 
@@ -36,13 +38,6 @@ std::vector<BF> random_bf16(index_t n, std::uint64_t seed, double scale) {
 std::vector<float> widen(const std::vector<BF>& v) {
   std::vector<float> out;
   for (const BF x : v) out.push_back(float(x));
-  return out;
-}
-
-std::vector<float> transposed(const std::vector<float>& v, index_t rows, index_t cols) {
-  std::vector<float> out(v.size());
-  for (index_t r = 0; r < rows; ++r)
-    for (index_t c = 0; c < cols; ++c) out[std::size_t(c * rows + r)] = v[std::size_t(r * cols + c)];
   return out;
 }
 

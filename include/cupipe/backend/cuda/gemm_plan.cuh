@@ -81,6 +81,10 @@ struct GemmKey {
   cudaDataType_t scale_type = CUDA_R_32F;
   GemmEpilogue epilogue = GemmEpilogue::none;
   std::uint8_t align_a = 16, align_b = 16, align_c = 16, align_bias = 16, align_aux = 16;
+  /// FP8 operands' scaling (cublasLtMatmulMatrixScale_t) of our a and b: 0, one scalar each (the
+  /// default); VEC128_32F or BLK128x128_32F for block-scaled FP8 (backend/cuda/fp8.cuh), the scales
+  /// then passed in GemmArgs.
+  std::uint8_t a_scale_mode = 0, b_scale_mode = 0;
 
   bool operator==(const GemmKey&) const = default;
 };
@@ -99,6 +103,7 @@ struct GemmKeyHash {
         std::uint64_t(key.align_bias) << 48 | std::uint64_t(key.align_aux) << 56);
     mix(std::uint64_t(key.ab_type) | std::uint64_t(key.c_type) << 16 | std::uint64_t(key.compute) << 32 |
         std::uint64_t(key.scale_type) << 48);
+    mix(std::uint64_t(key.a_scale_mode) | std::uint64_t(key.b_scale_mode) << 8);
     return h;
   }
 };
@@ -112,6 +117,8 @@ struct GemmArgs {
   void* aux = nullptr;
   const void* alpha = nullptr;
   const void* beta = nullptr;
+  const float* a_scale = nullptr;  ///< our a's block scales (GemmKey::a_scale_mode not 0)
+  const float* b_scale = nullptr;  ///< our b's
 };
 
 /// One algorithm cuBLASLt proposes for a problem, with the workspace it needs.
@@ -239,6 +246,11 @@ class GemmPlan {
       CUPIPE_CHECK_CUBLAS(
           cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
     }
+    if (key.a_scale_mode != 0 || key.b_scale_mode != 0) {  // cuBLASLt's A is our b, its B our a
+      const std::int32_t a_mode = key.b_scale_mode, b_mode = key.a_scale_mode;
+      CUPIPE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
+      CUPIPE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
+    }
     if (uses_aux(key.epilogue)) {
       const std::int64_t aux_ld = key.n;  // the pre-activation is row-major (m, n), like d
       CUPIPE_CHECK_CUBLAS(
@@ -254,6 +266,13 @@ class GemmPlan {
   }
 
   void set_pointers(const GemmKey& key, const GemmArgs& args) {
+    if (key.a_scale_mode != 0 || key.b_scale_mode != 0) {
+      CUPIPE_REQUIRE(args.a_scale && args.b_scale, "gemm: block-scaled FP8 needs both operands' scales");
+      CUPIPE_CHECK_CUBLAS(
+          cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &args.b_scale, sizeof args.b_scale));
+      CUPIPE_CHECK_CUBLAS(
+          cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &args.a_scale, sizeof args.a_scale));
+    }
     if (uses_bias(key.epilogue))
       CUPIPE_CHECK_CUBLAS(
           cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias, sizeof args.bias));
