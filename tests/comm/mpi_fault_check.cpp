@@ -2,12 +2,17 @@
 // Run under mpirun: a pipeline of one stage per rank trains, then the last rank fails on purpose in
 // the second step, and every other rank must notice on its own, within the configured timeout,
 // without spinning.
-//   mpi_fault_check --fault stall-transfer|stall-collective|kill --timeout S --report DIR
+//   mpi_fault_check --fault stall-transfer|stall-collective|kill|stall-amax --timeout S --report DIR
 // stall-transfer:   the last stage stops answering in its first forward of step 2 (the others wait
 //                   on point-to-point transfers: the transfer timeout);
 // stall-collective: the last rank finishes step 2 but never joins the sum over ranks after it (the
 //                   others wait in MPI_Iallreduce: the collective timeout);
 // kill:             the last rank kills itself (SIGKILL) in its first forward of step 2.
+// stall-amax:       FP8 delayed scaling over one tensor-parallel group of all 3 ranks (issue #59):
+//                   each rank runs its GEMMs in backend::HostFp8<fp8::PerTensorDelayed> and closes
+//                   step 1 (the amax reduction over the group); in step 2 the last rank runs its
+//                   GEMMs but never closes the step (the others wait in the amax reduction: the
+//                   collective timeout, the error naming the reduction and the group).
 // Each healthy rank prints its error as one line on stderr, writes DIR/rank-R.txt ("wall W cpu C" =
 // seconds from the start of step 2 to the error, of wall time and of this process's CPU time, then
 // the error), and exits 1 without MPI_Finalize (which would wait for the failed rank). The stalled
@@ -52,6 +57,17 @@ double cpu_seconds() {
   std::_Exit(2);
 }
 
+/// A healthy rank's end: its error on stderr and in DIR/rank-R.txt with the seconds it waited (wall
+/// and CPU), then exit 1 without MPI_Finalize (which would wait for the failed rank).
+[[noreturn]] void report_failure(const std::string& report, int rank, const std::exception& e, double wall, double cpu) {
+  std::fprintf(stderr, "%s\n", e.what());  // the errors name the rank or the stage
+  std::ofstream out(report + "/rank-" + std::to_string(rank) + ".txt");
+  out << std::fixed << std::setprecision(3) << "wall " << wall << " cpu " << cpu << "\n" << e.what() << "\n";
+  out.close();
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
+
 /// On the armed rank, the first forward of the last stage stalls or kills the process.
 void trap() {
   if (armed && fault == "stall-transfer") stall();
@@ -88,13 +104,46 @@ int run(const std::string& report, int rank) {
     if (rank == 0) std::printf("PASS: no fault, summed loss %.4f\n", total);
     return 0;
   } catch (const std::exception& e) {
-    const double wall = MPI_Wtime() - wall0, cpu = cpu_seconds() - cpu0;
-    std::fprintf(stderr, "%s\n", e.what());  // the errors name the rank or the stage
-    std::ofstream out(report + "/rank-" + std::to_string(rank) + ".txt");
-    out << std::fixed << std::setprecision(3) << "wall " << wall << " cpu " << cpu << "\n" << e.what() << "\n";
-    out.close();
-    std::fflush(nullptr);
-    std::_Exit(1);
+    report_failure(report, rank, e, MPI_Wtime() - wall0, cpu_seconds() - cpu0);
+  }
+}
+
+/// stall-amax: a layer's three GEMMs a step on each rank's part of the data, then the step closed
+/// (backend::end_step, as the pipeline's update does); the last rank skips that in step 2.
+int run_amax(const std::string& report, int rank) {
+  auto communicator = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, 1, timeout, 3);
+  const bool faulty = rank == communicator->topology().world - 1;
+  backend::HostFp8<fp8::PerTensorDelayed> be;
+  be.tensor_group = communicator->tensor_group();
+  using BF = cupipe::bfloat16;
+  const index_t rows = 8, in = 16, out = 12;
+  std::vector<BF> x(std::size_t(rows * in)), w(std::size_t(out * in)), dy(std::size_t(rows * out)), y(dy.size()), dx(x.size());
+  std::vector<float> dw(w.size());
+  Rng rng(std::uint64_t(7 + rank));
+  for (BF& v : x) v = BF(float(rng.normal()));
+  for (BF& v : w) v = BF(float(0.1 * rng.normal()));
+  for (BF& v : dy) v = BF(float(1e-3 * rng.normal()));
+  using ops::Transpose;
+  const auto gemms = [&] {
+    ops::gemm(be, Transpose::no, Transpose::yes, BF(1), ConstView<BF>{x.data(), Shape{rows, in}},
+              ConstView<BF>{w.data(), Shape{out, in}}, BF(0), TensorView<BF>{y.data(), Shape{rows, out}});
+    ops::gemm(be, Transpose::no, Transpose::no, BF(1), ConstView<BF>{dy.data(), Shape{rows, out}},
+              ConstView<BF>{w.data(), Shape{out, in}}, BF(0), TensorView<BF>{dx.data(), Shape{rows, in}});
+    ops::gemm(be, Transpose::yes, Transpose::no, 1.0f, ConstView<BF>{dy.data(), Shape{rows, out}},
+              ConstView<BF>{x.data(), Shape{rows, in}}, 0.0f, TensorView<float>{dw.data(), Shape{out, in}});
+  };
+  gemms();
+  backend::end_step(be);  // a healthy step first: every rank records the group's amaxes
+  if (rank == 0) std::printf("step 1: forward scale of x %.6g over the group\n", double(be.fp8.scale(w.data(), fp8::GemmRole::forward, true)));
+  const double wall0 = MPI_Wtime(), cpu0 = cpu_seconds();
+  try {
+    gemms();
+    if (faulty) stall();
+    backend::end_step(be);
+    if (rank == 0) std::printf("PASS: no fault\n");
+    return 0;
+  } catch (const std::exception& e) {
+    report_failure(report, rank, e, MPI_Wtime() - wall0, cpu_seconds() - cpu0);
   }
 }
 
@@ -110,12 +159,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--timeout")) timeout = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--report")) report = argv[i + 1];
   }
-  if (fault != "stall-transfer" && fault != "stall-collective" && fault != "kill") {
-    std::fprintf(stderr, "usage: mpi_fault_check --fault stall-transfer|stall-collective|kill --timeout S --report DIR\n");
+  if (fault != "stall-transfer" && fault != "stall-collective" && fault != "kill" && fault != "stall-amax") {
+    std::fprintf(stderr, "usage: mpi_fault_check --fault stall-transfer|stall-collective|kill|stall-amax --timeout S --report DIR\n");
     return 2;
   }
   try {
-    return run(report, rank);
+    return fault == "stall-amax" ? run_amax(report, rank) : run(report, rank);
   } catch (const std::exception& e) {  // a failure before the fault: the check itself is broken
     std::fprintf(stderr, "rank %d: before the fault: %s\n", rank, e.what());
     std::fflush(nullptr);

@@ -16,7 +16,8 @@
 // --pipeline P: the tensor-parallel GPT in a Pipeline of P stages (x replicas) against the whole
 // model's pipeline in one process (see check_pipeline), checkpoints included; --zero with ZeRO-1,
 // each replica then holding the AdamW state of its shard only; --bf16 on Host<bfloat16, float>
-// against the whole model in bf16, to bf16 accuracy (check_pipeline_bf16).
+// against the whole model in bf16, to bf16 accuracy (check_pipeline_bf16); --fp8 with FP8 delayed
+// scaling: every weight's scale after a step is the whole weight's (check_pipeline_fp8).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -372,6 +373,51 @@ int check_pipeline_bf16(std::shared_ptr<comm::MpiCommunicator> comm, bool zero) 
   return verdict_everywhere(failures);
 }
 
+/// --fp8: the tensor-parallel GPT in FP8 with delayed scaling (backend::HostFp8<fp8::PerTensorDelayed>)
+/// against the whole model's pipeline in one process, one step each. Each rank holds a part of every
+/// split weight, whose amax alone is its part's; the step's amaxes are taken over the tensor-parallel
+/// group at the update (backend::end_step), so every weight's recorded scale (its forward GEMM's
+/// operand B) must be the whole weight's, bit for bit, on every rank (the weights are the same values
+/// in both runs before the update). Then the loss: FP8 accuracy.
+template <int TP, int P>
+int check_pipeline_fp8(std::shared_ptr<comm::MpiCommunicator> comm) {
+  using Whole = gpt::Model<small_gpt>;
+  using Part = gpt::TensorParallelModel<small_gpt, TP>;
+  using Fp8 = backend::HostFp8<fp8::PerTensorDelayed>;
+  const comm::Topology& topo = comm->topology();
+  const PipelineBatch batch(topo);
+  const PipelineOptions split{.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm};
+  const PipelineOptions one{.microbatches = 2 * topo.replicas, .seed = 4};
+  Pipeline<partition<Part, P>, schedule::OneFOneB, Fp8> distributed(split);
+  Pipeline<partition<Whole, P>, schedule::OneFOneB, Fp8> reference(one);
+  const optim::AdamW adamw({.lr = 1e-2});
+  const StepStats got = distributed.train_step(batch.mine(), batch.mine_y(), adamw);
+  const StepStats want = reference.train_step(batch.all(), batch.all_y(), adamw);
+  int failures = 0;
+  const fp8::DelayedScales& mine = distributed.backend(topo.stage()).fp8.scales();
+  const fp8::DelayedScales& whole = reference.backend(topo.stage()).fp8.scales();
+  int weights = 0, same = 0;
+  if (mine.size() == whole.size()) {
+    for (std::size_t e = 0; e < mine.size(); ++e) {
+      if (mine.role(e) != fp8::GemmRole::forward || whole.role(e) != fp8::GemmRole::forward) continue;
+      ++weights;
+      same += mine.scale(e, fp8::Operand::b) == whole.scale(e, fp8::Operand::b);
+    }
+  }
+  const bool scales_ok = mine.size() == whole.size() && weights > 0 && same == weights;
+  std::printf("rank %d: fp8 delayed: stage %d's weight scales after one step: %s (%d of %d weights' scales the whole "
+              "weight's; %zu GEMMs against %zu)\n",
+              topo.rank, topo.stage(), scales_ok ? "equal" : "DIFFERENT", same, weights, mine.size(), whole.size());
+  failures += !scales_ok;
+  const double loss = std::abs(got.loss - want.loss) / want.loss;
+  const bool loss_ok = loss <= 1e-2;
+  if (topo.rank == 0 || !loss_ok)
+    std::printf("rank %d: fp8 delayed: loss of one step: %s (%s against %s, %s relative, bound 1e-2)\n", topo.rank,
+                loss_ok ? "close" : "DIFFERENT", number(got.loss).c_str(), number(want.loss).c_str(), number(loss).c_str());
+  failures += !loss_ok;
+  return verdict_everywhere(failures);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -379,7 +425,7 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int tensor = 0, stages = 0;
-  bool zero = false, bf16 = false;
+  bool zero = false, bf16 = false, fp8 = false;
   std::string checkpoint;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tensor") && i + 1 < argc) tensor = std::atoi(argv[++i]);
@@ -387,20 +433,22 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
     else if (!std::strcmp(argv[i], "--zero")) zero = true;
     else if (!std::strcmp(argv[i], "--bf16")) bf16 = true;
+    else if (!std::strcmp(argv[i], "--fp8")) fp8 = true;
   }
   return run_check([&] {
     int rc = 2;
     if (stages > 0 && tensor == 2 && (stages == 1 || stages == 2)) {
       auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, 60, tensor);
       if (rank == 0) std::printf("%s\n", comm->topology().describe().c_str());
-      if (bf16) rc = stages == 1 ? check_pipeline_bf16<2, 1>(comm, zero) : check_pipeline_bf16<2, 2>(comm, zero);
+      if (fp8 && stages == 2) rc = check_pipeline_fp8<2, 2>(comm);
+      else if (bf16) rc = stages == 1 ? check_pipeline_bf16<2, 1>(comm, zero) : check_pipeline_bf16<2, 2>(comm, zero);
       else rc = stages == 1 ? check_pipeline<2, 1>(comm, checkpoint, zero) : check_pipeline<2, 2>(comm, checkpoint, zero);
     } else if (stages == 0 && (tensor == 2 || tensor == 4)) {
       comm::MpiCommunicator comm(MPI_COMM_WORLD, 1, 60, tensor);
       if (rank == 0) std::printf("%s\n", comm.topology().describe().c_str());
       rc = tensor == 2 ? check<2>(comm) : check<4>(comm);
     } else {
-      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--zero] [--checkpoint PREFIX] [--bf16]\n");
+      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--zero] [--checkpoint PREFIX] [--bf16] | --tensor 2 --pipeline 2 --fp8\n");
     }
     return rc;
   });

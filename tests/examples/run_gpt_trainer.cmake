@@ -16,8 +16,8 @@
 #         sums in another order), and the 4-process run writes a checkpoint; with --zero the same
 #         losses to 1 part per million; 2 stages x 2 tensor-parallel ranks (--tp 2) equal one process
 #         to 2 parts per million; with -DBF16=1 (a trainer built with bf16) the same --tp 2 run in
-#         bf16 equals one bf16 process to 0.1%, and 50 steps of --precision fp8-block end within 1% of
-#         one process; with --hand-over e4m3 (packed messages between the
+#         bf16 equals one bf16 process to 0.1%, 50 steps of --precision fp8-block end within 1% of
+#         one process and of fp8-delayed (its amax reduced over the tensor-parallel group) within 3%; with --hand-over e4m3 (packed messages between the
 #         processes) 2 replicas equal one process with the same links to 2 parts per million.
 # cuda:   20 steps of the tiny preset with --backend cuda, then on the host: losses within 0.5%
 #         (float32 either way, other summation orders), and the summary's MFU in (0, 1). Prints
@@ -168,6 +168,14 @@ elseif(MODE STREQUAL "data_parallel")
       message(FATAL_ERROR "fp8-block, 2 stages x 2 tensor-parallel ranks: held-out loss ${tp_fp8_held_out} after 50 steps "
                           "is not below the unigram baseline ${unigram}")
     endif()
+    # Delayed scaling has the amax reduction: once per update over each stage's tensor-parallel
+    # group, so a split tensor is scaled as the whole one (from step 2; step 1 scales each part by
+    # its own amax). 50 steps, against one process within 3%, the issue's bound for this recipe:
+    # one scale per tensor quantises coarsely, and early training amplifies the sums' other order
+    # (measured 1.2% apart at 50 steps, 0.03% at 10; block scaling 0.11% at 50).
+    run_trainer(--batch 8 --steps 50 --warmup 5 --eval-every 50 --eval-batches 1 --sample 0 --timeout 120 --tp 2
+                --precision fp8-delayed)
+    string(JSON tp_delayed_held_out GET "${summary}" held_out_loss)
   endif()
   set(launcher "")
   if(BF16)
@@ -182,6 +190,12 @@ elseif(MODE STREQUAL "data_parallel")
                  "${one_fp8_held_out}" 10000)
     message("fp8-block: 2 stages x 2 tensor-parallel ranks ~ one process after 50 steps: held-out loss ${tp_fp8_held_out} "
             "and ${one_fp8_held_out}")
+    run_trainer(--batch 8 --steps 50 --warmup 5 --eval-every 50 --eval-batches 1 --sample 0 --precision fp8-delayed)
+    string(JSON one_delayed_held_out GET "${summary}" held_out_loss)
+    expect_close("fp8-delayed held-out loss after 50 steps, 2 tensor-parallel ranks against one process"
+                 "${tp_delayed_held_out}" "${one_delayed_held_out}" 30000)
+    message("fp8-delayed: 2 stages x 2 tensor-parallel ranks ~ one process after 50 steps: held-out loss "
+            "${tp_delayed_held_out} and ${one_delayed_held_out}")
   endif()
   run_trainer(${flags} --hand-over e4m3 --microbatches 8)
   string(JSON one_e4m3_held_out GET "${summary}" held_out_loss)

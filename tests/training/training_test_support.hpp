@@ -108,6 +108,7 @@ void network_adamw_step(Net& net, const optim::AdamW& adamw, std::vector<std::ve
   constexpr index_t count = Net::Body::param_count;
   if (slots.empty()) slots.assign(2, std::vector<float>(std::size_t(count)));
   std::vector<TensorView<float>> views{{slots[0].data(), Shape{count}}, {slots[1].data(), Shape{count}}};
+  backend::end_step(net.backend());  // as the pipeline's update_stage does
   adamw.update(net.backend(), TensorView<float>{net.master_data(), Shape{count}},
                ConstView<float>{net.gradient_data(), Shape{count}}, std::span<const TensorView<float>>(views), step, 1.0);
   net.publish_master();

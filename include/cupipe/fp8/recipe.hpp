@@ -19,27 +19,28 @@
 //   a weight and in 1 x 128 tiles where it is an activation (weight_grad). No state, no collective.
 // - PerTensorDelayed (TransformerEngine's DelayedScaling, format HYBRID): E4M3 for x and W, E5M2 for
 //   the gradient dy, one scale per tensor from the amax history of that operand (fp8/
-//   delayed_scaling.hpp). The first use of an operand has no history: its own amax is recorded
-//   first, so step 1 does not quantise at scale 1.
+//   delayed_scaling.hpp), kept in a fp8::DelayedScales book (fp8/delayed_scales.hpp). The scales
+//   stay fixed through a step: each GEMM adds its operands' amaxes to the step's, and end_step (once
+//   per update, backend/step_hooks.hpp) reduces them over the tensor-parallel group in one collective
+//   and records them. So every synchronous schedule
+//   quantises alike, and a sharded tensor is scaled as the whole tensor. The first step has no
+//   history: each operand is then scaled by its own amax, so step 1 does not quantise at scale 1.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <map>
+#include <cstddef>
 #include <string_view>
-#include <tuple>
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/float8.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/core/tensor_group.hpp"
 #include "cupipe/fp8/blocks.hpp"
+#include "cupipe/fp8/delayed_scales.hpp"
 #include "cupipe/fp8/delayed_scaling.hpp"
 
 namespace cupipe::fp8 {
-
-/// Which of a layer's GEMMs: y = x W^T, dx = dy W, or dW = dy^T x.
-enum class GemmRole : std::uint8_t { forward, input_grad, weight_grad };
 
 /// DeepSeek-V3's fine-grained recipe: E4M3, 1 x 128 activation tiles, 128 x 128 weight blocks.
 struct Blockwise {
@@ -79,51 +80,50 @@ class GemmEmulator<Blockwise> {
 template <>
 class GemmEmulator<PerTensorDelayed> {
  public:
-  /// acc (m x n) = A (m x k) B^T from their FP8 codes at the scales of their histories, then each
-  /// operand's amax is recorded in its history. `key` names the layer's tensor (its weight for the
-  /// forward and the input gradient, its weight gradient for the weight gradient): each (key, role,
-  /// operand) has a history of its own.
+  /// acc (m x n) = A (m x k) B^T from their FP8 codes at the scales of their histories; each
+  /// operand's amax joins the step's. `key` names the layer's tensor (its weight for the forward and
+  /// the input gradient, its weight gradient for the weight gradient): each (key, role, operand) has
+  /// a history of its own (fp8/delayed_scales.hpp). An operand with no history yet (the first step)
+  /// is scaled by its own amax.
   void run(GemmRole role, const void* key, ConstView<float> a, ConstView<float> b, TensorView<float> acc) {
-    auto& hb = history(b_, key, role);
-    if (role == GemmRole::forward) {
-      gemm_nt(quantize(history(a4_, key, role), a), quantize(hb, b), acc);
-    } else {
-      gemm_nt(quantize(history(a5_, key, role), a), quantize(hb, b), acc);
-    }
+    const std::size_t e = scales_.entry(key, role);
+    const Quantized<float8_e4m3> qb = quantize(e, Operand::b, scales_.e4m3_history(e, Operand::b), b);
+    if (role == GemmRole::forward) gemm_nt(quantize(e, Operand::a, scales_.e4m3_history(e, Operand::a), a), qb, acc);
+    else gemm_nt(quantize(e, Operand::a, scales_.e5m2_history(e), a), qb, acc);
   }
 
   /// The scale the next GEMM of this (key, role) quantises operand A (`a`: true) or B with; 1 for one
-  /// never run.
+  /// with no history yet.
   float scale(const void* key, GemmRole role, bool a) const {
-    const auto find = [&](const auto& map) {
-      const auto it = map.find({key, role});
-      return it == map.end() ? 1.0f : it->second.scale();
-    };
-    return a ? (role == GemmRole::forward ? find(a4_) : find(a5_)) : find(b_);
+    const std::size_t* e = scales_.find(key, role);
+    return e ? scales_.scale(*e, a ? Operand::a : Operand::b) : 1.0f;
   }
+
+  /// Closes a step (DelayedScales::end_step): the step's amaxes, over `group` if any, join the histories.
+  void end_step(TensorGroup* group) { scales_.end_step(group); }
+
+  /// The book: entries, scales, histories.
+  DelayedScales& scales() noexcept { return scales_; }
+  const DelayedScales& scales() const noexcept { return scales_; }
 
  private:
-  using Key = std::tuple<const void*, GemmRole>;
+  /// x at its history's scale (at its own amax's where it has none); its amax joins the step's.
   template <class F>
-  using Histories = std::map<Key, DelayedScaling<F>>;
-
-  template <class F>
-  static DelayedScaling<F>& history(Histories<F>& map, const void* key, GemmRole role) {
-    return map.try_emplace({key, role}, PerTensorDelayed::history, PerTensorDelayed::margin).first->second;
-  }
-  /// x at its history's scale, its amax recorded after it (before it, on the operand's first use).
-  template <class F>
-  static Quantized<F> quantize(DelayedScaling<F>& h, ConstView<float> x) {
-    const bool first = !h.recorded();
-    if (first) h.record(amax_of(x));
+  Quantized<F> quantize(std::size_t e, Operand o, const DelayedScaling<F>& h, ConstView<float> x) {
     float amax = 0;
-    Quantized<F> q = h.quantize(x, &amax);
-    if (!first) h.record(amax);
+    Quantized<F> q;
+    if (h.recorded()) {
+      q = h.quantize(x, &amax);
+    } else {
+      DelayedScaling<F> own(1, PerTensorDelayed::margin);
+      own.record(amax_of(x));
+      q = own.quantize(x, &amax);
+    }
+    scales_.add(e, o, amax);
     return q;
   }
 
-  Histories<float8_e4m3> a4_, b_;
-  Histories<float8_e5m2> a5_;
+  DelayedScales scales_{PerTensorDelayed::history, PerTensorDelayed::margin};
 };
 
 }  // namespace cupipe::fp8

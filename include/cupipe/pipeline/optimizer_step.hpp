@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cupipe/backend/step_hooks.hpp"
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
@@ -51,11 +52,13 @@ struct stage_layers<StageState<Seq, Backend, MaxVersions>> {
 /// ZeRO-1) from its gradients scaled by `grad_scale`, then zeroes the gradients. The update is
 /// element-wise, so a shard's values are bitwise those of the whole update. With master weights
 /// (bf16 storage) the optimizer updates them in float and `params` becomes their rounding. Weight
-/// decay spares the tensors the optimizer's decay_on leaves out (optim::update_runs).
+/// decay spares the tensors the optimizer's decay_on leaves out (optim::update_runs). The backend
+/// context closes its step first (backend::end_step: FP8 delayed scaling records its amaxes).
 template <class Optimizer, class St, class T>
 void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_scale) {
   using B = std::remove_reference_t<decltype(*st.be)>;
   using G = grad_t<B>;
+  backend::end_step(*st.be);
   static const std::vector<optim::DecayRun> runs = optim::decay_runs(stage_layers<St>::type::parameter_table());
   const index_t begin = st.shard.begin, n = st.shard.size();
   if (n > 0) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cupipe/backend/capabilities.hpp"
+#include "cupipe/backend/step_hooks.hpp"
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
@@ -253,6 +254,7 @@ class StageExecutor {
       typename B::template buffer<T> input;
       if constexpr (K > 0) input = receive_message<K>(K - 1, {Flow::activation, K, message_id}, rows * Seq::in_features);
       auto record = be.template allocate<T>(Seq::record_elements(rows), MemoryTag::activations);
+      const backend::Inference<B> inference(be);  // leaves the training step's state alone (FP8 amaxes)
       if constexpr (K == 0) Seq::forward(be, st.weights.latest_data(), x, record.data());
       else Seq::forward(be, st.weights.latest_data(), ConstViewOn<B, T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
       const ConstViewOn<B, T> out = Seq::template output<typename B::space>(record.data(), rows);

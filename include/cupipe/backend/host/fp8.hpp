@@ -27,6 +27,20 @@ struct HostFp8 : Host<bfloat16, float> {
 
   /// The recipe's state (the amax histories of delayed scaling), one per stage as the context is.
   fp8::GemmEmulator<Recipe> fp8;
+
+  /// Closes a step where the recipe keeps state (backend::end_step): delayed scaling records the
+  /// step's amaxes, taken over the context's tensor-parallel group.
+  void end_step()
+    requires requires(fp8::GemmEmulator<Recipe>& e, TensorGroup* g) { e.end_step(g); }
+  {
+    fp8.end_step(tensor_group);
+  }
+  /// Inference (backend::Inference) leaves delayed scaling's step amaxes alone.
+  void inference(bool on)
+    requires requires(fp8::GemmEmulator<Recipe>& e) { e.scales().recording; }
+  {
+    fp8.scales().recording = !on;
+  }
 };
 
 }  // namespace cupipe::backend
