@@ -4,8 +4,9 @@
 // copy (GB/s, bytes read plus written) and the best large GEMM cuBLASLt offers in fp32, tf32 and bf16
 // (TFLOP/s). Then each op at GPT-2-like shapes (B*T = 8192 rows), reported as a percentage of the
 // ceiling that bounds it; GEMMs also against the fastest of cuBLASLt's heuristic candidates for the
-// same problem, timed side by side. A percentage needs its ceiling in the same run: a --filter that
-// leaves out `ceiling/...` leaves it "-".
+// same problem, timed side by side, and on Hopper in FP8 (backend::CudaFp8, both recipes) against
+// bf16. A percentage needs its ceiling in the same run: a --filter that leaves out `ceiling/...`
+// leaves it "-".
 //   bench_kernels [--json out.json] [--repeats N] [--warmup N] [--quick] [--filter REGEX] [--list]
 // Targets (documented, not asserted): memory-bound kernels >= 85% of copy bandwidth; GEMM >= 0.95x the
 // best heuristic candidate.
@@ -69,6 +70,7 @@ struct Bench {
   Ceilings& ceilings;
   Bf16Gpu& be16;       ///< a bf16-storage context on the same device, with its own stream
   CudaTimer& timer16;  ///< timing be16's stream
+  std::size_t l2_bytes = 0;
 };
 
 /// Runs `body(be, timer)` on the float context or, for state.text("precision") == "bf16", on the
@@ -426,6 +428,67 @@ void gemm(Bench& b, State& state) {
     state.summary("percent_of_ceiling", "% of ceiling", 100 * state.tflops() / b.ceilings.gemm_tflops[ceiling], 1);
 }
 
+/// One of the problems above in FP8 on backend::CudaFp8<R> (each operand quantised, then cuBLASLt's
+/// FP8 GEMM: what a layer pays), against the same GEMM in bf16 on Cuda<bfloat16, float>, timed side by
+/// side in this run. The weight gradient accumulates into fp32 (beta 1) on both, as training does;
+/// delayed scaling is timed after one closed step, so its scales come from the history (one pass per
+/// operand) as in every step after the first.
+template <class R>
+void fp8_gemm_on(Bench& b, State& state, const Problem& p) {
+  backend::CudaFp8<R> fp8(0);
+  CudaTimer timer(fp8.stream(), b.l2_bytes);
+  const Shape as = p.ta == Transpose::yes ? Shape{p.k, p.m} : Shape{p.m, p.k};
+  const Shape bs = p.tb == Transpose::yes ? Shape{p.n, p.k} : Shape{p.k, p.n};
+  const Shape cs{p.m, p.n};
+  const bool weight_grad = p.ta == Transpose::yes;
+  state.summary("shape", "shape",
+                shape_text({p.m, p.n, p.k}) + (p.ta == Transpose::yes ? " T" : " N") + (p.tb == Transpose::yes ? "T" : "N"));
+  state.add_flops(2.0 * double(p.m) * double(p.n) * double(p.k));
+  const auto time_on = [&](auto& be, CudaTimer& t, bool main) {
+    auto a = be.template allocate<cupipe::bfloat16>(as.numel(), MemoryTag::activations);
+    auto bm = be.template allocate<cupipe::bfloat16>(bs.numel(), MemoryTag::activations);
+    fill_random(be, a.data(), as.numel(), 1);
+    fill_random(be, bm.data(), bs.numel(), 2, -0.05, 0.05);
+    const DeviceConstView<cupipe::bfloat16> av(a.view(as)), bv(bm.view(bs));
+    double seconds = 0;
+    if (weight_grad) {
+      auto c = be.template allocate<float>(cs.numel(), MemoryTag::gradients);
+      fill_random(be, c.data(), cs.numel(), 3);
+      const auto run = [&] { ops::gemm(be, p.ta, p.tb, 1.0f, av, bv, 1.0f, c.view(cs)); };
+      run();
+      backend::end_step(be);
+      if (main) state.exec(t, run);
+      else seconds = state.measure_other(t, run).median;
+    } else {
+      auto c = be.template allocate<cupipe::bfloat16>(cs.numel(), MemoryTag::activations);
+      const auto run = [&] { ops::gemm(be, p.ta, p.tb, 1.0f, av, bv, 0.0f, c.view(cs)); };
+      run();
+      backend::end_step(be);
+      if (main) state.exec(t, run);
+      else seconds = state.measure_other(t, run).median;
+    }
+    be.context().pool().trim();
+    return seconds;
+  };
+  time_on(fp8, timer, true);
+  const double bf16 = time_on(b.be16, b.timer16, false);
+  const double ours = state.timing().median;
+  state.summary("bf16_us", "bf16 us", bf16 * 1e6, 1);
+  state.summary("speedup_over_bf16", "bf16 / fp8", bf16 / ours, 3);
+  if (b.ceilings.gemm_tflops.contains("gemm_bf16"))
+    state.summary("bf16_ceiling_multiple", "x bf16 ceiling", state.tflops() / b.ceilings.gemm_tflops["gemm_bf16"], 2);
+}
+
+void fp8_gemm(Bench& b, State& state) {
+  const std::string recipe = state.text("recipe"), problem = state.text("problem");
+  const auto p = std::find_if(gpt2_problems.begin(), gpt2_problems.end(), [&](const Problem& q) { return q.name == problem; });
+  CUPIPE_REQUIRE(p != gpt2_problems.end(), "bench_kernels: no GEMM problem named '", problem, "'");
+  CUPIPE_REQUIRE(recipe == "block" || recipe == "delayed", "bench_kernels: FP8 recipe expected block or delayed, got '",
+                 recipe, "'");
+  if (recipe == "block") fp8_gemm_on<fp8::Blockwise>(b, state, *p);
+  else fp8_gemm_on<fp8::PerTensorDelayed>(b, state, *p);
+}
+
 int run(int argc, char** argv) {
   bench::Harness harness("cupipe kernel benchmarks");
   bool quick = false;
@@ -457,7 +520,7 @@ int run(int argc, char** argv) {
   Bf16Gpu be16(0);
   CudaTimer timer16(be16.stream(), std::size_t(prop.l2CacheSize));
   Ceilings ceilings;
-  Bench b{be, timer, ceilings, be16, timer16};
+  Bench b{be, timer, ceilings, be16, timer16, std::size_t(prop.l2CacheSize)};
   // Every kernel benchmark: 3 warm-up runs, median of 20 (--warmup, --repeats override).
   auto add = [&](std::string name, void (*body)(Bench&, State&)) -> bench::Benchmark& {
     return harness.add(std::move(name), [&b, body](State& state) { body(b, state); }).runs(3, 20);
@@ -496,6 +559,13 @@ int run(int argc, char** argv) {
       .axis("precision", std::vector<std::string>{"tf32", "bf16"})
       .axis("problem", problems)
       .note("GPT-2 small (C = 768) Linear products; best heuristic: the fastest cuBLASLt candidate, timed in this run.");
+  if (prop.major == 9)  // cuBLASLt's block-scaled FP8 GEMM is Hopper's
+    add("fp8_gemm", fp8_gemm)
+        .axis("recipe", {"block", "delayed"})
+        .axis("problem", problems)
+        .note("The same products in FP8 (backend::CudaFp8: quantising the operands, then cuBLASLt's FP8 GEMM) against "
+              "bf16's, timed side by side; block: DeepSeek-V3's 1 x 128 / 128 x 128 scales, delayed: one scale per "
+              "tensor, E5M2 gradients. Predicted: fc forward 1.5x bf16's speed (fp8.cuh's roofline).");
 
   harness.run();
   std::printf("Targets (not asserted): memory-bound ops >= 85%% of the copy ceiling; GEMM >= 0.95x the best heuristic.\n");

@@ -438,7 +438,8 @@ std::vector<float> as_floats(const std::vector<BF>& v) {
 }
 
 /// How many codes differ from the host's (q.codes, row-major as `got`).
-int code_mismatches(const std::vector<unsigned char>& got, const fp8::Quantized<float8_e4m3>& q) {
+template <class Format>
+int code_mismatches(const std::vector<unsigned char>& got, const fp8::Quantized<Format>& q) {
   int bad = 0;
   for (std::size_t i = 0; i < got.size() && i < q.codes.size(); ++i) bad += got[i] != q.codes[i].bits;
   return bad + int(got.size() != q.codes.size());
@@ -531,5 +532,90 @@ TEST_CASE("CudaFp8<Blockwise>: the host emulation's codes and scales, bitwise, a
     CHECK_THROWS_WITH(ops::gemm(gpu, Transpose::no, Transpose::yes, BF(1.0f), dx.cview(Shape{m - 2, k}), dw.cview(ws), BF(0.0f),
                                 y.view(Shape{m - 2, n})),
                       Catch::Contains("(46, 144, 272) with m and n multiples of 4 and k of 16"));
+  }
+}
+
+// ---- FP8 with delayed scaling (issue #59): CudaFp8<PerTensorDelayed> against HostFp8<PerTensorDelayed> ----
+
+TEST_CASE("CudaFp8<PerTensorDelayed>: the host emulation's codes, scales and amaxes, and its GEMMs over two steps",
+          "[gpu][cuda][fp8]") {
+  using GpuDelayed = backend::CudaFp8<fp8::PerTensorDelayed>;
+  Rng rng(60);
+  const index_t m = 48, k = 272, n = 144;
+  GpuDelayed gpu;
+  backend::HostFp8<fp8::PerTensorDelayed> cpu;
+  const auto x = random_bf16(rng, m * k), w = random_bf16(rng, n * k, -0.05, 0.05), dy = random_bf16(rng, m * n, -1e-3, 1e-3);
+  const std::vector<float> xf = as_floats(x), dyf = as_floats(dy);
+  DeviceArray<BF, GpuDelayed> dx(gpu, x), dw(gpu, w), ddy(gpu, dy);
+  const Shape xs{m, k}, ws{n, k}, ys{m, n};
+  namespace kernels = backend::cuda::kernels;
+  auto& ctx = gpu.context();
+
+  SECTION("quantisation at one scale, as it stands and transposed, and the amax it adds") {
+    fp8::DelayedScaling<float8_e4m3> h4;
+    h4.record(0.75f * fp8::amax_of(ConstView<float>{xf.data(), xs}));  // a history below x's amax: some codes saturate
+    DeviceArray<unsigned char, GpuDelayed> codes(gpu, m * k);
+    DeviceArray<float, GpuDelayed> used(gpu, 1);
+    DeviceArray<int, GpuDelayed> step(gpu, std::vector<int>{std::bit_cast<int>(-1.0f)});
+    kernels::quantize_tensor<__NV_E4M3>(ctx, kernels::device_ptr(dx.buffer.data()), m, k, false, h4.scale(), nullptr,
+                                        codes.buffer.data(), used.buffer.data(), step.buffer.data());
+    float amax = 0;
+    const auto q4 = h4.quantize(ConstView<float>{xf.data(), xs}, &amax);
+    CHECK(code_mismatches(codes.download(), q4) == 0);
+    CHECK(used.download() == std::vector<float>{h4.scale()});
+    CHECK(std::bit_cast<float>(step.download()[0]) == amax);
+    // dy^T (n, m) in E5M2 from dy (m, n), scaled by dy's own amax (its first use).
+    const std::vector<float> dyt = transposed(dyf, m, n);
+    fp8::DelayedScaling<float8_e5m2> h5(1);
+    h5.record(fp8::amax_of(ConstView<float>{dyf.data(), ys}));
+    DeviceArray<unsigned, GpuDelayed> own(gpu, 2);
+    kernels::amax(ctx, kernels::device_ptr(ddy.buffer.data()), m * n, own.buffer.data());
+    DeviceArray<unsigned char, GpuDelayed> codes_t(gpu, m * n);
+    kernels::quantize_tensor<__NV_E5M2>(ctx, kernels::device_ptr(ddy.buffer.data()), m, n, true, 1.0f, own.buffer.data(),
+                                        codes_t.buffer.data(), used.buffer.data(), step.buffer.data());
+    CHECK(code_mismatches(codes_t.download(), h5.quantize(ConstView<float>{dyt.data(), Shape{n, m}})) == 0);
+    CHECK(used.download() == std::vector<float>{h5.scale()});
+    CHECK(std::bit_cast<float>(step.download()[0]) == amax);  // dy's amax is smaller: the step keeps x's
+  }
+  SECTION("y = x W^T, dx = dy W and dW += dy^T x over two steps: the host's products and recorded scales") {
+    std::vector<float> g_cpu(std::size_t(n * k), 0.0f);
+    DeviceArray<float, GpuDelayed> g(gpu, std::vector<float>(std::size_t(n * k), 0.0f));
+    for (int s = 0; s < 2; ++s) {
+      INFO("step " << s + 1);
+      // Step 2 feeds 3 x: past the history's scale, so its largest values saturate alike on both.
+      std::vector<BF> input = x;
+      if (s == 1)
+        for (BF& v : input) v = BF(3.0f * float(v));
+      DeviceArray<BF, GpuDelayed> dxs(gpu, input);
+      std::vector<BF> y_cpu(std::size_t(m * n)), dx_cpu(std::size_t(m * k));
+      ops::gemm(cpu, Transpose::no, Transpose::yes, BF(1.0f), ConstView<BF>{input.data(), xs}, ConstView<BF>{w.data(), ws},
+                BF(0.0f), TensorView<BF>{y_cpu.data(), ys});
+      auto y = poisoned<BF>(gpu, m * n);
+      ops::gemm(gpu, Transpose::no, Transpose::yes, BF(1.0f), dxs.cview(xs), dw.cview(ws), BF(0.0f), y.view(ys));
+      CHECK(within_fp8_sums(y.download(), y_cpu));
+      ops::gemm(cpu, Transpose::no, Transpose::no, BF(1.0f), ConstView<BF>{dy.data(), ys}, ConstView<BF>{w.data(), ws},
+                BF(0.0f), TensorView<BF>{dx_cpu.data(), xs});
+      auto dxo = poisoned<BF>(gpu, m * k);
+      ops::gemm(gpu, Transpose::no, Transpose::no, BF(1.0f), ddy.cview(ys), dw.cview(ws), BF(0.0f), dxo.view(xs));
+      CHECK(within_fp8_sums(dxo.download(), dx_cpu));
+      ops::gemm(cpu, Transpose::yes, Transpose::no, BF(1.0f), ConstView<BF>{dy.data(), ys}, ConstView<BF>{input.data(), xs},
+                BF(1.0f), TensorView<float>{g_cpu.data(), ws});
+      ops::gemm(gpu, Transpose::yes, Transpose::no, BF(1.0f), ddy.cview(ys), dxs.cview(xs), BF(1.0f), g.view(ws));
+      CHECK(relative_error(g.download(), g_cpu) <= 1e-4);
+      backend::end_step(cpu);
+      backend::end_step(gpu);
+      // Every operand's recorded scale is the host's, bit for bit (an amax is exact on both).
+      const std::pair<const void*, const void*> keys[] = {{w.data(), dw.buffer.data()},
+                                                          {w.data(), dw.buffer.data()},
+                                                          {g_cpu.data(), g.buffer.data()}};
+      const fp8::GemmRole roles[] = {fp8::GemmRole::forward, fp8::GemmRole::input_grad, fp8::GemmRole::weight_grad};
+      for (int r = 0; r < 3; ++r) {
+        const std::size_t* e = gpu.scales.find(keys[r].second, roles[r]);
+        REQUIRE(e != nullptr);
+        CHECK(gpu.scales.scale(*e, fp8::Operand::a) == cpu.fp8.scale(keys[r].first, roles[r], true));
+        CHECK(gpu.scales.scale(*e, fp8::Operand::b) == cpu.fp8.scale(keys[r].first, roles[r], false));
+      }
+    }
+    CHECK(gpu.scales.size() == 3);
   }
 }

@@ -85,6 +85,10 @@ struct GemmKey {
   /// default); VEC128_32F or BLK128x128_32F for block-scaled FP8 (backend/cuda/fp8.cuh), the scales
   /// then passed in GemmArgs.
   std::uint8_t a_scale_mode = 0, b_scale_mode = 0;
+  /// FP8 with one scale per operand (fp8::PerTensorDelayed): the scale modes stay scalar (0) and
+  /// GemmArgs' a_scale and b_scale point at one float each; `a_e5m2`: our a is E5M2 (a gradient)
+  /// while b is ab_type (E4M3). Hopper multiplies E5M2 by E4M3, not E5M2 by E5M2.
+  bool tensor_scales = false, a_e5m2 = false;
 
   bool operator==(const GemmKey&) const = default;
 };
@@ -103,7 +107,8 @@ struct GemmKeyHash {
         std::uint64_t(key.align_bias) << 48 | std::uint64_t(key.align_aux) << 56);
     mix(std::uint64_t(key.ab_type) | std::uint64_t(key.c_type) << 16 | std::uint64_t(key.compute) << 32 |
         std::uint64_t(key.scale_type) << 48);
-    mix(std::uint64_t(key.a_scale_mode) | std::uint64_t(key.b_scale_mode) << 8);
+    mix(std::uint64_t(key.a_scale_mode) | std::uint64_t(key.b_scale_mode) << 8 | std::uint64_t(key.tensor_scales) << 16 |
+        std::uint64_t(key.a_e5m2) << 17);
     return h;
   }
 };
@@ -117,7 +122,7 @@ struct GemmArgs {
   void* aux = nullptr;
   const void* alpha = nullptr;
   const void* beta = nullptr;
-  const float* a_scale = nullptr;  ///< our a's block scales (GemmKey::a_scale_mode not 0)
+  const float* a_scale = nullptr;  ///< our a's block scales (GemmKey::a_scale_mode not 0), or its one scale (tensor_scales)
   const float* b_scale = nullptr;  ///< our b's
 };
 
@@ -261,13 +266,14 @@ class GemmPlan {
     const auto a_rows = key.ta == ops::Transpose::yes ? key.k : key.m, a_cols = key.ta == ops::Transpose::yes ? key.m : key.k;
     const auto b_rows = key.tb == ops::Transpose::yes ? key.n : key.k, b_cols = key.tb == ops::Transpose::yes ? key.k : key.n;
     CUPIPE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a_, key.ab_type, std::uint64_t(b_cols), std::uint64_t(b_rows), key.ldb));
-    CUPIPE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b_, key.ab_type, std::uint64_t(a_cols), std::uint64_t(a_rows), key.lda));
+    CUPIPE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b_, key.a_e5m2 ? CUDA_R_8F_E5M2 : key.ab_type, std::uint64_t(a_cols),
+                                                   std::uint64_t(a_rows), key.lda));
     CUPIPE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&c_, key.c_type, std::uint64_t(key.n), std::uint64_t(key.m), key.ldc));
   }
 
   void set_pointers(const GemmKey& key, const GemmArgs& args) {
-    if (key.a_scale_mode != 0 || key.b_scale_mode != 0) {
-      CUPIPE_REQUIRE(args.a_scale && args.b_scale, "gemm: block-scaled FP8 needs both operands' scales");
+    if (key.a_scale_mode != 0 || key.b_scale_mode != 0 || key.tensor_scales) {
+      CUPIPE_REQUIRE(args.a_scale && args.b_scale, "gemm: scaled FP8 needs both operands' scales");
       CUPIPE_CHECK_CUBLAS(
           cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &args.b_scale, sizeof args.b_scale));
       CUPIPE_CHECK_CUBLAS(
