@@ -12,6 +12,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "cuda_test_support.hpp"
@@ -576,6 +577,17 @@ TEST_CASE("CudaFp8<PerTensorDelayed>: the host emulation's codes, scales and ama
     CHECK(code_mismatches(codes_t.download(), h5.quantize(ConstView<float>{dyt.data(), Shape{n, m}})) == 0);
     CHECK(used.download() == std::vector<float>{h5.scale()});
     CHECK(std::bit_cast<float>(step.download()[0]) == amax);  // dy's amax is smaller: the step keeps x's
+    // An infinity quantises to NaN (0x7F), not to the largest code, and stays out of the amax.
+    std::vector<BF> bad = x;
+    bad[5] = BF(std::numeric_limits<float>::infinity());
+    DeviceArray<BF, GpuDelayed> dbad(gpu, bad);
+    DeviceArray<int, GpuDelayed> fresh(gpu, std::vector<int>{std::bit_cast<int>(-1.0f)});
+    kernels::quantize_tensor<__NV_E4M3>(ctx, kernels::device_ptr(dbad.buffer.data()), m, k, false, h4.scale(), nullptr,
+                                        codes.buffer.data(), used.buffer.data(), fresh.buffer.data());
+    std::vector<float> rest = xf;
+    rest[5] = 0.0f;
+    CHECK(codes.download()[5] == 0x7F);
+    CHECK(std::bit_cast<float>(fresh.download()[0]) == fp8::amax_of(ConstView<float>{rest.data(), xs}));
   }
   SECTION("y = x W^T, dx = dy W and dW += dy^T x over two steps: the host's products and recorded scales") {
     std::vector<float> g_cpu(std::size_t(n * k), 0.0f);

@@ -18,7 +18,7 @@
 // here), so a Linear takes its unfused path: the GEMM in FP8, then the bias or GELU kernels.
 // cuBLASLt needs the product's rows and columns to be multiples of 4 and k a multiple of 16: other
 // shapes are refused, naming them. A value that is not finite quantises to NaN (the host refuses
-// it), so the loss check sees it.
+// it), so the loss check sees it; delayed scaling leaves it out of the step's amax.
 //
 // Roofline (H200: 1,979 dense FP8 TFLOP/s against 989 for bf16): a GPT-2 124M MLP GEMM (8192 x
 // 3072 x 768) is 38.7 GFLOP, 20 us at the FP8 peak and 39 us at bf16's; quantising its operands
@@ -78,13 +78,19 @@ class CudaFp8<fp8::PerTensorDelayed> : public Cuda<bfloat16, float> {
 
   /// How many GEMMs (entries) one context may scale: a GPT-2 XL stage has under 600.
   static constexpr std::size_t max_entries = 4096;
+  static_assert(fp8::PerTensorDelayed::margin == 0,
+                "kernels::tensor_scale computes a first use's scale without a margin, as the host's does at margin 0");
 
   fp8::DelayedScales scales{fp8::PerTensorDelayed::history, fp8::PerTensorDelayed::margin};
 
+  /// Refuses more entries than the device slots hold, naming the limit.
+  void check_entries() const {
+    CUPIPE_REQUIRE(scales.size() <= max_entries, "backend::CudaFp8<fp8::PerTensorDelayed>: ", scales.size(),
+                   " FP8 GEMMs in one context, more than its ", max_entries, " amax slots");
+  }
   /// The device slot of the step's amax of `entry`'s operand (float bits as int; -1.0f: none yet).
   int* step_amax(std::size_t entry, fp8::Operand o) {
-    CUPIPE_REQUIRE(entry < max_entries, "backend::CudaFp8<fp8::PerTensorDelayed>: more than ", max_entries,
-                   " FP8 GEMMs in one context");
+    check_entries();
     if (step_.size() == 0) {
       step_ = allocate<int>(index_t(2 * max_entries), MemoryTag::workspace);
       reset_step();
@@ -98,6 +104,7 @@ class CudaFp8<fp8::PerTensorDelayed> : public Cuda<bfloat16, float> {
   /// Closes the step: the step's amaxes from the device, over the tensor-parallel group, into the
   /// histories; the device slots start again.
   void end_step() {
+    check_entries();
     std::vector<float> amax(2 * scales.size(), fp8::DelayedScales::unused);
     if (!amax.empty() && step_.size() != 0) {
       std::vector<int> bits(amax.size());
@@ -110,8 +117,8 @@ class CudaFp8<fp8::PerTensorDelayed> : public Cuda<bfloat16, float> {
 
  private:
   void reset_step() {
-    const std::vector<int> none(2 * max_entries, std::bit_cast<int>(fp8::DelayedScales::unused));
-    upload(std::span<const int>(none), step_.data());
+    const backend::cuda::DeviceGuard guard(device());
+    backend::cuda::kernels::reset_step_amax(context(), step_.data(), index_t(2 * max_entries));
   }
   buffer<int> step_;
 };
@@ -132,9 +139,9 @@ std::array<index_t, 3> fp8_shape(std::string_view op, ops::Transpose ta, ops::Tr
   CUPIPE_REQUIRE(tb == ops::Transpose::no || ta == ops::Transpose::no,
                  op, " on an FP8 backend: a layer's GEMMs are x W^T, dy W or dy^T x; op(a) op(b) with both transposed is "
                      "none of them");
-  CUPIPE_REQUIRE((m == 0 || n == 0) || (m % 4 == 0 && n % 4 == 0 && k % 16 == 0), op,
+  CUPIPE_REQUIRE((m == 0 || n == 0) || (m % 4 == 0 && n % 4 == 0 && k % 16 == 0 && k > 0), op,
                  " in FP8 on CUDA: cuBLASLt's FP8 GEMM needs (m, n, k) = (", m, ", ", n, ", ", k,
-                 ") with m and n multiples of 4 and k of 16");
+                 ") with m and n multiples of 4 and k a positive multiple of 16");
   return {m, n, k};
 }
 
@@ -211,7 +218,6 @@ template <class C>
 void fp8_gemm(backend::CudaFp8<fp8::PerTensorDelayed>& be, std::string_view op, ops::Transpose ta, ops::Transpose tb,
               float alpha, DeviceConstView<bfloat16> a, DeviceConstView<bfloat16> b, float beta, DeviceView<C> c) {
   const auto [m, n, k] = fp8_shape(op, ta, tb, a, b, c);
-  if (m == 0 || n == 0) return;
   const DeviceGuard guard(be.device());
   Context& ctx = be.context();
   const fp8::GemmRole role = ta == ops::Transpose::yes   ? fp8::GemmRole::weight_grad
@@ -220,6 +226,11 @@ void fp8_gemm(backend::CudaFp8<fp8::PerTensorDelayed>& be, std::string_view op, 
   // The same keys as the host emulation (backend/host/fp8.hpp): the weight, or the weight gradient.
   const void* name = role == fp8::GemmRole::weight_grad ? static_cast<const void*>(c.data()) : static_cast<const void*>(b.data());
   const std::size_t entry = be.scales.entry(name, role);
+  be.check_entries();
+  if (m == 0 || n == 0) {  // no product; the operands count as used with amax 0, as on the host
+    if (be.scales.recording) kernels::mark_used(ctx, be.step_amax(entry, fp8::Operand::a), be.step_amax(entry, fp8::Operand::b));
+    return;
+  }
   // Scratch: A's codes (m x k), B's codes (n x k), the two scales used, two amax states.
   const std::size_t at_b = aligned_16(std::size_t(m * k)), at_s = at_b + aligned_16(std::size_t(n * k)),
                     at_own = at_s + aligned_16(2 * sizeof(float)), bytes = at_own + aligned_16(4 * sizeof(unsigned));

@@ -199,6 +199,16 @@ __device__ __forceinline__ void add_step_amax(float amax, int* step) {
   if (threadIdx.x % 32 == 0 && step != nullptr) atomicMax(step, __float_as_int(amax));
 }
 
+/// v / s in Format, saturating; a value that is not finite becomes NaN (0x7F in both formats), not
+/// the largest code SATFINITE would give an infinity, so the product and the loss check see it. The
+/// host refuses such a value (DelayedScaling::quantize).
+template <__nv_fp8_interpretation_t Format>
+__device__ __forceinline__ unsigned char tensor_code(float v, float s) {
+  return isfinite(v) ? __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, Format) : static_cast<unsigned char>(0x7F);
+}
+/// The amax so far with |v| added, leaving out what is not finite (its code is NaN).
+__device__ __forceinline__ float finite_amax(float amax, float v) { return isfinite(v) ? fmaxf(amax, fabsf(v)) : amax; }
+
 /// x (n values) -> codes (n), in order: a grid-stride pass.
 template <__nv_fp8_interpretation_t Format, class In>
 __global__ void quantize_tensor_kernel(const In* __restrict__ x, index_t n, float scale, const unsigned* own,
@@ -208,8 +218,8 @@ __global__ void quantize_tensor_kernel(const In* __restrict__ x, index_t n, floa
   float amax = 0.0f;
   for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
     const float v = static_cast<float>(x[i]);
-    amax = fmaxf(amax, fabsf(v));
-    codes[i] = __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, Format);
+    amax = finite_amax(amax, v);
+    codes[i] = tensor_code<Format>(v, s);
   }
   add_step_amax(amax, step);
 }
@@ -229,14 +239,37 @@ __global__ void quantize_tensor_transposed_kernel(const In* __restrict__ x, inde
     const index_t r = r0 + j, c = c0 + threadIdx.x;
     const float v = r < rows && c < cols ? static_cast<float>(x[r * cols + c]) : 0.0f;
     tile[j][threadIdx.x] = v;
-    amax = fmaxf(amax, fabsf(v));
+    amax = finite_amax(amax, v);
   }
   __syncthreads();
   for (int j = int(threadIdx.y); j < 32; j += int(blockDim.y)) {
     const index_t c = c0 + j, r = r0 + threadIdx.x;  // row c of x^T, column r
-    if (c < cols && r < rows) codes[c * rows + r] = __nv_cvt_float_to_fp8(tile[threadIdx.x][j] / s, __NV_SATFINITE, Format);
+    if (c < cols && r < rows) codes[c * rows + r] = tensor_code<Format>(tile[threadIdx.x][j], s);
   }
   add_step_amax(amax, step);
+}
+
+/// slots[0, n) = -1.0f's bits: no amax yet this step (CudaFp8<fp8::PerTensorDelayed>'s step slots).
+template <class Int = int>
+__global__ void reset_step_amax_kernel(Int* slots, index_t n) {
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
+    slots[i] = __float_as_int(-1.0f);
+}
+inline void reset_step_amax(Context& ctx, int* slots, index_t n) {
+  if (n <= 0) return;
+  reset_step_amax_kernel<<<grid_for(n, 256, ctx), 256, 0, ctx.stream()>>>(slots, n);
+  CUPIPE_CHECK_LAUNCH();
+}
+
+/// The operands of an empty GEMM (m or n of 0) were used with amax 0 (the host records that too).
+template <class Int = int>
+__global__ void mark_used_kernel(Int* a, Int* b) {
+  if (a) atomicMax(a, __float_as_int(0.0f));
+  if (b) atomicMax(b, __float_as_int(0.0f));
+}
+inline void mark_used(Context& ctx, int* a, int* b) {
+  mark_used_kernel<<<1, 1, 0, ctx.stream()>>>(a, b);
+  CUPIPE_CHECK_LAUNCH();
 }
 
 /// Launches quantize_tensor_kernel (`transposed` false) or quantize_tensor_transposed_kernel: x
