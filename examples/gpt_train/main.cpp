@@ -202,9 +202,11 @@ int main(int argc, char** argv) {
                  "TransformerEngine's delayed scaling, emulated on the host (gpipe, 1f1b, zb-h1, zb-h2)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp8-block", "fp8-delayed"}));
-  app.add_flag("--zero", f.zero,
+  app.add_flag("--zero{1}", f.zero,
                "ZeRO-1: each of the --dp replicas keeps the AdamW state of 1/dp of the parameters and the updated "
-               "shards are gathered (the weights are those without it, to rounding)");
+               "shards are gathered (the weights are those without it, to rounding); --zero=2, ZeRO-2: the summed "
+               "gradients too, each stage's reduce-scattered as soon as its backward is done")
+      ->check(CLI::Range(0, 2));
   app.add_option("--tp", f.tp,
                  "tensor-parallel ranks per stage: each block's attention split by heads and MLP by width, the "
                  "embedding, head and loss by vocabulary (Megatron); run under mpirun/srun with stages x dp x tp "

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Run under mpirun: a pipeline spread over processes (MpiCommunicator, host backend, float64) must
 // compute what the same pipeline computes in one process on the whole batch.
-//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages P [--stall] [--zero] [--checkpoint PREFIX]
+//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages P [--stall] [--zero[=2]] [--checkpoint PREFIX]
 // World = P stages x D replicas. Each replica trains on its share of one global batch. Rank 0 also
 // runs the single-process reference and compares gradients after one forward/backward and weights
 // after 3 AdamW steps: bitwise for one replica (same arithmetic in the same order), 1e-12 relative
@@ -11,6 +11,8 @@
 // --schedule bf16 runs 1F1B with bf16 storage and fp32 master weights (Host<bfloat16, float>).
 // --zero turns ZeRO-1 on (PipelineOptions::zero): the same comparisons must hold, and each replica must
 // hold the optimizer state of its shard only, the replicas' shards adding up to the whole stage.
+// --zero=2 turns ZeRO-2 on: the same again, and between steps each replica holds its shard of the
+// gradients only; their reduce-scatters start inside the step, as the sums do without ZeRO.
 // --stall makes the rank whose stage holds the Trap layer stop answering in the middle of the second
 // step; the other ranks must then fail with an error naming their stage, action and peer within the
 // transfer timeout.
@@ -37,7 +39,7 @@ using cupipe::testing::verdict_everywhere;
 namespace {
 
 bool stall = false;
-bool zero = false;
+int zero = 0;  ///< the ZeRO stage
 int calls = 0;
 
 /// With --stall, the 6th forward of the stage holding the trap blocks for good (a hung peer).
@@ -51,22 +53,31 @@ using Model = Sequential<Linear<6, 12>, ReLU, Linear<12, 12>, Trap, Linear<12, 1
 
 std::string checkpoint;
 
-/// With --zero: each replica holds the optimizer state (2 AdamW slots of float64) of its shards only:
-/// the replicas of a stage together hold the stage's state once, so every rank's bytes add up to the
-/// whole model's, and one replica holds at most 1/R of its stages' plus the rounding of each shard.
+/// With --zero: each replica holds the optimizer state (2 AdamW slots of float64) of its shards only,
+/// and with --zero=2 (between steps) the gradients (one array) too: the replicas of a stage together
+/// hold the stage's arrays once, so every rank's bytes add up to the whole model's, and one replica
+/// holds at most 1/R of its stages' plus the rounding of each shard. Measured by the allocator.
 template <class Pipe>
-int check_optimizer_shards(Pipe& pipe, comm::Communicator& comm, std::size_t model_params) {
+int check_shards(Pipe& pipe, comm::Communicator& comm, std::size_t model_params, MemoryTag tag, int arrays) {
   const comm::Topology& t = comm.topology();
-  constexpr double bytes = sizeof(typename Pipe::G);  // AdamW's slots are in the compute precision
-  const double mine = double(pipe.backend(t.stage()).memory.in_use(MemoryTag::optimizer));
+  constexpr double bytes = sizeof(typename Pipe::G);  // AdamW's slots and the gradients are in the compute precision
+  const double mine = double(pipe.backend(t.stage()).memory.in_use(tag));
   std::vector<double> stage{mine};
   comm.sum_over_replicas(stage.data(), 1);
-  const double world = comm.sum_over_world(mine), whole = 2.0 * bytes * double(model_params);
-  const bool ok = world == whole && mine <= stage[0] / t.replicas + 2.0 * bytes * Pipe::chunks &&
+  const double world = comm.sum_over_world(mine), whole = arrays * bytes * double(model_params);
+  const bool ok = world == whole && mine <= stage[0] / t.replicas + arrays * bytes * Pipe::chunks &&
                   (t.replicas == 1 || mine < stage[0]);
-  std::printf("rank %d: optimizer state %.0f bytes, its stage's replicas %.0f together (%d replicas), all ranks %.0f "
-              "for a model of %.0f: %s\n", t.rank, mine, stage[0], t.replicas, world, whole, ok ? "sharded" : "DIFFERENT");
+  std::printf("rank %d: %s %.0f bytes, its stage's replicas %.0f together (%d replicas), all ranks %.0f for a model of "
+              "%.0f: %s\n", t.rank, tag == MemoryTag::optimizer ? "optimizer state" : "gradients", mine, stage[0],
+              t.replicas, world, whole, ok ? "sharded" : "DIFFERENT");
   return ok ? 0 : 1;
+}
+/// check_shards for the ZeRO stage on: the optimizer state, and with ZeRO-2 the gradients.
+template <class Pipe>
+int check_zero_shards(Pipe& pipe, comm::Communicator& comm, std::size_t model_params) {
+  int failures = zero >= 1 ? check_shards(pipe, comm, model_params, MemoryTag::optimizer, 2) : 0;
+  if (zero >= 2) failures += check_shards(pipe, comm, model_params, MemoryTag::gradients, 1);
+  return failures;
 }
 
 template <class Stages, class Schedule>
@@ -115,8 +126,9 @@ int check(int microbatches, int rank) {
     const StepStats step = distributed.train_step(mine, mine_y, adamw);
     if (rank == 0) reference.train_step(all, all_y, adamw);
     // With replicas (and without ZeRO-1), each of this process's virtual stages started its sum
-    // over the replicas inside the step, as soon as its backward was done.
-    const int expected = topo.replicas > 1 && !zero ? Schedule::chunks : 0;
+    // (with ZeRO-2 its reduce-scatter) over the replicas inside the step, as soon as its backward
+    // was done.
+    const int expected = topo.replicas > 1 && zero != 1 ? Schedule::chunks : 0;
     if (step.overlapped_gradient_sums != expected) {
       std::printf("rank %d: %d gradient sums overlapped the step, expected %d: FAIL\n", rank,
                   step.overlapped_gradient_sums, expected);
@@ -163,7 +175,7 @@ int check(int microbatches, int rank) {
   }
   const std::vector<double> weights = distributed.parameters();
   if (rank == 0) compare("weights after 5 AdamW steps (the last two from accumulated halves)", weights, reference.parameters());
-  if (zero) failures += check_optimizer_shards(distributed, *comm, weights.size());
+  failures += check_zero_shards(distributed, *comm, weights.size());
 
   // Checkpoints are by layer: what this P x D run saves loads into a single process split another
   // way, and what a single process saves loads into this P x D run.
@@ -239,7 +251,7 @@ int check_gpt(int rank) {
     std::printf("tied copies (stage 0 and stage %d): %s\n", P - 1, same ? "equal" : "DIFFERENT");
     failures += !ok + !same;
   }
-  if (zero) failures += check_optimizer_shards(distributed, *comm, weights.size());
+  failures += check_zero_shards(distributed, *comm, weights.size());
   return verdict_everywhere(failures);
 }
 
@@ -257,7 +269,7 @@ int check_bf16(int rank) {
   using Stages = partition<Model, P>;
   auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, P);
   const comm::Topology& topo = comm->topology();
-  if (rank == 0) std::printf("%s, bf16 storage%s\n", topo.describe().c_str(), zero ? ", ZeRO-1" : "");
+  if (rank == 0) std::printf("%s, bf16 storage%s\n", topo.describe().c_str(), zero ? (", ZeRO-" + std::to_string(zero)).c_str() : "");
   constexpr index_t global_batch = 24;
   const index_t share = global_batch / topo.replicas;
   std::vector<BF> x(static_cast<std::size_t>(global_batch * 6));
@@ -287,7 +299,7 @@ int check_bf16(int rank) {
     std::printf("bf16 master weights after 3 AdamW steps: %s (max relative difference %.3g)\n", ok ? "equal" : "DIFFERENT", r);
     failures += !ok;
   }
-  if (zero) failures += check_optimizer_shards(distributed, *comm, weights.size());
+  failures += check_zero_shards(distributed, *comm, weights.size());
   return verdict_everywhere(failures);
 }
 
@@ -301,7 +313,8 @@ int main(int argc, char** argv) {
   int stages = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--stall")) stall = true;
-    else if (!std::strcmp(argv[i], "--zero")) zero = true;
+    else if (!std::strcmp(argv[i], "--zero")) zero = 1;
+    else if (!std::strcmp(argv[i], "--zero=2")) zero = 2;
     else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
     else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) stages = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
@@ -310,13 +323,14 @@ int main(int argc, char** argv) {
     int rc = 2;
     if (schedule == "1f1b" && stages == 4) rc = check<partition<Model, 4>, schedule::OneFOneB>(4, rank);
     else if (schedule == "1f1b" && stages == 2) rc = check<partition<Model, 2>, schedule::OneFOneB>(4, rank);
+    else if (schedule == "1f1b" && stages == 1) rc = check<partition<Model, 1>, schedule::OneFOneB>(2, rank);
     else if (schedule == "interleaved" && stages == 4) rc = check<partition_for<Model, 4, schedule::Interleaved<2>>, schedule::Interleaved<2>>(4, rank);
     else if (schedule == "interleaved" && stages == 2) rc = check<partition_for<Model, 2, schedule::Interleaved<2>>, schedule::Interleaved<2>>(4, rank);
     else if (schedule == "gpipe" && stages == 4) rc = check<partition<Model, 4>, schedule::GPipe>(4, rank);
     else if (schedule == "gpt" && stages == 4) rc = check_gpt<4>(rank);
     else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);
     else if (schedule == "bf16" && stages == 2) rc = check_bf16<2>(rank);
-    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages 2|4\n");
+    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages 1|2|4\n");
     return rc;
   });
 }

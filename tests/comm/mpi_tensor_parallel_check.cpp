@@ -2,7 +2,7 @@
 // Run under mpirun: tensor parallelism over host ranks (MpiCommunicator's tensor group, float64)
 // must compute what the whole model computes in one process.
 //   mpi_tensor_parallel_check --tensor TP
-//   mpi_tensor_parallel_check --tensor 2 --pipeline P [--zero] [--checkpoint PREFIX]
+//   mpi_tensor_parallel_check --tensor 2 --pipeline P [--zero[=2]] [--checkpoint PREFIX]
 // World = TP tensor-parallel ranks x D replicas (one stage). Every rank builds the whole small GPT
 // (the oracle) and its part of gpt::TensorParallelModel (attention split by heads, the MLP by hidden
 // width, wte, lm_head and the loss by vocabulary), sharded from the whole model's initial parameters. Each group trains on the same batch:
@@ -205,7 +205,7 @@ std::vector<double> widened(const std::vector<V>& v) {
 /// then checkpoints both ways: this run's loads into a one-stage single process, the single
 /// process's into this run.
 template <int TP, int P>
-int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::string& checkpoint, bool zero) {
+int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::string& checkpoint, int zero) {
   using Whole = gpt::Model<small_gpt>;
   using Part = gpt::TensorParallelModel<small_gpt, TP>;
   using B = backend::Host<double>;
@@ -244,16 +244,18 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   const std::vector<double> exp_avg_sq = distributed.optimizer_state(1);
   const double m = relative(exp_avg_sq, reference.optimizer_state(1));
   expect("AdamW's exp_avg_sq, gathered", m <= 1e-12, "max relative difference " + number(m));
-  if (zero) {
-    // ZeRO-1: this rank holds the AdamW state of its shard of its part; a stage's replicas together
-    // hold the part's state once.
-    const double mine = double(distributed.backend(topo.stage()).memory.in_use(MemoryTag::optimizer));
+  // ZeRO-1: this rank holds the AdamW state of its shard of its part; a stage's replicas together
+  // hold the part's state once. ZeRO-2: the same of the gradients, between steps.
+  const auto sharded = [&](MemoryTag tag, int arrays, const std::string& what) {
+    const double mine = double(distributed.backend(topo.stage()).memory.in_use(tag));
     std::vector<double> stage{mine};
     comm->sum_over_replicas(stage.data(), 1);
-    const bool sharded = mine < stage[0] && mine <= stage[0] / topo.replicas + 2.0 * 8.0;
-    expect("AdamW state sharded over " + std::to_string(topo.replicas) + " replicas", sharded,
+    const bool ok = mine < stage[0] && mine <= stage[0] / topo.replicas + arrays * 8.0;
+    expect(what + " sharded over " + std::to_string(topo.replicas) + " replicas", ok,
            number(mine) + " bytes here, " + number(stage[0]) + " over the stage's replicas");
-  }
+  };
+  if (zero >= 1) sharded(MemoryTag::optimizer, 2, "AdamW state");
+  if (zero >= 2) sharded(MemoryTag::gradients, 1, "gradients");
 
   if (!checkpoint.empty()) {
     io::TrainingState state;
@@ -425,13 +427,15 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int tensor = 0, stages = 0;
-  bool zero = false, bf16 = false, fp8 = false;
+  bool bf16 = false, fp8 = false;
+  int zero = 0;
   std::string checkpoint;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tensor") && i + 1 < argc) tensor = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pipeline") && i + 1 < argc) stages = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
-    else if (!std::strcmp(argv[i], "--zero")) zero = true;
+    else if (!std::strcmp(argv[i], "--zero")) zero = 1;
+    else if (!std::strcmp(argv[i], "--zero=2")) zero = 2;
     else if (!std::strcmp(argv[i], "--bf16")) bf16 = true;
     else if (!std::strcmp(argv[i], "--fp8")) fp8 = true;
   }
@@ -448,7 +452,7 @@ int main(int argc, char** argv) {
       if (rank == 0) std::printf("%s\n", comm.topology().describe().c_str());
       rc = tensor == 2 ? check<2>(comm) : check<4>(comm);
     } else {
-      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--zero] [--checkpoint PREFIX] [--bf16] | --tensor 2 --pipeline 2 --fp8\n");
+      std::fprintf(stderr, "usage: mpi_tensor_parallel_check --tensor 2|4 | --tensor 2 --pipeline 1|2 [--zero[=2]] [--checkpoint PREFIX] [--bf16] | --tensor 2 --pipeline 2 --fp8\n");
     }
     return rc;
   });

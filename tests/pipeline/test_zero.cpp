@@ -63,3 +63,36 @@ TEST_CASE("ZeRO-1 is refused with a sentence where it cannot work", "[pipeline][
              }),
              Catch::Contains("zero and post_validation cannot be combined"));
 }
+
+TEST_CASE("ZeRO-2 without replicas changes nothing either, and other stages are refused", "[pipeline][zero]") {
+  using Pipe = Pipeline<partition<Model, 2>, schedule::ZeroBubbleH1, Host>;
+  Pipe plain({.microbatches = 4, .seed = 7}), zero({.microbatches = 4, .seed = 7, .zero = 2});
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
+  for (int t = 0; t < 3; ++t) {
+    const test::Batch b = test::make_batch(16, 6, 4, 700 + std::uint64_t(t));
+    plain.train_step(b.inputs(), b.targets(), adamw);
+    zero.train_step(b.inputs(), b.targets(), adamw);
+  }
+  CHECK(zero.parameters() == plain.parameters());
+  CHECK(zero.optimizer_state(1) == plain.optimizer_state(1));
+  CHECK(zero.backend(0).memory.in_use(MemoryTag::gradients) == plain.backend(0).memory.in_use(MemoryTag::gradients));
+  for (const int stage : {-1, 3, 4})
+    CHECK_THAT(test::error_message([stage] {
+                 Pipeline<partition<Model, 2>, schedule::OneFOneB, Host> pipe({.microbatches = 2, .zero = stage});
+               }),
+               Catch::Contains("zero is the ZeRO stage, 0 (off), 1 (optimizer state) or 2 (and gradients), got " +
+                               std::to_string(stage)));
+  CHECK_THAT(test::error_message([] { Pipeline<partition<Model, 2>, schedule::OneFOneB, Host> pipe({.microbatches = 2, .zero = 3}); }),
+             Catch::Contains("ZeRO-3, parameters sharded too, is not built yet"));
+}
+
+TEST_CASE("ZeRO-2 finds the stages that hold a copy of a tied tensor", "[pipeline][zero]") {
+  const TiedCopies tied{.first = 10, .second = 90, .count = 5};
+  CHECK(pipeline::holds_tied_copy(tied, 0, 11));
+  CHECK_FALSE(pipeline::holds_tied_copy(tied, 0, 10));
+  CHECK(pipeline::holds_tied_copy(tied, 14, 20));
+  CHECK_FALSE(pipeline::holds_tied_copy(tied, 15, 75));
+  CHECK(pipeline::holds_tied_copy(tied, 94, 6));
+  CHECK_FALSE(pipeline::holds_tied_copy(tied, 95, 6));
+  CHECK_FALSE(pipeline::holds_tied_copy(TiedCopies{}, 0, 100));
+}

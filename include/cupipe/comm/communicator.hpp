@@ -132,6 +132,14 @@ class Communicator {
   virtual void finish_sums() {}
   virtual void reduce_scatter_over_replicas(float*, std::size_t) { refuse_reduce_scatter(); }
   virtual void reduce_scatter_over_replicas(double*, std::size_t) { refuse_reduce_scatter(); }
+  /// The reduce-scatter started like a sum, in the memory send() takes: `data` holds replicas x
+  /// `count` values; once finish_sums() returns, this replica's block (at replica() x count) holds
+  /// its sum over the replicas and the other blocks are unspecified. ZeRO-2 starts a stage's as soon
+  /// as its last backward of the step is done. Communicators that cannot say so with
+  /// starts_reduce_scatters(); the pipeline then reduce-scatters at the update.
+  virtual bool starts_reduce_scatters() const { return false; }
+  virtual void start_reduce_scatter_over_replicas(float*, std::size_t) { refuse_started_sum(); }
+  virtual void start_reduce_scatter_over_replicas(double*, std::size_t) { refuse_started_sum(); }
 
  protected:
   /// What an implementation calls just before it throws a timeout error `what`.
@@ -150,8 +158,8 @@ class Communicator {
     CUPIPE_THROW("Communicator: this communicator does not gather over replicas (ZeRO-1 needs it; MpiCommunicator and NcclCommunicator do)");
   }
   [[noreturn]] static void refuse_started_sum() {
-    CUPIPE_THROW("Communicator: this communicator does not start sums to finish later (check starts_sums() first; "
-                 "MpiCommunicator and NcclCommunicator do)");
+    CUPIPE_THROW("Communicator: this communicator does not start sums or reduce-scatters to finish later (check "
+                 "starts_sums() and starts_reduce_scatters() first; MpiCommunicator and NcclCommunicator do)");
   }
   [[noreturn]] static void refuse_reduce_scatter() {
     CUPIPE_THROW("Communicator: this communicator does not reduce-scatter over replicas (check reduce_scatters() "

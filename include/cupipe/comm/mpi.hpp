@@ -227,12 +227,18 @@ class MpiCommunicator final : public Communicator {
   /// meanwhile, as it drives the sends).
   void finish_sums() override {
     std::vector<MPI_Request> started;
+    std::vector<std::function<void()>> then;
     {
       const std::lock_guard lock(mutex_);
       started.swap(started_sums_);
+      then.swap(after_sums_);
     }
     for (MPI_Request& request : started) finish_collective(request, "a gradient sum over " + describe(Group::replicas));
+    for (const auto& f : then) f();
   }
+  bool starts_reduce_scatters() const override { return true; }
+  void start_reduce_scatter_over_replicas(float* data, std::size_t n) override { start_reduce_scatter(data, n, MPI_FLOAT); }
+  void start_reduce_scatter_over_replicas(double* data, std::size_t n) override { start_reduce_scatter(data, n, MPI_DOUBLE); }
   void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
@@ -369,13 +375,34 @@ class MpiCommunicator final : public Communicator {
   }
   /// Starts an in-place MPI_Iallreduce over the replicas; finish_sums() completes it.
   void start_sum(void* data, std::size_t n, MPI_Datatype type) {
+    start_over_replicas(n, [&](MPI_Request* request) {
+      CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, request));
+    });
+  }
+  /// Starts an in-place MPI_Ireduce_scatter_block over the replicas; finish_sums() completes it and
+  /// then moves this replica's block to its place.
+  template <class T>
+  void start_reduce_scatter(T* data, std::size_t n, MPI_Datatype type) {
+    start_over_replicas(
+        n,
+        [&](MPI_Request* request) {
+          CUPIPE_CHECK_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, request));
+        },
+        [this, data, n] { place_own_block(data, n); });
+  }
+  /// Starts a nonblocking collective of `n` values per replica over the replicas (`post` posts it,
+  /// under mutex_, into the request it is given) for the progress thread to drive; finish_sums()
+  /// waits for it, then runs `then`.
+  template <class Post>
+  void start_over_replicas(std::size_t n, Post&& post, std::function<void()> then = {}) {
     check_usable();
     if (n == 0) return;
     {
       const std::lock_guard lock(mutex_);
       MPI_Request request = MPI_REQUEST_NULL;
-      CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, &request));
+      post(&request);
       started_sums_.push_back(request);
+      if (then) after_sums_.push_back(std::move(then));
     }
     in_flight_.notify_one();
   }
@@ -461,6 +488,7 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable in_flight_;  ///< wakes the progress thread: a send started, or stopping_
   PendingSends<Send> pending_;
   std::vector<MPI_Request> started_sums_;  ///< under mutex_: start_sum's requests, until finish_sums
+  std::vector<std::function<void()>> after_sums_;  ///< under mutex_: what finish_sums does after its waits
   std::atomic<bool> broken_ = false;  ///< a collective timed out (read by every thread)
   bool stopping_ = false;         ///< under mutex_: the destructor ends the progress thread
   bool progress_failed_ = false;  ///< under mutex_: an MPI_Test failed in the progress thread

@@ -259,8 +259,11 @@ class NcclCommunicator final : public Communicator {
   /// Started sums take device memory only (the pipeline starts them only where the communicator
   /// reads the backend's memory); the caller has synchronised the kernels that wrote it.
   bool starts_sums() const override { return true; }
-  void start_sum_over_replicas(float* data, std::size_t n) override { start_sum(data, n, ncclFloat32); }
-  void start_sum_over_replicas(double* data, std::size_t n) override { start_sum(data, n, ncclFloat64); }
+  void start_sum_over_replicas(float* data, std::size_t n) override { start_collective(data, n, ncclFloat32, false); }
+  void start_sum_over_replicas(double* data, std::size_t n) override { start_collective(data, n, ncclFloat64, false); }
+  bool starts_reduce_scatters() const override { return true; }  // ZeRO-2's, the same way
+  void start_reduce_scatter_over_replicas(float* data, std::size_t n) override { start_collective(data, n, ncclFloat32, true); }
+  void start_reduce_scatter_over_replicas(double* data, std::size_t n) override { start_collective(data, n, ncclFloat64, true); }
   void finish_sums() override {
     if (!sums_started_) return;
     sums_started_ = false;
@@ -514,13 +517,20 @@ class NcclCommunicator final : public Communicator {
                });
   }
 
-  void start_sum(void* data, std::size_t n, ncclDataType_t type) {
+  /// A started all-reduce (`scatter`: reduce-scatter) over the replicas, on the collective stream.
+  void start_collective(void* data, std::size_t n, ncclDataType_t type, bool scatter) {
     check_alive();
     if (n == 0) return;
     const backend::cuda::DeviceGuard guard(device_);
-    CUPIPE_REQUIRE(on_device(data), "NcclCommunicator::start_sum_over_replicas takes device memory (the pipeline "
-                                    "starts sums only on memory the communicator reads)");
-    CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(data, data, n, type, ncclSum, replicas_, collective_stream_));
+    CUPIPE_REQUIRE(on_device(data), "NcclCommunicator: a started ", scatter ? "reduce-scatter" : "sum", " takes device memory "
+                   "(the pipeline starts them only on memory the communicator reads)");
+    std::byte* p = static_cast<std::byte*>(data);
+    const std::size_t mine = std::size_t(topology_.replica()) * n * size_of(type);
+    if (scatter) {
+      CUPIPE_COMM_CHECK_NCCL(ncclReduceScatter(p, p + mine, n, type, ncclSum, replicas_, collective_stream_));
+    } else {
+      CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(p, p, n, type, ncclSum, replicas_, collective_stream_));
+    }
     sums_started_ = true;
   }
 

@@ -6,6 +6,8 @@
 //     its last weight-gradient action is done (after_action), while the worker goes on;
 //   - the flush reduction: whatever a step left unsummed is summed before the update (reduce);
 //   - ZeRO-1: reduce-scatter of the gradients, the sharded norm, the gather of the updated shards;
+//   - ZeRO-2: the same with the gradients kept as shards, their reduce-scatters started inside the
+//     step like the early sums (gradient_shards.hpp);
 //   - the tensor-parallel norm: split tensors' squares summed over the group, replicated ones once;
 //   - the flush update itself (flush_update), refused when the norm is not finite.
 // The asynchronous schedules' per-stage updates run inside the step, where a stage's last
@@ -21,17 +23,19 @@
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/layers/tensor_parallel.hpp"
+#include "cupipe/pipeline/gradient_shards.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
 #include "cupipe/schedule/action.hpp"
 
 namespace cupipe::pipeline {
 
 /// Where a pipeline's gradients are summed: the communicator (null: one process), this stage's
-/// tensor-parallel group (null: none), and whether ZeRO-1 and the finite-norm check are on.
+/// tensor-parallel group (null: none), the ZeRO stage (PipelineOptions::zero) and whether the
+/// finite-norm check is on.
 struct SyncSetup {
   comm::Communicator* comm = nullptr;
   TensorGroup* tensor_group = nullptr;
-  bool zero = false;
+  int zero = 0;
   bool check_finite = true;
 };
 
@@ -47,15 +51,18 @@ class GradientSync {
 
   comm::Communicator* comm() const noexcept { return setup_.comm; }
   bool replicated() const noexcept { return comm() && comm()->topology().replicas > 1; }
-  /// Whether ZeRO-1 shards anything here: it is on, and there are replicas.
-  bool zero_sharded() const noexcept { return setup_.zero && replicated(); }
+  /// Whether ZeRO shards anything here (the optimizer state): it is on, and there are replicas.
+  bool zero_sharded() const noexcept { return setup_.zero >= 1 && replicated(); }
+  /// Whether ZeRO-2 keeps the gradients as shards here.
+  bool gradients_sharded() const noexcept { return setup_.zero >= 2 && replicated(); }
 
-  /// Whether a train_step's stage sums may start inside the step: data parallelism under a flush
-  /// schedule with a communicator that starts sums and reads the backend's memory, without ZeRO-1
-  /// (which reduce-scatters at the update).
+  /// Whether a train_step's stage sums (or, with ZeRO-2, reduce-scatters) may start inside the
+  /// step: data parallelism under a flush schedule with a communicator that starts them and reads
+  /// the backend's memory; not with ZeRO-1, which reduce-scatters at the update.
   bool overlaps_sums() const {
-    return Flush && replicated() && comm()->starts_sums() && comm::reads_backend_memory<FirstBackend>(*comm()) &&
-           !setup_.zero;
+    if (!Flush || !replicated() || !comm::reads_backend_memory<FirstBackend>(*comm())) return false;
+    if (gradients_sharded()) return comm()->starts_reduce_scatters();
+    return comm()->starts_sums() && !setup_.zero;
   }
 
   /// Before a step whose stage sums start early: finds, once, the action after which each virtual
@@ -70,16 +77,23 @@ class GradientSync {
         if (a.kind == weights) last_gradient_action_[std::size_t(plan_.virtual_stage(w, a))] = a;
   }
   /// After action `a` of worker `w` (on w's thread): if it completed its virtual stage's gradients,
-  /// starts that stage's sum over the replicas.
+  /// starts that stage's sum over the replicas (with ZeRO-2 its reduce-scatter, unless the stage
+  /// holds a tied copy, whose sum with the other copy comes first, at the update).
   void after_action(int w, const schedule::Action& a) {
     if (a.kind == schedule::ActionKind::F) return;
     const int v = plan_.virtual_stage(w, a);
     if (!(last_gradient_action_[std::size_t(v)] == a)) return;
-    states_.visit(v, [&](auto, auto& st) {
+    bool started = true;
+    states_.visit(v, [&](auto k, auto& st) {
+      if (gradients_sharded()) {
+        started = !holds_tied_copy(tied, States::template model_offset<decltype(k)::value>(), st.param_count);
+        if (started) start_scatter(*comm(), st);
+        return;
+      }
       st.be->synchronize();
       comm()->start_sum_over_replicas(st.grads.data(), std::size_t(st.param_count));
     });
-    started_[std::size_t(v)] = 1;
+    started_[std::size_t(v)] = started ? 1 : 0;
   }
   /// How many stage sums the step started early.
   int started() const { return int(std::count(started_.begin(), started_.end(), 1)); }
@@ -104,8 +118,10 @@ class GradientSync {
   }
 
   /// Sums the accumulated gradients over the replicas if a step left them unsummed: the sums started
-  /// during a backward are finished, the other stages summed now.
+  /// during a backward are finished, the other stages summed now. With ZeRO-2 each replica keeps
+  /// its shard of the sums (scatter()).
   void reduce() {
+    if (gradients_sharded()) return scatter();
     if (!unreduced_) return;
     const bool early = any_started();
     if (early) comm()->finish_sums();
@@ -122,7 +138,10 @@ class GradientSync {
   template <class Optimizer>
   double flush_update(const Optimizer& optimizer) {
     double norm = 0;
-    if (zero_sharded() && unreduced_ && comm()->reduce_scatters()) {
+    if (gradients_sharded()) {
+      scatter();
+      norm = sharded_flush_norm(states_, *comm(), Model::parameter_table(), tied);
+    } else if (zero_sharded() && unreduced_ && comm()->reduce_scatters()) {
       // The tied copies' gradients are summed over the stages first, each replica its own, so that
       // every shard of either copy receives the whole sum from the reduce-scatter.
       if constexpr (tied.count > 0) (void)sum_tied_gradients(states_, comm(), tied);
@@ -149,6 +168,23 @@ class GradientSync {
   }
 
  private:
+  /// ZeRO-2: if a step left the gradients unsummed, every stage's whole buffer reduce-scattered
+  /// into its shard and released: the scatters started during the backward finished, the tied
+  /// copies' gradients summed over the stages (each replica its own, so that every shard of either
+  /// copy receives the whole sum), then the other stages reduce-scattered now.
+  void scatter() {
+    if (!unreduced_) return;
+    const bool early = any_started();
+    if (early) comm()->finish_sums();
+    if constexpr (tied.count > 0) (void)sum_tied_gradients(states_, comm(), tied);
+    states_.for_each([&](auto k, auto& st) {
+      if (early && started_[std::size_t(decltype(k)::value)]) keep_own_block(st);
+      else scatter_gradients(*comm(), st);
+    });
+    std::fill(started_.begin(), started_.end(), 0);
+    unreduced_ = false;
+  }
+
   bool any_started() const { return std::find(started_.begin(), started_.end(), 1) != started_.end(); }
 
   /// The global gradient norm with tensor parallelism: split tensors' squares summed over the group,

@@ -3,8 +3,8 @@
 // unsplit model's flat layout (what checkpoints hold), wherever the stages run: across processes a
 // sum over the pipeline in which each rank gives its own stages' values; with tensor parallelism each
 // split tensor joined over the group (layers::tensor_parallel::unshard) or cut into this rank's part; with
-// ZeRO-1 the optimizer slots' shards gathered over the replicas. Every reader is a collective where
-// there is a communicator: every rank calls it.
+// ZeRO-1 the optimizer slots' shards gathered over the replicas (with ZeRO-2 the gradients' too).
+// Every reader is a collective where there is a communicator: every rank calls it.
 #pragma once
 
 #include <algorithm>
@@ -25,16 +25,23 @@ class ModelValues {
  public:
   using G = typename States::G;
 
-  /// `zero_sharded`: whether ZeRO-1 shards the optimizer slots over replicas here.
-  ModelValues(States& states, comm::Communicator* comm, TensorGroup* tensor_group, bool zero_sharded)
-      : states_(states), comm_(comm), group_(tensor_group), zero_sharded_(zero_sharded) {}
+  /// `zero_sharded`: whether ZeRO-1 shards the optimizer slots over replicas here;
+  /// `gradients_sharded`: whether ZeRO-2 shards the summed gradients too.
+  ModelValues(States& states, comm::Communicator* comm, TensorGroup* tensor_group, bool zero_sharded,
+              bool gradients_sharded = false)
+      : states_(states), comm_(comm), group_(tensor_group), zero_sharded_(zero_sharded),
+        gradients_sharded_(gradients_sharded) {}
 
   /// The whole model's parameter table (split tensors at their whole shape).
   static std::vector<ParamInfo> table() { return layers::tensor_parallel::whole_table(Model::parameter_table()); }
 
   std::vector<G> parameters() { return whole(gather([](auto& st) { return st.master_data(); })); }
-  /// The gradients as they are now (the caller sums them over the replicas first).
-  std::vector<G> gradients() { return whole(gather([](auto& st) { return st.grads.data(); })); }
+  /// The gradients as they are now (the caller sums them over the replicas first); with ZeRO-2 the
+  /// replicas' shards of the sums, gathered.
+  std::vector<G> gradients() {
+    if (!gradients_sharded_) return whole(gather([](auto& st) { return st.grads.data(); }));
+    return whole(gather_over_replicas([](auto& st) { return st.grad_shard.data(); }));
+  }
   void set_parameters(std::span<const G> values) {
     const std::vector<G> mine = part(values);
     states_.scatter(group_ ? std::span<const G>(mine) : values, [](auto& st) { return st.master_data(); });
@@ -47,13 +54,7 @@ class ModelValues {
     states_.for_each([&](auto, auto& st) { prepared = prepared && st.slots.size() > slot; });
     if (!prepared) return {};
     if (!zero_sharded_) return whole(gather([slot](auto& st) { return st.slots[slot].data(); }));
-    std::vector<G> out(static_cast<std::size_t>(States::param_count), G(0));
-    states_.for_each([&](auto k, auto& st) {
-      const std::vector<G> all = gather_shards(*comm_, st, st.slots[slot].data());
-      std::copy(all.begin(), all.end(), out.begin() + States::template model_offset<decltype(k)::value>());
-    });
-    comm_->sum_over_stages(out.data(), out.size());
-    return whole(std::move(out));
+    return whole(gather_over_replicas([slot](auto& st) { return st.slots[slot].data(); }));
   }
   /// Writes optimizer slot `slot` (prepared by the caller) and the update count.
   void set_optimizer_state(std::size_t slot, std::span<const G> values, std::int64_t updates) {
@@ -86,6 +87,18 @@ class ModelValues {
     if (!group_) return {};
     return layers::tensor_parallel::shard(table(), Model::parameter_table(), values, group_->rank());
   }
+  /// The whole model's values from each local stage's shard (`shard(state)`: shard.size() values)
+  /// gathered over the replicas, then summed over the pipeline as gather() does.
+  template <class Pointer>
+  std::vector<G> gather_over_replicas(Pointer shard) {
+    std::vector<G> out(static_cast<std::size_t>(States::param_count), G(0));
+    states_.for_each([&](auto k, auto& st) {
+      const auto all = gather_shards(*comm_, st, shard(st));
+      std::copy(all.begin(), all.end(), out.begin() + States::template model_offset<decltype(k)::value>());
+    });
+    comm_->sum_over_stages(out.data(), out.size());
+    return out;
+  }
   /// Across processes, a sum over the pipeline in which every other rank contributes zeros.
   template <class Pointer>
   std::vector<G> gather(Pointer pointer) {
@@ -98,6 +111,7 @@ class ModelValues {
   comm::Communicator* comm_;
   TensorGroup* group_;
   bool zero_sharded_;
+  bool gradients_sharded_;
 };
 
 }  // namespace cupipe::pipeline

@@ -49,7 +49,7 @@ struct stage_layers<StageState<Seq, Backend, MaxVersions>> {
 };
 
 /// Updates the stage's shard of `params` (one of its weight versions; the whole of them without
-/// ZeRO-1) from its gradients scaled by `grad_scale`, then zeroes the gradients. The update is
+/// ZeRO) from its shard's gradients scaled by `grad_scale`, then zeroes the gradients. The update is
 /// element-wise, so a shard's values are bitwise those of the whole update. With master weights
 /// (bf16 storage) the optimizer updates them in float and `params` becomes their rounding. Weight
 /// decay spares the tensors the optimizer's decay_on leaves out (optim::update_runs). The backend
@@ -68,7 +68,7 @@ void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_sca
     std::vector<ViewOn<B, G>> slots;
     for (auto& s : st.slots) slots.push_back({s.data(), Shape{n}});
     optim::update_runs(optimizer, std::span<const optim::DecayRun>(runs), begin, *st.be, ViewOn<B, G>{target + begin, Shape{n}},
-                       ConstViewOn<B, G>{st.grads.data() + begin, Shape{n}}, std::span<const ViewOn<B, G>>(slots),
+                       ConstViewOn<B, G>{st.shard_gradient_data(), Shape{n}}, std::span<const ViewOn<B, G>>(slots),
                        st.updates, grad_scale);
     st.publish_master(params, begin, begin + n);
   }
@@ -244,8 +244,8 @@ inline bool split_at(const std::vector<ParamInfo>& table, index_t at) {
   return false;
 }
 
-/// The global gradient norm after reduce_scatter_over_replicas: each replica's sum of squares over
-/// its shards, less the part of the second tied copy inside them (counted once, as by flush_norm),
+/// The global gradient norm after reduce_scatter_over_replicas (or ZeRO-2's scatter_gradients):
+/// each replica's sum of squares over its shards, less the part of the second tied copy inside them (counted once, as by flush_norm),
 /// summed over every rank. The tied copies' gradients must already hold their sum (summed before
 /// the reduce-scatter). `table` (the model's parameter table, in the flat layout) says which tensors
 /// a tensor-parallel group splits: their squares count on every rank of the group, replicated ones
@@ -264,7 +264,7 @@ double sharded_flush_norm(States& states, comm::Communicator& comm, const std::v
     // Squares of [from, to) of the stage's gradients (its own coordinates), within the shard.
     const auto squares = [&](index_t from, index_t to) {
       from = std::max(from, begin), to = std::min(to, end);
-      return to > from ? sum_of_squares(*st.be, ConstViewOn<B, T>{st.grads.data() + from, Shape{to - from}}) : 0.0;
+      return to > from ? sum_of_squares(*st.be, ConstViewOn<B, T>{st.shard_gradient_data() + (from - begin), Shape{to - from}}) : 0.0;
     };
     for (const ParamInfo& p : table)
       if (p.offset >= offset && p.offset < offset + st.param_count && (p.split != TensorSplit::none || counts_replicated))

@@ -52,16 +52,23 @@ struct PipelineOptions {
   /// stage's weights, gradients and optimizer state. All stages in this process; tied copies (GPT-2's
   /// wte and lm_head) on one worker, as V-shaped schedules place them.
   bool post_validation = false;
-  /// ZeRO-1 (Rajbhandari et al., 2020, stage 1), with data-parallel replicas across processes: each
-  /// replica keeps the optimizer state of 1/R of each stage's parameters (R replicas); the gradients
-  /// are reduce-scattered (each replica receives the sums of its shard only), each replica updates
-  /// its shard, and the updated shards are gathered over the replicas: the traffic of one
-  /// all-reduce, as without ZeRO. The weights equal those without it to rounding (the norm and the
-  /// tied copies' sums are added in another order; the update itself is element-wise, the gather
-  /// copies); the optimizer state per replica falls by R. Flush schedules only, not with post_validation; the
-  /// communicator must gather (MpiCommunicator and NcclCommunicator do). Checkpoints hold the whole state, so they load
-  /// with or without ZeRO and under another replica count. Without replicas it changes nothing.
-  bool zero = false;
+  /// The ZeRO stage (Rajbhandari et al., 2020), with data-parallel replicas across processes; 0: off.
+  /// - 1 (or true): each replica keeps the optimizer state of 1/R of each stage's parameters (R
+  ///   replicas); the gradients are reduce-scattered (each replica receives the sums of its shard
+  ///   only), each replica updates its shard, and the updated shards are gathered over the replicas:
+  ///   the traffic of one all-reduce, as without ZeRO. The optimizer state per replica falls by R.
+  /// - 2: the summed gradients are kept as shards too (pipeline/gradient_shards.hpp). A stage's
+  ///   backward still accumulates into its whole gradient buffer within a step; once the stage's
+  ///   last B (or W) is done the buffer is reduce-scattered, while the worker goes on where the
+  ///   communicator can start it (MpiCommunicator and NcclCommunicator can), and released. Between
+  ///   steps and through the update a replica holds 1/R of the gradients. The communicator must
+  ///   reduce-scatter. gradients() then reports the tied copies' gradients summed, as the update
+  ///   uses them.
+  /// The weights equal those without ZeRO to rounding (the norm and the tied copies' sums are added
+  /// in another order; the update itself is element-wise, the gather copies). Flush schedules only,
+  /// not with post_validation; the communicator must gather. Checkpoints hold the whole state, so
+  /// they load under any ZeRO stage and replica count. Without replicas it changes nothing.
+  int zero = 0;
   /// The first N train_steps (host batches) also run through the same model unpipelined, on one worker
   /// of the same backend, from the pipeline's weights and optimizer state; the loss, every tensor's
   /// gradient and its weights after the update must agree to the precision's bound, or the step throws

@@ -8,7 +8,7 @@
 //   stage_executor.hpp     F, B, W and completion on one virtual stage; inference
 //   worker_runtime.hpp     one thread per worker (kept across steps), failure propagation, action timing
 //   transport.hpp          hand-over to a neighbour: LocalTransport (in process) or CommTransport (MPI, NCCL)
-//   gradient_sync.hpp      where replicas meet: early sums, the flush reduction, ZeRO-1, TP norm, the flush update
+//   gradient_sync.hpp      where replicas meet: early sums, the flush reduction, ZeRO-1 and -2, TP norm, the update
 //   optimizer_step.hpp     optimizer slots, per-stage updates, sums and norms (what gradient_sync calls)
 //   post_validated_run.hpp train_steps with post-validation
 //   model_values.hpp       the whole model's parameters, gradients and optimizer state, for checkpoints
@@ -126,9 +126,8 @@ class Pipeline {
       post_validated_ = std::make_unique<PostValidated>(plan_, Schedule::name, workers_, states_, *executor_, *loop_,
                                                         *sync_, tied_worker, rows_per_sample);
     // With tensor parallelism each rank draws its part of the whole model's initialisation.
-    const comm::Topology* t = zero_sharded ? &comm()->topology() : nullptr;
     states_.template build<worker_of>(workers_, schedule::versions_held(plan_), options_.recompute, options_.seed,
-                                      tensor_group_ ? tensor_group_->rank() : 0, t ? t->replicas : 1, t ? t->replica() : 0);
+                                      tensor_group_ ? tensor_group_->rank() : 0, zero_sharded ? options_.zero : 0, comm());
   }
 
   Pipeline(const Pipeline&) = delete;
@@ -309,7 +308,7 @@ class Pipeline {
   using PostValidated = pipeline::PostValidatedRun<Executor, Sync>;
 
   pipeline::ModelValues<States, Model> values() {
-    return {states_, comm(), tensor_group_, sync_->zero_sharded()};
+    return {states_, comm(), tensor_group_, sync_->zero_sharded(), sync_->gradients_sharded()};
   }
 
   template <class Optimizer>

@@ -486,7 +486,7 @@ class StageExecutor {
     typename St::slot dx;
     if constexpr (K > 0) dx = take(st, step, j, ArenaRole::dx, f.rows * Seq::in_features);
     Seq::backward(be, params, x0, f.record.data(), ConstViewOn<B, T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
-                  K > 0 ? ViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<B, T>{}, st.grads.data(),
+                  K > 0 ? ViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}} : ViewOn<B, T>{}, st.gradients(),
                   f.grad_record.data(), !split_backward);
     if constexpr (K > 0)
       send_message<K, K - 1>(be, {Flow::gradient, K - 1, j}, ConstViewOn<B, T>{dx.data(), Shape{f.rows, Seq::in_features}},
@@ -502,7 +502,7 @@ class StageExecutor {
     auto& f = *found;
     Seq::backward_weight(*st.be, stage_input<K, St>(f, step, j), f.record.data(),
                          ConstViewOn<stage_backend<K>, typename St::T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
-                         f.grad_record.data(), st.grads.data());
+                         f.grad_record.data(), st.gradients());
     finish<K>(st, j, step);
   }
 

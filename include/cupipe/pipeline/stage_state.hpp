@@ -17,8 +17,8 @@
 
 namespace cupipe::pipeline {
 
-/// ZeRO-1 (PipelineOptions::zero): the part of a stage's flat parameters whose optimizer state one
-/// replica keeps and updates. Replica r of R holds [r x stride, (r + 1) x stride) clipped to the
+/// ZeRO-1 and ZeRO-2 (PipelineOptions::zero): the part of a stage's flat parameters whose optimizer
+/// state (and, with ZeRO-2, summed gradients) one replica keeps and updates. Replica r of R holds [r x stride, (r + 1) x stride) clipped to the
 /// parameters, stride = ceil(parameters / R), so the shards lie back to back in the flat layout and a
 /// gather of R blocks of `stride` values rebuilds it. Without ZeRO the shard is everything.
 struct Shard {
@@ -70,7 +70,35 @@ struct StageState {
   }
 
   ViewOn<Backend, G> grad_view() { return {grads.data(), Shape{param_count}}; }
-  void zero_grads() { fill(*be, grad_view(), G(0)); }
+  /// Zeroes the gradients: the whole buffer where it is held, and the summed shard with ZeRO-2.
+  void zero_grads() {
+    if (grads.size() > 0) fill(*be, grad_view(), G(0));
+    if (grad_shard.size() > 0) fill(*be, ViewOn<Backend, G>{grad_shard.data(), Shape{grad_shard.size()}}, G(0));
+  }
+
+  /// ZeRO-2 (the shard set first): the stage keeps its summed gradients as this replica's shard
+  /// only, in `grad_shard`; the whole buffer a backward accumulates into is held from the step's
+  /// first gradient action until its reduce-scatter (pipeline/gradient_shards.hpp), and released.
+  void shard_gradients() {
+    sharded_grads = true;
+    grads = grad_buffer();
+    grad_shard = be->template allocate<G>(shard.size(), MemoryTag::gradients);
+    zero_grads();
+  }
+  /// The whole gradient buffer a backward accumulates into, allocated (zeroed) where ZeRO-2
+  /// released it: replicas x stride values, so that the reduce-scatter runs in place on it.
+  G* gradients() {
+    if (grads.size() == 0 && sharded_grads) {
+      grads = be->template allocate<G>(shard.stride * shard.replicas, MemoryTag::gradients);
+      fill(*be, ViewOn<Backend, G>{grads.data(), Shape{grads.size()}}, G(0));
+    }
+    return grads.data();
+  }
+  /// Whether the whole gradient buffer is held (always, unless ZeRO-2 released it).
+  bool holds_gradients() const { return grads.size() > 0; }
+  /// This replica's shard of the gradients (shard.size() values): the summed shard with ZeRO-2,
+  /// else the shard's part of the whole buffer (summed there by ZeRO-1's reduce-scatter).
+  G* shard_gradient_data() { return sharded_grads ? grad_shard.data() : grads.data() + shard.begin; }
 
   /// The weights an optimizer updates and a checkpoint stores: the float master weights with bf16
   /// storage, else the latest version itself.
@@ -88,7 +116,9 @@ struct StageState {
 
   Backend* be;
   VersionedWeights<Backend, MaxVersions> weights;
-  grad_buffer grads;
+  grad_buffer grads;  ///< the whole stage's; with ZeRO-2 held only within a step (gradients())
+  grad_buffer grad_shard;      ///< ZeRO-2: this replica's shard of the summed gradients; else empty
+  bool sharded_grads = false;  ///< ZeRO-2 (shard_gradients)
   grad_buffer master;  ///< empty unless master_weights
   Shard shard = Shard::whole(param_count);  ///< the parameters this replica's optimizer state covers
   std::vector<grad_buffer> slots;  ///< optimizer state, one array per slot, shard.size() values each

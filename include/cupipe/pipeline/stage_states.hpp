@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/pipeline/stage_state.hpp"
 
@@ -75,10 +76,13 @@ class StageStates {
   /// Makes the state of every virtual stage whose worker (`WorkerAt(k)`) has a context in
   /// `contexts`: `versions[w]` weight versions on worker w, recompute where `recompute` names the
   /// stage, parameters drawn from `seed` (tensor-parallel rank `tp_rank` draws its part of the
-  /// whole model's), and with ZeRO-1 (`replicas` > 1) this `replica`'s shard of the optimizer state.
+  /// whole model's), and with ZeRO (`zero` stage 1 or 2, over the replicas of `comm`) this replica's
+  /// shard of the optimizer state (ZeRO-2: and of the summed gradients).
   template <auto WorkerAt, class Contexts>
   void build(Contexts& contexts, const std::vector<int>& versions, const std::vector<int>& recompute,
-             std::uint64_t seed, int tp_rank, int replicas, int replica) {
+             std::uint64_t seed, int tp_rank, int zero = 0, const comm::Communicator* comm = nullptr) {
+    const int replicas = zero > 0 && comm ? comm->topology().replicas : 1;
+    const int replica = replicas > 1 ? comm->topology().replica() : 0;
     for_each_slot([&](auto k, auto& slot) {
       constexpr int K = decltype(k)::value;
       constexpr int w = WorkerAt(K);
@@ -90,6 +94,7 @@ class StageStates {
       Seq::init_on(be, slot->master_data(), seed, tp_rank);
       slot->publish_master(slot->weights.latest_data());
       if (replicas > 1) slot->shard = Shard::of(Seq::param_count, replicas, replica);
+      if (replicas > 1 && zero >= 2) slot->shard_gradients();
     });
   }
 
