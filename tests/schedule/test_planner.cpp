@@ -11,6 +11,7 @@
 
 #include "cupipe/planner/cost_json.hpp"
 #include "cupipe/planner/planner.hpp"
+#include "cupipe/planner/rounds.hpp"
 
 namespace {
 
@@ -129,6 +130,11 @@ TEST_CASE("planner: the report names the best layout, its split, its memory and 
   CHECK_THAT(text, Catch::Contains("worker 0: peak"));
   CHECK_THAT(text, Catch::Contains("% slower"));
   CHECK_THAT(text, Catch::Contains("layouts considered"));
+  CHECK_THAT(text, !Catch::Contains("calibration:"));  // a model nobody calibrated
+  request.model.calibration_spread = 0.0325;
+  request.model.calibration_rounds = 5;
+  CHECK_THAT(planner::describe(report, request.model), Catch::Contains("calibration: the profiles' repeated rounds (up to 5 "
+                                                                      "each) spread by at most 3.25%"));
 }
 
 TEST_CASE("planner: a fixed part of each action and the optimizer step enter the step time", "[planner]") {
@@ -649,6 +655,42 @@ TEST_CASE("planner: a cost model with a tensor-parallel variant reads back from 
   CHECK(back.action_overhead_seconds == 3.25e-6);
   CHECK(back.wake_seconds == 2.5e-5);
   CHECK(back.contention == std::vector<double>{1.0, 1.125});
+}
+
+TEST_CASE("planner: calibration repeats a measurement while its rounds disagree, and reports their spread", "[planner]") {
+  using planner::detail::relative_spread;
+  CHECK(relative_spread({}) == 0);
+  CHECK(relative_spread({5.0}) == 0);
+  CHECK(relative_spread({10.0, 10.0, 10.0}) == 0);
+  // Median 10, deviations 0, 1 and 9: their median 1, a tenth of the median.
+  CHECK(relative_spread({9.0, 10.0, 19.0}) == 1.0 / 10.0);
+  // Quiet: the least rounds.
+  int calls = 0;
+  CHECK(planner::detail::repeated({3, 7, 0.02}, [&] { return 1.0 + 1e-4 * ++calls; }).size() == 3);
+  // Rounds that keep disagreeing (by 8% around their median): the most.
+  const std::vector<double> noisy = planner::detail::repeated({3, 7, 0.02}, [&] { return 1.0 + 0.1 * (++calls % 5); });
+  CHECK(noisy.size() == 7);
+  CHECK(relative_spread(noisy) > 0.08);
+  // One outlier beside two that agree: the median is sure, and three rounds do.
+  std::vector<double> values{1.0, 1.5, 1.0};
+  std::size_t next = 0;
+  CHECK(planner::detail::repeated({3, 7, 0.02}, [&] { return values[next++]; }).size() == 3);
+  // Three that disagree, then two that agree with the middle one: five rounds.
+  values = {1.0, 1.1, 1.2, 1.1, 1.1, 1.3, 1.3};
+  next = 0;
+  CHECK(planner::detail::repeated({3, 7, 0.02}, [&] { return values[next++]; }).size() == 5);
+  planner::detail::RoundsSeen seen;
+  seen.add({1.0, 1.0, 1.0});
+  seen.add(noisy);
+  CHECK(seen.rounds == 7);
+  CHECK(seen.spread == relative_spread(noisy));
+  // The cost model carries them through JSON, and the report prints them.
+  planner::CostModel model = with_halves(1e-4, 2e9);
+  model.calibration_spread = 0.0325;
+  model.calibration_rounds = 5;
+  const planner::CostModel back = planner::cost_model_from_json(nlohmann::json::parse(planner::to_json(model).dump()), "test");
+  CHECK(back.calibration_spread == 0.0325);
+  CHECK(back.calibration_rounds == 5);
 }
 
 TEST_CASE("planner: a cost model's integers are read in range or refused (issue #61's fuzzing)", "[planner]") {

@@ -32,6 +32,7 @@
 #include "cupipe/pipeline/rebalance.hpp"
 #include "cupipe/planner/calibrate_links.hpp"
 #include "cupipe/planner/planner.hpp"
+#include "cupipe/planner/rounds.hpp"
 
 namespace cupipe::planner {
 
@@ -154,11 +155,12 @@ inline LayerProfile with_loss(LayerProfile profile, const LossProfile& loss) {
 }
 
 /// Measured seconds per parameter of a flush update's work on a fresh context of `Backend`: the
-/// gradients' sum of squares, AdamW's step and zeroing the gradients, over `elements` parameters
-/// (median of `repeats`). In the compute type: with bf16 storage the optimizer updates the fp32
-/// master weights (their rounding into the weights in use is left out).
+/// gradients' sum of squares, AdamW's step and zeroing the gradients, over `elements` parameters:
+/// the median of at least `repeats` runs, more (up to 3 x `repeats`) while they disagree by over 2%
+/// (detail::Rounds); `seen` records their spread. In the compute type: with bf16 storage the
+/// optimizer updates the fp32 master weights (their rounding into the weights in use is left out).
 template <class Backend>
-double update_seconds_per_param(index_t elements, int repeats = 5) {
+double update_seconds_per_param(index_t elements, int repeats = 5, detail::RoundsSeen* seen = nullptr) {
   using T = grad_t<Backend>;
   CUPIPE_REQUIRE(elements >= 1, "planner: time the update on at least one parameter");
   Backend be;
@@ -172,15 +174,18 @@ double update_seconds_per_param(index_t elements, int repeats = 5) {
   const optim::AdamW adamw({.lr = 1e-6});
   std::int64_t step = 0;
   double sink = 0;
-  const double seconds = cupipe::detail::median_seconds(repeats, [&] {
-    sink += sum_of_squares(be, ConstViewOn<Backend, T>{grad.data(), s});
-    adamw.update(be, ViewOn<Backend, T>{param.data(), s}, ConstViewOn<Backend, T>{grad.data(), s},
-                 std::span<const ViewOn<Backend, T>>(slots), step++, 1.0);
-    fill(be, ViewOn<Backend, T>{grad.data(), s}, T(0));
-    be.synchronize();
+  const std::vector<double> runs = detail::repeated({repeats, 3 * repeats, 0.02}, [&] {
+    return cupipe::detail::median_seconds(1, [&] {
+      sink += sum_of_squares(be, ConstViewOn<Backend, T>{grad.data(), s});
+      adamw.update(be, ViewOn<Backend, T>{param.data(), s}, ConstViewOn<Backend, T>{grad.data(), s},
+                   std::span<const ViewOn<Backend, T>>(slots), step++, 1.0);
+      fill(be, ViewOn<Backend, T>{grad.data(), s}, T(0));
+      be.synchronize();
+    });
   });
   (void)sink;
-  return seconds / double(elements);
+  if (seen) seen->add(runs);
+  return cupipe::detail::median(runs) / double(elements);
 }
 
 namespace detail {
@@ -237,12 +242,14 @@ namespace detail {
 
 /// The layer costs of `Model` on `Backend` from profiles on `x` (a batch of real inputs in host
 /// memory), on a quarter and on a sixteenth of its samples (LayerCost::points; the first two also
-/// give each action's fixed part); each size is profiled twice and each action keeps the smaller
-/// median. A tensor-parallel Model runs on `group`, and each layer's sums per row and calls come
-/// from the largest size.
+/// give each action's fixed part); each size is profiled in rounds (detail::Rounds: 3, and up to 7
+/// while their totals disagree by over 2%), each action taking its median over the rounds; `seen`
+/// records the rounds' spread. A tensor-parallel Model runs on `group`, and each layer's sums per
+/// row and calls come from the largest size.
 template <class Model, class Backend>
 CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats,
-                          index_t rows_per_sample, CountingGroup* group, const std::vector<int>& microbatch_counts = {}) {
+                          index_t rows_per_sample, CountingGroup* group, const std::vector<int>& microbatch_counts = {},
+                          RoundsSeen* seen = nullptr) {
   using Body = typename Model::body;
   using T = typename Backend::value_type;
   CUPIPE_REQUIRE(rows_per_sample >= 1 && x.rows() % rows_per_sample == 0, "planner: calibrate on whole samples of ",
@@ -255,17 +262,31 @@ CostModel profiled_layers(ConstView<model_input_t<typename Model::body, typename
         profile_layers<Body, Backend>(ConstView<model_input_t<Body, T>>{x.data(), Shape{rows, width}}, repeats, group);
     return with_loss(layers, profile_loss<loss_of_t<Model>, Backend>(rows, repeats, group));
   };
-  // Each size twice, the smaller of the two medians per action: a stretch of slow wake-ups or a
-  // busy neighbour (tens of milliseconds) then spoils at most one of them.
+  // Each size in rounds, the median over them per action: a stretch of slow wake-ups or a busy
+  // neighbour (tens of milliseconds) then spoils a minority of them. The smaller of two rounds,
+  // kept before, came out up to 26% faster than the steps that followed (issue #60).
   const auto profile = [&](index_t rows) {
-    LayerProfile a = once(rows);
-    const LayerProfile b = once(rows);
-    for (std::size_t l = 0; l < a.forward.size(); ++l) {
-      a.forward[l] = std::min(a.forward[l], b.forward[l]);
-      a.backward_input[l] = std::min(a.backward_input[l], b.backward_input[l]);
-      a.backward_weight[l] = std::min(a.backward_weight[l], b.backward_weight[l]);
+    std::vector<LayerProfile> rounds;
+    const std::vector<double> totals = repeated(Rounds{}, [&] {
+      rounds.push_back(once(rows));
+      double total = 0;
+      for (std::size_t l = 0; l < rounds.back().forward.size(); ++l)
+        total += rounds.back().forward[l] + rounds.back().backward_input[l] + rounds.back().backward_weight[l];
+      return total;
+    });
+    if (seen) seen->add(totals);
+    LayerProfile out = rounds.front();
+    const auto median_of = [&](std::vector<double> LayerProfile::*action, std::size_t l) {
+      std::vector<double> values;
+      for (const LayerProfile& r : rounds) values.push_back((r.*action)[l]);
+      return cupipe::detail::median(std::move(values));
+    };
+    for (std::size_t l = 0; l < out.forward.size(); ++l) {
+      out.forward[l] = median_of(&LayerProfile::forward, l);
+      out.backward_input[l] = median_of(&LayerProfile::backward_input, l);
+      out.backward_weight[l] = median_of(&LayerProfile::backward_weight, l);
     }
-    return a;
+    return out;
   };
   const LayerProfile large = profile(x.rows()), small_profile = profile(small);
   CostModel model = cost_model<Body>(large, small_profile, int(sizeof(T)), 2, rows_per_sample);
@@ -415,7 +436,8 @@ std::vector<double> contention(ConstView<model_input_t<typename Model::body, typ
 /// two slots), the runtime's cost per action (action_overhead_seconds), the step's overhead
 /// (step_overhead_seconds), an in-process hand-over between two contexts (local_link) and a
 /// waiting worker's wake-up (wake_seconds) and workers slowing each other (contention). Each size is
-/// profiled twice and each action keeps the smaller median. `rows_per_sample`: a sequence's tokens
+/// profiled in rounds, more where they disagree, and each action keeps its median over them; the
+/// update too (CostModel::calibration_spread says how well they agreed). `rows_per_sample`: a sequence's tokens
 /// for a transformer. `microbatch_counts` (planned_microbatch_counts): also profile the largest
 /// microbatch of each count, ceil(samples / m), as the planner will split this batch (one
 /// replica's), so its times at those sizes are measured, not interpolated. Takes a few seconds.
@@ -423,8 +445,11 @@ template <class Model, class Backend>
 CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats = 3,
                     index_t rows_per_sample = 1, const std::vector<int>& microbatch_counts = {}) {
   using Body = typename Model::body;
-  CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr, microbatch_counts);
-  model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), repeats);
+  detail::RoundsSeen seen;
+  CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr, microbatch_counts, &seen);
+  model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), std::max(repeats, 5), &seen);
+  model.calibration_spread = seen.spread;
+  model.calibration_rounds = seen.rounds;
   model.action_overhead_seconds = action_overhead_seconds<Backend>(repeats);
   model.wake_seconds = wake_seconds<Backend>();
   // Contention on the microbatch size of the profile's middle point (a quarter of the batch), for

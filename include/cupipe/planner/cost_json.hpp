@@ -65,6 +65,7 @@ inline nlohmann::json to_json(const CostModel& m) {
           {"update_seconds_per_param", m.update_seconds_per_param}, {"step_overhead_seconds", m.step_overhead_seconds},
           {"action_overhead_seconds", m.action_overhead_seconds}, {"wake_seconds", m.wake_seconds}, {"contention", m.contention},
           {"tied", m.tied}, {"tensor_sum_latency", m.tensor_sum_latency},
+          {"calibration_spread", m.calibration_spread}, {"calibration_rounds", m.calibration_rounds},
           {"tensor_sum_bytes_per_second", m.tensor_sum_bytes_per_second},
           {"layers", detail::layers_json(m.layers)}, {"tensor_variants", variants}};
 }
@@ -94,6 +95,8 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
     m.wake_seconds = j.value("wake_seconds", 0.0);
     m.contention = j.value("contention", std::vector<double>{});
     m.tied = j.value("tied", false);
+    m.calibration_spread = j.value("calibration_spread", 0.0);
+    m.calibration_rounds = detail::integer_field<int>(j, "calibration_rounds", 0, "", source);
     m.tensor_sum_latency = j.value("tensor_sum_latency", 0.0);
     m.tensor_sum_bytes_per_second = j.value("tensor_sum_bytes_per_second", 0.0);
     const auto read_layers = [&](const nlohmann::json& o, const std::string& prefix) {

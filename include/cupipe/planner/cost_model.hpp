@@ -101,6 +101,12 @@ struct CostModel {
   /// The model ties a layer to another (GPT-2's lm_head to wte): only a flush update sums the copies,
   /// so the asynchronous schedules cannot train it.
   bool tied = false;
+  /// How well the calibration's repeated measurements agreed (planner::calibrate): the largest
+  /// relative spread (median absolute deviation over the median) of the rounds of any profiled
+  /// size's total time or of the update's runs, and the most rounds one took (more where they
+  /// disagreed). 0: not measured. The report prints it as the prediction's confidence.
+  double calibration_spread = 0;
+  int calibration_rounds = 0;
 
   /// Bytes of one gradient value (what the replicas sum).
   int gradient_bytes() const { return compute_bytes > 0 ? compute_bytes : value_bytes; }
