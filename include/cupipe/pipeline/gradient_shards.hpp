@@ -15,13 +15,12 @@
 #pragma once
 
 #include <cstddef>
-#include <span>
 #include <type_traits>
-#include <vector>
 
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/sequential.hpp"
+#include "cupipe/pipeline/optimizer_step.hpp"
 
 namespace cupipe::pipeline {
 
@@ -55,23 +54,17 @@ void start_scatter(comm::Communicator& comm, St& st) {
 }
 
 /// ZeRO-2: reduce-scatters the stage's whole gradient buffer over the replicas now, in place where
-/// `comm` reads the backend's memory, else through host memory, then keep_own_block. Nothing to do
-/// where the buffer is not held (no gradient since the last).
+/// `comm` reads the backend's memory, else through host memory (ZeRO-1's
+/// reduce_scatter_over_replicas), then keep_own_block. Nothing to do where the buffer is not held
+/// (no gradient since the last).
 template <class St>
 void scatter_gradients(comm::Communicator& comm, St& st) {
   if (!st.holds_gradients()) return;
-  using B = std::remove_reference_t<decltype(*st.be)>;
-  using G = grad_t<B>;
-  const std::size_t stride = std::size_t(st.shard.stride), whole = stride * std::size_t(st.shard.replicas);
-  st.be->synchronize();
-  if (comm::reads_backend_memory<B>(comm)) {
-    comm.reduce_scatter_over_replicas(st.grads.data(), stride);
+  if (comm::reads_backend_memory<std::remove_reference_t<decltype(*st.be)>>(comm)) {
+    st.be->synchronize();
+    comm.reduce_scatter_over_replicas(st.grads.data(), std::size_t(st.shard.stride));
   } else {
-    std::vector<G> host(whole);
-    st.be->download(st.grads.data(), std::span<G>(host));
-    comm.reduce_scatter_over_replicas(host.data(), stride);
-    if (st.shard.size() > 0)
-      st.be->upload(std::span<const G>(host.data() + st.shard.begin, std::size_t(st.shard.size())), st.grads.data() + st.shard.begin);
+    reduce_scatter_over_replicas(comm, st);
   }
   keep_own_block(st);
 }
