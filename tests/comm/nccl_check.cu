@@ -9,6 +9,7 @@
 //               the host backend: the loss and the gradients of one forward/backward, then the
 //               weights after 3 SGD steps, within fp32 rounding. With --zero the replicas shard the
 //               momentum (ZeRO-1: NCCL reduce-scatter and all-gather) and hold half of it each; with
+//               --zero=2 the gradients too, reduce-scattered on the collective stream inside the step; with
 //               --tensor 2 the two ranks split the MLP Megatron's way (column- then row-parallel,
 //               summed over NCCL's tensor group) against the unsplit MLP on the host.
 // Prints PASS, or "SKIPPED:" when there are fewer GPUs than ranks (ctest reports it as skipped):
@@ -107,7 +108,7 @@ double relative(const std::vector<float>& a, const std::vector<float>& b) {
   return scale > 0 ? diff / scale : diff;
 }
 
-bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm, bool zero) {
+bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm, int zero) {
   using namespace cupipe;
   using Model = Sequential<Linear<12, 16>, ReLU, Linear<16, 16>, ReLU, Linear<16, 5>, SoftmaxCrossEntropy<5>>;
   // The same MLP's middle split over two tensor-parallel ranks.
@@ -151,12 +152,16 @@ bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm, bool zero) {
     const std::size_t slots = distributed.backend(topo.stage()).memory.in_use(MemoryTag::optimizer);
     const std::size_t whole = reference.parameters().size() * sizeof(float);
     if (zero) ok = ok && slots * 2 <= whole + 64 * sizeof(float);
-    // Data parallelism without ZeRO-1 starts the stage's sum inside the step (one stage per rank).
-    ok = ok && last.overlapped_gradient_sums == (topo.replicas > 1 && !zero ? 1 : 0);
+    // ZeRO-2 keeps this replica's shard of the gradients between steps, as well.
+    const std::size_t gradients = distributed.backend(topo.stage()).memory.in_use(MemoryTag::gradients);
+    if (zero >= 2) ok = ok && gradients * 2 <= whole + 64 * sizeof(float);
+    // Data parallelism without ZeRO-1 starts the stage's sum (ZeRO-2: its reduce-scatter) inside the
+    // step (one stage per rank).
+    ok = ok && last.overlapped_gradient_sums == (topo.replicas > 1 && zero != 1 ? 1 : 0);
     if (topo.rank == 0)
       std::printf("Pipeline over NCCL (%d stage(s) x %d replica(s) x %d tensor rank(s)%s): loss %.7g (host %.7g), "
                   "gradients %.3g, weights after 3 SGD steps %.3g relative, momentum %zu of %zu bytes, %d gradient "
-                  "sum(s) started in the last step: %s\n", topo.stages, topo.replicas, topo.tensor, zero ? ", ZeRO-1" : "",
+                  "sum(s) started in the last step: %s\n", topo.stages, topo.replicas, topo.tensor, zero == 2 ? ", ZeRO-2" : zero ? ", ZeRO-1" : "",
                   got.loss, want.loss, g, w, slots, whole, last.overlapped_gradient_sums, ok ? "equal" : "DIFFERENT");
     return ok;
   };
@@ -187,12 +192,14 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   int stages = world, tensor = 1;
-  bool run_pipeline = false, zero = false;
+  bool run_pipeline = false;
+  int zero = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--stages") == 0 && i + 1 < argc) stages = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--tensor") == 0 && i + 1 < argc) tensor = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--pipeline") == 0) run_pipeline = true;
-    if (std::strcmp(argv[i], "--zero") == 0) zero = true;
+    if (std::strcmp(argv[i], "--zero") == 0) zero = 1;
+    if (std::strcmp(argv[i], "--zero=2") == 0) zero = 2;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
