@@ -205,8 +205,9 @@ int main(int argc, char** argv) {
   app.add_flag("--zero{1}", f.zero,
                "ZeRO-1: each of the --dp replicas keeps the AdamW state of 1/dp of the parameters and the updated "
                "shards are gathered (the weights are those without it, to rounding); --zero=2, ZeRO-2: the summed "
-               "gradients too, each stage's reduce-scattered as soon as its backward is done")
-      ->check(CLI::Range(0, 2));
+               "gradients too, each stage's reduce-scattered as soon as its backward is done; --zero=3, ZeRO-3: the "
+               "weights too, each stage's gathered over the replicas before its actions and released after them")
+      ->check(CLI::Range(0, 3));
   app.add_option("--tp", f.tp,
                  "tensor-parallel ranks per stage: each block's attention split by heads and MLP by width, the "
                  "embedding, head and loss by vocabulary (Megatron); run under mpirun/srun with stages x dp x tp "

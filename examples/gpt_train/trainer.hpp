@@ -81,7 +81,7 @@ struct Flags {
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   int check_equivalence = 0;          ///< the first N steps also run unpipelined and must agree; 0: off
   std::string hand_over = "full";     ///< --hand-over: full, bf16 or e4m3, for every link or one per link
-  int zero = 0;  ///< the ZeRO stage: 1, the AdamW state sharded over the --dp replicas; 2, the gradients too
+  int zero = 0;  ///< the ZeRO stage: 1, the AdamW state sharded over the --dp replicas; 2, the gradients too; 3, the weights too
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
   bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
@@ -478,16 +478,19 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                   launch.communicator ? (" (rank " + std::to_string(launch.rank) + ")").c_str() : "", predicted / 1024,
                   measured / 1024, measured > 0 ? 100 * (predicted / measured - 1) : 0.0, bounds.c_str());
     }
-  // The AdamW state and gradients this rank holds between steps (with --zero, its shards of its
-  // stages' AdamW state; with --zero=2, of their summed gradients too).
-  std::int64_t optimizer_bytes = 0, gradient_bytes = 0;
+  // The AdamW state, gradients and weights this rank holds between steps (with --zero, its shards of
+  // its stages' AdamW state; with --zero=2, of their summed gradients too; with --zero=3, of their
+  // weights too).
+  std::int64_t optimizer_bytes = 0, gradient_bytes = 0, weight_bytes = 0;
   for (int w = 0; w < P; ++w)
     if (pipe.local(w)) {
       optimizer_bytes += pipe.backend(w).memory.in_use(MemoryTag::optimizer);
       gradient_bytes += pipe.backend(w).memory.in_use(MemoryTag::gradients);
+      weight_bytes += pipe.backend(w).memory.in_use(MemoryTag::weights);
     }
-  if (f.zero) say("ZeRO-%d: this rank keeps %.2f MiB of AdamW state and %.2f MiB of gradients between steps\n", f.zero,
-                  double(optimizer_bytes) / 1048576.0, double(gradient_bytes) / 1048576.0);
+  if (f.zero)
+    say("ZeRO-%d: this rank keeps %.2f MiB of AdamW state, %.2f MiB of gradients and %.2f MiB of weights between steps\n",
+        f.zero, double(optimizer_bytes) / 1048576.0, double(gradient_bytes) / 1048576.0, double(weight_bytes) / 1048576.0);
   nlohmann::json summary = {{"held_out_loss", eval_loss},
                             {"held_out_bits_per_byte", bytes ? eval_loss / per_bit : 0.0},
                             {"unigram_loss", unigram},
@@ -509,6 +512,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"peak_bytes_measured", peak_bytes},
                             {"optimizer_bytes", optimizer_bytes},
                             {"gradient_bytes", gradient_bytes},
+                            {"weight_bytes", weight_bytes},
                             {"step_seconds_measured", median_step},
                             {"curve", curve}};
   if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Run under mpirun: a pipeline spread over processes (MpiCommunicator, host backend, float64) must
 // compute what the same pipeline computes in one process on the whole batch.
-//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages P [--stall] [--zero[=2]] [--checkpoint PREFIX]
+//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages P [--stall] [--zero[=2|=3]]
+//                      [--keep-gathered] [--checkpoint PREFIX]
 // World = P stages x D replicas. Each replica trains on its share of one global batch. Rank 0 also
 // runs the single-process reference and compares gradients after one forward/backward and weights
 // after 3 AdamW steps: bitwise for one replica (same arithmetic in the same order), 1e-12 relative
@@ -13,15 +14,22 @@
 // hold the optimizer state of its shard only, the replicas' shards adding up to the whole stage.
 // --zero=2 turns ZeRO-2 on: the same again, and between steps each replica holds its shard of the
 // gradients only; their reduce-scatters start inside the step, as the sums do without ZeRO.
+// --zero=3 turns ZeRO-3 on: the same again, and between steps each replica holds its shard of the
+// weights only; a stage's weights are gathered once per step where the worker has one virtual stage,
+// and again at each change of stage with several (--keep-gathered: once per stage and step). With
+// --checkpoint, what the run saves loads under the other ZeRO stages (0, 1 and 3) and their next
+// step matches the run's.
 // --stall makes the rank whose stage holds the Trap layer stop answering in the middle of the second
 // step; the other ranks must then fail with an error naming their stage, action and peer within the
 // transfer timeout.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cupipe/comm/mpi.hpp"
@@ -40,6 +48,7 @@ namespace {
 
 bool stall = false;
 int zero = 0;  ///< the ZeRO stage
+bool keep_gathered = false;  ///< ZeRO-3 with reshard_after_forward off
 int calls = 0;
 
 /// With --stall, the 6th forward of the stage holding the trap blocks for good (a hung peer).
@@ -54,7 +63,7 @@ using Model = Sequential<Linear<6, 12>, ReLU, Linear<12, 12>, Trap, Linear<12, 1
 std::string checkpoint;
 
 /// With --zero: each replica holds the optimizer state (2 AdamW slots of float64) of its shards only,
-/// and with --zero=2 (between steps) the gradients (one array) too: the replicas of a stage together
+/// with --zero=2 (between steps) the gradients (one array) too, with --zero=3 the weights too: the replicas of a stage together
 /// hold the stage's arrays once, so every rank's bytes add up to the whole model's, and one replica
 /// holds at most 1/R of its stages' plus the rounding of each shard. Measured by the allocator.
 template <class Pipe>
@@ -68,7 +77,7 @@ int check_shards(Pipe& pipe, comm::Communicator& comm, std::size_t model_params,
   const bool ok = world == whole && mine <= stage[0] / t.replicas + arrays * bytes * Pipe::chunks &&
                   (t.replicas == 1 || mine < stage[0]);
   std::printf("rank %d: %s %.0f bytes, its stage's replicas %.0f together (%d replicas), all ranks %.0f for a model of "
-              "%.0f: %s\n", t.rank, tag == MemoryTag::optimizer ? "optimizer state" : "gradients", mine, stage[0],
+              "%.0f: %s\n", t.rank, tag == MemoryTag::optimizer ? "optimizer state" : tag == MemoryTag::weights ? "weights" : "gradients", mine, stage[0],
               t.replicas, world, whole, ok ? "sharded" : "DIFFERENT");
   return ok ? 0 : 1;
 }
@@ -77,7 +86,21 @@ template <class Pipe>
 int check_zero_shards(Pipe& pipe, comm::Communicator& comm, std::size_t model_params) {
   int failures = zero >= 1 ? check_shards(pipe, comm, model_params, MemoryTag::optimizer, 2) : 0;
   if (zero >= 2) failures += check_shards(pipe, comm, model_params, MemoryTag::gradients, 1);
+  if (zero >= 3) failures += check_shards(pipe, comm, model_params, MemoryTag::weights, 1);
   return failures;
+}
+
+/// The bytes of each of worker w's virtual stages' whole weights (in the storage type).
+template <class Pipe>
+std::vector<double> local_stage_bytes(int w) {
+  using Stages = typename Pipe::stage_list;
+  std::vector<double> out;
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    ((Pipe::worker_of(int(K)) == w ? out.push_back(double(Stages::template stage<K>::param_count) * sizeof(typename Pipe::T))
+                                   : void()),
+     ...);
+  }(std::make_index_sequence<Stages::size>());
+  return out;
 }
 
 template <class Stages, class Schedule>
@@ -98,7 +121,7 @@ int check(int microbatches, int rank) {
   const ConstView<std::int32_t> all_y{y.data(), Shape{global_batch}};
 
   PipelineOptions options{.microbatches = microbatches, .seed = 11, .transfer_timeout_seconds = stall ? 4.0 : 60.0,
-                          .communicator = comm, .zero = zero};
+                          .communicator = comm, .zero = zero, .reshard_after_forward = !keep_gathered};
   Pipeline<Stages, Schedule, backend::Host<double>> distributed(options);
   Pipeline<Stages, Schedule, backend::Host<double>> reference({.microbatches = microbatches * topo.replicas, .seed = 11});
   optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.01});
@@ -135,6 +158,36 @@ int check(int microbatches, int rank) {
       ++failures;
     } else if (rank == 0 && s == 0) {
       std::printf("gradient sums started inside the step: %d per rank\n", expected);
+    }
+    // ZeRO-3: one gather per virtual stage and step where a worker has one stage, or keeps what it
+    // gathered; with several stages per worker, resharding gathers again at each change of stage.
+    const bool zero3 = zero == 3 && topo.replicas > 1;
+    // Every gather but the step's first is prefetched: started during the action before.
+    const std::int64_t g = step.parameter_gathers, early = step.prefetched_parameter_gathers;
+    const bool gathers_ok = !zero3 ? g == 0 && early == 0
+                                   : (Schedule::chunks == 1 || keep_gathered ? g == Schedule::chunks : g > Schedule::chunks) &&
+                                         early == g - 1;
+    if (!gathers_ok) {
+      std::printf("rank %d: %lld parameter gathers in the step, %lld prefetched: FAIL\n", rank, static_cast<long long>(g),
+                  static_cast<long long>(early));
+      ++failures;
+    } else if (rank == 0 && s == 0 && zero3) {
+      std::printf("parameter gathers in the step: %lld on rank 0, %lld prefetched\n", static_cast<long long>(g),
+                  static_cast<long long>(early));
+    }
+    // The whole weights a rank held at once within the step, above its shards (the prefetch lands
+    // in host memory): resharding, one virtual stage's at most; keeping them, all its stages'.
+    if (zero3) {
+      const MemoryTracker& memory = distributed.backend(topo.stage()).memory;
+      const double above = double(memory.peak(MemoryTag::weights) - memory.in_use(MemoryTag::weights));
+      const std::vector<double> stages = local_stage_bytes<decltype(distributed)>(topo.stage());
+      double largest = 0, all_of_them = 0;
+      for (const double b : stages) largest = std::max(largest, b), all_of_them += b;
+      const bool ok = keep_gathered ? above == all_of_them : above <= largest && above > 0;
+      if (!ok || (rank == 0 && s == 0))
+        std::printf("rank %d: whole weights held at once in the step %.0f bytes (its %zu stages: largest %.0f, all %.0f): %s\n",
+                    rank, above, stages.size(), largest, all_of_them, ok ? "as expected" : "FAIL");
+      failures += !ok;
     }
   }
   // Gradient accumulation: two forward/backward passes over halves of each replica's share, reduced
@@ -196,6 +249,24 @@ int check(int microbatches, int rank) {
     io::load_checkpoint(checkpoint + ".single", loaded, adamw);
     const std::vector<double> loaded_weights = loaded.parameters();
     if (rank == 0) compare("this run loading a single process's checkpoint", loaded_weights, reference.parameters());
+    // The same checkpoint under each other ZeRO stage: the weights and AdamW state it loads, and the
+    // next step from them, must be this run's.
+    distributed.train_step(mine, mine_y, adamw);
+    const std::vector<double> next = distributed.parameters();
+    for (const int other_zero : {0, 1, 3}) {
+      if (other_zero == zero) continue;
+      PipelineOptions other_options = options;
+      other_options.zero = other_zero;
+      Pipeline<Stages, Schedule, backend::Host<double>> other(other_options);
+      io::load_checkpoint(checkpoint + ".distributed", other, adamw);
+      const std::string under = "ZeRO-" + std::to_string(other_zero) + " loading this run's checkpoint";
+      const std::vector<double> other_weights = other.parameters(), other_state = other.optimizer_state(1);
+      if (rank == 0) compare(under.c_str(), other_weights, weights);
+      if (rank == 0) compare((under + ": its AdamW state").c_str(), other_state, exp_avg_sq);
+      other.train_step(mine, mine_y, adamw);
+      const std::vector<double> other_next = other.parameters();
+      if (rank == 0) compare((under + ": the next step").c_str(), other_next, next);
+    }
   }
   return verdict_everywhere(failures);
 }
@@ -225,7 +296,8 @@ int check_gpt(int rank) {
   const ConstView<std::int32_t> all{ids.data(), Shape{rows, 1}};
   const ConstView<std::int32_t> all_y{next.data(), Shape{rows}};
   Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> distributed(
-      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm, .zero = zero});
+      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm, .zero = zero,
+       .reshard_after_forward = !keep_gathered});
   Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> reference({.microbatches = 2 * topo.replicas, .seed = 4});
   optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
   int failures = 0;
@@ -280,7 +352,8 @@ int check_bf16(int rank) {
   const ConstView<BF> mine{x.data() + topo.replica() * share * 6, Shape{share, 6}};
   const ConstView<std::int32_t> mine_y{y.data() + topo.replica() * share, Shape{share}};
   Pipeline<Stages, schedule::OneFOneB, Bf16> distributed(
-      {.microbatches = 2, .seed = 11, .transfer_timeout_seconds = 60.0, .communicator = comm, .zero = zero});
+      {.microbatches = 2, .seed = 11, .transfer_timeout_seconds = 60.0, .communicator = comm, .zero = zero,
+       .reshard_after_forward = !keep_gathered});
   Pipeline<Stages, schedule::OneFOneB, Bf16> reference({.microbatches = 2 * topo.replicas, .seed = 11});
   const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.01, .clip_norm = 0.5});
   for (int s = 0; s < 3; ++s) {
@@ -315,6 +388,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--stall")) stall = true;
     else if (!std::strcmp(argv[i], "--zero")) zero = 1;
     else if (!std::strcmp(argv[i], "--zero=2")) zero = 2;
+    else if (!std::strcmp(argv[i], "--zero=3")) zero = 3;
+    else if (!std::strcmp(argv[i], "--keep-gathered")) keep_gathered = true;
     else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
     else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) stages = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];

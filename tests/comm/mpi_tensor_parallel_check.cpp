@@ -2,7 +2,7 @@
 // Run under mpirun: tensor parallelism over host ranks (MpiCommunicator's tensor group, float64)
 // must compute what the whole model computes in one process.
 //   mpi_tensor_parallel_check --tensor TP
-//   mpi_tensor_parallel_check --tensor 2 --pipeline P [--zero[=2]] [--checkpoint PREFIX]
+//   mpi_tensor_parallel_check --tensor 2 --pipeline P [--zero[=2|=3]] [--checkpoint PREFIX]
 // World = TP tensor-parallel ranks x D replicas (one stage). Every rank builds the whole small GPT
 // (the oracle) and its part of gpt::TensorParallelModel (attention split by heads, the MLP by hidden
 // width, wte, lm_head and the loss by vocabulary), sharded from the whole model's initial parameters. Each group trains on the same batch:
@@ -245,7 +245,8 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   const double m = relative(exp_avg_sq, reference.optimizer_state(1));
   expect("AdamW's exp_avg_sq, gathered", m <= 1e-12, "max relative difference " + number(m));
   // ZeRO-1: this rank holds the AdamW state of its shard of its part; a stage's replicas together
-  // hold the part's state once. ZeRO-2: the same of the gradients, between steps.
+  // hold the part's state once. ZeRO-2: the same of the gradients, between steps; ZeRO-3: and of
+  // the weights.
   const auto sharded = [&](MemoryTag tag, int arrays, const std::string& what) {
     const double mine = double(distributed.backend(topo.stage()).memory.in_use(tag));
     std::vector<double> stage{mine};
@@ -256,6 +257,7 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   };
   if (zero >= 1) sharded(MemoryTag::optimizer, 2, "AdamW state");
   if (zero >= 2) sharded(MemoryTag::gradients, 1, "gradients");
+  if (zero >= 3) sharded(MemoryTag::weights, 1, "weights");
 
   if (!checkpoint.empty()) {
     io::TrainingState state;
@@ -436,6 +438,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
     else if (!std::strcmp(argv[i], "--zero")) zero = 1;
     else if (!std::strcmp(argv[i], "--zero=2")) zero = 2;
+    else if (!std::strcmp(argv[i], "--zero=3")) zero = 3;
     else if (!std::strcmp(argv[i], "--bf16")) bf16 = true;
     else if (!std::strcmp(argv[i], "--fp8")) fp8 = true;
   }

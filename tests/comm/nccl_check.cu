@@ -9,7 +9,8 @@
 //               the host backend: the loss and the gradients of one forward/backward, then the
 //               weights after 3 SGD steps, within fp32 rounding. With --zero the replicas shard the
 //               momentum (ZeRO-1: NCCL reduce-scatter and all-gather) and hold half of it each; with
-//               --zero=2 the gradients too, reduce-scattered on the collective stream inside the step; with
+//               --zero=2 the gradients too, reduce-scattered on the collective stream inside the step;
+//               --zero=3 the weights too, gathered through host memory before the stage's actions; with
 //               --tensor 2 the two ranks split the MLP Megatron's way (column- then row-parallel,
 //               summed over NCCL's tensor group) against the unsplit MLP on the host.
 // Prints PASS, or "SKIPPED:" when there are fewer GPUs than ranks (ctest reports it as skipped):
@@ -155,13 +156,16 @@ bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm, int zero) {
     // ZeRO-2 keeps this replica's shard of the gradients between steps, as well.
     const std::size_t gradients = distributed.backend(topo.stage()).memory.in_use(MemoryTag::gradients);
     if (zero >= 2) ok = ok && gradients * 2 <= whole + 64 * sizeof(float);
+    // ZeRO-3 keeps this replica's shard of the weights between steps, and gathers once per step.
+    const std::size_t weights = distributed.backend(topo.stage()).memory.in_use(MemoryTag::weights);
+    if (zero >= 3) ok = ok && weights * 2 <= whole + 64 * sizeof(float) && last.parameter_gathers == 1;
     // Data parallelism without ZeRO-1 starts the stage's sum (ZeRO-2: its reduce-scatter) inside the
     // step (one stage per rank).
     ok = ok && last.overlapped_gradient_sums == (topo.replicas > 1 && zero != 1 ? 1 : 0);
     if (topo.rank == 0)
       std::printf("Pipeline over NCCL (%d stage(s) x %d replica(s) x %d tensor rank(s)%s): loss %.7g (host %.7g), "
                   "gradients %.3g, weights after 3 SGD steps %.3g relative, momentum %zu of %zu bytes, %d gradient "
-                  "sum(s) started in the last step: %s\n", topo.stages, topo.replicas, topo.tensor, zero == 2 ? ", ZeRO-2" : zero ? ", ZeRO-1" : "",
+                  "sum(s) started in the last step: %s\n", topo.stages, topo.replicas, topo.tensor, zero == 3 ? ", ZeRO-3" : zero == 2 ? ", ZeRO-2" : zero ? ", ZeRO-1" : "",
                   got.loss, want.loss, g, w, slots, whole, last.overlapped_gradient_sums, ok ? "equal" : "DIFFERENT");
     return ok;
   };
@@ -200,6 +204,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--pipeline") == 0) run_pipeline = true;
     if (std::strcmp(argv[i], "--zero") == 0) zero = 1;
     if (std::strcmp(argv[i], "--zero=2") == 0) zero = 2;
+    if (std::strcmp(argv[i], "--zero=3") == 0) zero = 3;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;

@@ -140,6 +140,14 @@ class Communicator {
   virtual bool starts_reduce_scatters() const { return false; }
   virtual void start_reduce_scatter_over_replicas(float*, std::size_t) { refuse_started_sum(); }
   virtual void start_reduce_scatter_over_replicas(double*, std::size_t) { refuse_started_sum(); }
+  /// all_gather_over_replicas started, in host memory: once finish_gathers() returns (it waits for
+  /// every started gather, not for the sums), every block of `data` holds its replica's values.
+  /// ZeRO-3 prefetches the next virtual stage's weights so while an action computes. Communicators
+  /// that cannot say so with starts_gathers(); ZeRO-3 then gathers where the weights are needed.
+  virtual bool starts_gathers() const { return false; }
+  virtual void start_all_gather_over_replicas(float*, std::size_t) { refuse_started_sum(); }
+  virtual void start_all_gather_over_replicas(double*, std::size_t) { refuse_started_sum(); }
+  virtual void finish_gathers() {}
 
  protected:
   /// What an implementation calls just before it throws a timeout error `what`.
@@ -158,8 +166,8 @@ class Communicator {
     CUPIPE_THROW("Communicator: this communicator does not gather over replicas (ZeRO-1 needs it; MpiCommunicator and NcclCommunicator do)");
   }
   [[noreturn]] static void refuse_started_sum() {
-    CUPIPE_THROW("Communicator: this communicator does not start sums or reduce-scatters to finish later (check "
-                 "starts_sums() and starts_reduce_scatters() first; MpiCommunicator and NcclCommunicator do)");
+    CUPIPE_THROW("Communicator: this communicator does not start sums, reduce-scatters or gathers to finish later "
+                 "(check starts_sums(), starts_reduce_scatters() and starts_gathers() first)");
   }
   [[noreturn]] static void refuse_reduce_scatter() {
     CUPIPE_THROW("Communicator: this communicator does not reduce-scatter over replicas (check reduce_scatters() "

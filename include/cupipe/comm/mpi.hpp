@@ -239,6 +239,18 @@ class MpiCommunicator final : public Communicator {
   bool starts_reduce_scatters() const override { return true; }
   void start_reduce_scatter_over_replicas(float* data, std::size_t n) override { start_reduce_scatter(data, n, MPI_FLOAT); }
   void start_reduce_scatter_over_replicas(double* data, std::size_t n) override { start_reduce_scatter(data, n, MPI_DOUBLE); }
+  bool starts_gathers() const override { return true; }
+  void start_all_gather_over_replicas(float* data, std::size_t n) override { start_gather(data, n, MPI_FLOAT); }
+  void start_all_gather_over_replicas(double* data, std::size_t n) override { start_gather(data, n, MPI_DOUBLE); }
+  /// Waits for every started gather under the collective timeout (the progress thread drives them).
+  void finish_gathers() override {
+    std::vector<MPI_Request> started;
+    {
+      const std::lock_guard lock(mutex_);
+      started.swap(started_gathers_);
+    }
+    for (MPI_Request& request : started) finish_collective(request, "a gather over " + describe(Group::replicas));
+  }
   void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
@@ -390,26 +402,37 @@ class MpiCommunicator final : public Communicator {
         },
         [this, data, n] { place_own_block(data, n); });
   }
+  /// Starts an in-place MPI_Iallgather over the replicas; finish_gathers() completes it.
+  void start_gather(void* data, std::size_t n, MPI_Datatype type) {
+    start_over_replicas(
+        n,
+        [&](MPI_Request* request) {
+          CUPIPE_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count(n), type, replicas_, request));
+        },
+        {}, &started_gathers_);
+  }
   /// Starts a nonblocking collective of `n` values per replica over the replicas (`post` posts it,
   /// under mutex_, into the request it is given) for the progress thread to drive; finish_sums()
-  /// waits for it, then runs `then`.
+  /// waits for it, then runs `then` (`into` &started_gathers_: finish_gathers() waits for it).
   template <class Post>
-  void start_over_replicas(std::size_t n, Post&& post, std::function<void()> then = {}) {
+  void start_over_replicas(std::size_t n, Post&& post, std::function<void()> then = {},
+                           std::vector<MPI_Request>* into = nullptr) {
     check_usable();
     if (n == 0) return;
     {
       const std::lock_guard lock(mutex_);
       MPI_Request request = MPI_REQUEST_NULL;
       post(&request);
-      started_sums_.push_back(request);
+      (into ? *into : started_sums_).push_back(request);
       if (then) after_sums_.push_back(std::move(then));
     }
     in_flight_.notify_one();
   }
-  /// Under mutex_: whether a started sum is still running.
+  /// Under mutex_: whether a started sum or gather is still running.
   bool sums_running() const {
-    for (const MPI_Request& r : started_sums_)
-      if (r != MPI_REQUEST_NULL) return true;
+    for (const std::vector<MPI_Request>* started : {&started_sums_, &started_gathers_})
+      for (const MPI_Request& r : *started)
+        if (r != MPI_REQUEST_NULL) return true;
     return false;
   }
 
@@ -461,10 +484,11 @@ class MpiCommunicator final : public Communicator {
                 if (MPI_Test(&s.request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) progress_failed_ = true;
                 return done != 0;
               });
-            for (MPI_Request& r : started_sums_) {  // a completed request becomes MPI_REQUEST_NULL
-              int done = 0;
-              if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) progress_failed_ = true;
-            }
+            for (std::vector<MPI_Request>* started : {&started_sums_, &started_gathers_})
+              for (MPI_Request& r : *started) {  // a completed request becomes MPI_REQUEST_NULL
+                int done = 0;
+                if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) progress_failed_ = true;
+              }
             return (pending_.empty() && !sums_running()) || progress_failed_;
           },
           0);
@@ -488,6 +512,7 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable in_flight_;  ///< wakes the progress thread: a send started, or stopping_
   PendingSends<Send> pending_;
   std::vector<MPI_Request> started_sums_;  ///< under mutex_: start_sum's requests, until finish_sums
+  std::vector<MPI_Request> started_gathers_;  ///< under mutex_: start_gather's requests, until finish_gathers
   std::vector<std::function<void()>> after_sums_;  ///< under mutex_: what finish_sums does after its waits
   std::atomic<bool> broken_ = false;  ///< a collective timed out (read by every thread)
   bool stopping_ = false;         ///< under mutex_: the destructor ends the progress thread

@@ -140,12 +140,12 @@ struct PipelineChecks {
 
   /// PipelineOptions::zero's conditions; `sharded`: whether there are replicas to shard over.
   static void zero(const PipelineOptions& o, bool sharded) {
-    if (o.zero < 0 || o.zero > 2)
-      CUPIPE_THROW("Pipeline: zero is the ZeRO stage, 0 (off), 1 (optimizer state) or 2 (and gradients), got ", o.zero,
-                   o.zero == 3 ? " (ZeRO-3, parameters sharded too, is not built yet)" : "");
-    if (sharded && o.zero == 2 && !o.communicator->reduce_scatters())
-      CUPIPE_THROW("Pipeline: zero = 2 reduce-scatters the gradients over the replicas, which this communicator cannot "
-                   "do (MpiCommunicator and NcclCommunicator can); use zero = 1");
+    if (o.zero < 0 || o.zero > 3)
+      CUPIPE_THROW("Pipeline: zero is the ZeRO stage, 0 (off), 1 (optimizer state), 2 (and gradients) or 3 (and "
+                   "parameters), got ", o.zero);
+    if (sharded && o.zero >= 2 && !o.communicator->reduce_scatters())
+      CUPIPE_THROW("Pipeline: zero = ", o.zero, " reduce-scatters the gradients over the replicas, which this "
+                   "communicator cannot do (MpiCommunicator and NcclCommunicator can); use zero = 1");
     if (!flush)
       CUPIPE_THROW("Pipeline: zero shards the optimizer state of a flush update over the replicas, but ", Schedule::name,
                    " updates each stage inside the step (use a flush schedule, or leave zero off)");
@@ -155,6 +155,13 @@ struct PipelineChecks {
     if (sharded && !o.communicator->all_gathers())
       CUPIPE_THROW("Pipeline: zero gathers the updated parameter shards over the replicas, which this communicator "
                    "cannot do (MpiCommunicator and NcclCommunicator can); leave zero off");
+  }
+
+  /// The ZeRO setting every rank must share (ZeRO-3's gathers follow reshard_after_forward).
+  static std::string zero_text(const PipelineOptions& o) {
+    if (!o.zero) return "off";
+    return "stage " + std::to_string(o.zero) +
+           (o.zero == 3 ? (o.reshard_after_forward ? ", resharded after each action" : ", kept through the step") : "");
   }
 
   /// The plan the pipeline runs, verified: the policy's, or PipelineOptions::plan for a UserPlan.
@@ -186,7 +193,7 @@ struct PipelineChecks {
       comm::require_same_settings(*comm, {{"schedule", std::string(Schedule::name)},
                                           {"microbatches", std::to_string(o.microbatches)},
                                           {"seed", std::to_string(o.seed)},
-                                          {"zero", o.zero ? "stage " + std::to_string(o.zero) : std::string("off")},
+                                          {"zero", zero_text(o)},
                                           {"tensor-parallel ranks", std::to_string(comm->topology().tensor)},
                                           {"hand-over", wires_text(o.hand_over)},
                                           {"plan fingerprint", schedule::fingerprint(plan)}});

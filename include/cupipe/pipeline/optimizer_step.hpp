@@ -62,15 +62,13 @@ void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_sca
   static const std::vector<optim::DecayRun> runs = optim::decay_runs(stage_layers<St>::type::parameter_table());
   const index_t begin = st.shard.begin, n = st.shard.size();
   if (n > 0) {
-    G* target = nullptr;
-    if constexpr (St::master_weights) target = st.master.data();
-    else target = params;
     std::vector<ViewOn<B, G>> slots;
     for (auto& s : st.slots) slots.push_back({s.data(), Shape{n}});
-    optim::update_runs(optimizer, std::span<const optim::DecayRun>(runs), begin, *st.be, ViewOn<B, G>{target + begin, Shape{n}},
+    optim::update_runs(optimizer, std::span<const optim::DecayRun>(runs), begin, *st.be,
+                       ViewOn<B, G>{st.shard_parameter_data(params), Shape{n}},
                        ConstViewOn<B, G>{st.shard_gradient_data(), Shape{n}}, std::span<const ViewOn<B, G>>(slots),
                        st.updates, grad_scale);
-    st.publish_master(params, begin, begin + n);
+    if (!st.sharded_params) st.publish_master(params, begin, begin + n);
   }
   st.zero_grads();
   ++st.updates;
@@ -93,7 +91,7 @@ std::vector<T> gather_shards(comm::Communicator& comm, St& st, const T* shard_va
 /// every shard (an exact copy: the values travel, nothing is summed).
 template <class St>
 void gather_updated_weights(comm::Communicator* comm, St& st) {
-  if (!comm || !st.shard.sharded()) return;
+  if (!comm || !st.shard.sharded() || st.sharded_params) return;  // ZeRO-3 gathers where the weights are used
   if constexpr (St::master_weights) {
     // bf16 storage: each replica updated the float master weights of its shard (and rounded them into
     // its weights in use). The master weights travel, not their bf16 rounding: every replica keeps
@@ -369,7 +367,11 @@ double flush_norm(States& states, comm::Communicator* comm, const TiedCopies& ti
 template <class Optimizer, class States>
 void apply_flush(States& states, const Optimizer& optimizer, double norm) {
   const double scale = optim::clip_factor(norm, optimizer.clip_norm());
-  states.for_each([&](auto, auto& st) { update_stage(st, st.weights.latest_data(), optimizer, scale); });
+  states.for_each([&](auto, auto& st) {
+    // ZeRO-3 updates its shard, and the whole weights (where still gathered) are stale after it.
+    update_stage(st, st.weights.held() ? st.weights.latest_data() : nullptr, optimizer, scale);
+    if (st.sharded_params) st.drop_weights();
+  });
 }
 
 /// The flush update: flush_norm, then apply_flush. Returns the norm before clipping.

@@ -64,11 +64,26 @@ struct PipelineOptions {
   ///   steps and through the update a replica holds 1/R of the gradients. The communicator must
   ///   reduce-scatter. gradients() then reports the tied copies' gradients summed, as the update
   ///   uses them.
+  /// - 3: the parameters are kept as shards too (pipeline/parameter_shards.hpp): between steps a
+  ///   replica holds 1/R of each stage's weights (its float master values), which its optimizer
+  ///   updates. A virtual stage's whole weights are gathered over the replicas before its first
+  ///   forward or backward of a step and released where reshard_after_forward says; where the
+  ///   communicator starts gathers (MpiCommunicator), the next stage's gather is prefetched during
+  ///   the action before. The gather's unit is the virtual stage: a model cut into more virtual
+  ///   stages per worker (Interleaved, the V schedules) holds fewer whole weights at once. The
+  ///   communicator must reduce-scatter and gather; StepStats counts the gathers.
   /// The weights equal those without ZeRO to rounding (the norm and the tied copies' sums are added
   /// in another order; the update itself is element-wise, the gather copies). Flush schedules only,
   /// not with post_validation; the communicator must gather. Checkpoints hold the whole state, so
   /// they load under any ZeRO stage and replica count. Without replicas it changes nothing.
   int zero = 0;
+  /// ZeRO-3 (zero = 3): a virtual stage's gathered weights are released after each of its actions
+  /// whose worker goes on with another virtual stage (or ends its step), and gathered again before
+  /// its next forward or backward (FSDP2's reshard_after_forward): a worker holds the whole weights
+  /// of one virtual stage at a time, at the cost of a gather per change of stage. Off: a stage
+  /// keeps them from its first gather of a step until the update (one gather per stage and step).
+  /// With one virtual stage per worker both are the same within a step.
+  bool reshard_after_forward = true;
   /// The first N train_steps (host batches) also run through the same model unpipelined, on one worker
   /// of the same backend, from the pipeline's weights and optimizer state; the loss, every tensor's
   /// gradient and its weights after the update must agree to the precision's bound, or the step throws

@@ -9,6 +9,7 @@
 //   worker_runtime.hpp     one thread per worker (kept across steps), failure propagation, action timing
 //   transport.hpp          hand-over to a neighbour: LocalTransport (in process) or CommTransport (MPI, NCCL)
 //   gradient_sync.hpp      where replicas meet: early sums, the flush reduction, ZeRO-1 and -2, TP norm, the update
+//   parameter_shards.hpp   ZeRO-3: a stage's weights gathered over the replicas for its actions, then released
 //   optimizer_step.hpp     optimizer slots, per-stage updates, sums and norms (what gradient_sync calls)
 //   post_validated_run.hpp train_steps with post-validation
 //   model_values.hpp       the whole model's parameters, gradients and optimizer state, for checkpoints
@@ -36,6 +37,7 @@
 #include "cupipe/pipeline/gradient_sync.hpp"
 #include "cupipe/pipeline/model_values.hpp"
 #include "cupipe/pipeline/options.hpp"
+#include "cupipe/pipeline/parameter_shards.hpp"
 #include "cupipe/pipeline/post_validated_run.hpp"
 #include "cupipe/pipeline/prediction.hpp"
 #include "cupipe/pipeline/stage_executor.hpp"
@@ -122,6 +124,8 @@ class Pipeline {
                                                            comm(), local_worker_, options_.channel_capacity);
     sync_ = std::make_unique<Sync>(states_, plan_,
                                    pipeline::SyncSetup{comm(), tensor_group_, options_.zero, options_.check_finite});
+    shards_ = std::make_unique<Shards>(states_, plan_, comm(), zero_sharded && options_.zero >= 3,
+                                       options_.reshard_after_forward);
     if (options_.post_validation)
       post_validated_ = std::make_unique<PostValidated>(plan_, Schedule::name, workers_, states_, *executor_, *loop_,
                                                         *sync_, tied_worker, rows_per_sample);
@@ -166,11 +170,7 @@ class Pipeline {
   /// gradients(), optimizer_state(), the setters and checkpoints.
   static std::vector<ParamInfo> parameter_table() { return pipeline::ModelValues<States, Model>::table(); }
   /// Optimizer updates applied so far (per stage they are equal once a step has finished).
-  std::int64_t updates() {
-    std::int64_t n = 0;
-    states_.for_each([&](auto, auto& st) { n = st.updates; });
-    return n;
-  }
+  std::int64_t updates() { std::int64_t n = 0; states_.for_each([&](auto, auto& st) { n = st.updates; }); return n; }
 
   /// One training step on a batch x (n, in_features) with labels (n,), both in host memory, on any
   /// backend: forward, backward and the optimizer update(s) the schedule prescribes. The pipeline
@@ -218,10 +218,7 @@ class Pipeline {
   }
 
   /// A batch in host memory, for train_steps.
-  struct Batch {
-    ConstView<input_type> x;
-    ConstView<std::int32_t> labels;
-  };
+  struct Batch { ConstView<input_type> x; ConstView<std::int32_t> labels; };
 
   /// One training step per batch, in order, as train_step on each; with PipelineOptions::post_validation
   /// the steps overlap, bitwise equal to that (post_validated_run.hpp: how, and what stats then hold).
@@ -306,9 +303,10 @@ class Pipeline {
   static constexpr bool flush = update_rule == schedule::UpdateRule::flush;
   using Sync = pipeline::GradientSync<States, Model, FirstBackend, flush>;
   using PostValidated = pipeline::PostValidatedRun<Executor, Sync>;
+  using Shards = pipeline::ParameterShards<States>;
 
   pipeline::ModelValues<States, Model> values() {
-    return {states_, comm(), tensor_group_, sync_->zero_sharded(), sync_->gradients_sharded()};
+    return {states_, comm(), tensor_group_, sync_->zero_sharded(), sync_->gradients_sharded(), shards_->on()};
   }
 
   template <class Optimizer>
@@ -345,7 +343,7 @@ class Pipeline {
   /// The last stage's output for x (empty where another process runs the last stage).
   typename Executor::output_buffer predict_resident(ConstViewOn<FirstBackend, input_type> x) {
     transport_->begin_step(1);
-    return executor_->predict(x, pipeline::predict_message_id);
+    return shards_->gathered([&] { return executor_->predict(x, pipeline::predict_message_id); });
   }
 
   /// One step over a checked batch already in the backend's memory; `optimizer` updates inside it
@@ -360,13 +358,13 @@ class Pipeline {
     typename Executor::Step step{&step_plan, x, labels, std::vector<double>(std::size_t(step_plan.microbatches()), 0.0),
                                  {}, optimizer, batches_done_};
     if (early_sums) sync_->prepare_early_sums();
+    const auto gathers = shards_->count();
     loop_->run_step(
-        step, [&](int w, const schedule::Action& a) { if (early_sums) sync_->after_action(w, a); },
-        [&] { sync_->abandon_step(); });
+        step, [&](int w, const schedule::Action& a) { shards_->before(w, a); },
+        [&](int w, const schedule::Action& a) { if (early_sums) sync_->after_action(w, a); shards_->after(w, a); },
+        [&] { shards_->abandon(); sync_->abandon_step(); });
     if constexpr (flush) {
-      // Each replica divided by the global batch size, so the sum over the replicas will be the full
-      // batch's gradient, summed at the update (or by gradients()).
-      sync_->step_done();
+      sync_->step_done();  // each replica divided by the global batch size: the sum will be the batch's gradient
     } else {
       // Keep what the next step's first microbatch runs on.
       const int keep = schedule::version_of(plan_, executor_->version_offsets(), plan_.config.total_microbatches(), base,
@@ -374,7 +372,9 @@ class Pipeline {
       batches_done_ += plan_.config.batches;
       states_.for_each([&](auto, auto& st) { st.weights.drop_below(std::min(keep, st.weights.latest())); });
     }
-    return loop_->measure(step, step_plan, loop_->records(), global_samples_);
+    StepStats stats = loop_->measure(step, step_plan, loop_->records(), global_samples_);
+    shards_->report(stats, gathers);
+    return stats;
   }
 
   PipelineOptions options_;
@@ -387,6 +387,7 @@ class Pipeline {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<pipeline::StepLoop<Executor>> loop_;
   std::unique_ptr<Sync> sync_;
+  std::unique_ptr<Shards> shards_;  ///< ZeRO-3's gathers and releases
   std::unique_ptr<PostValidated> post_validated_;  ///< with PipelineOptions::post_validation
   backend::Staging<FirstBackend, input_type> input_staging_;
   backend::Staging<LastBackend, std::int32_t> label_staging_;

@@ -17,8 +17,9 @@
 
 namespace cupipe::pipeline {
 
-/// ZeRO-1 and ZeRO-2 (PipelineOptions::zero): the part of a stage's flat parameters whose optimizer
-/// state (and, with ZeRO-2, summed gradients) one replica keeps and updates. Replica r of R holds [r x stride, (r + 1) x stride) clipped to the
+/// ZeRO (PipelineOptions::zero): the part of a stage's flat parameters whose optimizer state (with
+/// ZeRO-2 also summed gradients, with ZeRO-3 also weights) one replica keeps and updates. Replica r
+/// of R holds [r x stride, (r + 1) x stride) clipped to the
 /// parameters, stride = ceil(parameters / R), so the shards lie back to back in the flat layout and a
 /// gather of R blocks of `stride` values rebuilds it. Without ZeRO the shard is everything.
 struct Shard {
@@ -100,8 +101,37 @@ struct StageState {
   /// else the shard's part of the whole buffer (summed there by ZeRO-1's reduce-scatter).
   G* shard_gradient_data() { return sharded_grads ? grad_shard.data() : grads.data() + shard.begin; }
 
+  /// ZeRO-3 (the shard set first, the weights initialised): the stage keeps this replica's shard of
+  /// its (master) weights only, in `param_shard`, in the compute type; the whole weights in use are
+  /// released, to be gathered over the replicas where an action needs them
+  /// (pipeline/parameter_shards.hpp), and the master weights go.
+  void shard_parameters() {
+    param_shard = be->template allocate<G>(shard.size(), MemoryTag::weights);
+    if (shard.size() > 0)
+      copy(*be, ConstViewOn<Backend, G>{master_data() + shard.begin, Shape{shard.size()}},
+           ViewOn<Backend, G>{param_shard.data(), Shape{shard.size()}});
+    be->synchronize();
+    sharded_params = true;
+    master = grad_buffer();
+    weights.release();
+  }
+  /// ZeRO-3: releases the gathered whole weights, once the backend's queued work no longer reads them.
+  void drop_weights() {
+    if (!weights.held()) return;
+    be->synchronize();
+    weights.release();
+  }
+  /// This replica's shard of the values an optimizer updates, `params` being the whole weights the
+  /// update is for (a version of them): the ZeRO-3 shard, else the shard's part of the master
+  /// weights (bf16 storage) or of `params`.
+  G* shard_parameter_data(T* params) {
+    if (sharded_params) return param_shard.data();
+    if constexpr (master_weights) return master.data() + shard.begin;
+    else return params + shard.begin;
+  }
+
   /// The weights an optimizer updates and a checkpoint stores: the float master weights with bf16
-  /// storage, else the latest version itself.
+  /// storage, else the latest version itself. Not with ZeRO-3 (param_shard holds them, sharded).
   G* master_data() {
     if constexpr (master_weights) return master.data();
     else return weights.latest_data();
@@ -119,7 +149,10 @@ struct StageState {
   grad_buffer grads;  ///< the whole stage's; with ZeRO-2 held only within a step (gradients())
   grad_buffer grad_shard;      ///< ZeRO-2: this replica's shard of the summed gradients; else empty
   bool sharded_grads = false;  ///< ZeRO-2 (shard_gradients)
-  grad_buffer master;  ///< empty unless master_weights
+  grad_buffer master;  ///< empty unless master_weights (and not with ZeRO-3)
+  grad_buffer param_shard;      ///< ZeRO-3: this replica's shard of the (master) weights; else empty
+  bool sharded_params = false;  ///< ZeRO-3 (shard_parameters)
+  std::vector<G> gathering;     ///< ZeRO-3: the host buffer of a prefetched gather in flight; else empty
   Shard shard = Shard::whole(param_count);  ///< the parameters this replica's optimizer state covers
   std::vector<grad_buffer> slots;  ///< optimizer state, one array per slot, shard.size() values each
   std::string slots_for;      ///< the optimizer the slots belong to

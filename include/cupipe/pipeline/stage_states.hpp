@@ -76,8 +76,8 @@ class StageStates {
   /// Makes the state of every virtual stage whose worker (`WorkerAt(k)`) has a context in
   /// `contexts`: `versions[w]` weight versions on worker w, recompute where `recompute` names the
   /// stage, parameters drawn from `seed` (tensor-parallel rank `tp_rank` draws its part of the
-  /// whole model's), and with ZeRO (`zero` stage 1 or 2, over the replicas of `comm`) this replica's
-  /// shard of the optimizer state (ZeRO-2: and of the summed gradients).
+  /// whole model's), and with ZeRO (`zero` stage 1 to 3, over the replicas of `comm`) this replica's
+  /// shard of the optimizer state (ZeRO-2: and of the summed gradients; ZeRO-3: and of the weights).
   template <auto WorkerAt, class Contexts>
   void build(Contexts& contexts, const std::vector<int>& versions, const std::vector<int>& recompute,
              std::uint64_t seed, int tp_rank, int zero = 0, const comm::Communicator* comm = nullptr) {
@@ -95,6 +95,7 @@ class StageStates {
       slot->publish_master(slot->weights.latest_data());
       if (replicas > 1) slot->shard = Shard::of(Seq::param_count, replicas, replica);
       if (replicas > 1 && zero >= 2) slot->shard_gradients();
+      if (replicas > 1 && zero >= 3) slot->shard_parameters();
     });
   }
 

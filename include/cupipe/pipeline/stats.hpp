@@ -48,6 +48,11 @@ struct StepStats {
   /// that it ran while the worker did the rest of the step's backward (the stages of an interleaved
   /// or V-shaped schedule). 0 where the sums all ran at the update.
   int overlapped_gradient_sums = 0;
+  /// ZeRO-3 (PipelineOptions::zero = 3): the gathers of a virtual stage's whole weights over the
+  /// replicas this process ran in the step (pipeline/parameter_shards.hpp), and those of them started
+  /// during an earlier action (prefetched); 0 without it.
+  std::int64_t parameter_gathers = 0;
+  std::int64_t prefetched_parameter_gathers = 0;
 
   /// busy / makespan for stage s.
   double utilisation(int s) const { return makespan_seconds > 0 ? busy_seconds[std::size_t(s)] / makespan_seconds : 0; }

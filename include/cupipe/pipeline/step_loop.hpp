@@ -103,13 +103,13 @@ class StepLoop {
   }
 
   /// One flush or asynchronous step (Pipeline::train_step, forward_backward): the plan's actions,
-  /// after(w, action) after each, then the losses collected. A failure clears what was in flight,
+  /// before(w, action) before each and after(w, action) after it, then the losses collected. A failure clears what was in flight,
   /// calls abandon() and is rethrown. A flush step commits nothing before it ends, so the losses stay
   /// where the last stage computed them and the device-side input checks report once, after the
   /// actions (asynchronous schedules update inside the step: they read each loss and check each op's
   /// input at once).
-  template <class After, class Abandon>
-  void run_step(Step& step, After&& after, Abandon&& abandon) {
+  template <class Before, class After, class Abandon>
+  void run_step(Step& step, Before&& before, After&& after, Abandon&& abandon) {
     constexpr bool flush = Executor::update_rule == schedule::UpdateRule::flush;
     constexpr int last = Executor::worker_at(States::size - 1);
     executor_.prepare(step);  // first: an arena block that grows moves no peak
@@ -120,6 +120,7 @@ class StepLoop {
         step.loss_slots = workers_.template get<last>()->template allocate<grad_t<typename Executor::LastBackend>>(
             index_t(step.losses.size()), MemoryTag::workspace);
     std::exception_ptr failure = run(plan_, 1, [&](int w, const schedule::Action& a) {
+      before(w, a);
       executor_.execute(w, a, step);
       after(w, a);
     });

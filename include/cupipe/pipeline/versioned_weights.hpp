@@ -42,14 +42,33 @@ class VersionedWeights {
   index_t count() const noexcept { return count_; }
 
   T* data(int version) {
+    require_held();
     for (auto& v : versions_)
       if (v.id == version) return v.data.data();
     CUPIPE_THROW("weight version ", version, " is not held (held: ", oldest(), "..", latest(), ")");
   }
-  T* latest_data() { return versions_.back().data.data(); }
+  T* latest_data() {
+    require_held();
+    return versions_.back().data.data();
+  }
+
+  /// ZeRO-3 (pipeline/parameter_shards.hpp): whether the one version's values are held; release()
+  /// frees them (the version id stays), hold() allocates them again for a gather to fill.
+  bool held() const noexcept { return !released_; }
+  void release() {
+    CUPIPE_REQUIRE(live() == 1, "VersionedWeights: a stage holding ", live(), " weight versions cannot release them");
+    versions_.back().data = buffer_type();
+    released_ = true;
+  }
+  void hold() {
+    if (!released_) return;
+    versions_.back().data = backend_->template allocate<T>(count_, MemoryTag::weights);
+    released_ = false;
+  }
 
   /// Makes version latest+1 as a copy of the latest and returns it for the caller to update.
   T* advance() {
+    require_held();
     if (live() + 1 > capacity_)
       CUPIPE_THROW("a stage would hold ", live() + 1, " weight versions (", oldest(), "..", latest() + 1,
                    ") but its schedule allows ", capacity_);
@@ -79,8 +98,15 @@ class VersionedWeights {
     buffer_type data;
   };
 
+  void require_held() const {
+    if (released_)
+      CUPIPE_THROW("weight version ", latest(), " is released (ZeRO-3 keeps this stage's parameters as shards); "
+                   "gather them first");
+  }
+
   Backend* backend_;
   index_t count_;
+  bool released_ = false;
   int capacity_;
   std::vector<Version> versions_;
   int peak_live_ = 1;
