@@ -202,14 +202,20 @@ int check(int microbatches, int rank) {
         halves_x[h].insert(halves_x[h].end(), x.begin() + first * 6, x.begin() + (first + half) * 6);
         halves_y[h].insert(halves_y[h].end(), y.begin() + first, y.begin() + first + half);
       }
-    for (int h = 0; h < 2; ++h)
+    // The gradients read between the passes too: the second pass adds to their sum, once.
+    std::vector<double> first_half;
+    for (int h = 0; h < 2; ++h) {
       distributed.forward_backward(ConstView<double>{mine.data() + h * half * 6, Shape{half, 6}},
                                    ConstView<std::int32_t>{mine_y.data() + h * half, Shape{half}});
+      if (h == 0) first_half = distributed.gradients();
+    }
     const std::vector<double> accumulated = distributed.gradients();
     if (rank == 0) {
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
         reference.forward_backward(ConstView<double>{halves_x[h].data(), Shape{half * topo.replicas, 6}},
                                    ConstView<std::int32_t>{halves_y[h].data(), Shape{half * topo.replicas}});
+        if (h == 0) compare("gradients read after the first of two forward/backward passes", first_half, reference.gradients());
+      }
       compare("gradients accumulated over two forward/backward passes", accumulated, reference.gradients());
     }
     distributed.step(adamw);

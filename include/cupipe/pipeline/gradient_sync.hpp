@@ -132,6 +132,23 @@ class GradientSync {
     unreduced_ = false;
   }
 
+  /// `read()` (Pipeline::gradients) on the gradients summed over the replicas, the accumulation
+  /// left able to go on: without ZeRO-2 the sum is made in place, so after the read only the first
+  /// replica keeps it and the others zero theirs. The state is then again one term per replica, the
+  /// same sum (exactly: the others add zeros), for more forward_backward passes to add to and the
+  /// update to sum. ZeRO-2 and -3 keep their summed shards apart from what a backward adds.
+  template <class Read>
+  auto read_summed(Read&& read) {
+    const bool summed_here = unreduced_ && !gradients_sharded();
+    reduce();
+    auto out = read();
+    if (summed_here) {
+      if (comm()->topology().replica() != 0) states_.for_each([](auto, auto& st) { st.zero_grads(); });
+      unreduced_ = true;
+    }
+    return out;
+  }
+
   /// The flush update from the accumulated gradients; returns the global gradient norm before
   /// clipping. With ZeRO-1 (and a communicator that can) the gradients are reduce-scattered, each
   /// replica receiving only its shard's sums, and the updated shards gathered after; else all-reduced.

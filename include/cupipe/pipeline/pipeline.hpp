@@ -282,8 +282,7 @@ class Pipeline {
   /// The accumulated gradients, same layout, summed over the replicas (across processes a
   /// collective: every rank calls it).
   std::vector<G> gradients() {
-    sync_->reduce();
-    return values().gradients();
+    return sync_->read_summed([&] { return values().gradients(); });
   }
   void set_parameters(std::span<const G> values) { this->values().set_parameters(values); }
   /// Optimizer state slot `slot` (e.g. 0 = exp_avg for AdamW), same layout; empty before the first
