@@ -93,7 +93,7 @@ struct TensorChoice {
 template <class Calibrate, class Split>
 planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrate, index_t batch,
                                   const std::vector<int>& stage_counts, Split split, std::vector<std::string> schedules = {},
-                                  const TensorChoice& tensor = {}) {
+                                  const TensorChoice& tensor = {}, std::vector<int> zero_stages = {}) {
   const comm::Topology& topology = comm.topology();
   CUPIPE_REQUIRE(topology.tensor == 1, "--plan auto plans the tensor-parallel degree itself; leave out --tp");
   const int per_replica = topology.stages;  // a replica's processes: stages x tensor ranks
@@ -160,6 +160,7 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
   request.max_microbatches = int(std::clamp<index_t>(batch / topology.replicas, 1, 64));
   request.split = std::move(split);
   request.schedules = std::move(schedules);
+  request.zero_stages = std::move(zero_stages);
   // The launch fixed the replicas; fewer, with more stages or tensor ranks each, is another launch.
   const int replicas = topology.replicas;
   request.refuses = [&](std::string_view schedule, int p, int d, int t) -> std::string {
@@ -169,7 +170,7 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
   const planner::Report report = plan(request);
   const planner::Layout best = report.best();
   std::string chosen = best.schedule + " m=" + std::to_string(best.microbatches) + " t=" + std::to_string(best.tensor) +
-                       " cuts=";
+                       " z=" + std::to_string(best.zero) + " cuts=";
   for (const std::size_t cut : best.cuts) chosen += std::to_string(cut) + ",";
   comm::require_same_settings(comm, {{"plan", chosen}});  // a guard: its first 55 bytes are compared
   if (topology.rank == 0) {
@@ -205,15 +206,16 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
 /// A trainer's --plan auto: across the ranks of `comm` when there is one (plan_across_ranks), else
 /// in this process on `workers` workers (0: plan_workers' default, written back) with
 /// `stage_counts`, for `batch` samples; the schedules are `schedules`, or (empty) those this build
-/// compiles.
+/// compiles; with replicas, the ZeRO stages are `zero_stages` (empty: off).
 template <class Calibrate, class Split>
 planner::Layout plan_auto(comm::Communicator* comm, Calibrate&& calibrate, int& workers, index_t batch,
                           std::vector<int> stage_counts, Split split, std::vector<std::string> schedules = {},
-                          const TensorChoice& tensor = {}) {
+                          const TensorChoice& tensor = {}, std::vector<int> zero_stages = {}) {
   if (schedules.empty()) schedules = built_schedule_names();
   // Under a launcher even one process has a communicator, whose topology fixes the replicas.
   if (comm)
-    return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), std::move(schedules), tensor);
+    return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), std::move(schedules), tensor,
+                             std::move(zero_stages));
   workers = plan_workers(workers);
   return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), std::move(schedules));
 }

@@ -98,13 +98,17 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
       with_stage_count<1, 2, 4>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
     return cuts;
   };
+  // With replicas the plan picks the ZeRO stage too, unless --zero named one.
+  const std::vector<int> zero_stages = f.zero_given ? std::vector<int>{f.zero} : std::vector<int>{0, 1, 2, 3};
   const planner::Layout best = cupipe::examples::plan_auto(
-      comm, calibrate, f.workers, f.batch, {1, 2, 4}, split, {}, tensor);
+      comm, calibrate, f.workers, f.batch, {1, 2, 4}, split, {}, tensor, zero_stages);
+  f.zero = best.zero;
   f.schedule = best.schedule;
   f.stages = best.stages;
   f.microbatches = best.microbatches;
   f.predicted_step_seconds = best.step_seconds;
   f.predicted_activation_bytes = best.peak_activation_bytes;
+  f.predicted_state_bytes = best.resting_state_bytes;
   f.predicted_activation_low_bytes = best.peak_activation_low_bytes;
   f.predicted_activation_high_bytes = best.peak_activation_high_bytes;
   if (best.tensor > 1) {
@@ -229,6 +233,7 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   CLI11_PARSE(app, argc, argv);
   f.plan_tensor_given = plan_tensor->count() > 0;
+  f.zero_given = app.count("--zero") > 0;
 
   Launcher launcher;  // outside the try: the catch ends every rank through it
   try {

@@ -76,6 +76,7 @@ struct Flags {
   int workers = 0;                    ///< devices the planner may use with --plan auto; 0: the cores, at most 4
   double predicted_step_seconds = 0;  ///< the planned layout's, set by --plan auto
   std::vector<double> predicted_activation_bytes{};  ///< the planned layout's, per stage (one rank's part)
+  std::vector<StateBytes> predicted_state_bytes{};   ///< the planned layout's parameter state between steps, per stage
   /// The least and most activation peak any timing can give, per stage (Layout's bounds).
   std::vector<double> predicted_activation_low_bytes{}, predicted_activation_high_bytes{};
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
@@ -85,6 +86,7 @@ struct Flags {
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
   bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
+  bool zero_given = false;                ///< --zero was on the command line (--plan auto then keeps it)
   std::string rank_order = "stages-outermost";  ///< comm::RankOrder of the ranks
 };
 
@@ -491,6 +493,22 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   if (f.zero)
     say("ZeRO-%d: this rank keeps %.2f MiB of AdamW state, %.2f MiB of gradients and %.2f MiB of weights between steps\n",
         f.zero, double(optimizer_bytes) / 1048576.0, double(gradient_bytes) / 1048576.0, double(weight_bytes) / 1048576.0);
+  // The plan's parameter state between steps beside the allocator's, each rank its own stages.
+  for (int w = 0; w < P; ++w)
+    if (pipe.local(w) && std::size_t(w) < f.predicted_state_bytes.size()) {
+      const StateBytes& planned = f.predicted_state_bytes[std::size_t(w)];
+      const MemoryTracker& m = pipe.backend(w).memory;
+      const double measured =
+          double(m.in_use(MemoryTag::weights) + m.in_use(MemoryTag::gradients) + m.in_use(MemoryTag::optimizer));
+      // A shard is ceil(n / replicas) of each stage's n values, the plan's n / replicas.
+      const bool close = std::abs(planned.total() - measured) <= 0.01 * measured;
+      std::printf("planned layout, stage %d%s: parameter state between steps (ZeRO-%d) %.1f KiB predicted, %.1f KiB "
+                  "measured, %s (weights %.1f / %.1f, gradients %.1f / %.1f, optimizer %.1f / %.1f)\n",
+                  w, launch.communicator ? (" (rank " + std::to_string(launch.rank) + ")").c_str() : "", f.zero,
+                  planned.total() / 1024, measured / 1024, close ? "within 1%" : "MORE THAN 1% OFF",
+                  planned.weights / 1024, double(m.in_use(MemoryTag::weights)) / 1024, planned.gradients / 1024,
+                  double(m.in_use(MemoryTag::gradients)) / 1024, planned.optimizer / 1024, double(m.in_use(MemoryTag::optimizer)) / 1024);
+    }
   nlohmann::json summary = {{"held_out_loss", eval_loss},
                             {"held_out_bits_per_byte", bytes ? eval_loss / per_bit : 0.0},
                             {"unigram_loss", unigram},

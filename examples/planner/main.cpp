@@ -104,7 +104,7 @@ nlohmann::json layout_json(const planner::Layout& l) {
           {"allreduce_seconds", l.allreduce_seconds}, {"update_seconds", l.update_seconds}, {"peak_bytes", l.peak_bytes},
           {"peak_activation_bytes", l.peak_activation_bytes}, {"peak_activation_low_bytes", l.peak_activation_low_bytes},
           {"peak_activation_high_bytes", l.peak_activation_high_bytes}, {"most_bytes", l.most_bytes},
-          {"offload", l.offload},        {"offload_resident", l.offload_resident}};
+          {"offload", l.offload},        {"offload_resident", l.offload_resident}, {"zero", l.zero}};
 }
 
 }  // namespace
@@ -130,6 +130,11 @@ int main(int argc, char** argv) {
                  "tensor-parallel degrees to search too, e.g. --tensor 2 (default: 1; gpt-tiny profiles 2 and 4; "
                  "--costs needs the degree's tensor_variants)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--zero", request.zero_stages,
+                 "ZeRO stages to consider for layouts with replicas, e.g. --zero 0,1,2,3 (PipelineOptions::zero; "
+                 "default: 0)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 3));
   app.add_option("--devices", request.devices, "devices (stages x replicas x tensor ranks)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--memory-gb", memory_gb, "memory per device in GB (0: no limit)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch", request.batch, "samples per optimizer step")->capture_default_str()->check(CLI::PositiveNumber);

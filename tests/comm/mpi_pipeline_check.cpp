@@ -35,6 +35,7 @@
 #include "cupipe/comm/mpi.hpp"
 #include "cupipe/cupipe.hpp"
 #include "cupipe/gpt/model.hpp"
+#include "cupipe/planner/search.hpp"
 #include "compare.hpp"
 #include "hook_layer.hpp"
 
@@ -160,13 +161,16 @@ int check(int microbatches, int rank) {
       std::printf("gradient sums started inside the step: %d per rank\n", expected);
     }
     // ZeRO-3: one gather per virtual stage and step where a worker has one stage, or keeps what it
-    // gathered; with several stages per worker, resharding gathers again at each change of stage.
+    // gathered; with several stages per worker, resharding gathers again at each change of stage:
+    // as many as the planner counts (planner::detail::gathered_params, one per stage here).
     const bool zero3 = zero == 3 && topo.replicas > 1;
+    const std::int64_t planned = std::int64_t(planner::detail::gathered_params(
+        distributed.plan(), topo.stage(), std::vector<double>(std::size_t(Stages::size), 1.0), !keep_gathered));
     // Every gather but the step's first is prefetched: started during the action before.
     const std::int64_t g = step.parameter_gathers, early = step.prefetched_parameter_gathers;
     const bool gathers_ok = !zero3 ? g == 0 && early == 0
                                    : (Schedule::chunks == 1 || keep_gathered ? g == Schedule::chunks : g > Schedule::chunks) &&
-                                         early == g - 1;
+                                         g == planned && early == g - 1;
     if (!gathers_ok) {
       std::printf("rank %d: %lld parameter gathers in the step, %lld prefetched: FAIL\n", rank, static_cast<long long>(g),
                   static_cast<long long>(early));

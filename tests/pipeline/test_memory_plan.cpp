@@ -197,6 +197,30 @@ TEST_CASE("the memory estimate follows the measured peaks with bf16 storage", "[
   }
 }
 
+// ZeRO (MemoryModel::zero): each worker's estimate loses exactly the state its stage shards, by
+// cupipe::sharded_state_bytes, with nothing else changed.
+TEST_CASE("the memory estimate counts the parameter state each ZeRO stage keeps", "[pipeline][memory][zero]") {
+  using Stages = partition<Gpt, 2>;
+  constexpr MemoryModel plain = memory_model_for<Host>(sequences_per_microbatch * T);
+  constexpr auto without = estimated_stage_bytes<Stages, schedule::OneFOneB>(4, plain);
+  for (const int stage : {1, 2, 3}) {
+    MemoryModel sharded = plain;
+    sharded.zero = ZeroSetting{stage, 4, true};
+    const auto with = estimated_stage_bytes<Stages, schedule::OneFOneB>(4, sharded);
+    for (std::size_t w = 0; w < 2; ++w) {
+      const double params = w == 0 ? double(Stages::stage<0>::param_count) : double(Stages::stage<1>::param_count);
+      const double saved = sharded_state_bytes(params, params, 8, 8, 2, 1, {}, true).total() -
+                           sharded_state_bytes(params, params, 8, 8, 2, 1, sharded.zero, true).total();
+      INFO("ZeRO-" << stage << ", worker " << w);
+      CHECK(without[w] - with[w] == Approx(saved));
+    }
+  }
+  // AdamW's 2 slots over 4 replicas: ZeRO-1 saves 3/4 of 16 bytes a parameter; ZeRO-2 gives back a
+  // quarter of 8 (the shard beside the whole buffer within a step).
+  CHECK(sharded_state_bytes(1, 1, 8, 8, 2, 1, {}, true).total() - sharded_state_bytes(1, 1, 8, 8, 2, 1, {1, 4}, true).total() == 12);
+  CHECK(sharded_state_bytes(1, 1, 8, 8, 2, 1, {2, 4}, true).total() - sharded_state_bytes(1, 1, 8, 8, 2, 1, {1, 4}, true).total() == 2);
+}
+
 TEST_CASE("partition_within keeps every worker under a budget the FLOP-balanced split exceeds", "[pipeline][memory]") {
   constexpr int M = 8;
   using Balanced = partition<Gpt, 4>;

@@ -70,4 +70,44 @@ constexpr double parameter_state_bytes(int value_bytes, int compute_bytes, int o
   return double(value_bytes) * double(versions) + double(compute) * double(1 + optimizer_slots + master);
 }
 
+/// A run's ZeRO setting (PipelineOptions::zero, reshard_after_forward) and its data-parallel
+/// replicas: what shards the parameter state.
+struct ZeroSetting {
+  int stage = 0;     ///< 0 off, 1 optimizer state, 2 and gradients, 3 and weights
+  int replicas = 1;  ///< data-parallel replicas the shards are over (ZeRO changes nothing at 1)
+  bool reshard_after_forward = true;
+};
+
+/// One worker's parameter state by the allocator's tags: weights (in use and master), gradients and
+/// optimizer slots.
+struct StateBytes {
+  double weights = 0, gradients = 0, optimizer = 0;
+  constexpr double total() const noexcept { return weights + gradients + optimizer; }
+};
+
+/// The bytes of a worker's parameter state under `zero`: `params` parameters over its virtual
+/// stages, the largest of which holds `largest_stage`; sizes as parameter_state_bytes. `in_step`:
+/// the most each tag holds within a flush step; else between steps. With replicas, per tag:
+/// - weights: ZeRO-0 to 2, `versions` copies and the master; ZeRO-3, the shard (compute type) and,
+///   within a step, the gathered whole weights of one virtual stage (reshard_after_forward) or of
+///   all of them;
+/// - gradients: the whole (ZeRO-0, 1); with ZeRO-2 and 3 the shard and, within a step, the whole
+///   buffer the backward accumulates into;
+/// - optimizer: its slots, the shard's only with ZeRO-1 and up.
+/// A shard is params / replicas here; the runtime's is ceil(n / replicas) of each stage's n, or
+/// fewer on the last replicas (at most one value more per stage and array).
+constexpr StateBytes sharded_state_bytes(double params, double largest_stage, int value_bytes, int compute_bytes,
+                                         int optimizer_slots, int versions, ZeroSetting zero, bool in_step) noexcept {
+  const double v = double(value_bytes), c = double(compute_bytes > 0 ? compute_bytes : value_bytes);
+  const double master = c != v ? 1.0 : 0.0;
+  const int stage = zero.replicas > 1 ? zero.stage : 0;
+  const double shard = params / double(zero.replicas > 1 ? zero.replicas : 1);
+  StateBytes b;
+  b.weights = stage >= 3 ? c * shard + (in_step ? v * (zero.reshard_after_forward ? largest_stage : params) : 0.0)
+                         : params * (v * double(versions) + c * master);
+  b.gradients = stage >= 2 ? c * shard + (in_step ? c * params : 0.0) : c * params;
+  b.optimizer = c * double(optimizer_slots) * (stage >= 1 ? shard : params);
+  return b;
+}
+
 }  // namespace cupipe

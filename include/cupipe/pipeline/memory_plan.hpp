@@ -44,6 +44,7 @@ struct MemoryModel {
   int value_bytes = 4;              ///< bytes per stored value: 4 for float, 8 for double, 2 for bf16
   int optimizer_slots = 2;          ///< arrays per parameter the optimizer keeps: AdamW 2, SGD with momentum 1
   int compute_bytes = 0;            ///< bytes per gradient, master weight and optimizer value; 0: value_bytes
+  ZeroSetting zero{};               ///< the ZeRO stage and its replicas (PipelineOptions::zero)
 
   /// Bytes of one parameter's state: `versions` stored copies, its gradient, the optimizer's slots,
   /// and an fp32 master copy where the stored type is narrower.
@@ -77,8 +78,9 @@ constexpr double footprint_bytes(const StageFootprint& f, int in_flight, int ver
   const double rows = double(m.rows_per_microbatch);
   const double per_microbatch = f.in + f.record + (split_backward ? f.out + f.grad_record : 0.0);
   const double one_backward = split_backward ? f.in : f.out + f.grad_record + f.in;
-  return f.params * m.state_bytes_per_param(versions) +
-         double(m.value_bytes) * (double(in_flight) * rows * per_microbatch + rows * one_backward);
+  const StateBytes state =
+      sharded_state_bytes(f.params, f.params, m.value_bytes, m.compute_bytes, m.optimizer_slots, versions, m.zero, true);
+  return state.total() + double(m.value_bytes) * (double(in_flight) * rows * per_microbatch + rows * one_backward);
 }
 
 namespace detail {

@@ -162,6 +162,12 @@ struct Request {
   /// cost what CostModel::offload_bytes_per_second says. Needs that figure; off: such a layout is
   /// refused.
   bool offload = true;
+  /// The ZeRO stages (PipelineOptions::zero) to consider for layouts with replicas; empty: {0}. A
+  /// layout with one replica runs without. Each shards the parameter state as
+  /// cupipe::sharded_state_bytes says (ZeRO-3 with reshard_after_forward) and moves what
+  /// detail::replica_traffic counts: among layouts as fast, the one that needs the least memory
+  /// ranks first.
+  std::vector<int> zero_stages{};
 };
 
 /// One layout and what the cost model predicts for it.
@@ -173,12 +179,16 @@ struct Layout {
   int replicas = 1;      ///< data-parallel degree
   int tensor = 1;        ///< tensor-parallel ranks per stage
   int batches = 1;       ///< batches a step runs (asynchronous schedules: 2)
+  int zero = 0;          ///< the ZeRO stage (PipelineOptions::zero; reshard_after_forward with 3)
   std::vector<std::size_t> cuts;    ///< first layer of each virtual stage, then the layer count
   double step_seconds = 0;          ///< predicted, per batch (one optimizer step for flush schedules)
   double bubble = 0;                ///< predicted idle share
   double allreduce_seconds = 0;     ///< predicted gradient sum across replicas, in step_seconds
   double update_seconds = 0;        ///< predicted flush update after the step, in step_seconds
   std::vector<double> peak_bytes;   ///< predicted per worker: state and peak_activation_bytes
+  /// Predicted per worker: the parameter state by the allocator's tags, the most within a step
+  /// (in peak_bytes) and between steps.
+  std::vector<StateBytes> state_bytes, resting_state_bytes;
   /// Per worker: state and peak_activation_high_bytes, the most any timing can need; what the memory
   /// cap is checked against, so a race between workers cannot take a layout over it.
   std::vector<double> most_bytes;
@@ -217,6 +227,7 @@ inline std::string Layout::describe() const {
   std::ostringstream out;
   out << schedule << " p=" << stages << " v=" << chunks << " m=" << microbatches << " d=" << replicas;
   if (tensor > 1) out << " t=" << tensor;
+  if (zero > 0) out << " zero=" << zero;
   if (!offload.empty()) {
     out << " offload=";
     for (std::size_t i = 0; i < offload.size(); ++i) out << (i ? "," : "") << offload[i];

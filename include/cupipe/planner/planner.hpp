@@ -104,6 +104,8 @@ Report search(const Request& request) {
   };
   check_layers(model.layers, "");
   CUPIPE_REQUIRE(request.max_replicas >= 0, "planner: max_replicas must not be negative");
+  for (const int zero : request.zero_stages)
+    CUPIPE_REQUIRE(zero >= 0 && zero <= 3, "planner: ZeRO stages are 0 to 3 (PipelineOptions::zero), got ", zero);
   for (int p : request.stage_counts)
     CUPIPE_REQUIRE(p >= 1, "planner: stage counts must be positive, got ", p);
   CUPIPE_REQUIRE(model.tensor_sum_latency >= 0 && model.tensor_sum_bytes_per_second >= 0,
@@ -191,6 +193,10 @@ inline std::string why_slower(const Layout& layout, const Layout& best) {
   out << (layout.step_seconds / best.step_seconds - 1) * 100 << "% slower";
   if (layout.bubble > best.bubble + 1e-9) out << "; bubble " << layout.bubble << " vs " << best.bubble;
   if (layout.allreduce_seconds > best.allreduce_seconds) out << "; gradient sum " << layout.allreduce_seconds << " s";
+  const double peak = *std::max_element(layout.peak_bytes.begin(), layout.peak_bytes.end()),
+               best_peak = *std::max_element(best.peak_bytes.begin(), best.peak_bytes.end());
+  if (layout.step_seconds == best.step_seconds && peak > best_peak)
+    out << "; as fast, a peak of " << detail::gigabytes(peak) << " against " << detail::gigabytes(best_peak);
   return out.str();
 }
 
@@ -221,11 +227,18 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
     if (!names->empty()) out << " (" << (*names)[best.cuts[k]].name << " .. " << (*names)[best.cuts[k + 1] - 1].name << ")";
     out << "\n";
   }
-  for (std::size_t w = 0; w < best.peak_bytes.size(); ++w)
+  for (std::size_t w = 0; w < best.peak_bytes.size(); ++w) {
     out << "  worker " << w << ": peak " << detail::gigabytes(best.peak_bytes[w]) << ", of it activations "
         << detail::gigabytes(best.peak_activation_bytes[w]) << " (predicted); whatever the timing, activations "
         << detail::gigabytes(best.peak_activation_low_bytes[w]) << " to " << detail::gigabytes(best.peak_activation_high_bytes[w])
         << ", at most " << detail::gigabytes(best.most_bytes[w]) << " in all\n";
+    if (best.zero > 0 && w < best.resting_state_bytes.size()) {
+      const StateBytes& s = best.resting_state_bytes[w];
+      out << "    ZeRO-" << best.zero << " over " << best.replicas << " replicas, between steps: weights "
+          << detail::gigabytes(s.weights) << ", gradients " << detail::gigabytes(s.gradients) << ", optimizer "
+          << detail::gigabytes(s.optimizer) << " (predicted)\n";
+    }
+  }
   out << "runners-up:\n";
   for (std::size_t i = 1; i < std::min(report.ranked.size(), runners_up + 1); ++i)
     out << "  " << report.ranked[i].describe() << ": step " << report.ranked[i].step_seconds * 1e3 << " ms, "

@@ -180,15 +180,66 @@ inline std::vector<double> contention_factors(const schedule::SimResult& sim, co
   return out;
 }
 
-/// Per-worker bytes of parameters, their gradients, the optimizer's slots and the weight versions
-/// `sim` says the plan holds; `params` is worker_params().
-inline std::vector<double> state_bytes(const CostModel& model, const schedule::SimResult& sim, const std::vector<double>& params) {
-  std::vector<double> bytes(params.size());
-  for (std::size_t w = 0; w < params.size(); ++w) {
-    const int versions = std::max(1, sim.weight_versions[w]);
-    bytes[w] = params[w] * parameter_state_bytes(model.value_bytes, model.compute_bytes, model.optimizer_slots, versions);
+/// Per worker, the parameter state by tag (cupipe::sharded_state_bytes): weights with the versions
+/// `sim` says the plan holds, gradients and the optimizer's slots, sharded as `zero` says, the most
+/// within a step (`in_step`) or between steps.
+inline std::vector<StateBytes> state_bytes(const CostModel& model, const schedule::Plan& plan, const schedule::SimResult& sim,
+                                           const std::vector<std::size_t>& cuts, ZeroSetting zero, bool in_step) {
+  const std::size_t workers = std::size_t(plan.config.stages);
+  std::vector<double> params(workers, 0.0), largest(workers, 0.0);
+  for (int k = 0; k + 1 < int(cuts.size()); ++k) {
+    double stage = 0;
+    for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) stage += model.layers[l].params;
+    const std::size_t w = std::size_t(plan.placement.worker_of(k));
+    params[w] += stage;
+    largest[w] = std::max(largest[w], stage);
   }
+  std::vector<StateBytes> bytes(workers);
+  for (std::size_t w = 0; w < workers; ++w)
+    bytes[w] = sharded_state_bytes(params[w], largest[w], model.value_bytes, model.compute_bytes, model.optimizer_slots,
+                                   std::max(1, sim.weight_versions[w]), zero, in_step);
   return bytes;
+}
+
+/// The parameters ZeRO-3 gathers on worker w in one step of `plan`, as pipeline::ParameterShards
+/// does: a virtual stage's whole parameters (`stage_params[k]`) before a forward or backward that
+/// finds them released; with `reshard_after_forward` released after each action the worker follows
+/// with another stage's, else kept through the step.
+inline double gathered_params(const schedule::Plan& plan, int w, const std::vector<double>& stage_params,
+                              bool reshard_after_forward) {
+  const std::vector<schedule::Action>& actions = plan.actions[std::size_t(w)];
+  std::vector<char> held(stage_params.size(), 0);
+  double gathered = 0;
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    const std::size_t v = std::size_t(plan.virtual_stage(w, actions[i]));
+    if (actions[i].kind != schedule::ActionKind::W && !held[v]) {
+      held[v] = 1;
+      gathered += stage_params[v];
+    }
+    if (reshard_after_forward && (i + 1 == actions.size() || std::size_t(plan.virtual_stage(w, actions[i + 1])) != v))
+      held[v] = 0;
+  }
+  return gathered;
+}
+
+/// The values one replica's worker moves over the replicas per step, the most of any worker:
+/// ZeRO-0's all-reduce or ZeRO-1 and 2's reduce-scatter and gather, 2 (d - 1) / d of its
+/// parameters; ZeRO-3's reduce-scatter, (d - 1) / d of them, and its gathers (gathered_params).
+inline double replica_traffic(const CostModel& model, const schedule::Plan& plan, const std::vector<std::size_t>& cuts, int d,
+                              ZeroSetting zero) {
+  if (d <= 1) return 0;
+  std::vector<double> stage(cuts.size() - 1, 0.0);
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k)
+    for (std::size_t l = cuts[k]; l < cuts[k + 1]; ++l) stage[k] += model.layers[l].params;
+  double most = 0;
+  for (int w = 0; w < plan.config.stages; ++w) {
+    double params = 0;
+    for (std::size_t k = 0; k < stage.size(); ++k)
+      if (plan.placement.worker_of(int(k)) == w) params += stage[k];
+    const double moved = zero.stage >= 3 ? params + gathered_params(plan, w, stage, zero.reshard_after_forward) : 2.0 * params;
+    most = std::max(most, moved);
+  }
+  return double(d - 1) / double(d) * most;
 }
 
 inline std::string gigabytes(double bytes) {
@@ -210,7 +261,9 @@ struct Candidate {
   int p, d, t, v, m;
   const std::vector<std::size_t>& cuts;
   const std::vector<ChunkSizes>& sizes;
+  int zero = 0;  ///< the ZeRO stage (0 with one replica)
   int virtual_stages() const { return p * v; }
+  ZeroSetting zero_setting() const { return {zero, d, true}; }
 };
 
 /// Why `policy` cannot run on p stages, d replicas and t ranks for `request` before any split is
@@ -359,11 +412,14 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
   layout.replicas = d;
   layout.tensor = c.t;
   layout.batches = config.batches;
+  layout.zero = c.zero;
   layout.cuts = c.cuts;
   layout.bubble = sim.bubble_fraction;
   const std::vector<double> values = activation_peaks(plan, sim, c.sizes, rows, offload);
   const ActivationBounds bounds = activation_bounds(plan, c.sizes, rows, offload);
-  layout.peak_bytes = state_bytes(model, sim, params);
+  layout.state_bytes = state_bytes(model, plan, sim, c.cuts, c.zero_setting(), true);
+  layout.resting_state_bytes = state_bytes(model, plan, sim, c.cuts, c.zero_setting(), false);
+  for (const StateBytes& s : layout.state_bytes) layout.peak_bytes.push_back(s.total());
   layout.most_bytes = layout.peak_bytes;
   const double value_bytes = double(model.value_bytes);
   for (std::size_t w = 0; w < values.size(); ++w) {
@@ -373,10 +429,9 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
     layout.peak_bytes[w] += layout.peak_activation_bytes[w];
     layout.most_bytes[w] += layout.peak_activation_high_bytes[w];
   }
-  const double most_params = *std::max_element(params.begin(), params.end());
   if (d > 1 && model.allreduce_bytes_per_second > 0)
-    layout.allreduce_seconds =
-        2.0 * double(d - 1) / double(d) * most_params * model.gradient_bytes() / model.allreduce_bytes_per_second;
+    layout.allreduce_seconds = replica_traffic(model, plan, c.cuts, d, c.zero_setting()) * model.gradient_bytes() /
+                               model.allreduce_bytes_per_second;
   // A flush schedule updates after the step: every worker its own stages at once, or, in one
   // process, the calling thread every stage in turn.
   if (c.policy.update == schedule::UpdateRule::flush) {
@@ -465,20 +520,27 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
         continue;
       }
       const schedule::Plan plan = policy.generate(config);
-      const Candidate candidate{policy, p, d, t, v, m, cuts, sizes};
       const std::vector<double> rows = microbatch_rows(model, samples, config);
+      // ZeRO shards over replicas, and only a flush update (PipelineOptions::zero).
+      std::vector<int> zeros{0};
+      if (d > 1 && policy.update == schedule::UpdateRule::flush && !request.zero_stages.empty()) zeros = request.zero_stages;
+      const Candidate unsharded{policy, p, d, t, v, m, cuts, sizes};
       const schedule::SimResult sim =
-          simulate_with_contention(request, model, candidate, plan, step_costs(request, model, candidate, rows));
-      Layout layout = priced_layout(request, model, candidate, config, plan, sim, rows);
-      if (std::string why = memory_refusal(request, layout); !why.empty()) {
-        std::optional<Layout> offloaded = offloaded_layout(request, model, candidate, config, plan, rows, layout);
-        if (!offloaded) {
-          report.rejected.push_back({name, std::move(why)});
-          continue;
+          simulate_with_contention(request, model, unsharded, plan, step_costs(request, model, unsharded, rows));
+      for (const int zero : zeros) {
+        const Candidate candidate{policy, p, d, t, v, m, cuts, sizes, zero};
+        const std::string named = zeros.size() > 1 ? name + " zero=" + std::to_string(zero) : name;
+        Layout layout = priced_layout(request, model, candidate, config, plan, sim, rows);
+        if (std::string why = memory_refusal(request, layout); !why.empty()) {
+          std::optional<Layout> offloaded = offloaded_layout(request, model, candidate, config, plan, rows, layout);
+          if (!offloaded) {
+            report.rejected.push_back({named, std::move(why)});
+            continue;
+          }
+          layout = std::move(*offloaded);
         }
-        layout = std::move(*offloaded);
+        report.ranked.push_back(std::move(layout));
       }
-      report.ranked.push_back(std::move(layout));
     }
   }
 }
