@@ -89,6 +89,34 @@ TEST_CASE("ZeRO-3's gathers per step, as the runtime runs them", "[planner][zero
   CHECK(planner::detail::replica_traffic(model, interleaved, cuts, 1, {3, 1, true}) == 0);
 }
 
+// Against a scan of the plan, on schedules with W actions and two chunks (ZBV), overlapped pairs
+// (DualPipeV) and plain ones.
+TEST_CASE("the weights a worker reads next, and the ones worth fetching ahead", "[planner][zero]") {
+  const std::vector<schedule::Plan> plans{schedule::generate<schedule::ZeroBubbleV>(schedule::Config{2, 6, 2, 1}),
+                                          schedule::generate<schedule::DualPipeV>(schedule::Config{2, 6, 2, 1}),
+                                          schedule::generate<schedule::Interleaved<2>>(schedule::Config{2, 4, 2, 1})};
+  for (const schedule::Plan& plan : plans)
+    for (int w = 0; w < plan.config.stages; ++w) {
+      const std::vector<schedule::Action>& a = plan.actions[std::size_t(w)];
+      const schedule::WeightReaders r = schedule::weight_readers(plan, w);
+      REQUIRE(r.next_reader.size() == a.size());
+      int holding = -1;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        if (a[i].kind != schedule::ActionKind::W) holding = plan.virtual_stage(w, a[i]);
+        int next = -1, ahead = -1;
+        for (std::size_t j = i + 1; j < a.size(); ++j) {
+          if (a[j].kind == schedule::ActionKind::W) continue;
+          const int v = plan.virtual_stage(w, a[j]);
+          if (next < 0) next = v;
+          if (ahead < 0 && v != holding) ahead = v;
+        }
+        INFO("worker " << w << ", action " << i);
+        CHECK(r.next_reader[i] == next);
+        CHECK(r.prefetch[i] == ahead);
+      }
+    }
+}
+
 TEST_CASE("the planner picks the ZeRO stage: the least memory among the fastest, ZeRO-3 where only it fits",
           "[planner][zero]") {
   SECTION("fp32, no memory cap: every stage moves the same bytes; ZeRO-1's bound is the least") {

@@ -139,14 +139,23 @@ class GradientSync {
   /// update to sum. ZeRO-2 and -3 keep their summed shards apart from what a backward adds.
   template <class Read>
   auto read_summed(Read&& read) {
-    const bool summed_here = unreduced_ && !gradients_sharded();
+    if (!unreduced_ || gradients_sharded()) {
+      reduce();
+      return read();
+    }
     reduce();
-    auto out = read();
-    if (summed_here) {
+    const auto split = [&] {  // also where read() throws: the sum must not count twice later
       if (comm()->topology().replica() != 0) states_.for_each([](auto, auto& st) { st.zero_grads(); });
       unreduced_ = true;
+    };
+    try {
+      auto out = read();
+      split();
+      return out;
+    } catch (...) {
+      split();
+      throw;
     }
-    return out;
   }
 
   /// The flush update from the accumulated gradients; returns the global gradient norm before

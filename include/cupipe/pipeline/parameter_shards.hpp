@@ -35,25 +35,30 @@
 #include "cupipe/pipeline/optimizer_step.hpp"
 #include "cupipe/pipeline/stats.hpp"
 #include "cupipe/schedule/action.hpp"
+#include "cupipe/schedule/weight_readers.hpp"
 
 namespace cupipe::pipeline {
 
 /// ZeRO-3: the stage's whole weights in use made from `all` (every replica's shard, param_count
-/// values in host memory): with bf16 storage their rounding to nearest even, as ZeRO-1's publish
-/// makes it.
+/// values in host memory): with bf16 storage their rounding to nearest even, made on the host as
+/// the backends' convert makes it (ZeRO-1's publish), so that no float copy of the stage is held
+/// in the backend's memory. A failure leaves the weights released, never held unfilled.
 template <class St>
 void place_gathered(St& st, std::span<const typename St::G> all) {
-  using B = std::remove_reference_t<decltype(*st.be)>;
-  using G = typename St::G;
+  using T = typename St::T;
   constexpr index_t n = St::param_count;
   st.weights.hold();
-  if constexpr (St::master_weights) {
-    auto whole = st.be->template allocate<G>(n, MemoryTag::workspace);
-    st.be->upload(all.first(std::size_t(n)), whole.data());
-    if (n > 0) convert(*st.be, ConstViewOn<B, G>{whole.data(), Shape{n}}, ViewOn<B, typename St::T>{st.weights.latest_data(), Shape{n}});
-    st.be->synchronize();  // the float copy goes back to the pool only once the kernel has read it
-  } else {
-    st.be->upload(all.first(std::size_t(n)), st.weights.latest_data());
+  try {
+    if constexpr (St::master_weights) {
+      std::vector<T> rounded(static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < rounded.size(); ++i) rounded[i] = T(all[i]);
+      st.be->upload(std::span<const T>(rounded), st.weights.latest_data());
+    } else {
+      st.be->upload(all.first(std::size_t(n)), st.weights.latest_data());
+    }
+  } catch (...) {
+    st.weights.release();
+    throw;
   }
 }
 
@@ -119,7 +124,7 @@ class ParameterShards {
       else states_.visit(v, [&](auto, auto& st) { gather(st); });
     }
     if (pending_ >= 0 || !comm_->starts_gathers()) return;
-    const int next = next_stage_[std::size_t(w)][at];
+    const int next = walk_[std::size_t(w)].prefetch[at];
     if (next < 0) return;
     states_.visit(next, [&](auto, auto& st) {
       if (st.weights.held()) return;
@@ -128,13 +133,14 @@ class ParameterShards {
     });
   }
   /// After action `a` of worker `w`: with reshard_after_forward, its virtual stage releases its
-  /// whole weights unless the worker's next action is on the same virtual stage.
+  /// whole weights unless the worker's next forward or backward is on the same virtual stage. An
+  /// overlapped F (DualPipeV's pairs) keeps them: its kernels run beside its partner B, and a
+  /// release would wait for them; a later action of the stage, or the update, releases them.
   void after(int w, const schedule::Action& a) {
-    if (!on_ || !reshard_) return;
-    const std::vector<schedule::Action>& actions = plan_.actions[std::size_t(w)];
+    if (!on_ || !reshard_ || a.overlap) return;
     const std::size_t at = index_of(w, a);
     const int v = plan_.virtual_stage(w, a);
-    if (at + 1 < actions.size() && plan_.virtual_stage(w, actions[at + 1]) == v) return;
+    if (walk_[std::size_t(w)].next_reader[at] == v) return;
     states_.visit(v, [](auto, auto& st) { st.drop_weights(); });
   }
   /// After a failed step: a prefetched gather still in flight is finished (MPI writes into its
@@ -160,32 +166,15 @@ class ParameterShards {
   }
 
  private:
-  /// Where `a` is in worker w's actions; finds, once, each action's next stage to prefetch.
+  /// Where `a` is in worker w's actions; walks them once first (schedule::weight_readers).
   std::size_t index_of(int w, const schedule::Action& a) {
     const std::vector<schedule::Action>& actions = plan_.actions[std::size_t(w)];
     const std::ptrdiff_t at = &a - actions.data();
     CUPIPE_REQUIRE(at >= 0 && std::size_t(at) < actions.size(), "ParameterShards: the action is not one of worker ", w,
                    "'s plan");
-    if (next_stage_.empty()) next_stage_.resize(plan_.actions.size());
-    if (next_stage_[std::size_t(w)].size() != actions.size()) next_stage_[std::size_t(w)] = next_stages(w);
+    if (walk_.empty()) walk_.resize(plan_.actions.size());
+    if (walk_[std::size_t(w)].next_reader.size() != actions.size()) walk_[std::size_t(w)] = schedule::weight_readers(plan_, w);
     return std::size_t(at);
-  }
-  /// [i]: the virtual stage of worker w's first forward or backward after action i on another
-  /// virtual stage than action i's; -1 where there is none.
-  std::vector<int> next_stages(int w) const {
-    const std::vector<schedule::Action>& actions = plan_.actions[std::size_t(w)];
-    std::vector<int> next(actions.size(), -1);
-    // Of the forwards and backwards after action i: the first one's stage, and the first one's on
-    // another stage than that.
-    int first = -1, other = -1;
-    for (std::size_t i = actions.size(); i-- > 0;) {
-      const int v = plan_.virtual_stage(w, actions[i]);
-      next[i] = first != v ? first : other;
-      if (actions[i].kind == schedule::ActionKind::W) continue;
-      if (first != v) other = first;
-      first = v;
-    }
-    return next;
   }
 
   template <class St>
@@ -207,7 +196,7 @@ class ParameterShards {
   bool on_;
   bool reshard_;
   int pending_ = -1;  ///< the virtual stage whose prefetched gather is in flight; -1: none
-  std::vector<std::vector<int>> next_stage_;  ///< [worker][action]: next_stages, made at first use
+  std::vector<schedule::WeightReaders> walk_;  ///< [worker]: made at its first action
   std::atomic<std::int64_t> gathers_{0}, prefetched_{0};
 };
 

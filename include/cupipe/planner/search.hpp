@@ -24,6 +24,7 @@
 #include "cupipe/schedule/offload.hpp"
 #include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/simulate.hpp"
+#include "cupipe/schedule/weight_readers.hpp"
 
 #include "cupipe/planner/activations.hpp"
 #include "cupipe/planner/cost_model.hpp"
@@ -203,21 +204,22 @@ inline std::vector<StateBytes> state_bytes(const CostModel& model, const schedul
 
 /// The parameters ZeRO-3 gathers on worker w in one step of `plan`, as pipeline::ParameterShards
 /// does: a virtual stage's whole parameters (`stage_params[k]`) before a forward or backward that
-/// finds them released; with `reshard_after_forward` released after each action the worker follows
-/// with another stage's, else kept through the step.
+/// finds them released; with `reshard_after_forward` released after each action (not an
+/// overlapped F) whose worker reads another stage's weights next (schedule::weight_readers), else
+/// kept through the step.
 inline double gathered_params(const schedule::Plan& plan, int w, const std::vector<double>& stage_params,
                               bool reshard_after_forward) {
   const std::vector<schedule::Action>& actions = plan.actions[std::size_t(w)];
+  const schedule::WeightReaders readers = schedule::weight_readers(plan, w);
   std::vector<char> held(stage_params.size(), 0);
   double gathered = 0;
   for (std::size_t i = 0; i < actions.size(); ++i) {
-    const std::size_t v = std::size_t(plan.virtual_stage(w, actions[i]));
-    if (actions[i].kind != schedule::ActionKind::W && !held[v]) {
-      held[v] = 1;
-      gathered += stage_params[v];
+    const int v = plan.virtual_stage(w, actions[i]);
+    if (actions[i].kind != schedule::ActionKind::W && !held[std::size_t(v)]) {
+      held[std::size_t(v)] = 1;
+      gathered += stage_params[std::size_t(v)];
     }
-    if (reshard_after_forward && (i + 1 == actions.size() || std::size_t(plan.virtual_stage(w, actions[i + 1])) != v))
-      held[v] = 0;
+    if (reshard_after_forward && !actions[i].overlap && readers.next_reader[i] != v) held[std::size_t(v)] = 0;
   }
   return gathered;
 }

@@ -12,4 +12,5 @@
 #include "cupipe/schedule/steps.hpp"
 #include "cupipe/schedule/timeline.hpp"
 #include "cupipe/schedule/verify.hpp"
+#include "cupipe/schedule/weight_readers.hpp"
 #include "cupipe/schedule/weights.hpp"
