@@ -139,11 +139,9 @@ class GradientSync {
   /// update to sum. ZeRO-2 and -3 keep their summed shards apart from what a backward adds.
   template <class Read>
   auto read_summed(Read&& read) {
-    if (!unreduced_ || gradients_sharded()) {
-      reduce();
-      return read();
-    }
+    const bool summed_in_place = unreduced_ && !gradients_sharded();
     reduce();
+    if (!summed_in_place) return read();
     const auto split = [&] {  // also where read() throws: the sum must not count twice later
       if (comm()->topology().replica() != 0) states_.for_each([](auto, auto& st) { st.zero_grads(); });
       unreduced_ = true;

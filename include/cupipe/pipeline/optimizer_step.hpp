@@ -76,12 +76,19 @@ void update_stage(St& st, T* params, const Optimizer& optimizer, double grad_sca
 
 /// ZeRO-1: every replica's shard of `data` (a stage's parameters, param_count values in backend
 /// memory, this replica's shard current) gathered over the replicas, in host memory.
+/// The host buffer such a gather runs in: replicas x stride values, this replica's shard of the
+/// values (`shard_values`, in backend memory) at its place, the rest zero.
 template <class St, class T>
-std::vector<T> gather_shards(comm::Communicator& comm, St& st, const T* shard_values) {
+std::vector<T> own_block(St& st, const T* shard_values) {
   std::vector<T> host(static_cast<std::size_t>(st.shard.stride * st.shard.replicas), T(0));
   st.be->synchronize();
   if (st.shard.size() > 0)
     st.be->download(shard_values, std::span<T>(host.data() + st.shard.begin, std::size_t(st.shard.size())));
+  return host;
+}
+template <class St, class T>
+std::vector<T> gather_shards(comm::Communicator& comm, St& st, const T* shard_values) {
+  std::vector<T> host = own_block(st, shard_values);
   comm.all_gather_over_replicas(host.data(), std::size_t(st.shard.stride));
   host.resize(std::size_t(st.param_count));
   return host;

@@ -74,10 +74,7 @@ void gather_parameters(comm::Communicator& comm, St& st) {
 /// (comm.starts_gathers()); finish_gather completes it.
 template <class St>
 void start_gather(comm::Communicator& comm, St& st) {
-  st.gathering.assign(static_cast<std::size_t>(st.shard.stride * st.shard.replicas), typename St::G(0));
-  st.be->synchronize();
-  if (st.shard.size() > 0)
-    st.be->download(st.param_shard.data(), std::span<typename St::G>(st.gathering.data() + st.shard.begin, std::size_t(st.shard.size())));
+  st.gathering = own_block(st, st.param_shard.data());
   comm.start_all_gather_over_replicas(st.gathering.data(), std::size_t(st.shard.stride));
 }
 /// Waits for the started gather and makes the stage's whole weights from it.
