@@ -12,6 +12,9 @@
 #include "trainer.hpp"
 
 #include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "plan_auto.hpp"
 #include "trainer_schedules.hpp"
@@ -22,10 +25,29 @@ using cupipe::examples::non_negative;
 using cupipe::examples::positive;
 
 
-/// --plan auto: calibrates the planner's cost model on the first batch of `train_set` here (every
-/// layer, the loss and the optimizer step, one core per worker), plans a run in this process on
-/// f.workers workers with the splits this program compiles (partition<>), prints the report and
-/// sets f's schedule, stages and microbatches to the best layout.
+/// The planner's cost model of the MLP measured here on `rows` samples of `train_set` (planner::
+/// calibrate: every layer, the loss and the optimizer step, one BLAS thread), in fp32 on
+/// backend::Host<float>, or with `bf16` on Host<bfloat16, float> with the pixels rounded to bf16, as
+/// its first stage takes them.
+inline planner::CostModel calibrate_here(const io::Dataset& train_set, index_t rows, bool bf16) {
+  backend::Host<T>::set_blas_threads(1);
+#if CUPIPE_TRAINER_HAS_BF16  // a flush-only build refused bf16 on the host before any data loaded
+  if (bf16) {
+    std::vector<cupipe::bfloat16> rounded(std::size_t(rows * 784));
+    pipeline::convert_values(train_set.images.data(), rounded.data(), rounded.size());
+    return planner::calibrate<Model, HostBf16>(ConstView<cupipe::bfloat16>{rounded.data(), Shape{rows, 784}}, 3, 1,
+                                               cupipe::examples::profiled_microbatch_counts(rows));
+  }
+#else
+  CUPIPE_REQUIRE(!bf16, "--plan auto: bf16 on the host is not in this build");
+#endif
+  return planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}}, 3, 1,
+                                                     cupipe::examples::profiled_microbatch_counts(rows));
+}
+
+/// --plan auto: calibrates the planner's cost model on the first batch of `train_set` here, plans a
+/// run in this process on f.workers workers with the splits this program compiles (partition<>),
+/// prints the report and sets f's schedule, stages and microbatches to the best layout.
 ///
 /// Under mpirun (`comm`), the processes fix the stages and replicas: the first rank calibrates on its
 /// replica's share of the batch, every rank plans from that (plan_across_ranks), and the planner
@@ -35,24 +57,7 @@ inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicat
   const index_t rows = index_t(std::min<std::int64_t>(f.batch / replicas, train_set.count));
   CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples", comm ? " per replica" : "",
                  ", got ", rows);
-  backend::Host<T>::set_blas_threads(1);
-  const bool bf16 = f.precision == "bf16";
-  // The model profiled in the precision it will train in: with bf16, on Host<bfloat16, float> and
-  // the batch's pixels rounded to bf16, as the first stage takes them.
-  std::vector<cupipe::bfloat16> rounded;
-  if (bf16) {
-    rounded.resize(std::size_t(rows * 784));
-    pipeline::convert_values(train_set.images.data(), rounded.data(), rounded.size());
-  }
-  const auto calibrate = [&] {
-#if CUPIPE_TRAINER_HAS_BF16  // a flush-only build refused --precision bf16 before any data loaded
-    if (bf16)
-      return planner::calibrate<Model, backend::Host<cupipe::bfloat16, float>>(
-          ConstView<cupipe::bfloat16>{rounded.data(), Shape{rows, 784}}, 3, 1, cupipe::examples::profiled_microbatch_counts(rows));
-#endif
-    return planner::calibrate<Model, backend::Host<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}}, 3, 1,
-                                                       cupipe::examples::profiled_microbatch_counts(rows));
-  };
+  const auto calibrate = [&] { return calibrate_here(train_set, rows, f.precision == "bf16"); };
   // At most 7 virtual stages (the MLP's layers): 8 is refused before the split is asked for.
   const auto split = [](int virtual_stages) {
     std::vector<std::size_t> cuts;
@@ -68,16 +73,66 @@ inline void plan_layout(Flags& f, const io::Dataset& train_set, comm::Communicat
   f.predicted_step_seconds = best.step_seconds;
 }
 
+/// The entries of --stage-backends, in stage order.
+inline std::vector<std::string> stage_backend_entries(const std::string& list) {
+  std::vector<std::string> entries;
+  for (std::size_t at = 0;;) {
+    const std::size_t comma = list.find(',', at);
+    entries.push_back(list.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) return entries;
+    at = comma + 1;
+  }
+}
+
+/// --plan auto with --stage-backends (host stages, in this process): each stage's backend calibrated
+/// here on the first batch, and the planner for unequal workers (planner::Request::workers) choosing
+/// the schedule (gpipe or 1f1b, which this build compiles for them), the microbatches and where
+/// stage 1 starts, among the splits compiled (stage_backend_cuts): the slowest stage, on its own
+/// backend, as fast as can be. Prints the report and, beside it, the FLOP-balanced split's best
+/// layout on the same stages; sets f's schedule, microbatches and split.
+inline void plan_stage_backends(Flags& f, const io::Dataset& train_set) {
+  const index_t rows = index_t(std::min<std::int64_t>(f.batch, train_set.count));
+  CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples, got ", rows);
+  planner::Request request;
+  for (const std::string& entry : stage_backend_entries(f.stage_backends)) {
+    if (entry == "cuda")
+      CUPIPE_THROW("--plan auto with --stage-backends times each stage's backend here; this build plans host and host:bf16 "
+                   "stages (a cuda stage: give --schedule, --microbatches and --split-at)");
+    planner::CostModel model = calibrate_here(train_set, rows, entry == "host:bf16");
+    if (request.workers.empty()) request.model = model;  // sizes, links and contention: the first stage's
+    request.workers.push_back(planner::worker_speed(entry, model));
+  }
+  request.devices = int(request.workers.size());
+  request.batch = rows;
+  request.schedules = {"gpipe", "1f1b"};
+  request.one_process = true;
+  request.cores = int(std::thread::hardware_concurrency());
+  request.max_microbatches = int(std::min<index_t>(64, rows));
+  request.cut_points.assign(stage_backend_cuts.begin(), stage_backend_cuts.end());
+  const planner::Report report = plan(request);
+  const planner::Layout best = report.best();
+  std::printf("--plan auto on %zu stages of unequal speed (%s, one BLAS thread each, %u cores), predicted from a profile "
+              "of each stage's backend on this machine:\n%s",
+              request.workers.size(), f.stage_backends.c_str(), unsigned(request.cores),
+              planner::describe(report, request.model).c_str());
+  // The split equal workers would get, on the same stages.
+  request.split = [](int stages) { return stages == 2 ? stage_cuts<partition<Model, 2>>() : std::vector<std::size_t>{}; };
+  const planner::Layout balanced = plan(request).best();
+  std::printf("the FLOP-balanced split (stage 1 from layer %zu) on these stages: %s, step %.2f ms predicted (%+.1f%% against "
+              "the chosen split's %.2f ms, stage 1 from layer %zu)\n",
+              balanced.cuts[1], balanced.describe().c_str(), balanced.step_seconds * 1e3,
+              100 * (balanced.step_seconds / best.step_seconds - 1), best.step_seconds * 1e3, best.cuts[1]);
+  f.schedule = best.schedule;
+  f.stages = best.stages;
+  f.microbatches = best.microbatches;
+  f.split_at = int(best.cuts[1]);
+  f.predicted_step_seconds = best.step_seconds;
+}
+
 /// --stage-backends: every entry known, one per stage, and a combination this build instantiates
 /// (each is the whole training loop again), refused before any data loads.
 inline void check_stage_backends(const Flags& f) {
-  std::vector<std::string> entries;
-  for (std::size_t at = 0;;) {
-    const std::size_t comma = f.stage_backends.find(',', at);
-    entries.push_back(f.stage_backends.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
+  const std::vector<std::string> entries = stage_backend_entries(f.stage_backends);
   for (const std::string& e : entries)
     if (e != "host" && e != "host:bf16" && e != "cuda")
       CUPIPE_THROW("--stage-backends: '", e, "' is not a stage backend; each stage is host, host:bf16 or cuda");
@@ -95,6 +150,13 @@ inline void check_stage_backends(const Flags& f) {
   const bool cuda = entries[0] == "cuda" || entries[1] == "cuda";
   if (cuda && (entries[0] == "host:bf16" || entries[1] == "host:bf16"))
     CUPIPE_THROW("--stage-backends: this build pairs cuda with an fp32 host stage (host,cuda or cuda,host)");
+  if (f.split_at != 0 &&
+      std::find(stage_backend_cuts.begin(), stage_backend_cuts.end(), std::size_t(f.split_at)) == stage_backend_cuts.end())
+    CUPIPE_THROW("--split-at ", f.split_at, ": stage 1 starts at layer 2 (after the first Linear and ReLU) or 4 (after the "
+                 "second) in this build; the MLP's other splits are not compiled");
+  if (cuda && f.split_at != 0 && std::size_t(f.split_at) != stage_backend_cuts[0])
+    CUPIPE_THROW("--split-at ", f.split_at, ": a cuda stage trains with stage 1 from layer ", stage_backend_cuts[0],
+                 " in this build");
 #if !CUPIPE_TRAINER_HAS_CUDA
   if (cuda) CUPIPE_THROW("--stage-backends ", f.stage_backends, ": this trainer was built without CUDA");
 #endif
@@ -151,7 +213,8 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
-                               "--microbatches (host backend; under mpirun with --dp, the processes over --dp are the stages)")
+                               "--microbatches (host backend; under mpirun with --dp, the processes over --dp are the stages; with "
+                               "--stage-backends, the schedule, microbatches and --split-at from each stage's measured speed)")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
@@ -166,7 +229,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(non_negative);
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
-  for (const char* name : {"--backend", "--precision", "--devices", "--plan", "--dp", "--rebalance"})
+  CLI::Option* split_at =
+      app.add_option("--split-at", f.split_at,
+                     "with --stage-backends: the layer where stage 1 starts, 2 (after the first Linear and ReLU, the "
+                     "FLOP-balanced split) or 4 (after the second); --plan auto chooses it from each stage's measured speed")
+          ->needs(stage_backends);
+  split_at->excludes(plan);
+  for (const char* name : {"--backend", "--precision", "--devices", "--dp", "--rebalance", "--workers"})
     stage_backends->excludes(app.get_option(name));
   CLI11_PARSE(app, argc, argv);
 
@@ -190,7 +259,10 @@ int main(int argc, char** argv) {
                    "-DCUPIPE_TRAINER_SCHEDULES=", cupipe::examples::trainer_setting,
                    "; configure without it for bf16 training on the CPU");
 #endif
-    if (!f.stage_backends.empty()) check_stage_backends(f);
+    if (!f.stage_backends.empty()) {
+      if (f.plan == "auto") f.stages = int(stage_backend_entries(f.stage_backends).size());  // the planner keeps them
+      check_stage_backends(f);
+    }
     // Outputs written at the end of a long run are checked now, so a bad folder fails in the first second.
     if (!f.save.empty()) {
       io::check_writable(io::model_file(f.save), "--save");
@@ -204,7 +276,10 @@ int main(int argc, char** argv) {
       comm::require_same_settings(*launch.communicator, {{"training data", data_fingerprint(data.train)},
                                                          {"test data", data_fingerprint(data.test)}});
     standardise(data.train, data.test);
-    if (f.plan == "auto") {
+    if (f.plan == "auto" && !f.stage_backends.empty()) {
+      if (launch.communicator) CUPIPE_THROW("--plan auto with --stage-backends plans the stages of one process; run it without mpirun");
+      plan_stage_backends(f, data.train);
+    } else if (f.plan == "auto") {
       if (f.backend != "host") CUPIPE_THROW("--plan auto plans the host backend; leave out --backend cuda");
       plan_layout(f, data.train, launch.communicator.get());
     }

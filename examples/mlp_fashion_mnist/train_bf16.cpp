@@ -15,7 +15,9 @@ template int train_family<examples::ScheduleFamily::flush, HostBf16>(const Flags
                                                                    const Launch&);
 
 int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
-  // main.cpp's check_stage_backends let only host:bf16,host and host,host:bf16 through.
+  // main.cpp's check_stage_backends let only host:bf16,host and host,host:bf16 through, and --split-at
+  // 0 (the partition's, layer 2), 2 or 4.
+  if (f.split_at == 4) return train_mixed_from_layer_4(f, train_set, test_set, launch);
   return train_two_backends<backend::Host<float>, HostBf16>(f, train_set, test_set, launch, f.stage_backends == "host:bf16,host");
 }
 

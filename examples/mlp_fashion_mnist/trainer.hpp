@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,8 +67,14 @@ struct Flags {
   int post_validation = 0;            ///< steps per Pipeline::train_steps call with post-validation; 0: off
   int check_equivalence = 0;          ///< the first N steps also run unpipelined and must agree; 0: off
   std::string hand_over = "full";     ///< --hand-over: full, bf16 or e4m3, for every link or one per link
+  int split_at = 0;                   ///< --split-at: with --stage-backends, the layer stage 1 starts at; 0: the partition's
   double predicted_step_seconds = 0;  ///< the planned layout's, set by plan_layout
 };
+
+/// The layers where --stage-backends' stage 1 may start, each a split this build compiles (each is
+/// the whole training loop again): 2, after the first Linear and ReLU (the FLOP-balanced
+/// partition's), or 4, after the second. --plan auto chooses among them for unequal stages.
+inline constexpr std::array<std::size_t, 2> stage_backend_cuts{2, 4};
 
 /// The flags every rank of a multi-process run must share (display flags and the data folder, which
 /// may be mounted elsewhere on another node, are left out; the data itself is compared after loading).
@@ -81,7 +88,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--seed", std::to_string(f.seed)},  {"--train-limit", std::to_string(f.train_limit)},
           {"--test-limit", std::to_string(f.test_limit)}, {"--max-steps", std::to_string(f.max_steps)},
           {"--backend", f.backend},            {"--precision", f.precision}, {"--stage-backends", f.stage_backends}, {"--save", f.save},
-          {"--resume", f.resume}};
+          {"--resume", f.resume},              {"--split-at", std::to_string(f.split_at)}};
 }
 
 /// FNV-1a over a dataset's sizes, labels and pixels: equal on every rank that loaded the same data.
@@ -207,13 +214,15 @@ inline void report_run(const Flags& f, const Launch& launch, RunTotals run) {
                             {"precision", run.precision},
                             {"step_seconds_measured", median_step}};
   if (f.post_validation > 0) summary["post_validation_rollbacks"] = run.rollbacks;
+  if (!f.stage_backends.empty()) summary["split_at"] = f.split_at > 0 ? std::size_t(f.split_at) : stage_backend_cuts[0];
   if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
   std::printf("%s\n", summary.dump().c_str());
 }
 
-template <class Schedule, int P, class Backend, class Optimizer>
+/// The training loop of one layout: `Stages` is the model's split (by default the FLOP-balanced one
+/// for P workers of Schedule).
+template <class Schedule, int P, class Backend, class Optimizer, class Stages = partition_for<Model, P, Schedule>>
 int train(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, Optimizer optimizer, const Launch& launch) {
-  using Stages = partition_for<Model, P, Schedule>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   using S = typename Pipe::input_type;  // inputs in the first stage's storage precision
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
@@ -431,21 +440,25 @@ CUPIPE_MLP_TRAIN_FAMILY(HostBf16)
 #undef CUPIPE_MLP_TRAIN_FAMILY
 
 /// --stage-backends for two stages: `A` then `B`, or `B` then `A` when `b_first`, under gpipe or 1f1b
-/// (main.cpp's check_stage_backends lets no other schedule through).
-template <class A, class B>
+/// (main.cpp's check_stage_backends lets no other schedule through), stage 1 starting at layer `Cut`
+/// (one of stage_backend_cuts).
+template <class A, class B, std::size_t Cut = stage_backend_cuts[0]>
 int train_two_backends(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch,
                        bool b_first) {
+  using Stages = partition_at<Model, Cut>;
   const auto run = [&]<class Schedule>() {
-    return with_optimizer(f, [&](auto optimizer) {
-      if (b_first) return train<Schedule, 2, backend::PerWorker<B, A>>(f, train_set, test_set, optimizer, launch);
-      return train<Schedule, 2, backend::PerWorker<A, B>>(f, train_set, test_set, optimizer, launch);
+    return with_optimizer(f, [&]<class Optimizer>(Optimizer optimizer) {
+      if (b_first) return train<Schedule, 2, backend::PerWorker<B, A>, Optimizer, Stages>(f, train_set, test_set, optimizer, launch);
+      return train<Schedule, 2, backend::PerWorker<A, B>, Optimizer, Stages>(f, train_set, test_set, optimizer, launch);
     });
   };
   return f.schedule == "gpipe" ? run.template operator()<schedule::GPipe>() : run.template operator()<schedule::OneFOneB>();
 }
 
-/// --stage-backends with host stages of different precisions (defined in train_bf16.cpp).
+/// --stage-backends with host stages of different precisions (defined in train_bf16.cpp), split at
+/// f.split_at; stage 1 from layer 4 is defined in train_bf16_split.cpp, which compiles beside it.
 int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
+int train_mixed_from_layer_4(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
 /// --stage-backends with a host and a CUDA stage (defined in trainer_cuda.cu).
 int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
 

@@ -18,7 +18,8 @@
 # cuda_schedules: on CUDA, in fp32 and in bf16, interleaved and ZBV write 1F1B's tensors bit for bit
 #         (10 steps) and 2BW learns in one epoch; "SKIPPED: ..." without a usable GPU.
 # stage_backends: --stage-backends host:bf16,host (a bf16 and an fp32 stage in one pipeline) learns,
-#         resumes bit-exactly, and an fp32 run resumes from its checkpoint.
+#         resumes bit-exactly, and an fp32 run resumes from its checkpoint; split at layer 4 it learns;
+#         --plan auto plans the unequal stages and reports the split it chose.
 # stage_backends_cuda: --stage-backends host,cuda learns in one epoch; "SKIPPED: ..." without a GPU.
 # hand_over: --hand-over e4m3 (FP8 hand-overs between the stages) learns in one epoch; an unknown
 #         precision is refused naming the choices.
@@ -161,8 +162,29 @@ elseif(MODE STREQUAL "stage_backends")
   run_trainer(--epochs 1 --stage-backends host,host:bf16 --max-steps 10 --save "${WORK_DIR}/straight")
   expect_same_tensors("${WORK_DIR}/resumed" "${WORK_DIR}/straight")
   run_trainer(--epochs 1 --max-steps 10 --resume "${WORK_DIR}/first")
+  # The other split this build compiles: stage 1 from layer 4 learns as well.
+  run_trainer(--epochs 1 --stage-backends host,host:bf16 --split-at 4)
+  string(JSON split_accuracy GET "${summary}" test_accuracy)
+  string(JSON split GET "${summary}" split_at)
+  if(NOT split EQUAL 4 OR NOT split_accuracy GREATER_EQUAL 0.6 OR
+     NOT output MATCHES "stage 0: Linear<784, 1024>, ReLU, Linear<1024, 512>, ReLU\n")
+    message(FATAL_ERROR "--split-at 4: split_at ${split}, test_accuracy ${split_accuracy}; expected stage 1 from layer 4 "
+                        "and at least 0.6: ${output}")
+  endif()
+  # --plan auto times each stage's backend and chooses the schedule, the microbatches and the split
+  # for stages of unequal speed; it prints the FLOP-balanced split's prediction beside its own.
+  set(common --data "${DATA_DIR}" --train-limit 2048 --test-limit 500 --progress none)
+  run_trainer(--plan auto --stage-backends host,host:bf16 --epochs 1 --batch 128)
+  string(JSON split GET "${summary}" split_at)
+  string(JSON planned GET "${summary}" step_seconds_predicted)
+  if(NOT planned GREATER 0 OR NOT output MATCHES "2 stages of unequal speed \\(host,host:bf16" OR
+     NOT output MATCHES "worker 1 \\(host:bf16\\): peak" OR NOT output MATCHES "best: [a-z0-9 =-]* split=0,${split},7" OR
+     NOT output MATCHES "the FLOP-balanced split \\(stage 1 from layer 2\\) on these stages: [a-z0-9 =,.+%-]*ms predicted")
+    message(FATAL_ERROR "--plan auto --stage-backends host,host:bf16 did not report the unequal stages' plan: ${output}")
+  endif()
   message("a bf16 stage beside an fp32 one learned (test_accuracy ${accuracy}), resumed bit-exactly, and its "
-          "checkpoint loaded into an fp32 run")
+          "checkpoint loaded into an fp32 run; split at layer 4 it learned (${split_accuracy}); --plan auto chose "
+          "stage 1 from layer ${split}")
 elseif(MODE STREQUAL "stage_backends_cuda")
   execute_process(COMMAND "${TRAINER}" ${common} --epochs 1 --stage-backends host,cuda --max-steps 1 RESULT_VARIABLE rc
                   OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -436,3 +436,15 @@ TEST_CASE("wake_seconds: a worker blocked in its mailbox wakes some microseconds
   CHECK(wake < 0.05);
   CHECK_THROWS_WITH(planner::wake_seconds<Host>(0), Catch::Contains("at least one round trip"));
 }
+
+TEST_CASE("partition_at cuts the model where it is asked to", "[partition]") {
+  using Mlp = Sequential<Linear<8, 16>, ReLU, Linear<16, 8>, ReLU, Linear<8, 4>, SoftmaxCrossEntropy<4>>;
+  CHECK(stage_cuts<partition_at<Mlp, 4>>() == std::vector<std::size_t>{0, 4, 5});
+  CHECK(stage_cuts<partition_at<Mlp, 1, 2, 3>>() == std::vector<std::size_t>{0, 1, 2, 3, 5});
+  // The balanced partition's own split, spelled out, is the same stage list.
+  STATIC_REQUIRE(std::is_same_v<partition_at<Mlp, 2>, detail::partition_impl<Mlp, 2>::type>);
+  // The loss rides on the last stage, after its one layer.
+  STATIC_REQUIRE(partition_at<Mlp, 4>::stage<1>::size == 1);
+  STATIC_REQUIRE(std::is_same_v<partition_at<Mlp, 4>::loss, SoftmaxCrossEntropy<4>>);
+  CHECK(partition_at<Mlp, 4>::stage<1>::describe() == "Linear<8, 4>");
+}

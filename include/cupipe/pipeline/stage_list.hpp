@@ -225,6 +225,46 @@ struct layer_cost_model {
   }();
 };
 
+/// The stage list of Model's body cut at `Cuts` (first layer of each stage, then the layer count),
+/// the loss on the last stage.
+template <class Model, auto Cuts>
+struct stages_at {
+  using body = typename Model::body;
+  static constexpr std::size_t P = Cuts.size() - 1;
+  template <std::size_t K, std::size_t... J>
+  static auto stage_type(std::index_sequence<J...>) {
+    if constexpr (K + 1 == P && Model::has_loss)
+      return Stage<typename body::template layer<Cuts[K] + J>..., typename Model::loss>{};
+    else
+      return Stage<typename body::template layer<Cuts[K] + J>...>{};
+  }
+  template <std::size_t... K>
+  static auto list(std::index_sequence<K...>) {
+    return StageList<decltype(stage_type<K>(std::make_index_sequence<Cuts[K + 1] - Cuts[K]>()))...>{};
+  }
+  using type = decltype(list(std::make_index_sequence<P>()));
+};
+
+/// partition_at's checks: each stage's first layer after the last one's, inside the body.
+template <class Model, std::size_t... Starts>
+struct cut_at {
+  static constexpr std::size_t L = Model::body::size;
+  static constexpr std::array<std::size_t, sizeof...(Starts) + 2> requested{0, Starts..., L};
+  static constexpr bool ascending = [] {
+    for (std::size_t k = 0; k + 1 < requested.size(); ++k)
+      if (requested[k] >= requested[k + 1]) return false;
+    return true;
+  }();
+  static_assert(ascending, "partition_at<Model, Starts...>: each stage starts at a layer after the previous stage's first "
+                           "and before the body's layer count (stage 0 starts at layer 0: leave it out)");
+  // After a failed check, one stage, so that the sentence above is the only error.
+  static constexpr auto cuts = [] {
+    if constexpr (ascending) return requested;
+    else return std::array<std::size_t, 2>{0, L};
+  }();
+  using type = typename stages_at<Model, cuts>::type;
+};
+
 /// `Multiple`: partition_for's chunks per worker; after a failed check the count stays a multiple of it.
 template <class Model, std::size_t Requested, std::size_t Multiple = 1>
 struct partition_impl {
@@ -259,18 +299,7 @@ struct partition_impl {
     }
   }();
 
-  template <std::size_t K, std::size_t... J>
-  static auto stage_type(std::index_sequence<J...>) {
-    if constexpr (K + 1 == P && Model::has_loss)
-      return Stage<typename body::template layer<cuts[K] + J>..., typename Model::loss>{};
-    else
-      return Stage<typename body::template layer<cuts[K] + J>...>{};
-  }
-  template <std::size_t... K>
-  static auto list(std::index_sequence<K...>) {
-    return StageList<decltype(stage_type<K>(std::make_index_sequence<cuts[K + 1] - cuts[K]>()))...>{};
-  }
-  using type = decltype(list(std::make_index_sequence<P>()));
+  using type = typename stages_at<Model, cuts>::type;
 };
 
 }  // namespace detail
@@ -289,6 +318,12 @@ struct counted_partition : partition_impl<Model, P>::type {
 /// (Interleaved<V>, ZeroBubbleV, DualPipeV, ...) refuses it at compile time: use partition_for there.
 template <class Model, std::size_t P>
 using partition = detail::counted_partition<Model, P>;
+
+/// Model split into stages that start at the layers `Starts` (besides stage 0, at layer 0): a split
+/// chosen by hand or by the planner (planner::Request::cut_points, for unequal workers) among those a
+/// program compiles. A list of virtual stages, as one written out: Workers x Schedule::chunks of them.
+template <class Model, std::size_t... Starts>
+using partition_at = typename detail::cut_at<Model, Starts...>::type;
 
 /// Model split for `Workers` workers of `Schedule`: Workers x Schedule::chunks virtual stages. Any
 /// schedule: swapping 1F1B for ZeroBubbleV or Interleaved<2> keeps the worker count.

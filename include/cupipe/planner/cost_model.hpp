@@ -112,6 +112,21 @@ struct CostModel {
   int gradient_bytes() const { return compute_bytes > 0 ? compute_bytes : value_bytes; }
 };
 
+/// One pipeline worker's own speed and memory, for a planner of unequal workers (Request::workers):
+/// a CPU stage beside a GPU stage, a bf16-emulating stage beside an fp32 one, or a GPU that two
+/// stages share. planner::worker_speed builds one from a cost model calibrated on the worker's
+/// backend.
+struct WorkerSpeed {
+  std::string name;               ///< what the report calls it: "host", "host:bf16", "cuda:0"
+  /// Each layer of the model timed on this worker, for CostModel::profiled_rows rows (or its own
+  /// points); the sizes (params, widths, saved values) are the model's, not these.
+  std::vector<LayerCost> layers;
+  double update_seconds_per_param = 0;  ///< this worker's optimizer step, per parameter
+  int value_bytes = 0;                  ///< bytes per stored value on this worker; 0: the model's
+  int compute_bytes = 0;                ///< bytes per gradient, optimizer and master value; 0: value_bytes
+  double memory_bytes = 0;              ///< this worker's memory; 0: Request::memory_bytes
+};
+
 struct Request {
   CostModel model;
   int devices = 1;
@@ -168,6 +183,18 @@ struct Request {
   /// detail::replica_traffic counts: among layouts as fast, the one that needs the least memory
   /// ranks first.
   std::vector<int> zero_stages{};
+  /// Unequal workers: one speed profile per pipeline worker, in stage order (empty: every worker is
+  /// as fast as `model` says). Set, every layout has workers.size() stages (`devices` must be that
+  /// count), one replica and no tensor parallelism; each virtual stage's actions take its worker's
+  /// times, its state and activations that worker's bytes, and its memory that worker's cap; and
+  /// the split is the bottleneck partition over the workers (detail::bottleneck_cuts: the slowest
+  /// virtual stage on its own worker as fast as can be, each worker's parameter state within its
+  /// memory), at `cut_points`, unless `split` gives the program's one.
+  std::vector<WorkerSpeed> workers{};
+  /// The layers where a virtual stage may start besides the first, for a program that compiles
+  /// only some splits (the MLP trainer's after each Linear and ReLU); empty: anywhere. Used where
+  /// `split` is not set.
+  std::vector<std::size_t> cut_points{};
 };
 
 /// One layout and what the cost model predicts for it.
@@ -201,6 +228,7 @@ struct Layout {
   /// step_seconds.
   std::vector<int> offload{};
   int offload_resident = 0;
+  std::vector<std::string> worker_names{};  ///< unequal workers (Request::workers): each one's name; empty otherwise
   double samples_per_second() const { return step_seconds > 0 ? 1.0 / step_seconds : 0; }
   std::string describe() const;
 };
@@ -223,11 +251,19 @@ struct Report {
   }
 };
 
+/// A split as text: "0,2,7" (the first layer of each virtual stage, then the layer count).
+inline std::string split_text(const std::vector<std::size_t>& cuts) {
+  std::string out;
+  for (std::size_t i = 0; i < cuts.size(); ++i) out += (i ? "," : "") + std::to_string(cuts[i]);
+  return out;
+}
+
 inline std::string Layout::describe() const {
   std::ostringstream out;
   out << schedule << " p=" << stages << " v=" << chunks << " m=" << microbatches << " d=" << replicas;
   if (tensor > 1) out << " t=" << tensor;
   if (zero > 0) out << " zero=" << zero;
+  if (!worker_names.empty()) out << " split=" << split_text(cuts);  // unequal workers: the planner chose it
   if (!offload.empty()) {
     out << " offload=";
     for (std::size_t i = 0; i < offload.size(); ++i) out << (i ? "," : "") << offload[i];

@@ -43,6 +43,7 @@
 #include "cupipe/planner/activations.hpp"
 #include "cupipe/planner/cost_model.hpp"
 #include "cupipe/planner/search.hpp"
+#include "cupipe/planner/workers.hpp"
 #include "cupipe/schedule/registry.hpp"
 #include "cupipe/schedule/simulate.hpp"
 
@@ -103,6 +104,29 @@ Report search(const Request& request) {
     }
   };
   check_layers(model.layers, "");
+  for (const std::size_t c : request.cut_points)
+    CUPIPE_REQUIRE(c >= 1 && c < layers, "planner: cut point ", c, " is not between two of the ", layers, " layers (1 to ",
+                   layers - 1, ")");
+  for (std::size_t w = 0; w < request.workers.size(); ++w) {
+    const WorkerSpeed& speed = request.workers[w];
+    const std::string where = "worker " + std::to_string(w) + " (" + speed.name + ")";
+    CUPIPE_REQUIRE(speed.layers.size() == layers, "planner: ", where, " has times for ", speed.layers.size(),
+                   " layers, the model ", layers);
+    check_layers(speed.layers, where + "'s ");
+    CUPIPE_REQUIRE(speed.update_seconds_per_param >= 0 && speed.memory_bytes >= 0 && speed.value_bytes >= 0 &&
+                       speed.compute_bytes >= 0,
+                   "planner: ", where, " has a negative update time, memory or byte count");
+  }
+  if (!request.workers.empty()) {
+    const int workers = int(request.workers.size());
+    CUPIPE_REQUIRE(request.devices == workers, "planner: ", workers, " unequal workers (Request::workers) are the devices; "
+                   "devices is ", request.devices);
+    CUPIPE_REQUIRE(request.stage_counts.empty() || std::find(request.stage_counts.begin(), request.stage_counts.end(), workers) !=
+                                                       request.stage_counts.end(),
+                   "planner: ", workers, " unequal workers are ", workers, " stages, which stage_counts leaves out");
+    for (const int t : request.tensor_degrees)
+      CUPIPE_REQUIRE(t == 1, "planner: unequal workers are planned without tensor parallelism; tensor degree ", t, " asked for");
+  }
   CUPIPE_REQUIRE(request.max_replicas >= 0, "planner: max_replicas must not be negative");
   for (const int zero : request.zero_stages)
     CUPIPE_REQUIRE(zero >= 0 && zero <= 3, "planner: ZeRO stages are 0 to 3 (PipelineOptions::zero), got ", zero);
@@ -147,7 +171,16 @@ Report search(const Request& request) {
       const auto n = std::size_t(virtual_stages);
       if (!cuts_known[n]) {
         cuts_known[n] = 1;
-        cuts_for[n] = request.split ? request.split(virtual_stages) : detail::balanced_cuts(total, virtual_stages);
+        if (request.split) {
+          cuts_for[n] = request.split(virtual_stages);
+        } else if (request.cut_points.empty()) {
+          cuts_for[n] = detail::balanced_cuts(total, virtual_stages);
+        } else {  // equal workers, some splits: the balanced one among them
+          schedule::Placement one;
+          one.worker.assign(n, 0);
+          const std::vector<std::vector<std::size_t>> splits = detail::planned_splits(request, m, one, 0);
+          if (!splits.empty()) cuts_for[n] = splits.front();
+        }
         const std::vector<std::size_t>& c = cuts_for[n];
         CUPIPE_REQUIRE(c.empty() || (c.size() == n + 1 && c.front() == 0 && c.back() == layers &&
                                      std::is_sorted(c.begin(), c.end()) &&
@@ -163,6 +196,7 @@ Report search(const Request& request) {
         continue;
       for (int d = 1; p * d * t <= request.devices; ++d) {
         if (request.all_devices && p * d * t != request.devices) continue;
+        if (!request.workers.empty() && (p != request.devices || d != 1)) continue;  // a worker is a stage
         if (request.max_replicas > 0 && d > request.max_replicas) continue;
         detail::search_layouts<List>(request, m, p, d, t, split_into, report);
       }
@@ -228,7 +262,9 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
     out << "\n";
   }
   for (std::size_t w = 0; w < best.peak_bytes.size(); ++w) {
-    out << "  worker " << w << ": peak " << detail::gigabytes(best.peak_bytes[w]) << ", of it activations "
+    out << "  worker " << w;
+    if (w < best.worker_names.size()) out << " (" << best.worker_names[w] << ")";
+    out << ": peak " << detail::gigabytes(best.peak_bytes[w]) << ", of it activations "
         << detail::gigabytes(best.peak_activation_bytes[w]) << " (predicted); whatever the timing, activations "
         << detail::gigabytes(best.peak_activation_low_bytes[w]) << " to " << detail::gigabytes(best.peak_activation_high_bytes[w])
         << ", at most " << detail::gigabytes(best.most_bytes[w]) << " in all\n";

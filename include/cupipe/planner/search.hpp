@@ -28,40 +28,11 @@
 
 #include "cupipe/planner/activations.hpp"
 #include "cupipe/planner/cost_model.hpp"
+#include "cupipe/planner/workers.hpp"
 
 namespace cupipe::planner {
 
 namespace detail {
-
-/// The contiguous split of `cost` (per layer) into `parts` non-empty ranges whose largest sum is
-/// smallest; first index of each range, then cost.size(). Dynamic programming, O(parts x n^2).
-inline std::vector<std::size_t> balanced_cuts(const std::vector<double>& cost, int parts) {
-  const std::size_t n = cost.size(), k = std::size_t(parts);
-  CUPIPE_REQUIRE(parts >= 1 && k <= n, "planner: cannot split ", n, " layers into ", parts, " stages");
-  std::vector<double> prefix(n + 1, 0);
-  for (std::size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + cost[i];
-  constexpr double inf = std::numeric_limits<double>::infinity();
-  // best[j][i]: smallest largest-part over the first i layers in j parts; from[j][i]: start of part j.
-  std::vector<std::vector<double>> best(k + 1, std::vector<double>(n + 1, inf));
-  std::vector<std::vector<std::size_t>> from(k + 1, std::vector<std::size_t>(n + 1, 0));
-  best[0][0] = 0;
-  for (std::size_t j = 1; j <= k; ++j)
-    for (std::size_t i = j; i <= n - (k - j); ++i)
-      for (std::size_t s = j - 1; s < i; ++s) {
-        const double candidate = std::max(best[j - 1][s], prefix[i] - prefix[s]);
-        if (candidate < best[j][i]) {
-          best[j][i] = candidate;
-          from[j][i] = s;
-        }
-      }
-  std::vector<std::size_t> cuts(k + 1);
-  cuts[k] = n;
-  for (std::size_t j = k, i = n; j >= 1; --j) {
-    cuts[j - 1] = from[j][i];
-    i = from[j][i];
-  }
-  return cuts;
-}
 
 inline bool named(const Request& r, std::string_view name) {
   return std::find(r.schedules.begin(), r.schedules.end(), name) != r.schedules.end();
@@ -181,11 +152,13 @@ inline std::vector<double> contention_factors(const schedule::SimResult& sim, co
   return out;
 }
 
-/// Per worker, the parameter state by tag (cupipe::sharded_state_bytes): weights with the versions
+/// Per worker, the parameter state by tag (cupipe::sharded_state_bytes, in the worker's bytes per
+/// value): weights with the versions
 /// `sim` says the plan holds, gradients and the optimizer's slots, sharded as `zero` says, the most
 /// within a step (`in_step`) or between steps.
-inline std::vector<StateBytes> state_bytes(const CostModel& model, const schedule::Plan& plan, const schedule::SimResult& sim,
-                                           const std::vector<std::size_t>& cuts, ZeroSetting zero, bool in_step) {
+inline std::vector<StateBytes> state_bytes(const Request& request, const CostModel& model, const schedule::Plan& plan,
+                                           const schedule::SimResult& sim, const std::vector<std::size_t>& cuts, ZeroSetting zero,
+                                           bool in_step) {
   const std::size_t workers = std::size_t(plan.config.stages);
   std::vector<double> params(workers, 0.0), largest(workers, 0.0);
   for (int k = 0; k + 1 < int(cuts.size()); ++k) {
@@ -197,7 +170,8 @@ inline std::vector<StateBytes> state_bytes(const CostModel& model, const schedul
   }
   std::vector<StateBytes> bytes(workers);
   for (std::size_t w = 0; w < workers; ++w)
-    bytes[w] = sharded_state_bytes(params[w], largest[w], model.value_bytes, model.compute_bytes, model.optimizer_slots,
+    bytes[w] = sharded_state_bytes(params[w], largest[w], value_bytes_of(request, model, w), compute_bytes_of(request, model, w),
+                                   model.optimizer_slots,
                                    std::max(1, sim.weight_versions[w]), zero, in_step);
   return bytes;
 }
@@ -264,6 +238,8 @@ struct Candidate {
   const std::vector<std::size_t>& cuts;
   const std::vector<ChunkSizes>& sizes;
   int zero = 0;  ///< the ZeRO stage (0 with one replica)
+  /// The plan's placement, with unequal workers (Request::workers), whose speeds it prices by.
+  const schedule::Placement* placement = nullptr;
   int virtual_stages() const { return p * v; }
   ZeroSetting zero_setting() const { return {zero, d, true}; }
 };
@@ -307,9 +283,13 @@ inline std::vector<schedule::StageCosts> stage_costs(const Request& request, con
   for (int k = 0; k < virtual_stages; ++k) {
     schedule::StageCosts& stage = out[std::size_t(k)];
     double chunk_params = 0;
+    // Unequal workers: the times of the worker that runs this virtual stage.
+    const WorkerSpeed* speed = speed_of(request, c.placement, k);
+    const std::vector<LayerCost>& timed = speed ? speed->layers : model.layers;
     for (std::size_t l = cuts[std::size_t(k)]; l < cuts[std::size_t(k) + 1]; ++l) {
       const LayerCost& layer = model.layers[l];
-      const double f = at_rows(model, layer, 0, r), b = at_rows(model, layer, 1, r), w = at_rows(model, layer, 2, r);
+      const LayerCost& times = timed[l];
+      const double f = at_rows(model, times, 0, r), b = at_rows(model, times, 1, r), w = at_rows(model, times, 2, r);
       // The group sums run inside the action: the forward's (a row-parallel output) and the
       // input gradient's (a column-parallel input).
       const double sf = tensor_sum_seconds(model, c.t, layer.sum_forward_calls, r * layer.sum_forward);
@@ -334,7 +314,7 @@ inline std::vector<schedule::StageCosts> stage_costs(const Request& request, con
     // over its microbatches here).
     if (policy.update != schedule::UpdateRule::flush)
       (policy.split_backward ? stage.weight : stage.backward) +=
-          chunk_params * model.update_seconds_per_param /
+          chunk_params * (speed ? speed->update_seconds_per_param : model.update_seconds_per_param) /
           (policy.update == schedule::UpdateRule::double_buffered ? double(c.m) : 1.0);
   }
   return out;
@@ -416,15 +396,16 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
   layout.batches = config.batches;
   layout.zero = c.zero;
   layout.cuts = c.cuts;
+  for (const WorkerSpeed& w : request.workers) layout.worker_names.push_back(w.name);
   layout.bubble = sim.bubble_fraction;
   const std::vector<double> values = activation_peaks(plan, sim, c.sizes, rows, offload);
   const ActivationBounds bounds = activation_bounds(plan, c.sizes, rows, offload);
-  layout.state_bytes = state_bytes(model, plan, sim, c.cuts, c.zero_setting(), true);
-  layout.resting_state_bytes = state_bytes(model, plan, sim, c.cuts, c.zero_setting(), false);
+  layout.state_bytes = state_bytes(request, model, plan, sim, c.cuts, c.zero_setting(), true);
+  layout.resting_state_bytes = state_bytes(request, model, plan, sim, c.cuts, c.zero_setting(), false);
   for (const StateBytes& s : layout.state_bytes) layout.peak_bytes.push_back(s.total());
   layout.most_bytes = layout.peak_bytes;
-  const double value_bytes = double(model.value_bytes);
   for (std::size_t w = 0; w < values.size(); ++w) {
+    const double value_bytes = double(value_bytes_of(request, model, w));
     layout.peak_activation_bytes.push_back(values[w] * value_bytes);
     layout.peak_activation_low_bytes.push_back(bounds.low[w] * value_bytes);
     layout.peak_activation_high_bytes.push_back(bounds.high[w] * value_bytes);
@@ -438,8 +419,11 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
   // process, the calling thread every stage in turn.
   if (c.policy.update == schedule::UpdateRule::flush) {
     double update = 0;
-    for (double w : params) update = request.one_process ? update + w : std::max(update, w);
-    layout.update_seconds = update * model.update_seconds_per_param;
+    for (std::size_t w = 0; w < params.size(); ++w) {
+      const double seconds = params[w] * update_rate_of(request, model, w);
+      update = request.one_process ? update + seconds : std::max(update, seconds);
+    }
+    layout.update_seconds = update;
   }
   layout.step_seconds =
       (sim.makespan + layout.update_seconds + model.step_overhead_seconds) / double(config.batches) + layout.allreduce_seconds;
@@ -448,11 +432,11 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
 
 /// Why `layout` does not fit the request's device memory; empty where it fits.
 inline std::string memory_refusal(const Request& request, const Layout& layout) {
-  if (request.memory_bytes > 0) {
-    const auto most = std::max_element(layout.most_bytes.begin(), layout.most_bytes.end());
-    if (*most > request.memory_bytes)
-      return "worker " + std::to_string(most - layout.most_bytes.begin()) + " needs " + gigabytes(*most) + ", over the " +
-             gigabytes(request.memory_bytes) + " a device has";
+  for (std::size_t w = 0; w < layout.most_bytes.size(); ++w) {
+    const double cap = memory_of(request, w);
+    if (cap > 0 && layout.most_bytes[w] > cap)
+      return "worker " + std::to_string(w) + " needs " + gigabytes(layout.most_bytes[w]) + ", over the " + gigabytes(cap) +
+             (request.workers.empty() ? " a device has" : " it has");
   }
   return {};
 }
@@ -465,15 +449,18 @@ inline std::string memory_refusal(const Request& request, const Layout& layout) 
 inline std::optional<Layout> offloaded_layout(const Request& request, const CostModel& model, const Candidate& c,
                                               const schedule::Config& config, const schedule::Plan& plan,
                                               const std::vector<double>& rows, const Layout& over) {
-  if (!request.offload || model.offload_bytes_per_second <= 0 || request.memory_bytes <= 0) return std::nullopt;
+  if (!request.offload || model.offload_bytes_per_second <= 0) return std::nullopt;
   std::vector<int> stages;
   const double largest_rows = *std::max_element(rows.begin(), rows.end());
   double record_bytes = 0;
-  for (int k = 0; k < c.virtual_stages(); ++k)
-    if (over.most_bytes[std::size_t(plan.placement.worker_of(k))] > request.memory_bytes) {
+  for (int k = 0; k < c.virtual_stages(); ++k) {
+    const auto w = std::size_t(plan.placement.worker_of(k));
+    if (memory_of(request, w) > 0 && over.most_bytes[w] > memory_of(request, w)) {
       stages.push_back(k);
-      record_bytes = std::max(record_bytes, largest_rows * c.sizes[std::size_t(k)].record * double(model.value_bytes));
+      record_bytes =
+          std::max(record_bytes, largest_rows * c.sizes[std::size_t(k)].record * double(value_bytes_of(request, model, w)));
     }
+  }
   if (stages.empty()) return std::nullopt;
   schedule::Costs costs = step_costs(request, model, c, rows);
   costs.offload = record_bytes / model.offload_bytes_per_second;
@@ -506,13 +493,22 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       report.rejected.push_back({where, std::move(why)});
       continue;
     }
-    const std::vector<std::size_t>& cuts = split_into(virtual_stages);
-    if (cuts.empty()) {
-      ++report.considered;
-      report.rejected.push_back({where, "the program has no split into " + std::to_string(virtual_stages) + " virtual stages"});
-      continue;
+    // The program's split for the count (Request::split; for equal workers, the balanced one by
+    // default). Unequal workers without it: the bottleneck partition for the policy's placement
+    // and, where the cut points allow few, every other split (detail::planned_splits), once the
+    // policy's first plan is known.
+    const bool unequal = !request.workers.empty(), partition = unequal && !request.split;
+    std::vector<std::vector<std::size_t>> splits;
+    if (!partition) {
+      splits.push_back(split_into(virtual_stages));
+      if (splits.front().empty()) {
+        ++report.considered;
+        report.rejected.push_back({where, "the program has no split into " + std::to_string(virtual_stages) + " virtual stages"});
+        continue;
+      }
     }
-    const std::vector<ChunkSizes> sizes = chunk_sizes(model, cuts);
+    std::vector<std::vector<ChunkSizes>> sizes;
+    for (const std::vector<std::size_t>& cuts : splits) sizes.push_back(chunk_sizes(model, cuts));
     for (int m : microbatch_candidates(p, samples, request.max_microbatches)) {
       ++report.considered;
       const schedule::Config config{p, m, v, policy.default_batches};
@@ -522,26 +518,39 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
         continue;
       }
       const schedule::Plan plan = policy.generate(config);
+      if (partition && splits.empty()) {
+        splits = planned_splits(request, model, plan.placement);
+        if (splits.empty()) {
+          report.rejected.push_back({where, "no split of the layers at the allowed cut points fits every worker's memory"});
+          break;
+        }
+        for (const std::vector<std::size_t>& cuts : splits) sizes.push_back(chunk_sizes(model, cuts));
+      }
+      const schedule::Placement* placement = unequal ? &plan.placement : nullptr;
       const std::vector<double> rows = microbatch_rows(model, samples, config);
       // ZeRO shards over replicas, and only a flush update (PipelineOptions::zero).
       std::vector<int> zeros{0};
       if (d > 1 && policy.update == schedule::UpdateRule::flush && !request.zero_stages.empty()) zeros = request.zero_stages;
-      const Candidate unsharded{policy, p, d, t, v, m, cuts, sizes};
-      const schedule::SimResult sim =
-          simulate_with_contention(request, model, unsharded, plan, step_costs(request, model, unsharded, rows));
-      for (const int zero : zeros) {
-        const Candidate candidate{policy, p, d, t, v, m, cuts, sizes, zero};
-        const std::string named = zeros.size() > 1 ? name + " zero=" + std::to_string(zero) : name;
-        Layout layout = priced_layout(request, model, candidate, config, plan, sim, rows);
-        if (std::string why = memory_refusal(request, layout); !why.empty()) {
-          std::optional<Layout> offloaded = offloaded_layout(request, model, candidate, config, plan, rows, layout);
-          if (!offloaded) {
-            report.rejected.push_back({named, std::move(why)});
-            continue;
+      for (std::size_t i = 0; i < splits.size(); ++i) {
+        const std::vector<std::size_t>& cuts = splits[i];
+        const Candidate unsharded{policy, p, d, t, v, m, cuts, sizes[i], 0, placement};
+        const schedule::SimResult sim =
+            simulate_with_contention(request, model, unsharded, plan, step_costs(request, model, unsharded, rows));
+        for (const int zero : zeros) {
+          const Candidate candidate{policy, p, d, t, v, m, cuts, sizes[i], zero, placement};
+          std::string named = zeros.size() > 1 ? name + " zero=" + std::to_string(zero) : name;
+          if (splits.size() > 1) named += " split=" + split_text(cuts);
+          Layout layout = priced_layout(request, model, candidate, config, plan, sim, rows);
+          if (std::string why = memory_refusal(request, layout); !why.empty()) {
+            std::optional<Layout> offloaded = offloaded_layout(request, model, candidate, config, plan, rows, layout);
+            if (!offloaded) {
+              report.rejected.push_back({named, std::move(why)});
+              continue;
+            }
+            layout = std::move(*offloaded);
           }
-          layout = std::move(*offloaded);
+          report.ranked.push_back(std::move(layout));
         }
-        report.ranked.push_back(std::move(layout));
       }
     }
   }
