@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // WorkerThreads (pipeline/worker_threads.hpp): one thread per worker for the pool's life, each step's
-// job run on all of them at once, an exception carried back to the caller, and threads that are
-// gone once the pool is.
+// job run on all of them at once, an exception carried back to the caller, threads that are gone
+// once the pool is, and threads pinned each to a CPU of its own where asked.
 #include "cupipe/pipeline/worker_threads.hpp"
 
 #include <catch2/catch.hpp>
@@ -73,3 +73,52 @@ TEST_CASE("worker threads: a job's exception reaches the caller after every work
 }
 
 }  // namespace
+
+#if defined(__linux__)
+namespace {
+/// The CPUs the calling thread may run on.
+std::vector<int> my_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+}  // namespace
+
+TEST_CASE("worker threads: pinned ones each run on a CPU of their own, unpinned ones on any", "[pipeline][threads]") {
+  const std::vector<int> allowed = my_cpus();
+  std::vector<std::vector<int>> seen(2);
+  auto job = [&](int w) { seen[std::size_t(w)] = my_cpus(); };
+  {
+    WorkerThreads loose({0, 1});
+    loose.run(job);
+    CHECK(loose.pinned_cpus().empty());
+    CHECK(seen[0] == allowed);
+    CHECK(seen[1] == allowed);
+  }
+  WorkerThreads pinned({0, 1}, true);
+  pinned.run(job);
+  if (allowed.size() < 2) {  // one CPU: nothing to spread over
+    CHECK(pinned.pinned_cpus().empty());
+    return;
+  }
+  REQUIRE(pinned.pinned_cpus() == std::vector<int>{allowed[0], allowed[1]});
+  CHECK(seen[0] == std::vector<int>{allowed[0]});
+  CHECK(seen[1] == std::vector<int>{allowed[1]});
+  // The caller's thread (which runs a flush update) stays free, and one worker is never pinned.
+  CHECK(my_cpus() == allowed);
+  WorkerThreads one({3}, true);
+  auto idle = [](int) {};
+  one.run(idle);
+  CHECK(one.pinned_cpus().empty());
+  // More workers than CPUs: none pinned.
+  std::vector<int> many(allowed.size() + 1);
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = int(i);
+  WorkerThreads crowded(many, true);
+  crowded.run(idle);
+  CHECK(crowded.pinned_cpus().empty());
+}
+#endif

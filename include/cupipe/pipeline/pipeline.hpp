@@ -117,7 +117,8 @@ class Pipeline {
     });
     transport_ = pipeline::make_transport<Executor>(workers_, options_);
     runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(
-        workers_, stages, options_.measure_actions, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal});
+        workers_, stages, options_.measure_actions, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal},
+        options_.pin_workers && !options_.communicator);
     executor_ = std::make_unique<Executor>(plan_, states_, *transport_, *runtime_, comm(), options_.check_finite,
         pipeline::HandOverWires(options_.hand_over, int(Stages::size)), pipeline::memory_of(options_));
     loop_ = std::make_unique<pipeline::StepLoop<Executor>>(plan_, workers_, states_, *transport_, *runtime_, *executor_,
