@@ -95,9 +95,6 @@ inline void plan_stage_backends(Flags& f, const io::Dataset& train_set) {
   CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples, got ", rows);
   planner::Request request;
   for (const std::string& entry : stage_backend_entries(f.stage_backends)) {
-    if (entry == "cuda")
-      CUPIPE_THROW("--plan auto with --stage-backends times each stage's backend here; this build plans host and host:bf16 "
-                   "stages (a cuda stage: give --schedule, --microbatches and --split-at)");
     planner::CostModel model = calibrate_here(train_set, rows, entry == "host:bf16");
     if (request.workers.empty()) request.model = model;  // sizes, links and contention: the first stage's
     request.workers.push_back(planner::worker_speed(entry, model));
@@ -140,7 +137,7 @@ inline void check_stage_backends(const Flags& f) {
     CUPIPE_THROW("--stage-backends names ", entries.size(), " backend(s) for --stages ", f.stages, "; give one per stage");
   if (entries.size() != 2)
     CUPIPE_THROW("--stage-backends: this build instantiates 2-stage pipelines only (each combination is the whole "
-                 "training loop again); use --stages 2");
+                 "training loop again); ", f.plan == "auto" ? "name 2 backends" : "use --stages 2");
   if (entries[0] == entries[1])
     CUPIPE_THROW("--stage-backends ", f.stage_backends, " gives every stage the same backend; say it with --backend "
                  "and --precision");
@@ -154,6 +151,9 @@ inline void check_stage_backends(const Flags& f) {
       std::find(stage_backend_cuts.begin(), stage_backend_cuts.end(), std::size_t(f.split_at)) == stage_backend_cuts.end())
     CUPIPE_THROW("--split-at ", f.split_at, ": stage 1 starts at layer 2 (after the first Linear and ReLU) or 4 (after the "
                  "second) in this build; the MLP's other splits are not compiled");
+  if (cuda && f.plan == "auto")
+    CUPIPE_THROW("--plan auto with --stage-backends plans host and host:bf16 stages in this build; with a cuda stage give "
+                 "--schedule and --microbatches (its split is the FLOP-balanced one)");
   if (cuda && f.split_at != 0 && std::size_t(f.split_at) != stage_backend_cuts[0])
     CUPIPE_THROW("--split-at ", f.split_at, ": a cuda stage trains with stage 1 from layer ", stage_backend_cuts[0],
                  " in this build");

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The runtime as a threaded program: measured timing against the simulator, failures that surface
 // at the caller with the stage and action named (and never hang), the compile-time stage lists, and
-// workers pinned each to a CPU of its own (pin_workers).
+// workers pinned each to its own share of the CPUs (pin_workers).
 #include "pipeline_test_support.hpp"
 
 #include <sched.h>
@@ -416,27 +416,33 @@ TEST_CASE("measure_actions off: nothing recorded per action, and the same number
 
 #if defined(__linux__)
 namespace {
-/// The CPUs of the process's threads that may run on one CPU only, ascending.
-std::vector<int> single_cpu_threads() {
-  std::vector<int> out;
+/// The CPUs the thread `tid` may run on (0: the caller).
+std::vector<int> cpus_of(pid_t tid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(tid, sizeof set, &set) != 0) return {};
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+/// The CPU sets of the process's threads that may not run on every CPU the caller may.
+std::vector<std::vector<int>> narrowed_threads() {
+  const std::vector<int> mine = cpus_of(0);
+  std::vector<std::vector<int>> out;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
-    const pid_t tid = pid_t(std::stol(entry.path().filename().string()));
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(tid, sizeof set, &set) != 0 || CPU_COUNT(&set) != 1) continue;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) out.push_back(c);
+    const std::vector<int> cpus = cpus_of(pid_t(std::stol(entry.path().filename().string())));
+    if (!cpus.empty() && cpus != mine) out.push_back(cpus);
   }
   std::sort(out.begin(), out.end());
   return out;
 }
 }  // namespace
 
-TEST_CASE("pin_workers: an in-process pipeline's workers each run on a CPU of their own", "[pipeline][threads]") {
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  REQUIRE(sched_getaffinity(0, sizeof mine, &mine) == 0);
-  REQUIRE(single_cpu_threads().empty());  // nothing pinned before
+TEST_CASE("pin_workers: an in-process pipeline's workers each run on their own share of the CPUs", "[pipeline][threads]") {
+  const std::vector<int> mine = cpus_of(0);
+  REQUIRE(narrowed_threads().empty());  // nothing pinned before
   using Two = StageList<Stage<Entry<4>, Knob<0>>, Stage<Knob<1>>>;
   reset_knobs();
   const Batch b = test::make_batch(8, 4, 4, 1);
@@ -446,20 +452,22 @@ TEST_CASE("pin_workers: an in-process pipeline's workers each run on a CPU of th
   {
     Pipeline<Two, schedule::OneFOneB, Host> loose(options);
     (void)loose.train_step(b.inputs(), b.targets(), sgd);
-    CHECK(single_cpu_threads().empty());
+    CHECK(narrowed_threads().empty());
   }
   options.pin_workers = true;
   Pipeline<Two, schedule::OneFOneB, Host> pinned(options);
   const StepStats stats = pinned.train_step(b.inputs(), b.targets(), sgd);
   CHECK(std::isfinite(stats.loss));
-  if (CPU_COUNT(&mine) < 2) {
+  const std::vector<std::vector<int>> narrowed = narrowed_threads();
+  if (mine.size() < 2) {
     WARN("one CPU: the workers stay unpinned");
-    CHECK(single_cpu_threads().empty());
+    CHECK(narrowed.empty());
     return;
   }
-  std::vector<int> first_two;
-  for (int c = 0; c < CPU_SETSIZE && first_two.size() < 2; ++c)
-    if (CPU_ISSET(c, &mine)) first_two.push_back(c);
-  CHECK(single_cpu_threads() == first_two);
+  // Two threads, the allowed CPUs dealt between them in order.
+  REQUIRE(narrowed.size() == 2);
+  std::vector<int> dealt = narrowed[0];
+  dealt.insert(dealt.end(), narrowed[1].begin(), narrowed[1].end());
+  CHECK(dealt == mine);
 }
 #endif

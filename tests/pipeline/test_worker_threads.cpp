@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // WorkerThreads (pipeline/worker_threads.hpp): one thread per worker for the pool's life, each step's
 // job run on all of them at once, an exception carried back to the caller, threads that are gone
-// once the pool is, and threads pinned each to a CPU of its own where asked.
+// once the pool is, and threads pinned each to its own share of the CPUs where asked.
 #include "cupipe/pipeline/worker_threads.hpp"
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -88,30 +89,50 @@ std::vector<int> my_cpus() {
 }
 }  // namespace
 
-TEST_CASE("worker threads: pinned ones each run on a CPU of their own, unpinned ones on any", "[pipeline][threads]") {
+TEST_CASE("worker threads: pinned ones each run on a share of the CPUs of their own, unpinned ones on any",
+          "[pipeline][threads]") {
   const std::vector<int> allowed = my_cpus();
-  std::vector<std::vector<int>> seen(2);
-  auto job = [&](int w) { seen[std::size_t(w)] = my_cpus(); };
-  {
-    WorkerThreads loose({0, 1});
-    loose.run(job);
-    CHECK(loose.pinned_cpus().empty());
-    CHECK(seen[0] == allowed);
-    CHECK(seen[1] == allowed);
-  }
-  WorkerThreads pinned({0, 1}, true);
-  pinned.run(job);
-  if (allowed.size() < 2) {  // one CPU: nothing to spread over
-    CHECK(pinned.pinned_cpus().empty());
-    return;
-  }
-  REQUIRE(pinned.pinned_cpus() == std::vector<int>{allowed[0], allowed[1]});
-  CHECK(seen[0] == std::vector<int>{allowed[0]});
-  CHECK(seen[1] == std::vector<int>{allowed[1]});
-  // The caller's thread (which runs a flush update) stays free, and one worker is never pinned.
-  CHECK(my_cpus() == allowed);
-  WorkerThreads one({3}, true);
   auto idle = [](int) {};
+  for (const std::size_t count : {std::size_t(2), std::size_t(3)}) {
+    std::vector<int> workers(count);
+    for (std::size_t i = 0; i < count; ++i) workers[i] = int(i);
+    std::vector<std::vector<int>> seen(count);
+    auto job = [&](int w) { seen[std::size_t(w)] = my_cpus(); };
+    {
+      WorkerThreads loose(workers);
+      loose.run(job);
+      CHECK(loose.pinned_cpus().empty());
+      for (const std::vector<int>& cpus : seen) CHECK(cpus == allowed);
+    }
+    WorkerThreads pinned(workers, true);
+    pinned.run(job);
+    if (allowed.size() < count) {  // too few CPUs to give each its own
+      CHECK(pinned.pinned_cpus().empty());
+      for (const std::vector<int>& cpus : seen) CHECK(cpus == allowed);
+      continue;
+    }
+    // Contiguous shares of the allowed CPUs, in order, sizes within one of each other, and each
+    // thread runs on its own.
+    REQUIRE(pinned.pinned_cpus().size() == count);
+    std::vector<int> dealt;
+    std::size_t least = allowed.size(), most = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::vector<int>& share = pinned.pinned_cpus()[i];
+      CHECK(seen[i] == share);
+      dealt.insert(dealt.end(), share.begin(), share.end());
+      least = std::min(least, share.size());
+      most = std::max(most, share.size());
+    }
+    CHECK(dealt == allowed);
+    CHECK(least >= 1);
+    CHECK(most - least <= 1);
+    if (allowed.size() == count)
+      for (std::size_t i = 0; i < count; ++i) CHECK(seen[i] == std::vector<int>{allowed[i]});
+    // The caller's thread (which runs a flush update) stays free.
+    CHECK(my_cpus() == allowed);
+  }
+  // One worker is never pinned.
+  WorkerThreads one({3}, true);
   one.run(idle);
   CHECK(one.pinned_cpus().empty());
   // More workers than CPUs: none pinned.

@@ -202,6 +202,13 @@ TEST_CASE("Unequal workers: each one's bytes, update and memory", "[planner][wor
   CHECK(layout.resting_state_bytes[0].weights == 2000 * 4);
   CHECK(layout.resting_state_bytes[1].weights == 2000 * (2 + 4));
   CHECK(layout.resting_state_bytes[1].optimizer == 2000 * 4 * 2);
+  // A worker that sets only its compute bytes keeps the model's value bytes: 8-byte masters
+  // beside 4-byte weights in use.
+  request.workers[1] = planner::worker_speed("fp64 master", model);
+  request.workers[1].value_bytes = 0;
+  request.workers[1].compute_bytes = 8;
+  CHECK(planner::search(request).best().resting_state_bytes[1].weights == 2000 * (4 + 8));
+  request.workers[1] = bf16;
   // One process: the update runs every worker's in turn, each at its own rate.
   request.one_process = true;
   CHECK(planner::search(request).best().update_seconds == Approx(2000 * 1e-6 + 2000 * 3e-6));
@@ -259,6 +266,11 @@ TEST_CASE("Unequal workers: what the planner refuses", "[planner][workers]") {
   request.cut_points = {4};
   CHECK_THROWS_WITH(planner::search(request), Catch::Contains("cut point 4 is not between two of the 4 layers"));
   request.cut_points = {};
+  planner::CostModel other_rows = model;
+  other_rows.profiled_rows = 16;
+  request.workers[1] = planner::worker_speed("b", other_rows);
+  CHECK_THROWS_WITH(planner::search(request), Catch::Contains("worker 1 (b) was timed on 16 rows, the model on 8"));
+  request.workers[1] = planner::worker_speed("b", model);
   request.workers[0].memory_bytes = -1;
   CHECK_THROWS_WITH(planner::search(request), Catch::Contains("worker 0 (a) has a negative update time, memory or byte count"));
 }

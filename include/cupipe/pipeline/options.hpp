@@ -103,10 +103,11 @@ struct PipelineOptions {
   /// prints only losses and its own step times turns it off.
   bool measure_actions = true;
   /// In one process (no communicator) with two or more workers and at least as many CPUs allowed to
-  /// it: each worker's thread on a CPU of its own (pipeline::WorkerThreads), so that a worker woken
-  /// by its neighbour's message runs at once instead of waiting on the neighbour's core (Linux's
-  /// wake-affine placement; 2.5 ms stalls in a 12 ms MLP step on a 2-core VM). The caller's thread
-  /// stays free. Across processes the launcher binds ranks (mpirun --bind-to), and this does nothing.
+  /// it: each worker's thread on its own share of those CPUs (pipeline::WorkerThreads; one CPU each
+  /// where there are as many as workers), so that a worker woken by its neighbour's message runs at
+  /// once instead of waiting on the neighbour's core (Linux's wake-affine placement; 2.5 ms stalls
+  /// in a 12 ms MLP step on a 2-core VM). The caller's thread stays free. Across processes the
+  /// launcher binds ranks (mpirun --bind-to), and this does nothing.
   bool pin_workers = true;
   /// Compressed hand-overs (pipeline/hand_over_wire.hpp): the precision each link between
   /// neighbouring virtual stages carries, activations forward and gradients back. Empty: full

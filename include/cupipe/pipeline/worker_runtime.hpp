@@ -51,17 +51,14 @@ class WorkerRuntime {
 
  public:
   /// `measure`: time every action (records, busy and idle per worker, device events); otherwise
-  /// only the step's makespan, on the host clock. `pin`: each local worker's thread on a CPU of its
-  /// own (WorkerThreads).
+  /// only the step's makespan, on the host clock. `pin`: each local worker's thread on a share of
+  /// the CPUs of its own (WorkerThreads).
   explicit WorkerRuntime(const Workers& contexts, int count, bool measure = true, FlightSetup flight = {}, bool pin = false)
       : contexts_(contexts),
         workers_(std::size_t(count)),
         measure_(measure),
         flight_(local_workers(contexts, count), std::move(flight)),
         threads_(local_indices(contexts), pin) {}
-
-  /// The CPU each local worker's thread runs on, where they are pinned (WorkerThreads::pinned_cpus).
-  const std::vector<int>& pinned_cpus() const noexcept { return threads_.pinned_cpus(); }
 
   /// Runs every local worker's list of `plan` on its own thread; execute(w, action) does the work
   /// and abort() wakes every waiter after a failure. An execute that throws Aborted stops its worker

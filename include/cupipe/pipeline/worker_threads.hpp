@@ -5,7 +5,7 @@
 // made and joined a std::jthread per worker: 10-20 us of thread creation per worker and step, a
 // cold stack and cache for every step's first action, and a fresh thread for the OS to place.
 //
-// Where asked (PipelineOptions::pin_workers), each thread runs on a core of its own: Linux's
+// Where asked (PipelineOptions::pin_workers), each thread runs on cores of its own: Linux's
 // wake-affine placement otherwise puts a worker woken by its neighbour's message on the neighbour's
 // core, where it waits for a time slice while another core idles (perf sched on a 2-core VM: both
 // workers of a 2-stage MLP on one core, 2.5 ms waits in a 12 ms step).
@@ -38,7 +38,8 @@ class WorkerThreads {
  public:
   /// The threads run the workers `workers` (their indices; this process's workers). `pin`: with two
   /// or more of them and at least as many CPUs allowed to this process, thread i runs on the i-th
-  /// allowed CPU alone (Linux; elsewhere, or where the OS refuses, the threads stay unpinned).
+  /// share of the allowed CPUs (one CPU each where there are as many CPUs as workers; Linux;
+  /// elsewhere, or where the OS refuses, the threads stay unpinned).
   explicit WorkerThreads(std::vector<int> workers, bool pin = false) : workers_(std::move(workers)), pin_(pin) {}
   WorkerThreads(const WorkerThreads&) = delete;
   WorkerThreads& operator=(const WorkerThreads&) = delete;
@@ -76,9 +77,10 @@ class WorkerThreads {
 
   /// Threads this object started (over its life): one per worker, whatever the number of steps.
   std::size_t threads_started() const noexcept { return started_; }
-  /// The CPU each worker's thread is pinned to, in the order of the workers given; empty where they
-  /// are not pinned (not asked, too few CPUs, one worker, not Linux, or the OS refused).
-  const std::vector<int>& pinned_cpus() const noexcept { return pinned_; }
+  /// The CPUs each worker's thread is pinned to (its share), in the order of the workers given;
+  /// empty where they are not pinned (not asked, too few CPUs, one worker, not Linux, or the OS
+  /// refused).
+  const std::vector<std::vector<int>>& pinned_cpus() const noexcept { return pinned_; }
 
  private:
   void start_threads() {
@@ -89,26 +91,32 @@ class WorkerThreads {
     if (pin_) pin_threads();
   }
 
-  /// Each thread on its own allowed CPU, all or none (a refusal unpins the ones already pinned).
+  /// Each thread on its own share of the allowed CPUs, all or none (a refusal unpins the ones
+  /// already pinned): the CPUs in order, dealt into contiguous shares whose sizes differ by at
+  /// most one. A worker's BLAS threads inherit its share.
   void pin_threads() {
 #if defined(__linux__)
     cpu_set_t allowed;
     CPU_ZERO(&allowed);
     if (threads_.size() < 2 || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
     std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE && cpus.size() < threads_.size(); ++c)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
       if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-    if (cpus.size() < threads_.size()) return;
-    for (std::size_t i = 0; i < threads_.size(); ++i) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpus[i], &one);
-      if (pthread_setaffinity_np(threads_[i].native_handle(), sizeof one, &one) != 0) {
+    const std::size_t n = threads_.size();
+    if (cpus.size() < n) return;
+    std::vector<std::vector<int>> shares(n);
+    for (std::size_t i = 0; i < n; ++i)
+      shares[i].assign(cpus.begin() + std::ptrdiff_t(i * cpus.size() / n), cpus.begin() + std::ptrdiff_t((i + 1) * cpus.size() / n));
+    for (std::size_t i = 0; i < n; ++i) {
+      cpu_set_t share;
+      CPU_ZERO(&share);
+      for (const int c : shares[i]) CPU_SET(c, &share);
+      if (pthread_setaffinity_np(threads_[i].native_handle(), sizeof share, &share) != 0) {
         for (std::size_t j = 0; j < i; ++j) pthread_setaffinity_np(threads_[j].native_handle(), sizeof allowed, &allowed);
         return;
       }
     }
-    pinned_ = std::move(cpus);
+    pinned_ = std::move(shares);
 #endif
   }
 
@@ -145,7 +153,7 @@ class WorkerThreads {
   std::exception_ptr failure_;
   std::size_t started_ = 0;
   bool pin_ = false;
-  std::vector<int> pinned_;
+  std::vector<std::vector<int>> pinned_;
   pid_t owner_ = 0;
   std::vector<std::jthread> threads_;  // last: joined first, while the members above exist
 };

@@ -121,10 +121,15 @@ struct WorkerSpeed {
   /// Each layer of the model timed on this worker, for CostModel::profiled_rows rows (or its own
   /// points); the sizes (params, widths, saved values) are the model's, not these.
   std::vector<LayerCost> layers;
-  double update_seconds_per_param = 0;  ///< this worker's optimizer step, per parameter
+  double update_seconds_per_param = 0;  ///< this worker's optimizer step, per parameter (0: free)
   int value_bytes = 0;                  ///< bytes per stored value on this worker; 0: the model's
-  int compute_bytes = 0;                ///< bytes per gradient, optimizer and master value; 0: value_bytes
+  /// Bytes per gradient, optimizer and master value; 0: this worker's value_bytes where set, else
+  /// the model's.
+  int compute_bytes = 0;
   double memory_bytes = 0;              ///< this worker's memory; 0: Request::memory_bytes
+  /// The rows `layers` were timed on; 0: the model's profiled_rows. Any other count than the
+  /// model's is refused, since a microbatch's times scale from the model's.
+  index_t profiled_rows = 0;
 };
 
 struct Request {

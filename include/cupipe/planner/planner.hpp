@@ -116,6 +116,9 @@ Report search(const Request& request) {
     CUPIPE_REQUIRE(speed.update_seconds_per_param >= 0 && speed.memory_bytes >= 0 && speed.value_bytes >= 0 &&
                        speed.compute_bytes >= 0,
                    "planner: ", where, " has a negative update time, memory or byte count");
+    CUPIPE_REQUIRE(speed.profiled_rows == 0 || speed.profiled_rows == model.profiled_rows, "planner: ", where,
+                   " was timed on ", speed.profiled_rows, " rows, the model on ", model.profiled_rows,
+                   "; calibrate every worker on the same batch");
   }
   if (!request.workers.empty()) {
     const int workers = int(request.workers.size());
@@ -175,11 +178,8 @@ Report search(const Request& request) {
           cuts_for[n] = request.split(virtual_stages);
         } else if (request.cut_points.empty()) {
           cuts_for[n] = detail::balanced_cuts(total, virtual_stages);
-        } else {  // equal workers, some splits: the balanced one among them
-          schedule::Placement one;
-          one.worker.assign(n, 0);
-          const std::vector<std::vector<std::size_t>> splits = detail::planned_splits(request, m, one, 0);
-          if (!splits.empty()) cuts_for[n] = splits.front();
+        } else {  // some splits: the balanced one among them (memory is the layout's to check)
+          cuts_for[n] = detail::bottleneck_cuts({total}, std::vector<int>(n, 0), request.cut_points);
         }
         const std::vector<std::size_t>& c = cuts_for[n];
         CUPIPE_REQUIRE(c.empty() || (c.size() == n + 1 && c.front() == 0 && c.back() == layers &&

@@ -24,7 +24,7 @@ namespace cupipe::planner {
 /// its layer times, optimizer rate and bytes per value, with `memory_bytes` (0: the request's).
 inline WorkerSpeed worker_speed(std::string name, const CostModel& calibrated, double memory_bytes = 0) {
   return {std::move(name), calibrated.layers, calibrated.update_seconds_per_param, calibrated.value_bytes,
-          calibrated.compute_bytes, memory_bytes};
+          calibrated.compute_bytes, memory_bytes, calibrated.profiled_rows};
 }
 
 namespace detail {
@@ -111,7 +111,11 @@ inline int value_bytes_of(const Request& request, const CostModel& model, std::s
   return model.value_bytes;
 }
 inline int compute_bytes_of(const Request& request, const CostModel& model, std::size_t w) {
-  if (w < request.workers.size() && request.workers[w].value_bytes > 0) return request.workers[w].compute_bytes;
+  if (w < request.workers.size()) {
+    const WorkerSpeed& speed = request.workers[w];
+    if (speed.compute_bytes > 0) return speed.compute_bytes;
+    if (speed.value_bytes > 0) return 0;  // the worker's own value bytes
+  }
   return model.compute_bytes;
 }
 
