@@ -77,11 +77,12 @@ TEST_CASE("worker threads: a job's exception reaches the caller after every work
 
 #if defined(__linux__)
 namespace {
-/// The CPUs the calling thread may run on.
+/// The CPUs the calling thread may run on; empty where the OS does not say. No Catch assertion:
+/// worker threads call it, and Catch's assertions are not thread-safe.
 std::vector<int> my_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return {};
   std::vector<int> cpus;
   for (int c = 0; c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &set)) cpus.push_back(c);
@@ -92,6 +93,7 @@ std::vector<int> my_cpus() {
 TEST_CASE("worker threads: pinned ones each run on a share of the CPUs of their own, unpinned ones on any",
           "[pipeline][threads]") {
   const std::vector<int> allowed = my_cpus();
+  REQUIRE_FALSE(allowed.empty());
   auto idle = [](int) {};
   for (const std::size_t count : {std::size_t(2), std::size_t(3)}) {
     std::vector<int> workers(count);
