@@ -165,8 +165,7 @@ Report search(const Request& request) {
   for (std::size_t i = 0; i < degrees.size(); ++i) {
     const int t = degrees[i];
     const CostModel& m = per_degree[i];
-    std::vector<double> total(layers);
-    for (std::size_t l = 0; l < layers; ++l) total[l] = m.layers[l].forward + m.layers[l].backward_input + m.layers[l].backward_weight;
+    const std::vector<double> total = detail::layer_totals(m.layers);
     // Splits by virtual stage count; an empty one: the program has none.
     std::vector<std::vector<std::size_t>> cuts_for(layers + 1);
     std::vector<char> cuts_known(layers + 1, 0);

@@ -29,6 +29,27 @@ inline WorkerSpeed worker_speed(std::string name, const CostModel& calibrated, d
 
 namespace detail {
 
+/// Each layer's F + B + W seconds: what a split balances.
+inline std::vector<double> layer_totals(const std::vector<LayerCost>& layers) {
+  std::vector<double> t(layers.size());
+  for (std::size_t l = 0; l < layers.size(); ++l) t[l] = layers[l].forward + layers[l].backward_input + layers[l].backward_weight;
+  return t;
+}
+
+/// The memory rule of a split: a part of layers [s, i) on worker w fits where memory[w] is 0 (no
+/// cap) or its parameters (`params` per layer) times bytes_per_param[w] are at most memory[w].
+struct PartsFit {
+  std::vector<double> param_prefix, bytes_per_param, memory;
+  PartsFit(std::size_t layers, const std::vector<double>& params, std::vector<double> bytes, std::vector<double> caps)
+      : param_prefix(layers + 1, 0.0), bytes_per_param(std::move(bytes)), memory(std::move(caps)) {
+    for (std::size_t i = 0; i < layers && i < params.size(); ++i) param_prefix[i + 1] = param_prefix[i] + params[i];
+  }
+  bool operator()(std::size_t w, std::size_t s, std::size_t i) const {
+    if (w >= memory.size() || memory[w] <= 0 || w >= bytes_per_param.size()) return true;
+    return (param_prefix[i] - param_prefix[s]) * bytes_per_param[w] <= memory[w];
+  }
+};
+
 /// The contiguous split of the layers into `worker_of.size()` parts (virtual stages), part k run by
 /// worker worker_of[k], whose slowest part (on its own worker) is fastest. `cost[w][l]`: layer l's
 /// seconds on worker w (F + B + W). A part may start only at layer 0 or at one of `cut_points`
@@ -50,16 +71,11 @@ inline std::vector<std::size_t> bottleneck_cuts(const std::vector<std::vector<do
     CUPIPE_REQUIRE(cost[w].size() == n, "planner: worker ", w, " has ", cost[w].size(), " layer costs, the model ", n);
     for (std::size_t i = 0; i < n; ++i) prefix[w][i + 1] = prefix[w][i] + cost[w][i];
   }
-  std::vector<double> param_prefix(n + 1, 0.0);
-  for (std::size_t i = 0; i < n && i < params.size(); ++i) param_prefix[i + 1] = param_prefix[i] + params[i];
+  const PartsFit fits(n, params, bytes_per_param, memory);
   std::vector<char> may_start(n + 1, cut_points.empty() ? 1 : 0);
   may_start[0] = 1;
   for (const std::size_t c : cut_points)
     if (c < n) may_start[c] = 1;
-  const auto fits = [&](std::size_t w, std::size_t s, std::size_t i) {
-    if (w >= memory.size() || memory[w] <= 0 || w >= bytes_per_param.size()) return true;
-    return (param_prefix[i] - param_prefix[s]) * bytes_per_param[w] <= memory[w];
-  };
   constexpr double inf = std::numeric_limits<double>::infinity();
   // best[j][i]: smallest slowest part over the first i layers in j parts; from[j][i]: start of part j.
   std::vector<std::vector<double>> best(k + 1, std::vector<double>(n + 1, inf));
@@ -130,8 +146,8 @@ inline double update_rate_of(const Request& request, const CostModel& model, std
   return w < request.workers.size() ? request.workers[w].update_seconds_per_param : model.update_seconds_per_param;
 }
 
-/// The splits the search prices for unequal workers on `placement` (Request::workers), or for equal
-/// ones at the request's cut points: first the bottleneck partition (bottleneck_cuts over each
+/// The splits the search prices for unequal workers (Request::workers, not empty) on `placement`:
+/// first the bottleneck partition (bottleneck_cuts over each
 /// worker's F + B + W per layer, at the request's cut points, each part's parameter state within its
 /// worker's memory); then, where the cut points allow at most `most` splits in all, every other one
 /// that passes the same memory rule, since the partition's measure leaves out what the simulation
@@ -140,24 +156,18 @@ inline double update_rate_of(const Request& request, const CostModel& model, std
 inline std::vector<std::vector<std::size_t>> planned_splits(const Request& request, const CostModel& model,
                                                             const schedule::Placement& placement, std::size_t most = 16) {
   const std::size_t layers = model.layers.size();
-  const auto totals = [&](const std::vector<LayerCost>& list) {
-    std::vector<double> t(layers);
-    for (std::size_t l = 0; l < layers; ++l) t[l] = list[l].forward + list[l].backward_input + list[l].backward_weight;
-    return t;
-  };
+  CUPIPE_REQUIRE(!request.workers.empty(), "planner: planned_splits prices unequal workers; Request::workers is empty");
   std::vector<std::vector<double>> cost;
   std::vector<double> bytes_per_param, memory;
-  const std::size_t workers = std::max<std::size_t>(request.workers.size(), 1);
-  for (std::size_t w = 0; w < workers; ++w) {
-    cost.push_back(totals(request.workers.empty() ? model.layers : request.workers[w].layers));
+  for (std::size_t w = 0; w < request.workers.size(); ++w) {
+    cost.push_back(layer_totals(request.workers[w].layers));
     // ZeRO-0's state within a step, one weight version: what every schedule holds at least.
     bytes_per_param.push_back(sharded_state_bytes(1, 1, value_bytes_of(request, model, w), compute_bytes_of(request, model, w),
                                                   model.optimizer_slots, 1, ZeroSetting{}, true)
                                   .total());
     memory.push_back(memory_of(request, w));
   }
-  std::vector<int> worker_of(placement.worker.begin(), placement.worker.end());
-  if (request.workers.empty()) std::fill(worker_of.begin(), worker_of.end(), 0);
+  const std::vector<int> worker_of(placement.worker.begin(), placement.worker.end());
   std::vector<double> params(layers);
   for (std::size_t l = 0; l < layers; ++l) params[l] = model.layers[l].params;
   std::vector<std::vector<std::size_t>> out;
@@ -175,13 +185,10 @@ inline std::vector<std::vector<std::size_t>> planned_splits(const Request& reque
   double count = 1;  // points choose starts
   for (std::size_t i = 0; i < starts; ++i) count = count * double(points.size() - i) / double(i + 1);
   if (count > double(most)) return out;
+  const PartsFit part_fits(layers, params, bytes_per_param, memory);
   const auto fits = [&](const std::vector<std::size_t>& cuts) {
-    for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
-      const auto w = std::size_t(worker_of[k]);
-      double p = 0;
-      for (std::size_t l = cuts[k]; l < cuts[k + 1]; ++l) p += params[l];
-      if (memory[w] > 0 && p * bytes_per_param[w] > memory[w]) return false;
-    }
+    for (std::size_t k = 0; k + 1 < cuts.size(); ++k)
+      if (!part_fits(std::size_t(worker_of[k]), cuts[k], cuts[k + 1])) return false;
     return true;
   };
   std::vector<std::size_t> pick(starts);  // indices into points, ascending
