@@ -84,20 +84,38 @@ inline std::vector<std::string> stage_backend_entries(const std::string& list) {
   }
 }
 
-/// --plan auto with --stage-backends (host stages, in this process): each stage's backend calibrated
-/// here on the first batch, and the planner for unequal workers (planner::Request::workers) choosing
-/// the schedule (gpipe or 1f1b, which this build compiles for them), the microbatches and where
-/// stage 1 starts, among the splits compiled (stage_backend_cuts): the slowest stage, on its own
-/// backend, as fast as can be. Prints the report and, beside it, the FLOP-balanced split's best
+/// --plan auto with --stage-backends (in this process): each stage's backend calibrated here on the
+/// first batch (a cuda stage on the current GPU, out of the contention of the CPU stages, its
+/// hand-overs priced at the measured host-device copy), and the planner for unequal workers
+/// (planner::Request::workers) choosing the schedule (gpipe or 1f1b, which this build compiles for
+/// them), the microbatches and where stage 1 starts, among the splits compiled (stage_backend_cuts):
+/// the slowest stage, on its own backend, as fast as can be. Prints the report and, beside it, the FLOP-balanced split's best
 /// layout on the same stages; sets f's schedule, microbatches and split.
 inline void plan_stage_backends(Flags& f, const io::Dataset& train_set) {
   const index_t rows = index_t(std::min<std::int64_t>(f.batch, train_set.count));
   CUPIPE_REQUIRE(rows >= 2, "--plan auto: the planner profiles a batch of at least 2 samples, got ", rows);
   planner::Request request;
+  const planner::CostModel* gpu = nullptr;
+  std::vector<planner::CostModel> models;
   for (const std::string& entry : stage_backend_entries(f.stage_backends)) {
-    planner::CostModel model = calibrate_here(train_set, rows, entry == "host:bf16");
-    if (request.workers.empty()) request.model = model;  // sizes, links and contention: the first stage's
-    request.workers.push_back(planner::worker_speed(entry, model));
+#if CUPIPE_TRAINER_HAS_CUDA
+    models.push_back(entry == "cuda" ? calibrate_cuda(f, train_set, rows) : calibrate_here(train_set, rows, entry == "host:bf16"));
+#else
+    models.push_back(calibrate_here(train_set, rows, entry == "host:bf16"));  // check_stage_backends refused cuda
+#endif
+    request.workers.push_back(planner::worker_speed(entry, models.back()));
+    request.workers.back().own_device = entry == "cuda";  // a GPU stage takes no share of the cores
+  }
+  // Sizes, links, contention and the runtime's own costs: the first host stage's (one is, as
+  // check_stage_backends pairs cuda with host only).
+  for (std::size_t w = 0; w < models.size(); ++w) {
+    if (request.workers[w].own_device) gpu = &models[w];
+    else if (request.model.layers.empty()) request.model = models[w];
+  }
+  if (gpu != nullptr) {
+    // A hand-over between the CPU stage and the GPU's is a copy between host and device memory.
+    request.model.link_bytes_per_second = gpu->offload_bytes_per_second;
+    request.model.link_latency = std::max(request.model.link_latency, gpu->link_latency);
   }
   request.devices = int(request.workers.size());
   request.batch = rows;
@@ -108,7 +126,7 @@ inline void plan_stage_backends(Flags& f, const io::Dataset& train_set) {
   request.cut_points.assign(stage_backend_cuts.begin(), stage_backend_cuts.end());
   const planner::Report report = plan(request);
   const planner::Layout best = report.best();
-  std::printf("--plan auto on %zu stages of unequal speed (%s, one BLAS thread each, %u cores), predicted from a profile "
+  std::printf("--plan auto on %zu stages of unequal speed (%s; host stages on one BLAS thread each, %u cores), predicted from a profile "
               "of each stage's backend on this machine:\n%s",
               request.workers.size(), f.stage_backends.c_str(), unsigned(request.cores),
               planner::describe(report, request.model).c_str());
@@ -151,12 +169,6 @@ inline void check_stage_backends(const Flags& f) {
       std::find(stage_backend_cuts.begin(), stage_backend_cuts.end(), std::size_t(f.split_at)) == stage_backend_cuts.end())
     CUPIPE_THROW("--split-at ", f.split_at, ": stage 1 starts at layer 2 (after the first Linear and ReLU) or 4 (after the "
                  "second) in this build; the MLP's other splits are not compiled");
-  if (cuda && f.plan == "auto")
-    CUPIPE_THROW("--plan auto with --stage-backends plans host and host:bf16 stages in this build; with a cuda stage give "
-                 "--schedule and --microbatches (its split is the FLOP-balanced one)");
-  if (cuda && f.split_at != 0 && std::size_t(f.split_at) != stage_backend_cuts[0])
-    CUPIPE_THROW("--split-at ", f.split_at, ": a cuda stage trains with stage 1 from layer ", stage_backend_cuts[0],
-                 " in this build");
 #if !CUPIPE_TRAINER_HAS_CUDA
   if (cuda) CUPIPE_THROW("--stage-backends ", f.stage_backends, ": this trainer was built without CUDA");
 #endif

@@ -23,6 +23,7 @@
 #include "cupipe/comm/agreement.hpp"
 #include "cupipe/cupipe.hpp"
 #include "cupipe/pipeline/rebalance.hpp"
+#include "cupipe/planner/cost_model.hpp"
 #include "launch.hpp"
 #include "step_times.hpp"
 #include "trainer_schedules.hpp"
@@ -459,8 +460,12 @@ int train_two_backends(const Flags& f, io::Dataset& train_set, const io::Dataset
 /// f.split_at; stage 1 from layer 4 is defined in train_bf16_split.cpp, which compiles beside it.
 int train_mixed(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
 int train_mixed_from_layer_4(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
-/// --stage-backends with a host and a CUDA stage (defined in trainer_cuda.cu).
+/// --stage-backends with a host and a CUDA stage, split at f.split_at (defined in trainer_cuda.cu).
 int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch);
+/// The planner's cost model of the MLP measured on backend::Cuda<float> (the current GPU) on the first
+/// `rows` samples of `train_set` in f.math's arithmetic, as main.cpp's calibrate_here measures a host
+/// stage (defined in trainer_cuda.cu).
+planner::CostModel calibrate_cuda(const Flags& f, const io::Dataset& train_set, index_t rows);
 
 /// Trains on the CUDA backend, every schedule in fp32 and bf16 (defined in trainer_cuda.cu; only in
 /// builds with CUDA).

@@ -6,7 +6,10 @@
 // (left out of builds configured with -DCUPIPE_TRAINER_SCHEDULES=flush or 1f1b: CI's CUDA stage,
 // where nothing CUDA runs, and gpu_pack.sh's pack; each instantiation is nvcc's to compile, per GPU
 // architecture).
-// --stage-backends host,cuda (or cuda,host): an fp32 CPU stage and an fp32 GPU stage in one pipeline.
+// --stage-backends host,cuda (or cuda,host): an fp32 CPU stage and an fp32 GPU stage in one pipeline,
+// stage 1 from layer 2 or 4, and the GPU stage's calibration for --plan auto (calibrate_cuda).
+#include "cupipe/planner/calibrate.hpp"
+#include "plan_auto.hpp"
 #include "trainer_cuda.cuh"
 #include "trainer_schedules.hpp"
 
@@ -29,9 +32,20 @@ int train_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_s
 
 int train_mixed_cuda(const Flags& f, io::Dataset& train_set, const io::Dataset& test_set, const Launch& launch) {
   backend::cuda::set_default_math(f.math == "fp32" ? backend::cuda::MathMode::fp32 : backend::cuda::MathMode::tf32);
-  // main.cpp's check_stage_backends let only host,cuda and cuda,host through.
-  return train_two_backends<backend::Host<float>, backend::Cuda<float>>(f, train_set, test_set, launch,
-                                                                        f.stage_backends == "cuda,host");
+  // main.cpp's check_stage_backends let only host,cuda and cuda,host through, split at one of
+  // stage_backend_cuts (0: the first).
+  const bool cuda_first = f.stage_backends == "cuda,host";
+  if (std::size_t(f.split_at) == stage_backend_cuts[1])
+    return train_two_backends<backend::Host<float>, backend::Cuda<float>, stage_backend_cuts[1]>(f, train_set, test_set,
+                                                                                                 launch, cuda_first);
+  return train_two_backends<backend::Host<float>, backend::Cuda<float>>(f, train_set, test_set, launch, cuda_first);
+}
+
+planner::CostModel calibrate_cuda(const Flags& f, const io::Dataset& train_set, index_t rows) {
+  // The arithmetic the stage will train with, as train_mixed_cuda sets it.
+  backend::cuda::set_default_math(f.math == "fp32" ? backend::cuda::MathMode::fp32 : backend::cuda::MathMode::tf32);
+  return planner::calibrate<Model, backend::Cuda<T>>(ConstView<T>{train_set.images.data(), Shape{rows, 784}}, 3, 1,
+                                                     examples::profiled_microbatch_counts(rows));
 }
 
 }  // namespace fmnist

@@ -20,7 +20,8 @@
 # stage_backends: --stage-backends host:bf16,host (a bf16 and an fp32 stage in one pipeline) learns,
 #         resumes bit-exactly, and an fp32 run resumes from its checkpoint; split at layer 4 it learns;
 #         --plan auto plans the unequal stages and reports the split it chose.
-# stage_backends_cuda: --stage-backends host,cuda learns in one epoch; "SKIPPED: ..." without a GPU.
+# stage_backends_cuda: --stage-backends host,cuda learns in one epoch, cuda,host split at layer 4 too, and
+#         --plan auto gives the GPU stage the larger share; "SKIPPED: ..." without a GPU.
 # hand_over: --hand-over e4m3 (FP8 hand-overs between the stages) learns in one epoch; an unknown
 #         precision is refused naming the choices.
 # Without DATA_DIR it prints "SKIPPED: ..." for ctest's SKIP_REGULAR_EXPRESSION.
@@ -198,7 +199,27 @@ elseif(MODE STREQUAL "stage_backends_cuda")
     message(FATAL_ERROR "--stage-backends host,cuda: test_accuracy ${accuracy} after one epoch on 4000 samples; "
                         "expected at least 0.6: ${summary}")
   endif()
-  message("a CPU stage and a GPU stage learned together (test_accuracy ${accuracy})")
+  # The other compiled split, GPU first: stage 1 (the CPU's) from layer 4 learns as well.
+  run_trainer(--epochs 1 --stage-backends cuda,host --split-at 4)
+  string(JSON split_accuracy GET "${summary}" test_accuracy)
+  if(NOT split_accuracy GREATER_EQUAL 0.6)
+    message(FATAL_ERROR "--stage-backends cuda,host --split-at 4: test_accuracy ${split_accuracy}; expected at least 0.6")
+  endif()
+  # --plan auto times the GPU stage on the GPU: far faster than the CPU, it takes the larger share,
+  # so with the GPU first the CPU stage starts at layer 4 (its last two Linears, 0.13 of the 1.3
+  # million multiply-adds a row).
+  set(common --data "${DATA_DIR}" --train-limit 2048 --test-limit 500 --progress none)
+  run_trainer(--plan auto --stage-backends cuda,host --epochs 1 --batch 128)
+  string(JSON split GET "${summary}" split_at)
+  string(JSON planned GET "${summary}" step_seconds_predicted)
+  string(JSON measured GET "${summary}" step_seconds_measured)
+  if(NOT split EQUAL 4 OR NOT planned GREATER 0 OR NOT output MATCHES "2 stages of unequal speed \\(cuda,host" OR
+     NOT output MATCHES "worker 0 \\(cuda\\): peak")
+    message(FATAL_ERROR "--plan auto --stage-backends cuda,host: split_at ${split}, expected 4: ${output}")
+  endif()
+  message("a CPU stage and a GPU stage learned together (test_accuracy ${accuracy}), split at layer 4 too "
+          "(${split_accuracy}); --plan auto put the CPU stage from layer 4 on, step ${planned} s predicted, "
+          "${measured} s measured")
 elseif(MODE STREQUAL "post_validation")
   set(common --data "${DATA_DIR}" --schedule zb-h1 --stages 2 --microbatches 4 --train-limit 4000 --test-limit 500
              --progress none --epochs 1 --max-steps 10)

@@ -2,7 +2,8 @@
 // The planner for unequal workers (Request::workers, planner/workers.hpp): the bottleneck partition
 // against every split enumerated, with cut points and memory caps; equal workers planned as before;
 // a slow worker given less work, predicted faster than the equal split on the same workers; each
-// worker's own bytes, update rate and memory; and the refusals.
+// worker's own bytes, update rate and memory; a GPU worker out of the cores' contention; and the
+// refusals.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -226,6 +227,30 @@ TEST_CASE("Unequal workers: each one's bytes, update and memory", "[planner][wor
   CHECK(none.ranked.empty());
   REQUIRE_FALSE(none.rejected.empty());
   CHECK_THAT(none.rejected.front().reason, Catch::Contains("fits every worker's memory"));
+}
+
+TEST_CASE("A worker on a device of its own is out of the cores' contention", "[planner][workers]") {
+  // Two workers of one process on 2 cores, which slow each other to x2 while both compute.
+  planner::CostModel model = uniform(8);
+  model.contention = {1.0, 2.0};
+  planner::Request request = unequal(model, {planner::worker_speed("host", model), planner::worker_speed("cuda", uniform(8, 0.5))});
+  request.one_process = true;
+  request.cores = 2;
+  request.split = [](int parts) { return parts == 2 ? std::vector<std::size_t>{0, 4, 8} : std::vector<std::size_t>{}; };
+  const double shared = planner::search(request).best().step_seconds;
+  // The GPU worker (own_device) takes no core: the host worker computes alone, as with no
+  // contention measured at all.
+  request.workers[1].own_device = true;
+  const planner::Layout apart = planner::search(request).best();
+  planner::Request uncontended = request;
+  uncontended.model.contention = {};
+  CHECK(apart.step_seconds == planner::search(uncontended).best().step_seconds);
+  CHECK(apart.step_seconds < 0.95 * shared);
+  // The factors themselves: two workers computing at once, the second on its own device.
+  schedule::SimResult sim;
+  sim.times = {{{0.0, 1.0}}, {{0.0, 1.0}}};
+  CHECK(planner::detail::contention_factors(sim, {1.0, 2.0}) == std::vector<double>{2.0, 2.0});
+  CHECK(planner::detail::contention_factors(sim, {1.0, 2.0}, 1, 0, {0, 1}) == std::vector<double>{1.0, 1.0});
 }
 
 TEST_CASE("Unequal workers with two chunks each and cut points", "[planner][workers]") {

@@ -130,6 +130,10 @@ struct WorkerSpeed {
   /// The rows `layers` were timed on; 0: the model's profiled_rows. Any other count than the
   /// model's is refused, since a microbatch's times scale from the model's.
   index_t profiled_rows = 0;
+  /// The worker computes on a device of its own (a GPU stage beside CPU stages): its actions
+  /// neither take the machine's cores nor slow the workers that do (CostModel::contention), and
+  /// they are not slowed by them.
+  bool own_device = false;
 };
 
 struct Request {

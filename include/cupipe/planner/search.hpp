@@ -109,10 +109,12 @@ inline double contention_at(const std::vector<double>& contention, std::size_t b
 /// actions ran, each instant weighted by the factor for the workers busy on the machine then
 /// (contention_at, on `cores` cores; 0: unknown): `per_busy` of them for each worker busy in `sim`
 /// (replicas in one process: the replica count; processes of which only some share a node: fewer),
-/// rounded up. All 1 where `contention` is empty.
+/// rounded up. All 1 where `contention` is empty. A worker w with `own_device[w]` set computes on a
+/// device of its own (WorkerSpeed::own_device): it is never counted busy, and its factor is 1.
 inline std::vector<double> contention_factors(const schedule::SimResult& sim, const std::vector<double>& contention,
-                                              double per_busy = 1, int cores = 0) {
+                                              double per_busy = 1, int cores = 0, const std::vector<char>& own_device = {}) {
   if (contention.empty()) return std::vector<double>(sim.times.size(), 1.0);
+  const auto apart = [&](std::size_t w) { return w < own_device.size() && own_device[w] != 0; };
   struct Edge {
     double time;
     int worker, delta;
@@ -120,7 +122,7 @@ inline std::vector<double> contention_factors(const schedule::SimResult& sim, co
   std::vector<Edge> edges;
   for (std::size_t w = 0; w < sim.times.size(); ++w)
     for (const schedule::ActionTime& t : sim.times[w])
-      if (t.end > t.start) {
+      if (t.end > t.start && !apart(w)) {
         edges.push_back({t.start, int(w), +1});
         edges.push_back({t.end, int(w), -1});
       }
@@ -359,11 +361,15 @@ inline schedule::SimResult simulate_with_contention(const Request& request, cons
                                                     const schedule::OffloadPlan* offload = nullptr) {
   const int p = c.p, d = c.d, t = c.t, virtual_stages = c.virtual_stages();
   schedule::SimResult sim = schedule::simulate(plan, costs, offload);
-  const int sharing = request.one_process ? p * d * t : std::min(p * d * t, request.colocated);
+  // Workers on devices of their own (WorkerSpeed::own_device) take no share of the cores.
+  const std::vector<char> own_device = own_devices(request);
+  const int on_cores = p - int(std::count(own_device.begin(), own_device.end(), char(1)));
+  const int sharing = request.one_process ? on_cores * d * t : std::min(on_cores * d * t, request.colocated);
   // One entry (an action alone) still charges turns on too few cores.
   if (sharing > 1 && !model.contention.empty() &&
       (model.contention.size() > 1 || (request.cores > 0 && sharing > request.cores))) {
-    const std::vector<double> f = contention_factors(sim, model.contention, double(sharing) / double(p), request.cores);
+    const std::vector<double> f =
+        contention_factors(sim, model.contention, double(sharing) / double(on_cores), request.cores, own_device);
     const auto scale = [&](std::vector<schedule::StageCosts>& list) {
       for (int k = 0; k < virtual_stages; ++k) {
         schedule::StageCosts& stage = list[std::size_t(k)];

@@ -146,6 +146,14 @@ inline double update_rate_of(const Request& request, const CostModel& model, std
   return w < request.workers.size() ? request.workers[w].update_seconds_per_param : model.update_seconds_per_param;
 }
 
+/// Per pipeline worker, 1 where it computes on a device of its own (WorkerSpeed::own_device), out of
+/// the contention of the machine's cores; empty without Request::workers.
+inline std::vector<char> own_devices(const Request& request) {
+  std::vector<char> out;
+  for (const WorkerSpeed& w : request.workers) out.push_back(w.own_device ? 1 : 0);
+  return out;
+}
+
 /// The splits the search prices for unequal workers (Request::workers, not empty) on `placement`:
 /// first the bottleneck partition (bottleneck_cuts over each
 /// worker's F + B + W per layer, at the request's cut points, each part's parameter state within its
