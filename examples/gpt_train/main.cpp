@@ -157,6 +157,14 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   app.add_option("--eval-batches", f.eval_batches, "held-out batches per evaluation")->capture_default_str()->check(positive);
   app.add_option("--held-out", f.held_out, "fraction of the corpus held out (its end)")->capture_default_str()->check(positive);
+  CLI::Option* pack = app.add_flag("--pack", f.pack,
+               "packed sequences: a document begins at each --pack-separator token; attention stays within each "
+               "document and positions restart at its first token (training and the held-out loss)");
+  app.add_option("--pack-separator", f.pack_separator,
+                 "with --pack, the token that begins a document (default: <|endoftext|> 50256 in llm.c shards, '%' "
+                 "(37) in byte-level text, the line fortune files put between two texts)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->needs(pack);
   app.add_option("--sample", f.sample, "tokens to generate after training (0: none)")->capture_default_str()->check(non_negative);
   app.add_option("--prompt", f.prompt, "text the sample continues")->capture_default_str();
   app.add_option("--temperature", f.temperature, "sampling temperature")->capture_default_str()->check(positive);

@@ -88,7 +88,19 @@ struct Flags {
   bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
   bool zero_given = false;                ///< --zero was on the command line (--plan auto then keeps it)
   std::string rank_order = "stages-outermost";  ///< comm::RankOrder of the ranks
+  bool pack = false;  ///< --pack: packed sequences, a document beginning at each separator token
+  /// --pack-separator: the token that begins a document; -1: <|endoftext|> (50256) for llm.c shards,
+  /// '%' (fortune's line between two texts) for byte-level text.
+  std::int32_t pack_separator = -1;
 };
+
+/// The token --pack starts a document at: --pack-separator, else llm.c's <|endoftext|> in token
+/// shards (it begins every document) or '%' in byte-level text (fortune files put it on a line of
+/// its own between two texts).
+inline std::int32_t pack_separator(const Flags& f) {
+  if (f.pack_separator >= 0) return f.pack_separator;
+  return f.shards.empty() ? std::int32_t('%') : 50256;
+}
 
 /// The flags every rank of a multi-process run must share (display flags and the data paths, which
 /// may be mounted elsewhere on another node, are left out; the tokens are compared after loading).
@@ -109,6 +121,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt},
           {"--zero", std::to_string(f.zero)}, {"--tp", std::to_string(f.tp)}, {"--rank-order", f.rank_order},
           {"--precision", f.precision},         {"--plan", f.plan},
+          {"--pack", f.pack ? std::to_string(pack_separator(f)) : "off"},
           {"--plan-tensor", [&] {
              std::string degrees;
              for (const int t : f.plan_tensor) degrees += std::to_string(t) + ",";
@@ -155,9 +168,10 @@ double widen(V v) {
 /// Mean cross-entropy (nats per token) of the model on `batches` fixed batches of held-out windows:
 /// the same every run (seed 0's order, whatever --seed), drawn from all of the held-out part. Logits
 /// are computed a few sequences at a time, at most ~64 M values (256 MiB) in host memory: a GPT-2
-/// vocabulary makes a whole batch's logits gigabytes.
+/// vocabulary makes a whole batch's logits gigabytes. With a `separator` (>= 0: --pack), documents
+/// begin at that token, as in training.
 template <gpt::Config config, class Pipe>
-double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int batch, int batches) {
+double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int batch, int batches, std::int32_t separator = -1) {
   const index_t V = config.vocab, Tn = config.context;
   const index_t chunk = std::clamp<index_t>((index_t(1) << 26) / (Tn * V), 1, batch);
   io::WindowLoader loader(tokens, Tn, batch, 0, 1, io::WindowPosition::start(0), io::WindowOrder::shuffled);
@@ -170,8 +184,10 @@ double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int ba
     for (index_t first = 0; first < batch; first += chunk) {
       const index_t rows = std::min<index_t>(chunk, batch - first) * Tn;
       logits.resize(std::size_t(rows * V));
-      pipe.predict(ConstView<std::int32_t>{x.data() + first * Tn, Shape{rows, 1}},
-                   TensorView<typename Pipe::T>{logits.data(), Shape{rows, V}});
+      const std::span<const std::int32_t> ids(x.data() + first * Tn, std::size_t(rows));
+      const std::vector<std::int32_t> starts = separator >= 0 ? document_starts(ids, Tn, separator) : std::vector<std::int32_t>{};
+      pipe.predict(ConstView<std::int32_t>{ids.data(), Shape{rows, 1}}, TensorView<typename Pipe::T>{logits.data(), Shape{rows, V}},
+                   separator >= 0 ? DocumentStarts{starts.data(), rows} : DocumentStarts{});
       for (index_t r = 0; r < rows; ++r) {
         const auto* z = logits.data() + r * V;
         double max = widen(z[0]);
@@ -268,7 +284,9 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   using Model = gpt::TensorParallelModel<config, TP>;  // gpt::Model<config> itself with TP 1
   using Stages = partition_for<Model, P, Schedule>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
-  Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices),
+  CUPIPE_REQUIRE(!f.pack || pack_separator(f) < config.vocab, "--pack-separator ", pack_separator(f),
+                 " is not a token of the ", f.preset, " vocabulary (0 to ", config.vocab - 1, ")");
+  Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices), .packed_sequences = f.pack,
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
              .post_validation = f.post_validation > 0, .zero = f.zero, .check_equivalence = f.check_equivalence,
              .hand_over = parse_wires(f.hand_over)});
@@ -306,6 +324,14 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
       TP > 1 ? (" x " + std::to_string(TP) + " tensor-parallel ranks").c_str() : "", f.batch,
       f.batch * int(config.context), f.microbatches, f.lr);
   if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
+  if (f.pack) {
+    const auto found = std::count(split.train.begin(), split.train.end(), pack_separator(f));
+    CUPIPE_REQUIRE(found > 0, "--pack: the training tokens hold no separator ", pack_separator(f),
+                   ", so every window would be one document; give --pack-separator");
+    say("packed sequences: a document begins at each token %d (%lld of them in the training tokens, one per %.0f tokens); "
+        "attention stays within a document, positions restart at its start\n",
+        int(pack_separator(f)), (long long)found, double(split.train.size()) / double(found));
+  }
   // What each worker will hold, before anything is allocated (one-chunk schedules): the first stage
   // of 1F1B holds the most microbatches, the last the head's V-wide output.
   std::array<double, Stages::size> estimate{};
@@ -365,7 +391,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   std::vector<double> step_times;  // wall time of every train_step
   const auto start = std::chrono::steady_clock::now();
   auto evaluate = [&](std::int64_t step) {
-    eval_loss = held_out_loss<config>(pipe, split.held_out, f.batch, f.eval_batches);
+    eval_loss = held_out_loss<config>(pipe, split.held_out, f.batch, f.eval_batches, f.pack ? pack_separator(f) : -1);
     if (bar) std::printf("\n");
     say("step %lld: held-out loss %.4f (%.4f %s), train loss %.4f, %.1f s\n", (long long)step, eval_loss,
         eval_loss / per_bit, unit, last_loss, seconds);
@@ -376,6 +402,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   // group ends where an evaluation, a save or the run does, so those always follow a whole step.
   const std::int64_t window = std::max(1, f.post_validation);
   std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(window)), ys(static_cast<std::size_t>(window));
+  std::vector<std::vector<std::int32_t>> starts(static_cast<std::size_t>(window));  // --pack: each batch's borders
   std::vector<typename Pipe::Batch> group;
   for (std::int64_t first_step = pipe.updates(); first_step < f.steps;) {
     std::int64_t count = std::min<std::int64_t>(window, f.steps - first_step);
@@ -388,11 +415,16 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
       std::vector<std::int32_t>& y = ys[std::size_t(k)];
       loader.next(x, y);
       const index_t rows = index_t(x.size());
-      group.push_back({ConstView<std::int32_t>{x.data(), Shape{rows, 1}}, ConstView<std::int32_t>{y.data(), Shape{rows}}});
+      DocumentStarts documents{};
+      if (f.pack) {
+        starts[std::size_t(k)] = document_starts(x, config.context, pack_separator(f));
+        documents = {starts[std::size_t(k)].data(), rows};
+      }
+      group.push_back({ConstView<std::int32_t>{x.data(), Shape{rows, 1}}, ConstView<std::int32_t>{y.data(), Shape{rows}}, documents});
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<StepStats> results;
-    if (count == 1) results.push_back(pipe.train_step(group[0].x, group[0].labels, adamw));
+    if (count == 1) results.push_back(pipe.train_step(group[0].x, group[0].labels, adamw, group[0].documents));
     else results = pipe.train_steps(std::span<const typename Pipe::Batch>(group), adamw);
     // Overlapped steps have no boundaries of their own: each gets the group's mean.
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(count);
@@ -522,6 +554,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"sent_bytes_per_step", std::accumulate(last_stats.sent_bytes.begin(), last_stats.sent_bytes.end(), std::int64_t{0})},
                             {"backend", f.backend},
                             {"precision", f.precision},
+                            {"packed", f.pack},
                             {"schedule", f.schedule},
                             {"stages", f.stages},
                             {"data_parallel", launch.replicas},

@@ -337,6 +337,64 @@ int check_gpt(int rank) {
   return verdict_everywhere(failures);
 }
 
+/// Packed sequences (PipelineOptions::packed_sequences) on 2 stages x D replicas against one process
+/// given the same borders: 3 AdamW steps, weights to 1e-12. Then every rank of stage 1 passes other
+/// borders than stage 0's: every rank throws, naming the disagreement, before any action runs.
+int check_packed(int rank) {
+  constexpr gpt::Config config = small_gpt;
+  using Gpt = gpt::Model<small_gpt>;
+  using Stages = partition<Gpt, 2>;
+  constexpr index_t T = config.context;
+  auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, 2);
+  const comm::Topology& topo = comm->topology();
+  if (rank == 0) std::printf("%s, packed sequences\n", topo.describe().c_str());
+  constexpr index_t sequences = 8;
+  const index_t share = sequences / topo.replicas * T;
+  std::vector<std::int32_t> ids(std::size_t(sequences * T)), next(ids.size());
+  Rng rng(6);
+  for (auto& v : ids) v = std::int32_t(rng.below(std::uint64_t(config.vocab)));
+  for (auto& v : next) v = std::int32_t(rng.below(std::uint64_t(config.vocab)));
+  for (index_t s = 0; s < sequences; ++s) ids[std::size_t(s * T + 1 + index_t(rng.below(std::uint64_t(T - 1))))] = 3;
+  const std::vector<std::int32_t> starts = document_starts(ids, T, 3);
+  const index_t first = topo.replica() * share;
+  const ConstView<std::int32_t> mine{ids.data() + first, Shape{share, 1}};
+  const ConstView<std::int32_t> mine_y{next.data() + first, Shape{share}};
+  const DocumentStarts my_documents{starts.data() + first, share};
+  Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> distributed(
+      {.microbatches = 2, .seed = 4, .packed_sequences = true, .transfer_timeout_seconds = 60.0, .communicator = comm});
+  Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> reference(
+      {.microbatches = 2 * topo.replicas, .seed = 4, .packed_sequences = true});
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
+  int failures = 0;
+  for (int s = 0; s < 3; ++s) {
+    distributed.train_step(mine, mine_y, adamw, my_documents);
+    if (rank == 0)
+      reference.train_step(ConstView<std::int32_t>{ids.data(), Shape{sequences * T, 1}},
+                           ConstView<std::int32_t>{next.data(), Shape{sequences * T}}, adamw,
+                           DocumentStarts{starts.data(), sequences * T});
+  }
+  const std::vector<double> weights = distributed.parameters();
+  if (rank == 0) {
+    const double r = relative(weights, reference.parameters());
+    const bool ok = r <= 1e-12;
+    std::printf("packed: weights after 3 AdamW steps: %s (max relative difference %.3g)\n", ok ? "equal" : "DIFFERENT", r);
+    failures += !ok;
+  }
+  // Stage 1 (on every replica) with every sequence one document: the stages disagree.
+  const std::vector<std::int32_t> whole(std::size_t(share), 0);
+  const bool stage_one = topo.stage() == 1;
+  try {
+    distributed.train_step(mine, mine_y, adamw, stage_one ? DocumentStarts{whole.data(), share} : my_documents);
+    std::printf("rank %d: borders that differ between the stages were NOT REFUSED\n", rank);
+    ++failures;
+  } catch (const error& e) {
+    const bool named = std::string(e.what()).find("given different document borders") != std::string::npos;
+    if (!named) std::printf("rank %d: FAIL, another error: %s\n", rank, e.what());
+    failures += !named;
+  }
+  return verdict_everywhere(failures);
+}
+
 /// bf16 storage (Host<bfloat16, float>) on P stages x D replicas against one process, 3 AdamW steps.
 /// With --zero each replica updates its shard of the fp32 master weights and the shards are
 /// gathered; every replica must then hold all of them, and weights in use that are their rounding.
@@ -415,7 +473,8 @@ int main(int argc, char** argv) {
     else if (schedule == "gpt" && stages == 4) rc = check_gpt<4>(rank);
     else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);
     else if (schedule == "bf16" && stages == 2) rc = check_bf16<2>(rank);
-    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages 1|2|4\n");
+    else if (schedule == "packed" && stages == 2) rc = check_packed(rank);
+    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16|packed --stages 1|2|4\n");
     return rc;
   });
 }

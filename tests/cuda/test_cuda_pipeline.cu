@@ -311,40 +311,50 @@ TEST_CASE("an overlap's two streams run at once", "[gpu][cuda][overlap][timing]"
 namespace {
 
 /// A small tied GPT (V 64, T 16, 2 blocks, 2 heads, C 32) on the GPU against the same pipeline on the
-/// host: loss and gradients of one forward_backward, weights after 3 SGD steps, a prediction.
+/// host: loss and gradients of one forward_backward, weights after 3 SGD steps, a prediction. With
+/// `packed`, packed sequences: token 5 begins a document, 1 to 3 of them in each sequence, and both
+/// pipelines take the borders (the GPU attention then runs once per document).
 template <class Policy, int P>
-void check_gpt_cuda_equals_host() {
+void check_gpt_cuda_equals_host(bool packed = false) {
   constexpr gpt::Config config{64, 16, 2, 2, 32};
   using Stages = partition_for<gpt::Model<config>, P, Policy>;
   using Gpu = Pipeline<Stages, Policy, backend::Cuda<float>>;
   using Cpu = Pipeline<Stages, Policy, backend::Host<float>>;
-  INFO("GPT " << Policy::name << " p = " << P);
+  INFO("GPT " << Policy::name << " p = " << P << (packed ? ", packed" : ""));
   PipelineOptions options;
   options.microbatches = 4;
   options.seed = seed;
+  options.packed_sequences = packed;
   Gpu gpu(options);
   Cpu cpu(options);
   REQUIRE(relative_error(gpu.parameters(), cpu.parameters()) == 0);
   Rng rng(31);
   const index_t rows = 6 * config.context;  // 6 sequences: 2, 2, 1, 1 per microbatch
-  const std::vector<std::int32_t> ids = random_ints(rng, rows, config.vocab), next = random_ints(rng, rows, config.vocab);
+  std::vector<std::int32_t> ids = random_ints(rng, rows, config.vocab);
+  const std::vector<std::int32_t> next = random_ints(rng, rows, config.vocab);
+  if (packed)
+    for (index_t s = 0; s < 6; ++s)
+      for (std::uint64_t k = 0, n = 1 + rng.below(3); k < n; ++k) ids[std::size_t(s * config.context) + 1 + rng.below(std::uint64_t(config.context - 1))] = 5;
+  const std::vector<std::int32_t> starts = document_starts(ids, config.context, 5);
+  const DocumentStarts documents = packed ? DocumentStarts{starts.data(), rows} : DocumentStarts{};
   const ConstView<std::int32_t> x{ids.data(), Shape{rows, 1}}, y{next.data(), Shape{rows}};
-  const StepStats on_gpu = gpu.forward_backward(x, y);
-  const StepStats on_cpu = cpu.forward_backward(x, y);
+  const StepStats on_gpu = gpu.forward_backward(x, y, documents);
+  const StepStats on_cpu = cpu.forward_backward(x, y, documents);
   CHECK(std::abs(on_gpu.loss - on_cpu.loss) <= fp32_tolerance * std::abs(on_cpu.loss));
   CHECK(relative_error(gpu.gradients(), cpu.gradients()) <= fp32_tolerance);
   const optim::SGD sgd({.lr = 0.1, .momentum = 0.9, .clip_norm = 1.0});
   gpu.step(sgd);
   cpu.step(sgd);
   for (int step = 0; step < 2; ++step) {
-    gpu.train_step(x, y, sgd);
-    cpu.train_step(x, y, sgd);
+    gpu.train_step(x, y, sgd, documents);
+    cpu.train_step(x, y, sgd, documents);
   }
   CHECK(relative_error(gpu.parameters(), cpu.parameters()) <= fp32_tolerance);
   std::vector<float> want(std::size_t(config.context * config.vocab)), got(want.size());
   const ConstView<std::int32_t> one{ids.data(), Shape{config.context, 1}};
-  cpu.predict(one, TensorView<float>{want.data(), Shape{config.context, config.vocab}});
-  gpu.predict(one, TensorView<float>{got.data(), Shape{config.context, config.vocab}});
+  const DocumentStarts first = packed ? DocumentStarts{starts.data(), config.context} : DocumentStarts{};
+  cpu.predict(one, TensorView<float>{want.data(), Shape{config.context, config.vocab}}, first);
+  gpu.predict(one, TensorView<float>{got.data(), Shape{config.context, config.vocab}}, first);
   CHECK(relative_error(got, want) <= fp32_tolerance);
 }
 
@@ -355,6 +365,11 @@ TEST_CASE("a GPT on CUDA equals the host: 1F1B and ZB-H1 (attention's B and W sp
   check_gpt_cuda_equals_host<schedule::OneFOneB, 1>();
   check_gpt_cuda_equals_host<schedule::OneFOneB, 2>();
   check_gpt_cuda_equals_host<schedule::ZeroBubbleH1, 2>();
+}
+
+TEST_CASE("a GPT on CUDA equals the host with packed sequences (document borders): 1F1B at p = 2",
+          "[gpu][pipeline][gpt][documents]") {
+  check_gpt_cuda_equals_host<schedule::OneFOneB, 2>(true);
 }
 
 TEST_CASE("a hand-over never overwrites a pooled buffer its slow consumer still reads", "[gpu][pipeline][memory]") {

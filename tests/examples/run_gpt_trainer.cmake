@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
 #   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir>
-#         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|post_validation|bf16|bf16_schedules|fp8|cuda_schedules [-DBF16=0|1]
+#         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|pack|post_validation|bf16|bf16_schedules|fp8|cuda_schedules [-DBF16=0|1]
 #         [-DMPIRUN=<mpirun command line, ;-separated>] [-DHOST_TRAINER=<path>] -P run_gpt_trainer.cmake
 # learns: 100 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed. With -DBF16=1 (a
@@ -31,6 +31,8 @@
 # bf16_cuda: 20 steps with --backend cuda --precision bf16 (MFU in (0, 1)), then, given
 #         -DHOST_TRAINER=<a gpt_train with bf16 host training>, the same on the host: held-out
 #         losses within 2%. "SKIPPED: ..." without a usable GPU.
+# pack:   --pack (documents begin at fortune's '%' lines): 60 steps learn, the borders change the
+#         losses, and packed steps overlap with --post-validation bit-exactly.
 # post_validation: 10 steps of ZBV (tied wte and lm_head on worker 0) with --post-validation 4, an
 #         evaluation after step 5 cutting the groups to 4, 1, 4, 1, against 10 plain steps: the same
 #         tensor bytes and the same held-out loss.
@@ -290,6 +292,29 @@ elseif(MODE STREQUAL "plan")
   if(NOT workers EQUAL 2)
     message(FATAL_ERROR "interleaved on 2 stages reported ${workers} peaks, expected 2: ${summary}")
   endif()
+elseif(MODE STREQUAL "pack")
+  # Documents begin at fortune's '%' lines: 60 packed steps learn (the held-out loss, taken with the
+  # same borders, ends below the unigram baseline), the borders change training (5 steps packed and
+  # unpacked end on other losses), and packed steps overlap with post-validation bit-exactly.
+  run_trainer(--pack --steps 60 --warmup 10 --lr 3e-3 --eval-every 0 --eval-batches 4 --sample 0)
+  string(JSON packed GET "${summary}" packed)
+  string(JSON held_out GET "${summary}" held_out_loss)
+  string(JSON unigram GET "${summary}" unigram_loss)
+  if(NOT packed OR NOT held_out LESS unigram OR NOT output MATCHES "packed sequences: a document begins at each token 37 \\(")
+    message(FATAL_ERROR "--pack: packed ${packed}, held-out loss ${held_out} (unigram ${unigram}) after 60 steps: ${output}")
+  endif()
+  run_trainer(--pack --steps 5 --eval-every 0 --eval-batches 1 --sample 0)
+  string(JSON packed_loss GET "${summary}" train_loss)
+  run_trainer(--steps 5 --eval-every 0 --eval-batches 1 --sample 0)
+  string(JSON plain_loss GET "${summary}" train_loss)
+  if(packed_loss STREQUAL plain_loss)
+    message(FATAL_ERROR "--pack: 5 steps end on train loss ${packed_loss}, as without it")
+  endif()
+  set(common --data "${DATA_DIR}" --schedule zbv --stages 2 --microbatches 4 --batch 8 --progress none
+             --steps 10 --warmup 2 --eval-every 5 --eval-batches 1 --sample 0 --pack)
+  expect_post_validation_bitwise(held_out_loss)
+  message("packed: held-out loss ${held_out} < unigram ${unigram} after 60 steps; 5 steps: ${packed_loss} packed, "
+          "${plain_loss} not")
 elseif(MODE STREQUAL "post_validation")
   set(common --data "${DATA_DIR}" --schedule zbv --stages 2 --microbatches 4 --batch 8 --progress none
              --steps 10 --warmup 2 --eval-every 5 --eval-batches 1 --sample 0)

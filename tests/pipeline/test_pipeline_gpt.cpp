@@ -3,7 +3,8 @@
 // flush schedule at p = 1, 2, 4: the unpipelined Network's loss and gradients after one
 // forward_backward, its weights after 3 AdamW steps, to 1e-12 relative; the tied copies stay bitwise
 // equal. Microbatches are whole sequences, ragged ones included. Untied, PipeDream and 2BW keep their
-// documented semantics.
+// documented semantics. Packed sequences (document borders) equal the Network given the same
+// borders, and borders that do not fit the pipeline are refused before any work.
 #include "pipeline_test_support.hpp"
 
 #include <cstring>
@@ -281,4 +282,97 @@ TEST_CASE("GPT: weight decay on the matrices only (DecayOn::matrices) through 1F
     const bool same = std::memcmp(spared.data() + p.offset, decayed.data() + p.offset, std::size_t(p.numel) * sizeof(double)) == 0;
     CHECK(same == (p.shape.rank() == 2));
   }
+}
+
+namespace {
+
+/// Packed sequences: a batch of `sequences` windows whose token `separator` begins a document, at
+/// 1 to 3 random places per sequence, and their borders (document_starts).
+struct PackedBatch : TokenBatch {
+  static constexpr std::int32_t separator = 7;
+  std::vector<std::int32_t> starts;
+  PackedBatch(index_t sequences, std::uint64_t salt) : TokenBatch(sequences, salt) {
+    Rng rng(salt + 1);
+    for (index_t s = 0; s < sequences; ++s)
+      for (std::uint64_t k = 0, n = 1 + rng.below(3); k < n; ++k) ids[std::size_t(s * T) + 1 + rng.below(std::uint64_t(T - 1))] = separator;
+    starts = document_starts(ids, T, separator);
+  }
+  DocumentStarts documents() const { return {starts.data(), rows}; }
+};
+
+/// Packed sequences through `Policy` on P workers: the unpipelined Network given the same borders,
+/// after one forward_backward (loss and gradients) and after 3 AdamW steps (weights), to 1e-12.
+template <class Policy, int P>
+void check_packed_against_network() {
+  using Pipe = Pipeline<partition_for<Gpt, P, Policy>, Policy, Host>;
+  INFO(Policy::name << " p = " << P);
+  PipelineOptions options;
+  options.microbatches = 4;
+  options.seed = seed;
+  options.packed_sequences = true;
+  std::optional<Pipe> pipe;
+  pipe.emplace(options);
+  Network<Gpt, Host> net(seed);
+  // 6 sequences in 4 microbatches (2, 2, 1, 1): each microbatch takes its own rows' borders.
+  const PackedBatch batch(6, 12);
+  REQUIRE(batch.starts != std::vector<std::int32_t>(batch.starts.size(), 0));
+  const StepStats stats = test::bounded(120, [&] { return pipe->forward_backward(batch.x(), batch.y(), batch.documents()); });
+  net.backend().documents = batch.documents();
+  const double loss = net.forward_backward(batch.x(), batch.y());
+  CHECK(std::abs(stats.loss - loss) <= tolerance * std::abs(loss));
+  CHECK(test::relative_difference(pipe->gradients(), net.gradients()) <= tolerance);
+  // The borders matter: the same tokens as whole sequences give another loss.
+  Network<Gpt, Host> plain(seed);
+  CHECK(std::abs(plain.forward_backward(batch.x(), batch.y()) - loss) > 1e-6 * std::abs(loss));
+  // No action leaves its microbatch's borders on a context.
+  for (int w = 0; w < P; ++w) CHECK(pipe->backend(w).documents.empty());
+
+  const optim::AdamW adamw({.lr = 3e-3, .weight_decay = 0.1, .clip_norm = 1.0});
+  pipe.emplace(options);
+  Network<Gpt, Host> trained(seed);
+  std::vector<std::vector<double>> slots;
+  for (int step = 0; step < 3; ++step) {
+    const PackedBatch b(4, 200 + std::uint64_t(step));
+    const StepStats s = test::bounded(120, [&] { return pipe->train_step(b.x(), b.y(), adamw, b.documents()); });
+    trained.zero_grad();
+    trained.backend().documents = b.documents();
+    const double l = trained.forward_backward(b.x(), b.y());
+    trained.backend().documents = {};
+    CHECK(std::abs(s.loss - l) <= tolerance * std::abs(l));
+    test::reference_update(trained, adamw, slots, step);
+  }
+  CHECK(test::relative_difference(pipe->parameters(), trained.parameters()) <= tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("GPT: packed sequences (document borders) through GPipe, 1F1B, ZB-H1 and Interleaved<2> equal the Network",
+          "[pipeline][equivalence][gpt][documents]") {
+  check_packed_against_network<schedule::GPipe, 2>();
+  check_packed_against_network<schedule::OneFOneB, 2>();
+  check_packed_against_network<schedule::ZeroBubbleH1, 2>();  // W passes read the borders too
+  check_packed_against_network<schedule::Interleaved<2>, 2>();
+}
+
+TEST_CASE("GPT: document borders without packed_sequences, or none with it, are refused before any work",
+          "[pipeline][gpt][documents]") {
+  using Pipe = Pipeline<partition<Gpt, 2>, schedule::OneFOneB, Host>;
+  const optim::AdamW adamw({.lr = 3e-3});
+  const PackedBatch batch(4, 5);
+  PipelineOptions options{.microbatches = 2, .seed = seed};
+  Pipe plain(options);
+  CHECK_THROWS_WITH(plain.train_step(batch.x(), batch.y(), adamw, batch.documents()),
+                    Catch::Contains("document borders given, but the pipeline was built without PipelineOptions::packed_sequences"));
+  options.packed_sequences = true;
+  Pipe packed(options);
+  CHECK_THROWS_WITH(packed.train_step(batch.x(), batch.y(), adamw),
+                    Catch::Contains("built with PipelineOptions::packed_sequences, so every batch needs its document borders"));
+  std::vector<std::int32_t> bad = batch.starts;
+  bad[1] = 5;  // token 1 of sequence 0 cannot start at 5
+  CHECK_THROWS_WITH(packed.train_step(batch.x(), batch.y(), adamw, DocumentStarts{bad.data(), batch.rows}),
+                    Catch::Contains("row 1 (token 1 of sequence 0) has document start 5"));
+  CHECK_THROWS_WITH(packed.train_step(batch.x(), batch.y(), adamw, DocumentStarts{batch.starts.data(), batch.rows - T}),
+                    Catch::Contains("document starts for 96 rows, but the batch has 128"));
+  // Nothing ran: the weights are the initial ones.
+  CHECK(test::bitwise_equal(packed.parameters(), Network<Gpt, Host>(seed).parameters()));
 }

@@ -2,6 +2,8 @@
 // CausalSelfAttention<C, Heads, SeqLen>: GPT-2's attention, as nanoGPT's CausalSelfAttention:
 //   qkv = x c_attn^T + b (n, 3C);  att = causal softmax attention per head;  y = att c_proj^T + b.
 // Its rows are whole sequences of SeqLen tokens (rows_per_sample), so a microbatch never cuts one.
+// Packed sequences (the backend context's documents, core/documents.hpp): each document attends
+// within itself, a causal sequence of its own length.
 // Parameters, in nanoGPT's names and layouts: c_attn.weight (3C, C), c_attn.bias (3C),
 // c_proj.weight (C, C), c_proj.bias (C). The one-part case of detail::HeadSplitAttention, which
 // TensorParallelAttention (layers/tensor_parallel.hpp) splits by heads: one code path for both.
@@ -10,6 +12,7 @@
 #include <cmath>
 #include <string>
 
+#include "cupipe/core/documents.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/layer.hpp"
@@ -66,7 +69,10 @@ struct HeadSplitAttention {
     const Parts_<B, T> s(saved.data(), x.rows());
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, w_attn<B>(p), T(0), s.qkv);
     bias_add(be, s.qkv, b_attn<B>(p));
-    causal_attention_forward(be, ConstViewOn<B, T>(s.qkv), s.att, s.lse, heads, SeqLen);
+    by_document(be, x.rows(), [&](index_t first, index_t rows, index_t seq_len) {
+      causal_attention_forward(be, ConstViewOn<B, T>(s.qkv.row_slice(first, rows)), s.att.row_slice(first, rows),
+                               s.lse.row_slice(first, rows), heads, seq_len);
+    });
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(s.att), w_proj<B>(p), T(0), y);
     tensor_group_sum<Parts>(be, y, "TensorParallelAttention");
     bias_add(be, y, b_proj<B>(p));  // once, after the sum
@@ -80,8 +86,11 @@ struct HeadSplitAttention {
     auto datt = be.template allocate<T>(n * width, MemoryTag::workspace);
     const ViewOn<B, T> datt_view{datt.data(), Shape{n, width}};
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, w_proj<B>(p), T(0), datt_view);
-    causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, grad_t<B>>(s.lse),
-                              ConstViewOn<B, T>(datt_view), s.dqkv, heads, SeqLen);
+    by_document(be, n, [&](index_t first, index_t rows, index_t seq_len) {
+      causal_attention_backward(be, ConstViewOn<B, T>(s.qkv.row_slice(first, rows)), ConstViewOn<B, T>(s.att.row_slice(first, rows)),
+                                ConstViewOn<B, grad_t<B>>(s.lse.row_slice(first, rows)),
+                                ConstViewOn<B, T>(datt_view.row_slice(first, rows)), s.dqkv.row_slice(first, rows), heads, seq_len);
+    });
     if (dx.empty()) return;
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), w_attn<B>(p), T(0), dx);
     tensor_group_sum<Parts>(be, dx, "TensorParallelAttention");
@@ -101,6 +110,16 @@ struct HeadSplitAttention {
   }
 
  private:
+  /// f(first, rows, seq_len) over the `n` rows: all of them as sequences of SeqLen at once, or with
+  /// document borders (be.documents, packed sequences) each document on its own, a causal sequence
+  /// of its length, so no query sees another document's keys.
+  template <class B, class F>
+  static void by_document(B& be, index_t n, F&& f) {
+    if (be.documents.empty()) return f(0, n, SeqLen);
+    check_documents(be.documents, n, SeqLen, "CausalSelfAttention (packed sequences)");
+    for (index_t s0 = 0; s0 < n; s0 += SeqLen)
+      be.documents.each_document(s0, SeqLen, [&](index_t first, index_t length) { f(first, length, length); });
+  }
   /// The saved area of n rows, split: lse (n, Heads) first, where the saved area's alignment holds
   /// for the compute type, then qkv (n, 3C), att (n, C), dqkv (n, 3C) (this rank's share of each).
   template <class B, class T>

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cupipe/core/documents.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/layer.hpp"
@@ -91,9 +92,10 @@ struct VocabSplitTokenPositionEmbedding {
     check_sequences(ids.numel());
     embedding_forward(be, ids, ConstViewOn<B, T>{p, Shape{part_vocab, Dim}}, y, part(be));
     tensor_group_sum<Parts>(be, y, "VocabParallelTokenPositionEmbedding");
-    for (index_t s = 0; s < ids.numel(); s += SeqLen)
-      axpy(be, T(1), ConstViewOn<B, T>{p + part_vocab * Dim, Shape{SeqLen, Dim}},
-           ViewOn<B, T>{y.data() + s * Dim, Shape{SeqLen, Dim}});
+    by_position_run(be, ids.numel(), [&](index_t first, index_t length) {
+      axpy(be, T(1), ConstViewOn<B, T>{p + part_vocab * Dim, Shape{length, Dim}},
+           ViewOn<B, T>{y.data() + first * Dim, Shape{length, Dim}});
+    });
   }
   template <class B, class T>
   static void backward_input(B&, const T*, ConstViewOn<B, std::int32_t>, ConstViewOn<B, T>, ConstViewOn<B, T>, ViewOn<B, T>) {}
@@ -102,12 +104,20 @@ struct VocabSplitTokenPositionEmbedding {
   static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, grad_t<B>* g) {
     check_sequences(ids.numel());
     embedding_backward(be, ids, dy, ViewOn<B, grad_t<B>>{g, Shape{part_vocab, Dim}}, part(be));
-    for (index_t s = 0; s < ids.numel(); s += SeqLen)
-      axpy(be, T(1), ConstViewOn<B, T>{dy.data() + s * Dim, Shape{SeqLen, Dim}},
-           ViewOn<B, grad_t<B>>{g + part_vocab * Dim, Shape{SeqLen, Dim}});
+    by_position_run(be, ids.numel(), [&](index_t first, index_t length) {
+      axpy(be, T(1), ConstViewOn<B, T>{dy.data() + first * Dim, Shape{length, Dim}},
+           ViewOn<B, grad_t<B>>{g + part_vocab * Dim, Shape{length, Dim}});
+    });
   }
 
  private:
+  /// f(first, length) over runs of rows at positions 0 .. length - 1: each sequence of SeqLen, or
+  /// with document borders (be.documents, packed sequences) each document, its positions from 0.
+  template <class B, class F>
+  static void by_position_run(B& be, index_t rows, F&& f) {
+    check_documents(be.documents, rows, SeqLen, describe());
+    for (index_t s = 0; s < rows; s += SeqLen) be.documents.each_document(s, SeqLen, f);
+  }
   template <class B>
   static ops::VocabPart part(B& be) {
     return {index_t(tensor_group_rank<Parts>(be, "VocabParallelTokenPositionEmbedding")) * part_vocab, Vocab};
@@ -120,7 +130,8 @@ struct VocabSplitTokenPositionEmbedding {
 }  // namespace detail
 
 /// TokenPositionEmbedding<Vocab, SeqLen, Dim>: GPT-2's input, y = wte[id] + wpe[position], where the
-/// rows are whole sequences of SeqLen tokens and a row's position is its index in its sequence.
+/// rows are whole sequences of SeqLen tokens and a row's position is its index in its sequence, or
+/// in its document where the backend context has document borders (packed sequences).
 /// Parameters as nanoGPT names them: wte.weight (Vocab, Dim), wpe.weight (SeqLen, Dim).
 template <index_t Vocab, index_t SeqLen, index_t Dim>
 struct TokenPositionEmbedding : detail::VocabSplitTokenPositionEmbedding<Vocab, SeqLen, Dim, 1> {};

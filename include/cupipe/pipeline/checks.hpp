@@ -196,6 +196,7 @@ struct PipelineChecks {
                                           {"zero", zero_text(o)},
                                           {"tensor-parallel ranks", std::to_string(comm->topology().tensor)},
                                           {"hand-over", wires_text(o.hand_over)},
+                                          {"packed sequences", o.packed_sequences ? "on" : "off"},
                                           {"plan fingerprint", schedule::fingerprint(plan)}});
     if (o.channel_capacity > 0 && o.channel_capacity < std::size_t(plan.channel_depth))
       CUPIPE_THROW("Pipeline: channel_capacity ", o.channel_capacity, " is below the ", plan.channel_depth,

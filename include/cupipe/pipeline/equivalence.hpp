@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cupipe/core/documents.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/pipeline/options.hpp"
@@ -75,7 +76,8 @@ class EquivalenceCheck {
   /// None for workers of different types, which check_equivalence refuses.
   using Reference = std::conditional_t<Mixed, int, Pipeline<detail::counted_partition<Model, 1>, schedule::GPipe, Backend>>;
 
-  EquivalenceCheck(const PipelineOptions& options, bool flush) : steps_(options.check_equivalence), seed_(options.seed) {
+  EquivalenceCheck(const PipelineOptions& options, bool flush)
+      : steps_(options.check_equivalence), seed_(options.seed), packed_(options.packed_sequences) {
     CUPIPE_REQUIRE(steps_ >= 0, "PipelineOptions::check_equivalence is ", steps_, "; give the number of steps to check (0: none)");
     if (steps_ == 0) return;
     CUPIPE_REQUIRE(flush, "PipelineOptions::check_equivalence: this schedule updates inside the step (asynchronous), "
@@ -94,11 +96,13 @@ class EquivalenceCheck {
   /// One train_step of `pipe` with the check (Pipe: the Pipeline; its forward_backward and step are
   /// train_step's two halves in one process).
   template <class In, class Pipe, class Optimizer>
-  StepStats train_step(Pipe& pipe, ConstView<In> x, ConstView<std::int32_t> labels, const Optimizer& optimizer) {
+  StepStats train_step(Pipe& pipe, ConstView<In> x, ConstView<std::int32_t> labels, const Optimizer& optimizer,
+                       DocumentStarts documents = {}) {
     using G = typename Pipe::G;
     const int step = done_++;
     if constexpr (!Mixed) {
-      if (!reference_) reference_ = std::make_unique<Reference>(PipelineOptions{.microbatches = 1, .seed = seed_});
+      if (!reference_)
+        reference_ = std::make_unique<Reference>(PipelineOptions{.microbatches = 1, .seed = seed_, .packed_sequences = packed_});
       Reference& ref = *reference_;
       const std::vector<G> weights = pipe.parameters();
       std::vector<std::vector<G>> slots;
@@ -113,8 +117,8 @@ class EquivalenceCheck {
         for (std::size_t s = 0; s < slots.size(); ++s) into.set_optimizer_state(optimizer, s, slots[s], updates);
       };
       set_state(ref);
-      StepStats stats = pipe.forward_backward(x, labels);
-      const StepStats want = ref.forward_backward(x, labels);
+      StepStats stats = pipe.forward_backward(x, labels, documents);
+      const StepStats want = ref.forward_backward(x, labels, documents);
       try {
         compare<Pipe>(step, "loss", std::vector<G>{G(stats.loss)}, std::vector<G>{G(want.loss)}, false);
         compare<Pipe>(step, "gradient", pipe.gradients(), ref.gradients(), true);
@@ -134,7 +138,7 @@ class EquivalenceCheck {
       }
       return stats;
     } else {
-      (void)pipe, (void)x, (void)labels, (void)optimizer, (void)step;
+      (void)pipe, (void)x, (void)labels, (void)optimizer, (void)step, (void)documents;
       CUPIPE_THROW("PipelineOptions::check_equivalence: refused for mixed backends");
     }
   }
@@ -177,6 +181,7 @@ class EquivalenceCheck {
   int steps_ = 0;
   int done_ = 0;
   std::uint64_t seed_ = 0;
+  bool packed_ = false;  ///< PipelineOptions::packed_sequences: the reference takes the borders too
   std::unique_ptr<Reference> reference_;
 };
 

@@ -29,6 +29,11 @@ struct PipelineOptions {
   std::vector<int> recompute{};
   /// Device of each worker, for device backends (several workers may share one). Empty: device 0.
   std::vector<int> devices{};
+  /// Packed sequences (core/documents.hpp): every train_step passes its batch's document borders,
+  /// which the attention and position embedding layers follow (each document attends within itself,
+  /// its positions from 0); across processes the stages agree on them each step, one sum of seven
+  /// doubles over the stages (pipeline/documents.hpp).
+  bool packed_sequences = false;
   /// Messages a worker's mailbox holds before senders wait; 0: enough for the schedule.
   std::size_t channel_capacity = 0;
   /// A receive (or a step's sends) waiting longer than this is an error naming the stage, action

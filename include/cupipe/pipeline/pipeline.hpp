@@ -15,6 +15,7 @@
 //   model_values.hpp       the whole model's parameters, gradients and optimizer state, for checkpoints
 //   deferred_checks.hpp    device-side input checks reported once per flush step
 //   equivalence.hpp        PipelineOptions::check_equivalence: the first steps against the unpipelined model
+//   documents.hpp          packed sequences: a step's document borders checked, agreed and set per action
 // docs/architecture.md draws a training step's path through them.
 #pragma once
 
@@ -33,6 +34,7 @@
 #include "cupipe/layers/tensor_parallel.hpp"
 #include "cupipe/optim/optimizers.hpp"
 #include "cupipe/pipeline/checks.hpp"
+#include "cupipe/pipeline/documents.hpp"
 #include "cupipe/pipeline/equivalence.hpp"
 #include "cupipe/pipeline/gradient_sync.hpp"
 #include "cupipe/pipeline/model_values.hpp"
@@ -173,40 +175,38 @@ class Pipeline {
   /// Optimizer updates applied so far (per stage they are equal once a step has finished).
   std::int64_t updates() { std::int64_t n = 0; states_.for_each([&](auto, auto& st) { n = st.updates; }); return n; }
 
-  /// One training step on a batch x (n, in_features) with labels (n,), both in host memory, on any
-  /// backend: forward, backward and the optimizer update(s) the schedule prescribes. The pipeline
-  /// stages x to the worker that runs the first stage and the labels to the one that runs the last
-  /// (no copy on the host backend). Any n >= microbatches (x batches) works: microbatch sizes then
-  /// differ by at most one row. With PipelineOptions::check_equivalence, checked (equivalence.hpp).
+  /// One training step on a batch x (n, in_features) with labels (n,) (with PipelineOptions::
+  /// packed_sequences also its document borders), all in host memory, on any backend: forward,
+  /// backward and the update(s) the schedule prescribes. x goes to the worker that runs the first
+  /// stage, the labels to the last one's (no copy on the host). Any n >= microbatches (x batches)
+  /// works: their sizes then differ by at most a sample. check_equivalence checks it (equivalence.hpp).
   template <optim::Optimizer Optimizer>
-  StepStats train_step(ConstView<input_type> x, ConstView<std::int32_t> labels, const Optimizer& optimizer) {
+  StepStats train_step(ConstView<input_type> x, ConstView<std::int32_t> labels, const Optimizer& optimizer, DocumentStarts documents = {}) {
     Checks::batch(x, labels, "Pipeline::train_step", plan_.config.total_microbatches());
-    if constexpr (flush) if (equivalence_.due()) return equivalence_.template train_step<input_type>(*this, x, labels, optimizer);
-    return train_resident(stage_inputs(x), stage_labels(labels), optimizer);
+    if constexpr (flush) if (equivalence_.due()) return equivalence_.template train_step<input_type>(*this, x, labels, optimizer, documents);
+    return train_resident(stage_inputs(x), stage_labels(labels), optimizer, documents);
   }
   /// The same with the batch already in the backend's memory (device backends): x in the first
   /// stage's worker's, labels in the last stage's.
   template <optim::Optimizer Optimizer>
     requires(!mixed && !host_accessible<space>)
   StepStats train_step(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
-                       const Optimizer& optimizer) {
+                       const Optimizer& optimizer, DocumentStarts documents = {}) {
     Checks::batch(x, labels, "Pipeline::train_step", plan_.config.total_microbatches());
-    return train_resident(x, labels, optimizer);
+    return train_resident(x, labels, optimizer, documents);
   }
 
   /// Forward and backward only (flush schedules): gradients accumulate, weights stay. For tests and
   /// for callers that step the optimizer themselves with step(). Host arrays, as train_step.
-  StepStats forward_backward(ConstView<input_type> x, ConstView<std::int32_t> labels) {
+  StepStats forward_backward(ConstView<input_type> x, ConstView<std::int32_t> labels, DocumentStarts documents = {}) {
     static_assert(flush, "forward_backward: asynchronous schedules update inside the step; use train_step");
     Checks::batch(x, labels, "Pipeline::forward_backward", plan_.config.total_microbatches());
-    return run(stage_inputs(x), stage_labels(labels), {}, false);
+    return run(stage_inputs(x), stage_labels(labels), {}, false, documents);
   }
-  StepStats forward_backward(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels)
-    requires(!host_accessible<space>)
-  {
+  StepStats forward_backward(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels) requires(!host_accessible<space>) {
     static_assert(flush, "forward_backward: asynchronous schedules update inside the step; use train_step");
     Checks::batch(x, labels, "Pipeline::forward_backward", plan_.config.total_microbatches());
-    return run(x, labels, {}, false);
+    return run(x, labels, {}, false, {});
   }
 
   /// Applies one flush update from the accumulated gradients, then zeroes them. Returns the global
@@ -218,8 +218,8 @@ class Pipeline {
     return sync_->flush_update(optimizer);
   }
 
-  /// A batch in host memory, for train_steps.
-  struct Batch { ConstView<input_type> x; ConstView<std::int32_t> labels; };
+  /// A batch in host memory, for train_steps (documents: as train_step's).
+  struct Batch { ConstView<input_type> x; ConstView<std::int32_t> labels; DocumentStarts documents{}; };
 
   /// One training step per batch, in order, as train_step on each; with PipelineOptions::post_validation
   /// the steps overlap, bitwise equal to that (post_validated_run.hpp: how, and what stats then hold).
@@ -236,11 +236,12 @@ class Pipeline {
     for (const Batch& b : batches) Checks::batch(b.x, b.labels, "Pipeline::train_steps", plan_.config.total_microbatches());
     std::vector<StepStats> out;
     if (!options_.post_validation || batches.size() < 2) {
-      for (std::size_t t = 0; t < batches.size(); ++t) out.push_back(train_step(batches[t].x, batches[t].labels, optimizers[t]));
+      for (std::size_t t = 0; t < batches.size(); ++t) out.push_back(train_step(batches[t].x, batches[t].labels, optimizers[t], batches[t].documents));
       return out;
     }
     if constexpr (update_rule == schedule::UpdateRule::flush) {
       prepare_slots<Optimizer>();
+      for (const Batch& b : batches) pipeline::check_step_documents(b.documents, options_, b.x.rows(), rows_per_sample, "Pipeline::train_steps");
       out = post_validated_->train(batches, optimizers);
     }
     return out;
@@ -248,10 +249,10 @@ class Pipeline {
 
   /// Inference through all stages on the caller's thread: x (n, in_features) -> out (n, prediction_features),
   /// both in host memory, on any backend. Across processes every rank calls it with its replica's x
-  /// (read by stage 0's ranks) and every rank gets the output.
-  void predict(ConstView<input_type> x, TensorView<T> out) {
+  /// (read by stage 0's ranks) and every rank gets the output. `documents`: x's borders (packed sequences).
+  void predict(ConstView<input_type> x, TensorView<T> out, DocumentStarts documents = {}) {
     Checks::prediction(x, out, prediction_features);
-    auto result = predict_resident(stage_inputs(x));
+    auto result = predict_resident(stage_inputs(x), documents);
     constexpr int last = worker_of(virtual_stages - 1);
     const std::span<T> host(out.data(), std::size_t(out.numel()));
     if constexpr (output_parts == 1) {
@@ -282,9 +283,7 @@ class Pipeline {
   std::vector<G> parameters() { return values().parameters(); }
   /// The accumulated gradients, same layout, summed over the replicas (across processes a
   /// collective: every rank calls it).
-  std::vector<G> gradients() {
-    return sync_->read_summed([&] { return values().gradients(); });
-  }
+  std::vector<G> gradients() { return sync_->read_summed([&] { return values().gradients(); }); }
   void set_parameters(std::span<const G> values) { this->values().set_parameters(values); }
   /// Optimizer state slot `slot` (e.g. 0 = exp_avg for AdamW), same layout; empty before the first
   /// update. With ZeRO-1 the replicas' shards are gathered first (a collective over the replicas).
@@ -330,32 +329,33 @@ class Pipeline {
 
   template <optim::Optimizer Optimizer>
   StepStats train_resident(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
-                           const Optimizer& optimizer) {
+                           const Optimizer& optimizer, DocumentStarts documents) {
     prepare_slots<Optimizer>();
     // The update follows at once, so no more gradients accumulate: each stage's sum over the
     // replicas may start as soon as its last backward is done.
-    StepStats stats = run(x, labels, Executor::StepOptimizer::of(optimizer), sync_->overlaps_sums());
+    StepStats stats = run(x, labels, Executor::StepOptimizer::of(optimizer), sync_->overlaps_sums(), documents);
     stats.overlapped_gradient_sums = sync_->started();
     if constexpr (flush) stats.grad_norm = sync_->flush_update(optimizer);
     return stats;
   }
 
   /// The last stage's output for x (empty where another process runs the last stage).
-  typename Executor::output_buffer predict_resident(ConstViewOn<FirstBackend, input_type> x) {
+  typename Executor::output_buffer predict_resident(ConstViewOn<FirstBackend, input_type> x, DocumentStarts documents = {}) {
     transport_->begin_step(1);
-    return shards_->gathered([&] { return executor_->predict(x, pipeline::predict_message_id); });
+    return shards_->gathered([&] { return executor_->predict(x, pipeline::predict_message_id, documents); });
   }
 
   /// One step over a checked batch already in the backend's memory; `optimizer` updates inside it
   /// (asynchronous schedules; empty for flush schedules). `early_sums`: each stage's sum over the
   /// replicas starts when its gradients are complete.
   StepStats run(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
-                typename Executor::StepOptimizer optimizer, bool early_sums) {
+                typename Executor::StepOptimizer optimizer, bool early_sums, DocumentStarts documents) {
+    pipeline::check_step_documents(documents, options_, x.rows(), rows_per_sample);
     int base = 0;
     states_.for_each([&](auto, auto& st) { base = st.weights.latest(); });
     const pipeline::StepPlan step_plan =
         loop_->plan_step(executor_->version_offsets(), x.rows(), base, batches_done_, rows_per_sample, global_samples_);
-    typename Executor::Step step{&step_plan, x, labels, std::vector<double>(std::size_t(step_plan.microbatches()), 0.0),
+    typename Executor::Step step{&step_plan, x, labels, documents, std::vector<double>(std::size_t(step_plan.microbatches()), 0.0),
                                  {}, optimizer, batches_done_};
     if (early_sums) sync_->prepare_early_sums();
     const auto gathers = shards_->count();

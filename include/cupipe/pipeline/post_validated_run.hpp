@@ -68,6 +68,7 @@ class PostValidatedRun {
       steps[t].plan = &plans[t];
       steps[t].x = x_staging[t](first, batches[t].x);
       steps[t].labels = label_staging[t](last, batches[t].labels);
+      steps[t].documents = batches[t].documents;  // checked by the Pipeline
       steps[t].losses.assign(std::size_t(plans[t].microbatches()), 0.0);
     }
     std::vector<StepStats> out(count);

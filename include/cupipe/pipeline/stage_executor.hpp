@@ -35,6 +35,7 @@
 #include "cupipe/layers/network.hpp"
 #include "cupipe/optim/optimizers.hpp"
 #include "cupipe/pipeline/activation_arena.hpp"
+#include "cupipe/pipeline/documents.hpp"
 #include "cupipe/pipeline/hand_over_transport.hpp"
 #include "cupipe/pipeline/hand_over_wire.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
@@ -140,6 +141,7 @@ class StageExecutor {
     const StepPlan* plan = nullptr;
     ConstViewOn<FirstBackend, input_type> x;
     ConstViewOn<LastBackend, std::int32_t> labels;
+    DocumentStarts documents{};             ///< the batch's borders (packed sequences; host memory), or none
     std::vector<double> losses;             ///< [microbatch] written by the last virtual stage
     /// When allocated ([microbatch], in the last virtual stage's worker's memory, compute type): each
     /// forward of the last virtual stage leaves its loss here and collect_losses reads them all with
@@ -242,7 +244,7 @@ class StageExecutor {
   /// Inference through this process's virtual stages in order, on the caller's thread, with each
   /// stage's latest weights: x (n, in_features) -> the last stage's output (n, out_features), in the
   /// last worker's memory; empty where the last stage runs in another process.
-  output_buffer predict(ConstViewOn<FirstBackend, input_type> x, int message_id) {
+  output_buffer predict(ConstViewOn<FirstBackend, input_type> x, int message_id, DocumentStarts documents = {}) {
     const index_t rows = x.rows();
     output_buffer result;
     states_.for_each([&](auto k, auto& st) {
@@ -255,6 +257,7 @@ class StageExecutor {
       if constexpr (K > 0) input = receive_message<K>(K - 1, {Flow::activation, K, message_id}, rows * Seq::in_features);
       auto record = be.template allocate<T>(Seq::record_elements(rows), MemoryTag::activations);
       const backend::Inference<B> inference(be);  // leaves the training step's state alone (FP8 amaxes)
+      const DocumentsScope<B> borders(be, documents);
       if constexpr (K == 0) Seq::forward(be, st.weights.latest_data(), x, record.data());
       else Seq::forward(be, st.weights.latest_data(), ConstViewOn<B, T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
       const ConstViewOn<B, T> out = Seq::template output<typename B::space>(record.data(), rows);
@@ -296,6 +299,10 @@ class StageExecutor {
 
   static ConstViewOn<LastBackend, std::int32_t> microbatch_labels(const Step& step, int j) {
     return {step.labels.data() + step.plan->first[std::size_t(j)], Shape{step.plan->rows[std::size_t(j)]}};
+  }
+  /// Microbatch j's rows of the step's document borders (none where the step has none).
+  static DocumentStarts microbatch_documents(const Step& step, int j) {
+    return step.documents.slice(step.plan->first[std::size_t(j)], step.plan->rows[std::size_t(j)]);
   }
 
   /// An overlapped F starts together with the B after it (schedule::Action::overlap): the B's
@@ -443,6 +450,7 @@ class StageExecutor {
     if (overlapped) backend::capabilities<B>::overlap_begin(be);  // after the input is in, see take_partner_input
     const bool leaves = st.recompute || (step.offload && evicted_after_[std::size_t(K)][std::size_t(j)] >= 0);
     f.record = take(st, step, j, leaves ? ArenaRole::forward_record : ArenaRole::record, Seq::record_elements(f.rows));
+    const DocumentsScope<B> documents(be, microbatch_documents(step, j));
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
     const ConstViewOn<B, T> out = Seq::template output<typename B::space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
@@ -471,6 +479,7 @@ class StageExecutor {
     auto& f = *found;
     const T* params = st.weights.data(f.version);
     const auto x0 = stage_input<K, St>(f, step, j);
+    const DocumentsScope<B> documents(be, microbatch_documents(step, j));
     if (st.recompute) {
       f.record = take(st, step, j, ArenaRole::record, Seq::record_elements(f.rows));
       Seq::forward(be, params, x0, f.record.data());
@@ -500,6 +509,7 @@ class StageExecutor {
     auto* found = st.in_flight.find(j);
     if (found == nullptr || found->dy.data() == nullptr) CUPIPE_THROW("W before B for microbatch ", j);
     auto& f = *found;
+    const DocumentsScope<stage_backend<K>> documents(*st.be, microbatch_documents(step, j));
     Seq::backward_weight(*st.be, stage_input<K, St>(f, step, j), f.record.data(),
                          ConstViewOn<stage_backend<K>, typename St::T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
                          f.grad_record.data(), st.gradients());

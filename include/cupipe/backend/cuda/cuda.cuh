@@ -25,6 +25,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/core/documents.hpp"
 #include "cupipe/core/tensor_group.hpp"
 
 namespace cupipe::backend {
@@ -56,6 +57,11 @@ class Cuda : public ops::Dispatch {
   /// layer then refuses to run). A group that takes device memory (NCCL's) sums in place; others
   /// stage through host memory. Not owned.
   TensorGroup* tensor_group = nullptr;
+
+  /// The document borders of the rows the layers run now (packed sequences, core/documents.hpp;
+  /// empty: one document per sequence), in host memory, set by whoever runs them (the pipeline,
+  /// per action); the attention and position embedding layers read them. Not owned.
+  DocumentStarts documents{};
 
   /// Float GEMMs on TF32 tensor cores (about 1e-3 relative; 8x the fp32 rate on an H100) or in exact
   /// fp32. From backend::cuda::default_math() when the context is made: TF32 unless the program changed it.

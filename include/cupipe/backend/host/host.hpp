@@ -27,6 +27,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/tensor.hpp"
+#include "cupipe/core/documents.hpp"
 #include "cupipe/core/tensor_group.hpp"
 
 namespace cupipe::backend {
@@ -80,6 +81,11 @@ struct Host : ops::Dispatch {
   /// The tensor-parallel group the layers of layers/tensor_parallel.hpp sum over (null: none; such a
   /// layer then refuses to run). Not owned.
   TensorGroup* tensor_group = nullptr;
+
+  /// The document borders of the rows the layers run now (packed sequences, core/documents.hpp;
+  /// empty: one document per sequence), in host memory, set by whoever runs them (the pipeline,
+  /// per action); the attention and position embedding layers read them. Not owned.
+  DocumentStarts documents{};
 
   /// Sets how many threads the host BLAS uses per call (OpenBLAS; other BLAS libraries keep theirs).
   /// Process-wide: OpenBLAS has one setting for every context.
