@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// A property over 1,000 random (schedule, p, V, m, batches) configurations, m < p included: every
+// A property over 1,000 random (schedule, p, V, m, batches, rows) configurations, m < p and
+// microbatches of different lengths included (a batch's rows need not divide evenly): every
 // configuration a policy accepts verifies, simulates and runs a step to completion on the host runtime,
 // whose layers sleep (a hang aborts the binary through test::bounded's deadline), with the
 // unpipelined model's gradients for the flush schedules; every refused one is refused with a sentence
@@ -38,6 +39,7 @@ struct Draw {
   int stages;
   int microbatches;
   int batches;
+  int rows;  // of the step's batch: m x batches to 3 m x batches, so the microbatches are often ragged
 };
 
 /// Whether the runtime should accept the draw: restated from the documented rules, not taken from
@@ -78,8 +80,10 @@ std::vector<planner::detail::ChunkSizes> chunk_sizes() {
 /// Each worker's measured activation peak lies within the bounds the planner proves for every
 /// timing (planner::detail::activation_bounds), in bytes.
 void check_bounds(const schedule::Plan& plan, const std::vector<planner::detail::ChunkSizes>& sizes, const StepStats& stats,
-                  Tally& tally) {
-  const std::vector<double> rows(std::size_t(plan.config.total_microbatches()), 2.0);
+                  index_t batch_rows, Tally& tally) {
+  pipeline::StepPlan split;  // the rows of each microbatch, as the runtime splits the batch
+  pipeline::split_rows(split, batch_rows, plan.config.total_microbatches());
+  const std::vector<double> rows(split.rows.begin(), split.rows.end());
   const planner::detail::ActivationBounds bounds = planner::detail::activation_bounds(plan, sizes, rows);
   REQUIRE(stats.peak_activation_bytes.size() == bounds.high.size());
   for (std::size_t w = 0; w < bounds.high.size(); ++w) {
@@ -118,7 +122,7 @@ void run_draw(const Draw& d, std::uint64_t seed, Tally& tally) {
   const schedule::SimResult simulated = schedule::simulate(plan, schedule::Costs{1, 1, 1});
   CHECK(simulated.makespan > 0);
 
-  const index_t rows = 2 * index_t(d.microbatches) * d.batches;
+  const auto rows = index_t(d.rows);
   const test::Batch batch = test::make_batch(rows, 4, 4, seed);
   std::size_t planned = 0;
   for (const auto& list : plan.actions) planned += list.size();
@@ -129,13 +133,13 @@ void run_draw(const Draw& d, std::uint64_t seed, Tally& tally) {
     const double loss = net.forward_backward(batch.inputs(), batch.targets());
     CHECK(std::abs(stats.loss - loss) <= 1e-12 * std::abs(loss));
     CHECK(test::relative_difference(pipe.gradients(), net.gradients()) <= 1e-12);
-    check_bounds(plan, chunk_sizes<Stages>(), stats, tally);
+    check_bounds(plan, chunk_sizes<Stages>(), stats, rows, tally);
   } else {
     const StepStats stats =
         test::bounded(60, [&] { return pipe.train_step(batch.inputs(), batch.targets(), optim::SGD({.lr = 0.1})); });
     CHECK(stats.actions.size() == planned);
     CHECK(std::isfinite(stats.loss));
-    check_bounds(plan, chunk_sizes<Stages>(), stats, tally);
+    check_bounds(plan, chunk_sizes<Stages>(), stats, rows, tally);
   }
 }
 
@@ -172,7 +176,10 @@ TEST_CASE("1,000 random (schedule, p, V, m, batches): accepted ones verify, simu
     // then 0 (refused); batches above 1 a quarter of the time (refused by the flush policies).
     const int policy = uniform(0, int(Drawn::size) - 1), p = uniform(1, max_stages);
     const int m = i % 50 == 0 ? 0 : uniform(1, uniform(0, 2) == 0 ? p : 12);
-    const Draw d{policy, p, m, uniform(0, 3) == 0 ? uniform(2, 3) : 1};
+    const int batches = uniform(0, 3) == 0 ? uniform(2, 3) : 1, total = std::max(m, 1) * batches;
+    // Rows from one per microbatch to three: microbatches of different lengths, whose receivers
+    // must expect each one's own size (a size they do not expect is an error, never a hang).
+    const Draw d{policy, p, m, batches, uniform(total, 3 * total)};
     dispatch(d, seed + std::uint64_t(i), tally);
   }
   test::reset_knobs();
