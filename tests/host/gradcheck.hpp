@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cupipe/core/rng.hpp"
+#include "cupipe/core/shape.hpp"
 
 namespace cupipe::testing {
 
@@ -42,6 +43,17 @@ std::vector<double> numeric_gradient(std::span<double> x, Loss&& loss, double h 
     grad[i] = (plus - minus) / (2 * h);
   }
   return grad;
+}
+
+/// Random parameters of a LayerSeq: the layers' own init, shifted, so that no gradient is special
+/// (LayerNorm's gamma of ones and beta of zeros would hide a swapped dgamma and dbeta). Never empty,
+/// even with no parameters, so its data() is never null.
+template <class Seq>
+std::vector<double> random_params(std::uint64_t seed, Rng& rng) {
+  std::vector<double> p(std::size_t(std::max<index_t>(Seq::param_count, 1)));
+  Seq::init(std::span<double>(p.data(), std::size_t(Seq::param_count)), seed);
+  for (double& x : p) x += rng.uniform(-0.5, 0.5);
+  return p;
 }
 
 /// n values uniform in [low, high).

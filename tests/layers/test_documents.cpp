@@ -23,6 +23,7 @@
 using namespace cupipe;
 using cupipe::testing::dot;
 using cupipe::testing::numeric_gradient;
+using cupipe::testing::random_params;
 using cupipe::testing::relative_error;
 using cupipe::testing::uniform_ints;
 using cupipe::testing::uniform_values;
@@ -31,15 +32,6 @@ namespace {
 
 using Vec = std::vector<double>;
 using Ids = std::vector<std::int32_t>;
-
-/// Random parameters of Seq: its own init, shifted, so that no gradient is special.
-template <class Seq>
-Vec random_params(std::uint64_t seed, Rng& rng) {
-  Vec p(std::size_t(std::max<index_t>(Seq::param_count, 1)));
-  Seq::init(std::span<double>(p.data(), std::size_t(Seq::param_count)), seed);
-  for (double& x : p) x += rng.uniform(-0.5, 0.5);
-  return p;
-}
 
 /// A LayerSeq's forward and fused backward on `be` (its documents as set): the output, the
 /// parameters' gradient and the input's (values input only).

@@ -20,6 +20,7 @@ using namespace cupipe;
 using cupipe::testing::cast_all;
 using cupipe::testing::dot;
 using cupipe::testing::numeric_gradient;
+using cupipe::testing::random_params;
 using cupipe::testing::relative_error;
 using cupipe::testing::uniform_ints;
 using cupipe::testing::uniform_values;
@@ -82,16 +83,6 @@ struct Input {
     else return ConstView<double>{values.data(), Shape{rows, Seq::in_features}};
   }
 };
-
-/// Random parameters: the layer's own init, shifted, so that no gradient is special (LayerNorm's
-/// gamma of ones and beta of zeros would hide a swapped dgamma and dbeta).
-template <class Seq>
-Vec random_params(std::uint64_t seed, Rng& rng) {
-  Vec p(std::size_t(std::max<index_t>(Seq::param_count, 1)));  // never null, even with no parameters
-  Seq::init(std::span<double>(p.data(), std::size_t(Seq::param_count)), seed);
-  for (double& x : p) x += rng.uniform(-0.5, 0.5);
-  return p;
-}
 
 /// Checks d sum(r * output) / d (parameters, input) of a LayerSeq against finite differences, with
 /// the fused backward (with_weight_grads = true) and a non-empty dx.

@@ -61,14 +61,13 @@ inline double causal_pairs(int rank, int cp, index_t seq_len, Split split = Spli
 /// against the `nk` keys and values of `kv_rows` (positions k_first ...), a key seen only from its
 /// position on. Writes each query's output over this block's keys, normalised within the block,
 /// into `out` (nq rows, C wide) and its log-sum-exp into `lse` (nq rows, heads wide); a query that
-/// sees none of them gets 0 and -infinity. Returns whether any query saw a key.
+/// sees none of them gets 0 and -infinity.
 template <class T>
-bool block_forward(const T* q_rows, index_t q_first, index_t nq, const T* kv_rows, index_t k_first, index_t nk, index_t C,
+void block_forward(const T* q_rows, index_t q_first, index_t nq, const T* kv_rows, index_t k_first, index_t nk, index_t C,
                    index_t heads, T* out, T* lse) {
   const index_t D = C / heads, W = 3 * C;
   const T scale = T(1) / std::sqrt(T(D));
   std::vector<T> scores(std::size_t(nq * nk));
-  bool any = false;
   for (index_t h = 0; h < heads; ++h) {
     T* S = scores.data();
     ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::yes, nq, nk, D, scale, q_rows + h * D, W, kv_rows + C + h * D, W,
@@ -81,7 +80,6 @@ bool block_forward(const T* q_rows, index_t q_first, index_t nq, const T* kv_row
         std::fill(s, s + nk, T(0));
         continue;
       }
-      any = true;
       const T max = *std::max_element(s, s + seen);
       T sum = 0;
       for (index_t u = 0; u < seen; ++u) sum += std::exp(s[u] - max);
@@ -93,7 +91,6 @@ bool block_forward(const T* q_rows, index_t q_first, index_t nq, const T* kv_row
     ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::no, nq, D, nk, T(1), S, nk, kv_rows + 2 * C + h * D, W, T(0),
                            out + h * D, C);
   }
-  return any;
 }
 
 /// Merges a block's output and log-sum-exp (`out_b`, `lse_b`, from block_forward) into the running
