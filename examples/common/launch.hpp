@@ -48,12 +48,16 @@ inline std::vector<int> parse_devices(const std::string& text) {
   return out;
 }
 
-/// The process's place in a multi-process run: none when run alone.
+/// The process's place in a multi-process run: none when run alone. `replica` and `replicas` count
+/// the data-parallel replicas (each reads its own share of a batch); the `context` ranks of a
+/// context-parallel ring read the same sequences, each keeping its share of their tokens.
 struct Launch {
   std::shared_ptr<comm::Communicator> communicator;
   int rank = 0;
   int replica = 0;
   int replicas = 1;
+  int context = 1;       ///< context-parallel ranks per ring (--cp)
+  int context_rank = 0;  ///< this rank's place in its ring
   bool leader() const { return rank == 0; }
 };
 
@@ -61,14 +65,14 @@ struct Launch {
 /// and start() it inside, so that abort_job() can still reach MPI from the catch.
 class Launcher {
  public:
-  /// Starts MPI when `dp` or `tp` > 1 or a launcher's environment is present, and checks the process
-  /// count (stages x dp x tp). `program` names the binary in the mpirun command a wrong count suggests.
-  /// `stages` 0 (--plan auto): the processes over dp x tp, which must divide them.
+  /// Starts MPI when `dp`, `tp` or `cp` > 1 or a launcher's environment is present, and checks the
+  /// process count (stages x dp x tp x cp). `program` names the binary in the mpirun command a wrong
+  /// count suggests. `stages` 0 (--plan auto): the processes over dp x tp, which must divide them.
   const Launch& start(int& argc, char**& argv, const char* program, int stages, int dp, double timeout, int tp = 1,
-                      comm::RankOrder order = comm::RankOrder::stages_outermost) {
+                      comm::RankOrder order = comm::RankOrder::stages_outermost, int cp = 1) {
 #if CUPIPE_HAS_MPI
     const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
-    if (dp > 1 || tp > 1 || under_launcher) {
+    if (dp > 1 || tp > 1 || cp > 1 || under_launcher) {
       mpi_ = std::make_unique<comm::MpiSession>(&argc, &argv);
       int world = 0;
       CUPIPE_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world));
@@ -79,19 +83,22 @@ class Launcher {
                        world == 1 ? " was" : " were", " launched");
         stages = world / (dp * tp);
       }
-      const int needed = stages * dp * tp;
+      const int needed = stages * dp * tp * cp;
       if (world != needed)
-        CUPIPE_THROW("--stages ", stages, " x --dp ", dp, tp > 1 ? " x --tp " + std::to_string(tp) : std::string(), " needs ",
+        CUPIPE_THROW("--stages ", stages, " x --dp ", dp, tp > 1 ? " x --tp " + std::to_string(tp) : std::string(),
+                     cp > 1 ? " x --cp " + std::to_string(cp) : std::string(), " needs ",
                      needed, " processes but ", world, world == 1 ? " was" : " were", " launched: run it as `mpirun -np ",
                      needed, " ", program, " ...` (or srun -n ", needed, ")");
       timeout_ = timeout;
       order_ = order;
+      cp_ = cp;
       reshape(stages, tp);
     }
 #else
     (void)argc, (void)argv, (void)program, (void)stages, (void)timeout, (void)order;
-    if (dp > 1 || tp > 1)
-      CUPIPE_THROW(dp > 1 ? "--dp" : "--tp", " needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
+    if (dp > 1 || tp > 1 || cp > 1)
+      CUPIPE_THROW(dp > 1 ? "--dp" : tp > 1 ? "--tp" : "--cp",
+                   " needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
 #endif
     return launch_;
   }
@@ -99,11 +106,11 @@ class Launcher {
   const Launch& launch() const { return launch_; }
 
   /// A communicator of every process with `stages` stages and `tp` tensor-parallel ranks (the rest
-  /// replicas), with the launch's timeout and rank order; collective: every rank calls it. Null when
-  /// MPI is not up (one process).
+  /// replicas, in the launch's context-parallel rings), with the launch's timeout and rank order;
+  /// collective: every rank calls it. Null when MPI is not up (one process).
   std::shared_ptr<comm::Communicator> communicator(int stages, int tp) const {
 #if CUPIPE_HAS_MPI
-    if (mpi_) return std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout_, tp, order_);
+    if (mpi_) return std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout_, tp, order_, cp_);
 #else
     (void)stages, (void)tp;
 #endif
@@ -118,8 +125,10 @@ class Launcher {
     launch_.communicator = communicator(stages, tp);
     const comm::Topology& topology = launch_.communicator->topology();
     launch_.rank = topology.rank;
-    launch_.replica = topology.replica();
-    launch_.replicas = topology.replicas;
+    launch_.replica = topology.data_replica();
+    launch_.replicas = topology.replicas / topology.context;
+    launch_.context = topology.context;
+    launch_.context_rank = topology.context_rank();
   }
 
   /// Ends every rank of a multi-process job (MPI_Abort); nothing when run alone.
@@ -144,6 +153,7 @@ class Launcher {
   std::unique_ptr<comm::MpiSession> mpi_;
   double timeout_ = 0;
   comm::RankOrder order_ = comm::RankOrder::stages_outermost;
+  int cp_ = 1;
 #endif
 };
 

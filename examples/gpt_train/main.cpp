@@ -227,6 +227,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2, 4}));
   plan->excludes(app.get_option("--tp"));  // the plan chooses it
+  app.add_option("--cp", f.cp,
+                 "context-parallel ranks per ring: each sequence split over N processes (rank r holds chunks r and "
+                 "2N-1-r of 2N), attention computed round the ring, losses and gradients summed over it; run under "
+                 "mpirun/srun with stages x dp x cp processes (host backend, fp32; not with --tp, --pack or --plan)")
+      ->capture_default_str()
+      ->check(positive);
+  plan->excludes(app.get_option("--cp"));
   app.add_option("--rank-order", f.rank_order,
                  "how ranks map to (stage, replica, t), t always innermost: stages-outermost (a stage's replicas on "
                  "nearby ranks, for the gradient sums) or replicas-outermost (a replica's pipeline on consecutive ranks)")
@@ -287,9 +294,18 @@ int main(int argc, char** argv) {
     if (f.tp > 1 && (f.schedule != "1f1b" || (f.stages != 1 && f.stages != 2)))
       CUPIPE_THROW("--tp ", f.tp, " runs with --schedule 1f1b and --stages 1 or 2 in this trainer (the tensor-parallel "
                    "model is built for those only), not --schedule ", f.schedule, " --stages ", f.stages);
+    if (f.cp > 1) {
+      if (f.tp > 1 || f.pack || f.precision != "fp32" || f.backend != "host")
+        CUPIPE_THROW("--cp ", f.cp, " runs on the host backend in fp32, without --tp and --pack (",
+                     f.tp > 1 ? "--tp" : f.pack ? "--pack" : f.backend != "host" ? "--backend " + f.backend : "--precision " + f.precision,
+                     " was given)");
+      if (gpt::tiny.context % (2 * f.cp) != 0)
+        CUPIPE_THROW("--cp ", f.cp, ": the tiny preset's sequences of ", gpt::tiny.context, " tokens do not cut into ",
+                     2 * f.cp, " equal chunks");
+    }
     const Launch& launch =
         launcher.start(argc, argv, "gpt_train", f.plan == "auto" ? 0 : f.stages, f.dp, f.timeout, f.tp,
-                       comm::parse_rank_order(f.rank_order));
+                       comm::parse_rank_order(f.rank_order), f.cp);
     // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
     if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     if (f.backend == "cuda" && launch.communicator)

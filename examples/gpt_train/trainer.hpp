@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cupipe/comm/agreement.hpp"
+#include "cupipe/cp/context_group.hpp"
 #include "cupipe/cupipe.hpp"
 #include "cupipe/gpt/model.hpp"
 #include "cupipe/pipeline/rebalance.hpp"  // stage_description
@@ -84,6 +85,7 @@ struct Flags {
   std::string hand_over = "full";     ///< --hand-over: full, bf16 or e4m3, for every link or one per link
   int zero = 0;  ///< the ZeRO stage: 1, the AdamW state sharded over the --dp replicas; 2, the gradients too; 3, the weights too
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
+  int cp = 1;                         ///< context-parallel ranks per ring (each sequence split over them)
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
   bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
   bool zero_given = false;                ///< --zero was on the command line (--plan auto then keeps it)
@@ -119,7 +121,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--resume", f.resume},               {"--max-steps", std::to_string(f.max_steps)},
           {"--max-seconds", real(f.max_seconds)}, {"--backend", f.backend},
           {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt},
-          {"--zero", std::to_string(f.zero)}, {"--tp", std::to_string(f.tp)}, {"--rank-order", f.rank_order},
+          {"--zero", std::to_string(f.zero)}, {"--tp", std::to_string(f.tp)}, {"--cp", std::to_string(f.cp)}, {"--rank-order", f.rank_order},
           {"--precision", f.precision},         {"--plan", f.plan},
           {"--pack", f.pack ? std::to_string(pack_separator(f)) : "off"},
           {"--plan-tensor", [&] {
@@ -169,9 +171,11 @@ double widen(V v) {
 /// the same every run (seed 0's order, whatever --seed), drawn from all of the held-out part. Logits
 /// are computed a few sequences at a time, at most ~64 M values (256 MiB) in host memory: a GPT-2
 /// vocabulary makes a whole batch's logits gigabytes. With a `separator` (>= 0: --pack), documents
-/// begin at that token, as in training.
+/// begin at that token, as in training. With a context-parallel `ring` (--cp) each rank predicts its
+/// share of every window's tokens, and the ring sums the shares.
 template <gpt::Config config, class Pipe>
-double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int batch, int batches, std::int32_t separator = -1) {
+double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int batch, int batches, std::int32_t separator = -1,
+                     cp::ContextGroup* ring = nullptr) {
   const index_t V = config.vocab, Tn = config.context;
   const index_t chunk = std::clamp<index_t>((index_t(1) << 26) / (Tn * V), 1, batch);
   io::WindowLoader loader(tokens, Tn, batch, 0, 1, io::WindowPosition::start(0), io::WindowOrder::shuffled);
@@ -182,9 +186,17 @@ double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int ba
   for (int b = 0; b < batches; ++b) {
     loader.next(x, y);
     for (index_t first = 0; first < batch; first += chunk) {
-      const index_t rows = std::min<index_t>(chunk, batch - first) * Tn;
+      index_t rows = std::min<index_t>(chunk, batch - first) * Tn;
+      std::span<const std::int32_t> ids(x.data() + first * Tn, std::size_t(rows)), labels(y.data() + first * Tn, std::size_t(rows));
+      std::vector<std::int32_t> my_ids, my_labels;  // with a ring: this rank's share
+      if (ring) {
+        my_ids = cp::local_rows(ids, Tn, ring->rank(), ring->size());
+        my_labels = cp::local_rows(labels, Tn, ring->rank(), ring->size());
+        ids = my_ids;
+        labels = my_labels;
+        rows /= ring->size();
+      }
       logits.resize(std::size_t(rows * V));
-      const std::span<const std::int32_t> ids(x.data() + first * Tn, std::size_t(rows));
       const std::vector<std::int32_t> starts = separator >= 0 ? document_starts(ids, Tn, separator) : std::vector<std::int32_t>{};
       pipe.predict(ConstView<std::int32_t>{ids.data(), Shape{rows, 1}}, TensorView<typename Pipe::T>{logits.data(), Shape{rows, V}},
                    separator >= 0 ? DocumentStarts{starts.data(), rows} : DocumentStarts{});
@@ -194,10 +206,15 @@ double held_out_loss(Pipe& pipe, const std::vector<std::int32_t>& tokens, int ba
         for (index_t v = 1; v < V; ++v) max = std::max(max, widen(z[v]));
         double sum = 0;
         for (index_t v = 0; v < V; ++v) sum += std::exp(widen(z[v]) - max);
-        total += max + std::log(sum) - widen(z[y[std::size_t(first * Tn + r)]]);
+        total += max + std::log(sum) - widen(z[labels[std::size_t(r)]]);
         ++count;
       }
     }
+  }
+  if (ring) {
+    double shares[2] = {total, double(count)};
+    ring->sum(shares, 2);
+    return shares[0] / shares[1];
   }
   return total / double(count);
 }
@@ -214,22 +231,31 @@ inline double unigram_entropy(const std::vector<std::int32_t>& tokens, index_t v
 
 /// Draws `count` tokens after `prompt`: each step runs the last T tokens (right-padded: causal
 /// attention never looks ahead) and samples the next from the logits at the last real position, with
-/// temperature and top-k.
+/// temperature and top-k. With a context-parallel `ring` (--cp) each rank predicts its share of the
+/// window; the rank that holds the last real position shares its logits round the ring (a sum with
+/// the others' zeros), and every rank draws the same token from the same stream.
 template <gpt::Config config, class Pipe>
 std::vector<std::int32_t> generate(Pipe& pipe, std::vector<std::int32_t> text, int count, double temperature, int top_k,
-                                   Rng& rng) {
+                                   Rng& rng, cp::ContextGroup* ring = nullptr) {
   const index_t Tn = config.context, V = config.vocab;
+  const int cp = ring ? ring->size() : 1, rank = ring ? ring->rank() : 0;
   std::vector<std::int32_t> window(static_cast<std::size_t>(Tn));
-  std::vector<typename Pipe::T> logits(std::size_t(Tn * V));
+  std::vector<typename Pipe::T> logits(std::size_t(Tn / cp * V));
+  std::vector<double> row(static_cast<std::size_t>(V));
   std::vector<std::pair<double, std::int32_t>> ranked(static_cast<std::size_t>(V));
   for (int i = 0; i < count; ++i) {
     const std::size_t used = std::min<std::size_t>(text.size(), std::size_t(Tn));
     std::fill(window.begin(), window.end(), 0);
     std::copy(text.end() - std::ptrdiff_t(used), text.end(), window.begin());
-    pipe.predict(ConstView<std::int32_t>{window.data(), Shape{Tn, 1}},
-                 TensorView<typename Pipe::T>{logits.data(), Shape{Tn, V}});
-    const auto* z = logits.data() + (used - 1) * std::size_t(V);
-    for (index_t v = 0; v < V; ++v) ranked[std::size_t(v)] = {widen(z[v]) / temperature, std::int32_t(v)};
+    const std::vector<std::int32_t> mine = cp::local_rows(std::span<const std::int32_t>(window), Tn, rank, cp);
+    pipe.predict(ConstView<std::int32_t>{mine.data(), Shape{Tn / cp, 1}},
+                 TensorView<typename Pipe::T>{logits.data(), Shape{Tn / cp, V}});
+    std::fill(row.begin(), row.end(), 0.0);
+    const index_t last = index_t(used) - 1;
+    if (const index_t local = cp::local_row_of(last, Tn, rank, cp); local >= 0)
+      for (index_t v = 0; v < V; ++v) row[std::size_t(v)] = widen(logits[std::size_t(local * V + v)]);
+    if (ring) ring->sum(row.data(), row.size());
+    for (index_t v = 0; v < V; ++v) ranked[std::size_t(v)] = {row[std::size_t(v)] / temperature, std::int32_t(v)};
     const int k = top_k > 0 ? std::min<int>(top_k, int(V)) : int(V);
     std::partial_sort(ranked.begin(), ranked.begin() + k, ranked.end(), [](auto& a, auto& b) { return a.first > b.first; });
     double sum = 0;
@@ -320,8 +346,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
       corpus.tokens.size(), split.train.size(), split.held_out.size());
   say("%s, %d stages x %d chunk(s)%s%s; %d sequences (%d tokens) a step in %d microbatches; AdamW lr %g\n",
       std::string(Schedule::name).c_str(), P, Schedule::chunks,
-      launch.replicas > 1 ? (" x " + std::to_string(launch.replicas) + " replicas").c_str() : "",
-      TP > 1 ? (" x " + std::to_string(TP) + " tensor-parallel ranks").c_str() : "", f.batch,
+      (launch.replicas > 1 ? " x " + std::to_string(launch.replicas) + " replicas" : std::string()).c_str(),
+      (TP > 1 ? " x " + std::to_string(TP) + " tensor-parallel ranks" : launch.context > 1 ? " x " + std::to_string(launch.context) + " context-parallel ranks" : std::string()).c_str(), f.batch,
       f.batch * int(config.context), f.microbatches, f.lr);
   if (launch.communicator) say("%s\n", launch.communicator->topology().describe().c_str());
   if (f.pack) {
@@ -337,8 +363,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   std::array<double, Stages::size> estimate{};
   if constexpr (Schedule::chunks == 1) {
     const int sequences = (f.batch / launch.replicas + f.microbatches - 1) / f.microbatches;
-    estimate = estimated_stage_bytes<Stages, Schedule>(f.microbatches,
-                                                       memory_model_for<Backend>(index_t(sequences) * config.context));
+    estimate = estimated_stage_bytes<Stages, Schedule>(
+        f.microbatches, memory_model_for<Backend>(index_t(sequences) * config.context / launch.context));
   }
   for (int k = 0; k < int(Stages::size); ++k)
     say("  stage %d: %s%s\n", k, stage_description<Stages>(k).c_str(),
@@ -367,7 +393,9 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
     say("resumed from %s: %lld updates, data position: epoch %lld, batch %lld\n", f.resume.c_str(),
         (long long)state.updates, (long long)state.epoch, (long long)state.batch);
   }
-  // --batch sequences a step in all: each replica reads its own batch / dp of them.
+  // --batch sequences a step in all: each replica reads its own batch / dp of them; with --cp each
+  // rank of a context-parallel ring keeps its two zigzag chunks of every sequence.
+  cp::ContextGroup* ring = launch.communicator ? launch.communicator->context_group() : nullptr;
   io::WindowLoader loader(split.train, config.context, f.batch / launch.replicas, launch.replica, launch.replicas,
                           data_start, f.data_order == "in-order" ? io::WindowOrder::in_order : io::WindowOrder::shuffled);
   auto save = [&] {
@@ -391,7 +419,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   std::vector<double> step_times;  // wall time of every train_step
   const auto start = std::chrono::steady_clock::now();
   auto evaluate = [&](std::int64_t step) {
-    eval_loss = held_out_loss<config>(pipe, split.held_out, f.batch, f.eval_batches, f.pack ? pack_separator(f) : -1);
+    eval_loss = held_out_loss<config>(pipe, split.held_out, f.batch, f.eval_batches, f.pack ? pack_separator(f) : -1, ring);
     if (bar) std::printf("\n");
     say("step %lld: held-out loss %.4f (%.4f %s), train loss %.4f, %.1f s\n", (long long)step, eval_loss,
         eval_loss / per_bit, unit, last_loss, seconds);
@@ -414,6 +442,10 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
       std::vector<std::int32_t>& x = xs[std::size_t(k)];
       std::vector<std::int32_t>& y = ys[std::size_t(k)];
       loader.next(x, y);
+      if (ring) {
+        x = cp::local_rows(std::span<const std::int32_t>(x), config.context, ring->rank(), ring->size());
+        y = cp::local_rows(std::span<const std::int32_t>(y), config.context, ring->rank(), ring->size());
+      }
       const index_t rows = index_t(x.size());
       DocumentStarts documents{};
       if (f.pack) {
@@ -485,7 +517,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   if (f.sample > 0) {
     Rng rng(f.seed + 1);
     const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
-    sample = printable(generate<config>(pipe, prompt, f.sample, f.temperature, f.top_k, rng));
+    sample = printable(generate<config>(pipe, prompt, f.sample, f.temperature, f.top_k, rng, ring));
     say("--- sample (temperature %g, top-k %d) ---\n%s\n---\n", f.temperature, f.top_k, sample.c_str());
   }
   const double median_step = examples::median_step_seconds(step_times);
@@ -559,6 +591,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"stages", f.stages},
                             {"data_parallel", launch.replicas},
                             {"tensor_parallel", TP},
+                            {"context_parallel", launch.context},
                             {"microbatches", f.microbatches},
                             {"peak_bytes_measured", peak_bytes},
                             {"optimizer_bytes", optimizer_bytes},

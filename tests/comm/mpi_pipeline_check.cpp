@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Run under mpirun: a pipeline spread over processes (MpiCommunicator, host backend, float64) must
 // compute what the same pipeline computes in one process on the whole batch.
-//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16 --stages P [--stall] [--zero[=2|=3]]
+//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16|packed|context --stages P [--cp N] [--stall] [--zero[=2|=3]]
 //                      [--keep-gathered] [--checkpoint PREFIX]
 // World = P stages x D replicas. Each replica trains on its share of one global batch. Rank 0 also
 // runs the single-process reference and compares gradients after one forward/backward and weights
@@ -10,6 +10,9 @@
 // --schedule gpt runs 1F1B on a small GPT whose lm_head is tied to wte, on different ranks: the tied
 // copies' gradients meet in a sum over the stages, and must stay bitwise equal.
 // --schedule bf16 runs 1F1B with bf16 storage and fp32 master weights (Host<bfloat16, float>).
+// --schedule context --cp N runs a GPT on 2 stages x D data-parallel replicas x rings of N
+// context-parallel ranks (cp/), each rank holding its two zigzag chunks of its replica's sequences:
+// losses, gradient norms, weights and predictions equal one process on whole sequences to 1e-12.
 // --zero turns ZeRO-1 on (PipelineOptions::zero): the same comparisons must hold, and each replica must
 // hold the optimizer state of its shard only, the replicas' shards adding up to the whole stage.
 // --zero=2 turns ZeRO-2 on: the same again, and between steps each replica holds its shard of the
@@ -27,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -395,6 +399,82 @@ int check_packed(int rank) {
   return verdict_everywhere(failures);
 }
 
+/// V 64, T 16, 2 blocks, 2 heads, C 16: sequences that cut into 8 chunks for rings of 4.
+constexpr gpt::Config ring_gpt{64, 16, 2, 2, 16};
+
+/// Context parallelism: the GPT (ring_gpt) on 2 stages x D data-parallel replicas x rings of `cp`
+/// ranks against one process on whole sequences, 3 AdamW steps (losses and gradient norms at each,
+/// then weights, to 1e-12), then predictions: each rank's logits equal the reference's rows it
+/// holds. Packed sequences with a ring are refused on every rank.
+int check_context(int rank, int cp) {
+  using Gpt = gpt::Model<ring_gpt>;
+  using Stages = partition<Gpt, 2>;
+  constexpr index_t T = ring_gpt.context, V = ring_gpt.vocab, sequences = 8;
+  auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, 2, 60.0, 1, comm::RankOrder::stages_outermost, cp);
+  const comm::Topology& topo = comm->topology();
+  const int dp = topo.replicas / cp;
+  if (rank == 0) std::printf("%s\n", topo.describe().c_str());
+  std::vector<std::int32_t> ids(std::size_t(sequences * T)), next(ids.size());
+  Rng rng(8);
+  for (auto& v : ids) v = std::int32_t(rng.below(std::uint64_t(V)));
+  for (auto& v : next) v = std::int32_t(rng.below(std::uint64_t(V)));
+  const index_t share = sequences / dp * T, first = topo.data_replica() * share;
+  const auto mine = [&](const std::vector<std::int32_t>& whole) {
+    return cp::local_rows(std::span<const std::int32_t>(whole.data() + first, std::size_t(share)), T, topo.context_rank(), cp);
+  };
+  const std::vector<std::int32_t> my_ids = mine(ids), my_next = mine(next);
+  const index_t n = index_t(my_ids.size());
+  Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> distributed(
+      {.microbatches = 2, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm});
+  Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> reference({.microbatches = 2 * dp, .seed = 4});
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
+  int failures = 0;
+  for (int s = 0; s < 3; ++s) {
+    const StepStats got = distributed.train_step(ConstView<std::int32_t>{my_ids.data(), Shape{n, 1}},
+                                                 ConstView<std::int32_t>{my_next.data(), Shape{n}}, adamw);
+    if (rank != 0) continue;
+    const StepStats want = reference.train_step(ConstView<std::int32_t>{ids.data(), Shape{sequences * T, 1}},
+                                                ConstView<std::int32_t>{next.data(), Shape{sequences * T}}, adamw);
+    const bool ok = std::abs(got.loss - want.loss) <= 1e-12 * want.loss &&
+                    std::abs(got.grad_norm - want.grad_norm) <= 1e-12 * want.grad_norm;
+    std::printf("step %d: loss %.15g, gradient norm %.15g (single process %.15g, %.15g): %s\n", s, got.loss, got.grad_norm,
+                want.loss, want.grad_norm, ok ? "equal" : "DIFFERENT");
+    failures += !ok;
+  }
+  const std::vector<double> weights = distributed.parameters();
+  if (rank == 0) {
+    const double r = relative(weights, reference.parameters());
+    std::printf("context parallel: weights after 3 AdamW steps: %s (max relative difference %.3g)\n",
+                r <= 1e-12 ? "equal" : "DIFFERENT", r);
+    failures += r > 1e-12;
+  }
+  // Predictions: every rank gets the logits of its rows; the reference's (one process, rank 0's
+  // copy broadcast as doubles) taken at the same rows.
+  std::vector<double> got(std::size_t(n * V)), want(std::size_t(sequences * T * V));
+  distributed.predict(ConstView<std::int32_t>{my_ids.data(), Shape{n, 1}}, TensorView<double>{got.data(), Shape{n, V}});
+  if (rank == 0)
+    reference.predict(ConstView<std::int32_t>{ids.data(), Shape{sequences * T, 1}},
+                      TensorView<double>{want.data(), Shape{sequences * T, V}});
+  MPI_Bcast(want.data(), int(want.size()), MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  const std::vector<double> my_want = cp::local_rows(std::span<const double>(want.data() + first * V, std::size_t(share * V)), T,
+                                                     topo.context_rank(), cp, V);
+  const double pr = relative(got, my_want);
+  if (pr > 1e-12) std::printf("rank %d: predictions DIFFERENT (max relative difference %.3g)\n", rank, pr);
+  else if (rank == 0) std::printf("predictions on every rank: equal (rank 0: %.3g)\n", pr);
+  failures += pr > 1e-12;
+  try {
+    Pipeline<Stages, schedule::OneFOneB, backend::Host<double>> packed(
+        {.microbatches = 2, .packed_sequences = true, .transfer_timeout_seconds = 60.0, .communicator = comm});
+    std::printf("rank %d: packed sequences with a ring were NOT REFUSED\n", rank);
+    ++failures;
+  } catch (const error& e) {
+    const bool named = std::string(e.what()).find("packed sequences with context parallelism") != std::string::npos;
+    if (!named) std::printf("rank %d: FAIL, another error: %s\n", rank, e.what());
+    failures += !named;
+  }
+  return verdict_everywhere(failures);
+}
+
 /// bf16 storage (Host<bfloat16, float>) on P stages x D replicas against one process, 3 AdamW steps.
 /// With --zero each replica updates its shard of the fp32 master weights and the shards are
 /// gathered; every replica must then hold all of them, and weights in use that are their rounding.
@@ -451,7 +531,7 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::string schedule = "1f1b";
-  int stages = 0;
+  int stages = 0, context = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--stall")) stall = true;
     else if (!std::strcmp(argv[i], "--zero")) zero = 1;
@@ -460,6 +540,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--keep-gathered")) keep_gathered = true;
     else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
     else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) stages = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--cp") && i + 1 < argc) context = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) checkpoint = argv[++i];
   }
   return run_check([&] {
@@ -474,7 +555,8 @@ int main(int argc, char** argv) {
     else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);
     else if (schedule == "bf16" && stages == 2) rc = check_bf16<2>(rank);
     else if (schedule == "packed" && stages == 2) rc = check_packed(rank);
-    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16|packed --stages 1|2|4\n");
+    else if (schedule == "context" && stages == 2 && context > 1) rc = check_context(rank, context);
+    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16|packed|context --stages 1|2|4 [--cp N]\n");
     return rc;
   });
 }

@@ -624,3 +624,18 @@ TEST_CASE("Topology maps every rank to one (stage, replica, t) in either order, 
   CHECK_THROWS_WITH(comm::parse_rank_order("pp-first"), Contains("rank order 'pp-first'") && Contains("stages-outermost"));
   CHECK_THROWS_WITH(comm::Topology::make(6, 0, 4), Contains("cannot hold 4 pipeline stages"));
 }
+
+TEST_CASE("Topology: a context-parallel ring is consecutive replicas of one stage", "[cpu][core][topology][cp]") {
+  // 2 stages x 2 data-parallel replicas x rings of 3: a stage's 6 replicas are 2 rings.
+  for (int r = 0; r < 12; ++r) {
+    const comm::Topology t = comm::Topology::make(12, r, 2, 1, comm::RankOrder::stages_outermost, 3);
+    CHECK(t.replicas == 6);
+    CHECK(t.context_rank() == t.replica() % 3);
+    CHECK(t.data_replica() == t.replica() / 3);
+    CHECK(t.stage() == r / 6);
+  }
+  const comm::Topology t = comm::Topology::make(8, 0, 2, 1, comm::RankOrder::stages_outermost, 2);
+  CHECK(t.describe().find("world 8 = 2 stage(s) x 2 data-parallel replica(s) x 2 context-parallel rank(s)") != std::string::npos);
+  CHECK_THROWS_WITH(comm::Topology::make(6, 0, 2, 1, comm::RankOrder::stages_outermost, 2),
+                    Contains("a stage's 3 replica(s) cannot form rings of 2 context-parallel ranks"));
+}

@@ -18,7 +18,9 @@
 #         to 2 parts per million; with -DBF16=1 (a trainer built with bf16) the same --tp 2 run in
 #         bf16 equals one bf16 process to 0.1%, 50 steps of --precision fp8-block end within 1% of
 #         one process and of fp8-delayed (its amax reduced over the tensor-parallel group) within 3%; with --hand-over e4m3 (packed messages between the
-#         processes) 2 replicas equal one process with the same links to 2 parts per million.
+#         processes) 2 replicas equal one process with the same links to 2 parts per million; 2
+#         stages x rings of 2 context-parallel ranks (--cp 2) equal one process to 2 parts per
+#         million, and sample the same text (the logits of the last position shared round the ring).
 # cuda:   20 steps of the tiny preset with --backend cuda, then on the host: losses within 0.5%
 #         (float32 either way, other summation orders), and the summary's MFU in (0, 1). Prints
 #         "SKIPPED: ..." when the CUDA runtime finds no usable GPU.
@@ -153,6 +155,19 @@ elseif(MODE STREQUAL "data_parallel")
   endif()
   string(JSON tp_held_out GET "${summary}" held_out_loss)
   string(JSON tp_train GET "${summary}" train_loss)
+  # Context parallelism: 2 stages x rings of 2 (4 processes), each rank holding two of the four
+  # chunks of every sequence, takes the one process's steps (checked below) and samples its text.
+  run_trainer(${flags} --cp 2 --sample 24)
+  string(JSON cp_ranks GET "${summary}" context_parallel)
+  if(NOT cp_ranks EQUAL 2)
+    message(FATAL_ERROR "the --cp 2 run reports ${cp_ranks} context-parallel ranks, expected 2")
+  endif()
+  string(JSON cp_held_out GET "${summary}" held_out_loss)
+  string(JSON cp_train GET "${summary}" train_loss)
+  if(NOT output MATCHES "--- sample [^\n]*\n(.*)\n---\n")
+    message(FATAL_ERROR "the --cp 2 run printed no sample")
+  endif()
+  set(cp_sample "${CMAKE_MATCH_1}")
   # Compressed hand-overs between processes: the packed e4m3 messages (pipeline/wire_transport.hpp)
   # cross MPI. Each replica's 4 sequences make 4 microbatches of one sequence, as one process's 8
   # sequences in 8 microbatches (below) do, so every message holds the same values and has the same
@@ -219,9 +234,15 @@ elseif(MODE STREQUAL "data_parallel")
   expect_close("e4m3 hand-overs: training loss, 2 replicas over MPI against one process" "${e4m3_train}"
                "${one_e4m3_train}" 2)
   message("e4m3 hand-overs over MPI = one process: held-out loss ${e4m3_held_out} and ${one_e4m3_held_out}")
-  run_trainer(${flags})
+  run_trainer(${flags} --sample 24)
   string(JSON one_held_out GET "${summary}" held_out_loss)
   string(JSON one_train GET "${summary}" train_loss)
+  if(NOT output MATCHES "--- sample [^\n]*\n(.*)\n---\n" OR NOT CMAKE_MATCH_1 STREQUAL cp_sample)
+    message(FATAL_ERROR "the --cp 2 run sampled '${cp_sample}', one process '${CMAKE_MATCH_1}'")
+  endif()
+  expect_close("held-out loss, rings of 2 context-parallel ranks against one process" "${cp_held_out}" "${one_held_out}" 2)
+  expect_close("training loss, rings of 2 context-parallel ranks against one process" "${cp_train}" "${one_train}" 2)
+  message("rings of 2 context-parallel ranks = one process: held-out loss ${cp_held_out} and ${one_held_out}, the same sample")
   expect_close("held-out loss, 2 tensor-parallel ranks against one process" "${tp_held_out}" "${one_held_out}" 2)
   expect_close("training loss, 2 tensor-parallel ranks against one process" "${tp_train}" "${one_train}" 2)
   message("2 tensor-parallel ranks = one process: held-out loss ${tp_held_out} and ${one_held_out}")

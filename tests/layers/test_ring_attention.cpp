@@ -2,15 +2,23 @@
 // Context parallelism's ring attention (cp/ring_attention.hpp) against the host attention op on the
 // whole sequence, in float64: outputs, log-sum-exps and the gradient of q, k and v to 1e-12, for 1 to
 // 4 ranks and both splits; the zigzag split's causal work equal on every rank, the contiguous one's
-// not; the refusals.
+// not; the refusals. Then the ring across ranks (cp/ring_layer.hpp), each rank a thread of an
+// in-process ring: every rank's rows equal the oracle's rows it owns, forward bitwise (the same
+// blocks merged in the same order), backward to 1e-12 (a chunk's key gradient adds round the ring
+// in another order).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <barrier>
 #include <cstdint>
+#include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
 #include "cupipe/backend/host/ops.hpp"
 #include "cupipe/cp/ring_attention.hpp"
+#include "cupipe/cp/ring_layer.hpp"
 #include "gradcheck.hpp"
 
 using namespace cupipe;
@@ -84,4 +92,118 @@ TEST_CASE("Ring attention: the zigzag split balances the causal work, the contig
   CHECK(cp::ring_source(0, 1, 4) == 3);
   CHECK_THROWS_WITH(cp::chunk_rows(10, 4), Catch::Contains("a sequence of 10 tokens does not cut into 8 equal chunks for 4 ranks"));
   CHECK_THROWS_WITH(cp::chunks_of(4, 4), Catch::Contains("rank 4 of 4 ranks"));
+}
+
+namespace {
+
+/// A ring of `cp` threads in one process: a pass posts the rank's buffers, and finish_pass copies
+/// the previous rank's send into this rank's receive between two barriers.
+struct ThreadRing {
+  explicit ThreadRing(int cp) : cp(cp), sync(cp), sends(std::size_t(cp)), receives(std::size_t(cp)), bytes(std::size_t(cp)) {}
+  int cp;
+  std::barrier<> sync;
+  std::vector<const void*> sends;
+  std::vector<void*> receives;
+  std::vector<std::size_t> bytes;
+  int passes = 0;  // rank 0's
+
+  class Rank final : public cp::ContextGroup {
+   public:
+    Rank(ThreadRing& ring, int rank) : ring_(ring), rank_(rank) {}
+    int size() const override { return ring_.cp; }
+    int rank() const override { return rank_; }
+    void start_pass(const void* send, void* receive, std::size_t n) override {
+      ring_.sends[std::size_t(rank_)] = send;
+      ring_.receives[std::size_t(rank_)] = receive;
+      ring_.bytes[std::size_t(rank_)] = n;
+    }
+    void finish_pass() override {
+      ring_.sync.arrive_and_wait();
+      const std::size_t previous = std::size_t((rank_ + ring_.cp - 1) % ring_.cp);
+      if (ring_.bytes[previous] != ring_.bytes[std::size_t(rank_)]) throw std::runtime_error("ring: passes of different sizes");
+      std::memcpy(ring_.receives[std::size_t(rank_)], ring_.sends[previous], ring_.bytes[std::size_t(rank_)]);
+      if (rank_ == 0) ++ring_.passes;
+      ring_.sync.arrive_and_wait();
+    }
+    void sum(double*, std::size_t) override { throw std::runtime_error("ring: no sums in this test"); }
+
+   private:
+    ThreadRing& ring_;
+    int rank_;
+  };
+};
+
+/// `sequences` sequences through ring_forward / ring_backward (the oracle) and through ring_attention_*
+/// on `cp` threads, each with its local rows.
+void check_threaded_ring(int cp, std::uint64_t seed) {
+  constexpr index_t C = 8, heads = 2, W = 3 * C, seq_len = 16, sequences = 2, rows = sequences * seq_len;
+  Rng rng(seed);
+  const Vec qkv = uniform_values(std::size_t(rows * W), rng, -2, 2);
+  const Vec dout = uniform_values(std::size_t(rows * C), rng);
+  Vec out(std::size_t(rows * C)), lse(std::size_t(rows * heads)), dqkv(qkv.size());
+  for (index_t s = 0; s < sequences; ++s) {
+    cp::ring_forward(qkv.data() + s * seq_len * W, seq_len, C, heads, cp, cp::Split::zigzag, out.data() + s * seq_len * C,
+                     lse.data() + s * seq_len * heads);
+    cp::ring_backward(qkv.data() + s * seq_len * W, seq_len, C, heads, cp, cp::Split::zigzag, out.data() + s * seq_len * C,
+                      lse.data() + s * seq_len * heads, dout.data() + s * seq_len * C, dqkv.data() + s * seq_len * W);
+  }
+  ThreadRing ring(cp);
+  const auto size = std::size_t(cp);
+  std::vector<Vec> got_out(size), got_lse(size), got_dqkv(size);
+  std::vector<std::exception_ptr> failures(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < cp; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ThreadRing::Rank group(ring, r);
+        const Vec my_qkv = cp::local_rows(std::span<const double>(qkv), seq_len, r, cp, W);
+        const Vec my_dout = cp::local_rows(std::span<const double>(dout), seq_len, r, cp, C);
+        const index_t n = rows / cp;
+        Vec& o = got_out[std::size_t(r)];
+        Vec& l = got_lse[std::size_t(r)];
+        Vec& d = got_dqkv[std::size_t(r)];
+        o.resize(std::size_t(n * C));
+        l.resize(std::size_t(n * heads));
+        d.resize(std::size_t(n * W));
+        cp::ring_attention_forward(group, my_qkv.data(), n, seq_len, C, heads, o.data(), l.data());
+        cp::ring_attention_backward(group, my_qkv.data(), n, seq_len, C, heads, o.data(), l.data(), my_dout.data(), d.data());
+      } catch (...) {
+        failures[std::size_t(r)] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const auto& f : failures)
+    if (f) std::rethrow_exception(f);
+  INFO("cp = " << cp);
+  // cp - 1 passes of keys and values forward; backward cp - 1 more, and cp of their gradients.
+  CHECK(ring.passes == 3 * cp - 2);
+  for (int r = 0; r < cp; ++r) {
+    INFO("rank " << r);
+    CHECK(got_out[std::size_t(r)] == cp::local_rows(std::span<const double>(out), seq_len, r, cp, C));
+    CHECK(got_lse[std::size_t(r)] == cp::local_rows(std::span<const double>(lse), seq_len, r, cp, heads));
+    CHECK(relative_error(got_dqkv[std::size_t(r)], cp::local_rows(std::span<const double>(dqkv), seq_len, r, cp, W)) <= 1e-12);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Ring attention across 2 and 4 ranks: each rank's rows equal the oracle's, forward bitwise", "[cpu][layers][cp]") {
+  check_threaded_ring(2, 31);
+  check_threaded_ring(4, 32);
+  // Local rows that are not whole shares of sequences are refused, naming the ring.
+  ThreadRing ring(2);
+  ThreadRing::Rank group(ring, 0);
+  Vec qkv(std::size_t(6 * 24)), out(std::size_t(6 * 8)), lse(std::size_t(6 * 2));
+  CHECK_THROWS_WITH(cp::ring_attention_forward(group, qkv.data(), 6, 16, 8, 2, out.data(), lse.data()),
+                    Catch::Contains("6 rows are not whole sequences' shares (8 rows each: 16 tokens over a context-parallel ring of 2)"));
+}
+
+TEST_CASE("Context parallel: a rank's rows are its two zigzag chunks of each sequence, and their positions", "[cpu][layers][cp]") {
+  const std::vector<int> tokens{0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17};
+  CHECK(cp::local_rows(std::span<const int>(tokens), 8, 0, 2) == std::vector<int>{0, 1, 6, 7, 10, 11, 16, 17});
+  CHECK(cp::local_rows(std::span<const int>(tokens), 8, 1, 2) == std::vector<int>{2, 3, 4, 5, 12, 13, 14, 15});
+  std::vector<std::array<index_t, 3>> runs;
+  cp::sequence_runs(8, 8, 1, 2, [&](index_t first, index_t position, index_t length) { runs.push_back({first, position, length}); });
+  CHECK(runs == std::vector<std::array<index_t, 3>>{{0, 2, 2}, {2, 4, 2}, {4, 2, 2}, {6, 4, 2}});
+  CHECK_THROWS_WITH(cp::local_rows(std::span<const int>(tokens), 6, 0, 2), Catch::Contains("16 values are not whole sequences of 6"));
 }

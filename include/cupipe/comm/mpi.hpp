@@ -31,37 +31,18 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cupipe/comm/communicator.hpp"
+#include "cupipe/comm/mpi_check.hpp"
+#include "cupipe/comm/mpi_ring.hpp"
 #include "cupipe/comm/pending_sends.hpp"
 #include "cupipe/comm/wait.hpp"
 #include "cupipe/core/error.hpp"
-
-namespace cupipe::comm {
-
-namespace detail {
-inline std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-  return std::string(text, std::size_t(length));
-}
-}  // namespace detail
-
-}  // namespace cupipe::comm
-
-/// Throws cupipe::error naming the MPI call and MPI's own description of the error.
-#define CUPIPE_CHECK_MPI(call)                                                                            \
-  do {                                                                                                    \
-    const int cupipe_mpi_rc_ = (call);                                                                    \
-    if (cupipe_mpi_rc_ != MPI_SUCCESS)                                                                    \
-      ::cupipe::detail::throw_error(::cupipe::comm::detail::mpi_error_text(cupipe_mpi_rc_), #call, __FILE__, \
-                                    __LINE__);                                                            \
-  } while (0)
 
 namespace cupipe::comm {
 
@@ -96,9 +77,10 @@ class MpiSession {
 class MpiCommunicator final : public Communicator {
  public:
   /// Splits `world` into pipelines of `stages` stages, each stage `tensor_parallel` ranks, the
-  /// ranks mapped in `order` (see Topology).
+  /// ranks mapped in `order` (see Topology), a stage's replicas in context-parallel rings of
+  /// `context_parallel` (context_group()).
   MpiCommunicator(MPI_Comm world, int stages, double collective_timeout_seconds = default_collective_timeout_seconds,
-                  int tensor_parallel = 1, RankOrder order = RankOrder::stages_outermost)
+                  int tensor_parallel = 1, RankOrder order = RankOrder::stages_outermost, int context_parallel = 1)
       : tensor_sum_(*this) {
     set_collective_timeout(collective_timeout_seconds);
     int level = 0;
@@ -108,7 +90,7 @@ class MpiCommunicator final : public Communicator {
     int size = 0, rank = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_size(world, &size));
     CUPIPE_CHECK_MPI(MPI_Comm_rank(world, &rank));
-    topology_ = Topology::make(size, rank, stages, tensor_parallel, order);
+    topology_ = Topology::make(size, rank, stages, tensor_parallel, order, context_parallel);
     const Topology& t = topology_;
     CUPIPE_CHECK_MPI(MPI_Comm_dup(world, &world_));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
@@ -120,6 +102,7 @@ class MpiCommunicator final : public Communicator {
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(pipeline_, MPI_ERRORS_RETURN));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(replicas_, MPI_ERRORS_RETURN));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(tensor_, MPI_ERRORS_RETURN));
+    if (t.context > 1) make_ring();
     int* upper = nullptr;
     int found = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_get_attr(world_, MPI_TAG_UB, &upper, &found));
@@ -140,6 +123,10 @@ class MpiCommunicator final : public Communicator {
     for (Send& p : pending_) {  // after a failure: give up on what was never received
       MPI_Cancel(&p.request);
       MPI_Request_free(&p.request);
+    }
+    if (ring_) {
+      MPI_Comm ring = ring_->communicator();
+      MPI_Comm_free(&ring);
     }
     MPI_Comm_free(&tensor_);
     MPI_Comm_free(&replicas_);
@@ -254,6 +241,7 @@ class MpiCommunicator final : public Communicator {
   void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
+  cp::ContextGroup* context_group() override { return ring_.get(); }
   bool reduce_scatters() const override { return true; }
   void reduce_scatter_over_replicas(float* data, std::size_t n) override {
     reduce_scatter(data, n, MPI_FLOAT);
@@ -428,12 +416,31 @@ class MpiCommunicator final : public Communicator {
     }
     in_flight_.notify_one();
   }
-  /// Under mutex_: whether a started sum or gather is still running.
+  /// Under mutex_: whether a started sum or gather, or a ring's pass, is still running.
   bool sums_running() const {
     for (const std::vector<MPI_Request>* started : {&started_sums_, &started_gathers_})
       for (const MPI_Request& r : *started)
         if (r != MPI_REQUEST_NULL) return true;
-    return false;
+    return std::any_of(ring_requests_.begin(), ring_requests_.end(), [](const MPI_Request* r) { return *r != MPI_REQUEST_NULL; });
+  }
+
+  /// The context-parallel ring: the ranks of this stage with this data-parallel replica and
+  /// tensor-parallel place, in ring order.
+  void make_ring() {
+    const Topology& t = topology_;
+    MPI_Comm ring = MPI_COMM_NULL;
+    const int color = (t.stage() * t.tensor + t.tensor_rank()) * (t.replicas / t.context) + t.data_replica();
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, color, t.context_rank(), &ring));
+    CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(ring, MPI_ERRORS_RETURN));
+    ring_ = std::make_unique<MpiRing>(
+        ring, t.context, t.context_rank(),
+        "the context-parallel ring of " + std::to_string(t.context) + " ranks (stage " + std::to_string(t.stage()) +
+            ", data-parallel replica " + std::to_string(t.data_replica()) + ")",
+        MpiRingOwner{mutex_, ring_requests_, in_flight_, [this] { return collective_timeout(); }, [this] { check_usable(); },
+                     [this](const std::string& what) {
+                       broken_ = true;
+                       timed_out("rank " + std::to_string(topology_.rank) + ": " + what);
+                     }});
   }
 
   /// Moves the block MPI left at the start of `data` to this replica's place (replica() x n).
@@ -489,6 +496,10 @@ class MpiCommunicator final : public Communicator {
                 int done = 0;
                 if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) progress_failed_ = true;
               }
+            for (MPI_Request* r : ring_requests_) {
+              int done = 0;
+              if (*r != MPI_REQUEST_NULL && MPI_Test(r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) progress_failed_ = true;
+            }
             return (pending_.empty() && !sums_running()) || progress_failed_;
           },
           0);
@@ -514,6 +525,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request> started_sums_;  ///< under mutex_: start_sum's requests, until finish_sums
   std::vector<MPI_Request> started_gathers_;  ///< under mutex_: start_gather's requests, until finish_gathers
   std::vector<std::function<void()>> after_sums_;  ///< under mutex_: what finish_sums does after its waits
+  std::vector<MPI_Request*> ring_requests_;  ///< under mutex_: the ring's pass in flight, for the progress thread
+  std::unique_ptr<MpiRing> ring_;             ///< the context-parallel ring (null: none)
   std::atomic<bool> broken_ = false;  ///< a collective timed out (read by every thread)
   bool stopping_ = false;         ///< under mutex_: the destructor ends the progress thread
   bool progress_failed_ = false;  ///< under mutex_: an MPI_Test failed in the progress thread

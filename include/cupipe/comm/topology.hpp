@@ -14,6 +14,12 @@
 // Point-to-point traffic stays inside one pipeline (between ranks of the same replica and t);
 // gradient all-reduces run among one stage's replicas (of the same t); tensor-parallel sums among the
 // ranks of one stage of one replica. describe() prints the mapping at start-up.
+//
+// Context parallelism (cp/, Topology::context) splits each sequence over `context` ranks that hold
+// the same weights, so they count among a stage's replicas: the gradient sums, the loss's
+// normalisers and ZeRO's shards run over data-parallel x context-parallel ranks, as Megatron-LM's
+// do. A ring is `context` consecutive replicas: replica = data-parallel replica * context + the
+// rank's place in its ring (context_rank()).
 #pragma once
 
 #include <string>
@@ -44,15 +50,22 @@ struct Topology {
   int rank = 0;
   int tensor = 1;  ///< tensor-parallel ranks per stage
   RankOrder order = RankOrder::stages_outermost;
+  int context = 1;  ///< context-parallel ranks per ring (among the replicas)
 
-  /// The topology for `world` ranks split into `stages` pipeline stages of `tensor` ranks each.
-  static Topology make(int world, int rank, int stages, int tensor = 1, RankOrder order = RankOrder::stages_outermost) {
+  /// The topology for `world` ranks split into `stages` pipeline stages of `tensor` ranks each, a
+  /// stage's replicas in rings of `context`.
+  static Topology make(int world, int rank, int stages, int tensor = 1, RankOrder order = RankOrder::stages_outermost,
+                       int context = 1) {
     CUPIPE_REQUIRE(world >= 1 && rank >= 0 && rank < world, "topology: rank ", rank, " outside a world of ", world);
     CUPIPE_REQUIRE(tensor >= 1, "topology: tensor-parallel degree ", tensor, " is not positive");
     CUPIPE_REQUIRE(stages >= 1 && world % (stages * tensor) == 0, "topology: a world of ", world, " ranks cannot hold ",
                    stages, " pipeline stages", tensor > 1 ? " of " + std::to_string(tensor) + " tensor-parallel ranks" : "",
                    "; the world must be stages x data-parallel replicas", tensor > 1 ? " x tensor-parallel ranks" : "");
-    return {world, stages, world / (stages * tensor), rank, tensor, order};
+    const int replicas = world / (stages * tensor);
+    CUPIPE_REQUIRE(context >= 1 && replicas % context == 0, "topology: a stage's ", replicas, " replica(s) cannot form rings of ",
+                   context, " context-parallel ranks; the world must be stages x data-parallel replicas x context-parallel "
+                   "ranks", tensor > 1 ? " x tensor-parallel ranks" : "");
+    return {world, stages, replicas, rank, tensor, order, context};
   }
 
   int stage() const noexcept {
@@ -63,6 +76,10 @@ struct Topology {
   }
   /// This rank's place in its tensor-parallel group, 0 .. tensor - 1.
   int tensor_rank() const noexcept { return rank % tensor; }
+  /// This rank's place in its context-parallel ring, 0 .. context - 1, and the ring's data-parallel
+  /// replica (the ranks of a ring read the same sequences), 0 .. replicas / context - 1.
+  int context_rank() const noexcept { return replica() % context; }
+  int data_replica() const noexcept { return replica() / context; }
   int rank_of(int stage, int replica, int t = 0) const noexcept {
     return (order == RankOrder::stages_outermost ? stage * replicas + replica : replica * stages + stage) * tensor + t;
   }
@@ -73,16 +90,20 @@ struct Topology {
     const bool tp = tensor > 1;
     const std::string inner = order == RankOrder::stages_outermost ? "stage * " + std::to_string(replicas) + " + replica"
                                                                    : "replica * " + std::to_string(stages) + " + stage";
+    const std::string rings = context > 1 ? " x " + std::to_string(context) + " context-parallel rank(s)" : "";
     std::string out = "world " + std::to_string(world) + " = " + std::to_string(stages) + " stage(s) x " +
-                      std::to_string(replicas) + " data-parallel replica(s)" +
+                      std::to_string(replicas / context) + " data-parallel replica(s)" + rings +
                       (tp ? " x " + std::to_string(tensor) + " tensor-parallel rank(s); rank = (" + inner + ") * " +
                                 std::to_string(tensor) + " + t:"
                           : "; rank = " + inner + ":");
     for (int r = 0; r < world; ++r) {
-      const Topology at{world, stages, replicas, r, tensor, order};
+      const Topology at{world, stages, replicas, r, tensor, order, context};
       out += std::string(r ? "," : "") + " rank " + std::to_string(r) + " -> (stage " + std::to_string(at.stage()) +
              ", replica " + std::to_string(at.replica()) + (tp ? ", t " + std::to_string(at.tensor_rank()) : "") + ")";
     }
+    if (context > 1)
+      out += "; replica = data-parallel replica * " + std::to_string(context) + " + place in its context-parallel ring of " +
+             std::to_string(context);
     return out;
   }
 };

@@ -25,28 +25,9 @@
 #include "cupipe/backend/host/ops.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/shape.hpp"
+#include "cupipe/cp/zigzag.hpp"
 
 namespace cupipe::cp {
-
-/// How a sequence's 2 cp chunks are dealt to the cp ranks.
-enum class Split {
-  zigzag,      ///< rank r: chunks r and 2 cp - 1 - r (balanced causal work)
-  contiguous,  ///< rank r: chunks 2r and 2r + 1 (the last rank does the most)
-};
-
-/// The two chunks rank `rank` of `cp` holds, first the earlier.
-inline std::array<int, 2> chunks_of(int rank, int cp, Split split = Split::zigzag) {
-  CUPIPE_REQUIRE(cp >= 1 && rank >= 0 && rank < cp, "context parallel: rank ", rank, " of ", cp, " ranks");
-  if (split == Split::contiguous) return {2 * rank, 2 * rank + 1};
-  return {rank, 2 * cp - 1 - rank};
-}
-
-/// Rows per chunk of a sequence of `seq_len` tokens cut for `cp` ranks; refused unless 2 cp divides it.
-inline index_t chunk_rows(index_t seq_len, int cp) {
-  CUPIPE_REQUIRE(cp >= 1 && seq_len % (2 * cp) == 0, "context parallel: a sequence of ", seq_len,
-                 " tokens does not cut into ", 2 * cp, " equal chunks for ", cp, " ranks");
-  return seq_len / (2 * cp);
-}
 
 /// The (query, key) pairs rank `rank`'s causal attention covers in a sequence of `seq_len`: what its
 /// blocks compute. Under the zigzag split every rank covers the same number.
@@ -59,19 +40,20 @@ inline double causal_pairs(int rank, int cp, index_t seq_len, Split split = Spli
 
 /// One block of causal attention: the `nq` queries of `q_rows` (sequence positions q_first ...)
 /// against the `nk` keys and values of `kv_rows` (positions k_first ...), a key seen only from its
-/// position on. Writes each query's output over this block's keys, normalised within the block,
+/// position on. `kv_rows` points at a row's keys (C wide, its values right after them), rows
+/// `kv_width` apart: within qkv rows (3C) or a ring's packed keys and values (2C). Writes each query's output over this block's keys, normalised within the block,
 /// into `out` (nq rows, C wide) and its log-sum-exp into `lse` (nq rows, heads wide); a query that
 /// sees none of them gets 0 and -infinity.
 template <class T>
-void block_forward(const T* q_rows, index_t q_first, index_t nq, const T* kv_rows, index_t k_first, index_t nk, index_t C,
-                   index_t heads, T* out, T* lse) {
+void block_forward(const T* q_rows, index_t q_first, index_t nq, const T* kv_rows, index_t kv_width, index_t k_first,
+                   index_t nk, index_t C, index_t heads, T* out, T* lse) {
   const index_t D = C / heads, W = 3 * C;
   const T scale = T(1) / std::sqrt(T(D));
   std::vector<T> scores(std::size_t(nq * nk));
   for (index_t h = 0; h < heads; ++h) {
     T* S = scores.data();
-    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::yes, nq, nk, D, scale, q_rows + h * D, W, kv_rows + C + h * D, W,
-                           T(0), S, nk);
+    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::yes, nq, nk, D, scale, q_rows + h * D, W, kv_rows + h * D,
+                           kv_width, T(0), S, nk);
     for (index_t i = 0; i < nq; ++i) {
       T* s = S + i * nk;
       const index_t seen = std::clamp<index_t>(q_first + i - k_first + 1, 0, nk);  // keys [0, seen) are visible
@@ -88,8 +70,8 @@ void block_forward(const T* q_rows, index_t q_first, index_t nq, const T* kv_row
       for (index_t u = 0; u < seen; ++u) s[u] = std::exp(s[u] - l);
       std::fill(s + seen, s + nk, T(0));
     }
-    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::no, nq, D, nk, T(1), S, nk, kv_rows + 2 * C + h * D, W, T(0),
-                           out + h * D, C);
+    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::no, nq, D, nk, T(1), S, nk, kv_rows + C + h * D, kv_width,
+                           T(0), out + h * D, C);
   }
 }
 
@@ -119,20 +101,21 @@ void merge_block(T* out, T* lse, const T* out_b, const T* lse_b, index_t n, inde
 /// The backward of one block, from the merged output `o` (nq rows, C wide) and log-sum-exp `lse` of
 /// the queries and their output gradient `dout`: P = exp(scale q k^T - lse) on the visible pairs,
 /// dS = P (dout v^T - rowsum(dout o)); adds scale dS k to the q columns of `dq_rows` (nq rows, 3C
-/// wide), and scale dS^T q and P^T dout to the k and v columns of `dkv_rows` (nk rows, 3C wide).
+/// wide), and scale dS^T q and P^T dout to the keys' and values' gradient at `dkv_rows` (laid out as
+/// `kv_rows`: keys, values right after, rows `kv_width` apart).
 template <class T>
-void block_backward(const T* q_rows, index_t q_first, index_t nq, const T* kv_rows, index_t k_first, index_t nk, index_t C,
-                    index_t heads, const T* o, const T* lse, const T* dout, T* dq_rows, T* dkv_rows) {
+void block_backward(const T* q_rows, index_t q_first, index_t nq, const T* kv_rows, index_t kv_width, index_t k_first,
+                    index_t nk, index_t C, index_t heads, const T* o, const T* lse, const T* dout, T* dq_rows, T* dkv_rows) {
   const index_t D = C / heads, W = 3 * C;
   const T scale = T(1) / std::sqrt(T(D));
   std::vector<T> probabilities(std::size_t(nq * nk)), score_grads(std::size_t(nq * nk));
   for (index_t h = 0; h < heads; ++h) {
     T* P = probabilities.data();
     T* dS = score_grads.data();
-    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::yes, nq, nk, D, scale, q_rows + h * D, W, kv_rows + C + h * D, W,
-                           T(0), P, nk);
-    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::yes, nq, nk, D, T(1), dout + h * D, C, kv_rows + 2 * C + h * D, W,
-                           T(0), dS, nk);
+    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::yes, nq, nk, D, scale, q_rows + h * D, W, kv_rows + h * D,
+                           kv_width, T(0), P, nk);
+    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::yes, nq, nk, D, T(1), dout + h * D, C, kv_rows + C + h * D,
+                           kv_width, T(0), dS, nk);
     for (index_t i = 0; i < nq; ++i) {
       const index_t seen = std::clamp<index_t>(q_first + i - k_first + 1, 0, nk);
       T delta = 0;
@@ -149,17 +132,13 @@ void block_backward(const T* q_rows, index_t q_first, index_t nq, const T* kv_ro
     }
     // dv (nk, D) += P^T dout;  dq (nq, D) += dS k;  dk (nk, D) += dS^T q
     ops::detail::gemm_rows(ops::Transpose::yes, ops::Transpose::no, nk, D, nq, T(1), P, nk, dout + h * D, C, T(1),
-                           dkv_rows + 2 * C + h * D, W);
-    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::no, nq, D, nk, T(1), dS, nk, kv_rows + C + h * D, W, T(1),
+                           dkv_rows + C + h * D, kv_width);
+    ops::detail::gemm_rows(ops::Transpose::no, ops::Transpose::no, nq, D, nk, T(1), dS, nk, kv_rows + h * D, kv_width, T(1),
                            dq_rows + h * D, W);
     ops::detail::gemm_rows(ops::Transpose::yes, ops::Transpose::no, nk, D, nq, T(1), dS, nk, q_rows + h * D, W, T(1),
-                           dkv_rows + C + h * D, W);
+                           dkv_rows + h * D, kv_width);
   }
 }
-
-/// The ring's order: at step s (0 .. cp - 1) rank r works on the keys and values of rank
-/// (r - s) mod cp, its own first, each rank passing on what it last received.
-inline int ring_source(int rank, int step, int cp) { return ((rank - step) % cp + cp) % cp; }
 
 /// What each rank of a ring did (ring_forward, ring_backward): its (query, key) pairs and the
 /// measured seconds of its blocks, per rank.
@@ -201,7 +180,7 @@ void ring_forward(const T* qkv, index_t seq_len, index_t C, index_t heads, int c
   std::fill(lse, lse + seq_len * heads, -std::numeric_limits<T>::infinity());
   std::vector<T> block_out(std::size_t(c * C)), block_lse(std::size_t(c * heads));
   detail::each_ring_block(cp, split, c, work, [&](index_t q0, index_t k0) {
-    block_forward(qkv + q0 * W, q0, c, qkv + k0 * W, k0, c, C, heads, block_out.data(), block_lse.data());
+    block_forward(qkv + q0 * W, q0, c, qkv + k0 * W + C, W, k0, c, C, heads, block_out.data(), block_lse.data());
     merge_block(out + q0 * C, lse + q0 * heads, block_out.data(), block_lse.data(), c, C, heads);
   });
 }
@@ -215,8 +194,8 @@ void ring_backward(const T* qkv, index_t seq_len, index_t C, index_t heads, int 
   const index_t c = chunk_rows(seq_len, cp), W = 3 * C;
   std::fill(dqkv, dqkv + seq_len * W, T(0));
   detail::each_ring_block(cp, split, c, work, [&](index_t q0, index_t k0) {
-    block_backward(qkv + q0 * W, q0, c, qkv + k0 * W, k0, c, C, heads, out + q0 * C, lse + q0 * heads, dout + q0 * C,
-                   dqkv + q0 * W, dqkv + k0 * W);
+    block_backward(qkv + q0 * W, q0, c, qkv + k0 * W + C, W, k0, c, C, heads, out + q0 * C, lse + q0 * heads, dout + q0 * C,
+                   dqkv + q0 * W, dqkv + k0 * W + C);
   });
 }
 

@@ -3,7 +3,9 @@
 //   qkv = x c_attn^T + b (n, 3C);  att = causal softmax attention per head;  y = att c_proj^T + b.
 // Its rows are whole sequences of SeqLen tokens (rows_per_sample), so a microbatch never cuts one.
 // Packed sequences (the backend context's documents, core/documents.hpp): each document attends
-// within itself, a causal sequence of its own length.
+// within itself, a causal sequence of its own length. Context parallelism (the backend context's
+// context_group, cp/context_group.hpp): the rows are this rank's share of each sequence, and the
+// attention runs round the ring (cp/ring_layer.hpp).
 // Parameters, in nanoGPT's names and layouts: c_attn.weight (3C, C), c_attn.bias (3C),
 // c_proj.weight (C, C), c_proj.bias (C). The one-part case of detail::HeadSplitAttention, which
 // TensorParallelAttention (layers/tensor_parallel.hpp) splits by heads: one code path for both.
@@ -11,10 +13,12 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/rng.hpp"
+#include "cupipe/cp/ring_layer.hpp"
 #include "cupipe/layers/layer.hpp"
 #include "cupipe/layers/tensor_group_sum.hpp"
 
@@ -69,7 +73,10 @@ struct HeadSplitAttention {
     const Parts_<B, T> s(saved.data(), x.rows());
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, w_attn<B>(p), T(0), s.qkv);
     bias_add(be, s.qkv, b_attn<B>(p));
-    by_document(be, x.rows(), [&](index_t first, index_t rows, index_t seq_len) {
+    if (in_ring(be)) {
+      if constexpr (ring_runs<B, T>)
+        cp::ring_attention_forward(*be.context_group, s.qkv.data(), x.rows(), SeqLen, width, heads, s.att.data(), s.lse.data());
+    } else by_document(be, x.rows(), [&](index_t first, index_t rows, index_t seq_len) {
       causal_attention_forward(be, ConstViewOn<B, T>(s.qkv.row_slice(first, rows)), s.att.row_slice(first, rows),
                                s.lse.row_slice(first, rows), heads, seq_len);
     });
@@ -86,7 +93,11 @@ struct HeadSplitAttention {
     auto datt = be.template allocate<T>(n * width, MemoryTag::workspace);
     const ViewOn<B, T> datt_view{datt.data(), Shape{n, width}};
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, w_proj<B>(p), T(0), datt_view);
-    by_document(be, n, [&](index_t first, index_t rows, index_t seq_len) {
+    if (in_ring(be)) {
+      if constexpr (ring_runs<B, T>)
+        cp::ring_attention_backward(*be.context_group, s.qkv.data(), n, SeqLen, width, heads, s.att.data(), s.lse.data(),
+                                    datt_view.data(), s.dqkv.data());
+    } else by_document(be, n, [&](index_t first, index_t rows, index_t seq_len) {
       causal_attention_backward(be, ConstViewOn<B, T>(s.qkv.row_slice(first, rows)), ConstViewOn<B, T>(s.att.row_slice(first, rows)),
                                 ConstViewOn<B, grad_t<B>>(s.lse.row_slice(first, rows)),
                                 ConstViewOn<B, T>(datt_view.row_slice(first, rows)), s.dqkv.row_slice(first, rows), heads, seq_len);
@@ -110,6 +121,22 @@ struct HeadSplitAttention {
   }
 
  private:
+  /// Whether the ring's attention runs: host memory, and the log-sum-exps in the compute type.
+  template <class B, class T>
+  static constexpr bool ring_runs = requires(B& be) { be.context_group; } && std::is_same_v<T, grad_t<B>>;
+  /// Whether `be` has a context-parallel ring of 2 or more ranks; refused where the ring cannot run
+  /// (bf16 storage) or with document borders (packed sequences).
+  template <class B>
+  static bool in_ring(B& be) {
+    if (cp::ring_size(be) == 1) return false;
+    if constexpr (!ring_runs<B, typename B::value_type>)
+      CUPIPE_THROW("CausalSelfAttention: context parallelism runs in fp32 or fp64 storage on the host; this backend stores ",
+                   "activations in another type");
+    if (!be.documents.empty())
+      CUPIPE_THROW("CausalSelfAttention: packed sequences (document borders) with context parallelism are not supported; "
+                   "give whole sequences or leave the ring out");
+    return true;
+  }
   /// f(first, rows, seq_len) over the `n` rows: all of them as sequences of SeqLen at once, or with
   /// document borders (be.documents, packed sequences) each document on its own, a causal sequence
   /// of its length, so no query sees another document's keys.

@@ -10,6 +10,7 @@
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/rng.hpp"
+#include "cupipe/cp/context_group.hpp"
 #include "cupipe/layers/layer.hpp"
 #include "cupipe/layers/tensor_group_sum.hpp"
 
@@ -89,11 +90,10 @@ struct VocabSplitTokenPositionEmbedding {
 
   template <class B, class T>
   static void forward(B& be, const T* p, ConstViewOn<B, std::int32_t> ids, ViewOn<B, T> y, ViewOn<B, T>) {
-    check_sequences(ids.numel());
     embedding_forward(be, ids, ConstViewOn<B, T>{p, Shape{part_vocab, Dim}}, y, part(be));
     tensor_group_sum<Parts>(be, y, "VocabParallelTokenPositionEmbedding");
-    by_position_run(be, ids.numel(), [&](index_t first, index_t length) {
-      axpy(be, T(1), ConstViewOn<B, T>{p + part_vocab * Dim, Shape{length, Dim}},
+    by_position_run(be, ids.numel(), [&](index_t first, index_t position, index_t length) {
+      axpy(be, T(1), ConstViewOn<B, T>{p + (part_vocab + position) * Dim, Shape{length, Dim}},
            ViewOn<B, T>{y.data() + first * Dim, Shape{length, Dim}});
     });
   }
@@ -102,29 +102,37 @@ struct VocabSplitTokenPositionEmbedding {
   /// dwte[id] += dy (this part's ids);  dwpe[position] += dy, over every sequence.
   template <class B, class T = typename B::value_type>
   static void backward_weight(B& be, ConstViewOn<B, std::int32_t> ids, ConstViewOn<B, T>, ConstViewOn<B, T> dy, grad_t<B>* g) {
-    check_sequences(ids.numel());
     embedding_backward(be, ids, dy, ViewOn<B, grad_t<B>>{g, Shape{part_vocab, Dim}}, part(be));
-    by_position_run(be, ids.numel(), [&](index_t first, index_t length) {
+    by_position_run(be, ids.numel(), [&](index_t first, index_t position, index_t length) {
       axpy(be, T(1), ConstViewOn<B, T>{dy.data() + first * Dim, Shape{length, Dim}},
-           ViewOn<B, grad_t<B>>{g + part_vocab * Dim, Shape{length, Dim}});
+           ViewOn<B, grad_t<B>>{g + (part_vocab + position) * Dim, Shape{length, Dim}});
     });
   }
 
  private:
-  /// f(first, length) over runs of rows at positions 0 .. length - 1: each sequence of SeqLen, or
-  /// with document borders (be.documents, packed sequences) each document, its positions from 0.
+  /// f(first, position, length) over runs of rows at consecutive positions: each sequence of
+  /// SeqLen from 0, or with document borders (be.documents, packed sequences) each document from 0,
+  /// or with a context-parallel ring (be.context_group) this rank's two chunks of each sequence at
+  /// their places in it (cp::sequence_runs).
   template <class B, class F>
   static void by_position_run(B& be, index_t rows, F&& f) {
+    const int cp = cp::ring_size(be);
+    if (rows % (SeqLen / cp) != 0 || SeqLen % cp != 0)
+      CUPIPE_THROW(describe(), ": ", rows, " token ids are not whole sequences of ", SeqLen, " tokens",
+                   cp > 1 ? " split over a context-parallel ring of " + std::to_string(cp) : std::string());
+    if (cp > 1) {
+      CUPIPE_REQUIRE(be.documents.empty(), describe(), ": packed sequences (document borders) with context parallelism "
+                     "are not supported");
+      if constexpr (requires { be.context_group; }) cp::sequence_runs(rows, SeqLen, be.context_group->rank(), cp, f);
+      return;
+    }
     check_documents(be.documents, rows, SeqLen, describe());
-    for (index_t s = 0; s < rows; s += SeqLen) be.documents.each_document(s, SeqLen, f);
+    for (index_t s = 0; s < rows; s += SeqLen)
+      be.documents.each_document(s, SeqLen, [&](index_t first, index_t length) { f(first, index_t(0), length); });
   }
   template <class B>
   static ops::VocabPart part(B& be) {
     return {index_t(tensor_group_rank<Parts>(be, "VocabParallelTokenPositionEmbedding")) * part_vocab, Vocab};
-  }
-  static void check_sequences(index_t rows) {
-    if (rows % SeqLen != 0)
-      CUPIPE_THROW(describe(), ": ", rows, " token ids are not whole sequences of ", SeqLen, " tokens");
   }
 };
 }  // namespace detail

@@ -41,11 +41,12 @@ inline void check_batch_ids(std::string_view who, std::string_view what, std::st
 /// batch split into `parts` microbatches. Layers that declare no `classes` or `vocabulary` are not
 /// checked here.
 template <class Stages, class In>
-void check_batch_values(ConstView<In> x, ConstView<std::int32_t> labels, std::string_view who, int parts) {
+void check_batch_values(ConstView<In> x, ConstView<std::int32_t> labels, std::string_view who, int parts,
+                        index_t rows_per_sample = Stages::model::body::rows_per_sample) {
   using Body = typename Stages::model::body;
   using Loss = typename Stages::loss;
   using First = typename Body::template layer<0>;
-  const index_t n = labels.numel(), rows_per_sample = Body::rows_per_sample;
+  const index_t n = labels.numel();
   if (n % rows_per_sample != 0 || n / rows_per_sample < parts) return;  // the step refuses the split itself
   if constexpr (requires { Loss::classes; })
     check_batch_ids(who, "label", Loss::describe() + "'s classes", Loss::classes, labels.data(), n, parts,

@@ -17,6 +17,7 @@
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
+#include "cupipe/pipeline/context_parallel.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/tensor_parallel.hpp"
 #include "cupipe/pipeline/batch_values.hpp"
@@ -209,25 +210,25 @@ struct PipelineChecks {
   /// host memory also its labels and token ids (pipeline/batch_values.hpp).
   template <class Space>
   static void batch(TensorView<const typename Executor::input_type, Space> x, TensorView<const std::int32_t, Space> labels,
-                    std::string_view who, int parts) {
+                    std::string_view who, pipeline::BatchSplit split) {
     const index_t n = x.rows();
     check_view(x, Shape{n, Stages::in_features}, who, "input batch");
     if (labels.numel() != n)
       CUPIPE_THROW(Stages::loss::describe(), ": expected labels (", n, ",) for the input batch ", x.shape(),
                    " but got labels ", labels.shape());
     check_view(labels, labels.shape(), who, "labels");
-    if constexpr (host_accessible<Space>) check_batch_values<Stages, typename Executor::input_type>(x, labels, who, parts);
+    if constexpr (host_accessible<Space>)
+      check_batch_values<Stages, typename Executor::input_type>(x, labels, who, split.parts, split.rows_per_sample);
   }
   /// An input of whole samples and an output (rows, `features`) for Pipeline::predict.
   template <class Space, class T>
   static void prediction(TensorView<const typename Executor::input_type, Space> x, const TensorView<T, Space>& out,
-                         index_t features) {
+                         index_t features, index_t rows_per_sample) {
     CUPIPE_REQUIRE(x.rows() > 0, "Pipeline::predict: the input has 0 rows; there is nothing to predict");
     check_view(x, Shape{x.rows(), Stages::in_features}, "Pipeline::predict", "input");
-    constexpr index_t rows_per_sample = Model::body::rows_per_sample;
     if (x.rows() % rows_per_sample != 0)
       CUPIPE_THROW("Pipeline::predict: the input's ", x.rows(), " rows are not whole samples of ", rows_per_sample,
-                   " rows (the model's sequences)");
+                   " rows (the model's sequences, or this rank's share of each under context parallelism)");
     check_view(out, Shape{x.rows(), features}, "Pipeline::predict", "output");
   }
 

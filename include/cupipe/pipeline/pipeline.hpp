@@ -16,6 +16,7 @@
 //   deferred_checks.hpp    device-side input checks reported once per flush step
 //   equivalence.hpp        PipelineOptions::check_equivalence: the first steps against the unpipelined model
 //   documents.hpp          packed sequences: a step's document borders checked, agreed and set per action
+//   context_parallel.hpp   context parallelism: the ring checked and given to the workers, a sample's rows here
 // docs/architecture.md draws a training step's path through them.
 #pragma once
 
@@ -34,6 +35,7 @@
 #include "cupipe/layers/tensor_parallel.hpp"
 #include "cupipe/optim/optimizers.hpp"
 #include "cupipe/pipeline/checks.hpp"
+#include "cupipe/pipeline/context_parallel.hpp"
 #include "cupipe/pipeline/documents.hpp"
 #include "cupipe/pipeline/equivalence.hpp"
 #include "cupipe/pipeline/gradient_sync.hpp"
@@ -106,17 +108,15 @@ class Pipeline {
     if constexpr (mixed) Checks::mixed(options_, states_);
     local_worker_ = Checks::local_worker(comm());
     tensor_group_ = Checks::tensor_group(comm());
-    int tied_worker = -1;
-    if (options_.post_validation) tied_worker = Checks::post_validation(options_, states_);
+    cp::ContextGroup* ring = pipeline::context_ring<Backend>(comm(), options_, rows_per_sample);
+    const int tied_worker = options_.post_validation ? Checks::post_validation(options_, states_) : -1;
     const bool zero_sharded = options_.zero && comm() && comm()->topology().replicas > 1;
     if (options_.zero) Checks::zero(options_, zero_sharded);
     plan_ = Checks::plan(options_);
+    split_ = {plan_.config.total_microbatches(), rows_per_sample / (ring ? ring->size() : 1)};
     for (int w = 0; w < stages; ++w)
       if (local(w)) workers_.make(w, options_.devices.empty() ? 0 : options_.devices[std::size_t(w)]);
-    workers_.for_each([&](int, auto& be) {
-      if constexpr (requires { be.tensor_group; })
-        if (tensor_group_) be.tensor_group = tensor_group_;
-    });
+    pipeline::join_groups(workers_, tensor_group_, ring);
     transport_ = pipeline::make_transport<Executor>(workers_, options_);
     runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(
         workers_, stages, options_.measure_actions, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal},
@@ -125,13 +125,12 @@ class Pipeline {
         pipeline::HandOverWires(options_.hand_over, int(Stages::size)), pipeline::memory_of(options_));
     loop_ = std::make_unique<pipeline::StepLoop<Executor>>(plan_, workers_, states_, *transport_, *runtime_, *executor_,
                                                            comm(), local_worker_, options_.channel_capacity);
-    sync_ = std::make_unique<Sync>(states_, plan_,
-                                   pipeline::SyncSetup{comm(), tensor_group_, options_.zero, options_.check_finite});
+    sync_ = std::make_unique<Sync>(states_, plan_, pipeline::SyncSetup{comm(), tensor_group_, options_.zero, options_.check_finite});
     shards_ = std::make_unique<Shards>(states_, plan_, comm(), zero_sharded && options_.zero >= 3,
                                        options_.reshard_after_forward);
     if (options_.post_validation)
       post_validated_ = std::make_unique<PostValidated>(plan_, Schedule::name, workers_, states_, *executor_, *loop_,
-                                                        *sync_, tied_worker, rows_per_sample);
+                                                        *sync_, tied_worker, split_.rows_per_sample);
     // With tensor parallelism each rank draws its part of the whole model's initialisation.
     states_.template build<worker_of>(workers_, schedule::versions_held(plan_), options_.recompute, options_.seed,
                                       tensor_group_ ? tensor_group_->rank() : 0, zero_sharded ? options_.zero : 0, comm());
@@ -182,7 +181,7 @@ class Pipeline {
   /// works: their sizes then differ by at most a sample. check_equivalence checks it (equivalence.hpp).
   template <optim::Optimizer Optimizer>
   StepStats train_step(ConstView<input_type> x, ConstView<std::int32_t> labels, const Optimizer& optimizer, DocumentStarts documents = {}) {
-    Checks::batch(x, labels, "Pipeline::train_step", plan_.config.total_microbatches());
+    Checks::batch(x, labels, "Pipeline::train_step", split_);
     if constexpr (flush) if (equivalence_.due()) return equivalence_.template train_step<input_type>(*this, x, labels, optimizer, documents);
     return train_resident(stage_inputs(x), stage_labels(labels), optimizer, documents);
   }
@@ -192,7 +191,7 @@ class Pipeline {
     requires(!mixed && !host_accessible<space>)
   StepStats train_step(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
                        const Optimizer& optimizer, DocumentStarts documents = {}) {
-    Checks::batch(x, labels, "Pipeline::train_step", plan_.config.total_microbatches());
+    Checks::batch(x, labels, "Pipeline::train_step", split_);
     return train_resident(x, labels, optimizer, documents);
   }
 
@@ -200,12 +199,12 @@ class Pipeline {
   /// for callers that step the optimizer themselves with step(). Host arrays, as train_step.
   StepStats forward_backward(ConstView<input_type> x, ConstView<std::int32_t> labels, DocumentStarts documents = {}) {
     static_assert(flush, "forward_backward: asynchronous schedules update inside the step; use train_step");
-    Checks::batch(x, labels, "Pipeline::forward_backward", plan_.config.total_microbatches());
+    Checks::batch(x, labels, "Pipeline::forward_backward", split_);
     return run(stage_inputs(x), stage_labels(labels), {}, false, documents);
   }
   StepStats forward_backward(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels) requires(!host_accessible<space>) {
     static_assert(flush, "forward_backward: asynchronous schedules update inside the step; use train_step");
-    Checks::batch(x, labels, "Pipeline::forward_backward", plan_.config.total_microbatches());
+    Checks::batch(x, labels, "Pipeline::forward_backward", split_);
     return run(x, labels, {}, false, {});
   }
 
@@ -233,7 +232,7 @@ class Pipeline {
   std::vector<StepStats> train_steps(std::span<const Batch> batches, std::span<const Optimizer> optimizers) {
     CUPIPE_REQUIRE(optimizers.size() == batches.size(), "Pipeline::train_steps: ", optimizers.size(),
                    " optimizers for ", batches.size(), " batches; give one per step");
-    for (const Batch& b : batches) Checks::batch(b.x, b.labels, "Pipeline::train_steps", plan_.config.total_microbatches());
+    for (const Batch& b : batches) Checks::batch(b.x, b.labels, "Pipeline::train_steps", split_);
     std::vector<StepStats> out;
     if (!options_.post_validation || batches.size() < 2) {
       for (std::size_t t = 0; t < batches.size(); ++t) out.push_back(train_step(batches[t].x, batches[t].labels, optimizers[t], batches[t].documents));
@@ -241,7 +240,7 @@ class Pipeline {
     }
     if constexpr (update_rule == schedule::UpdateRule::flush) {
       prepare_slots<Optimizer>();
-      for (const Batch& b : batches) pipeline::check_step_documents(b.documents, options_, b.x.rows(), rows_per_sample, "Pipeline::train_steps");
+      for (const Batch& b : batches) pipeline::check_step_documents(b.documents, options_, b.x.rows(), split_.rows_per_sample, "Pipeline::train_steps");
       out = post_validated_->train(batches, optimizers);
     }
     return out;
@@ -251,7 +250,7 @@ class Pipeline {
   /// both in host memory, on any backend. Across processes every rank calls it with its replica's x
   /// (read by stage 0's ranks) and every rank gets the output. `documents`: x's borders (packed sequences).
   void predict(ConstView<input_type> x, TensorView<T> out, DocumentStarts documents = {}) {
-    Checks::prediction(x, out, prediction_features);
+    Checks::prediction(x, out, prediction_features, split_.rows_per_sample);
     auto result = predict_resident(stage_inputs(x), documents);
     constexpr int last = worker_of(virtual_stages - 1);
     const std::span<T> host(out.data(), std::size_t(out.numel()));
@@ -270,7 +269,7 @@ class Pipeline {
   void predict(ConstViewOn<FirstBackend, input_type> x, ViewOn<LastBackend, T> out)
     requires(!host_accessible<space>)
   {
-    Checks::prediction(x, out, prediction_features);
+    Checks::prediction(x, out, prediction_features, split_.rows_per_sample);
     CUPIPE_REQUIRE(!comm(), "Pipeline::predict: across processes the output is gathered in host memory; pass host views");
     auto result = predict_resident(x);
     auto& be = *workers_.template get<worker_of(virtual_stages - 1)>();
@@ -350,11 +349,11 @@ class Pipeline {
   /// replicas starts when its gradients are complete.
   StepStats run(ConstViewOn<FirstBackend, input_type> x, ConstViewOn<LastBackend, std::int32_t> labels,
                 typename Executor::StepOptimizer optimizer, bool early_sums, DocumentStarts documents) {
-    pipeline::check_step_documents(documents, options_, x.rows(), rows_per_sample);
+    pipeline::check_step_documents(documents, options_, x.rows(), split_.rows_per_sample);
     int base = 0;
     states_.for_each([&](auto, auto& st) { base = st.weights.latest(); });
     const pipeline::StepPlan step_plan =
-        loop_->plan_step(executor_->version_offsets(), x.rows(), base, batches_done_, rows_per_sample, global_samples_);
+        loop_->plan_step(executor_->version_offsets(), x.rows(), base, batches_done_, split_.rows_per_sample, global_samples_);
     typename Executor::Step step{&step_plan, x, labels, documents, std::vector<double>(std::size_t(step_plan.microbatches()), 0.0),
                                  {}, optimizer, batches_done_};
     if (early_sums) sync_->prepare_early_sums();
@@ -394,6 +393,7 @@ class Pipeline {
   std::int64_t batches_done_ = 0;
   index_t global_samples_ = 0;
   TensorGroup* tensor_group_ = nullptr;  ///< with tensor parallelism: this stage's group (the communicator's)
+  pipeline::BatchSplit split_;           ///< microbatches, and a sample's rows here (a share under context parallelism)
   int local_worker_ = -1;                ///< the stage this process runs; -1: all of them
 };
 

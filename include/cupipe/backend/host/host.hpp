@@ -29,6 +29,7 @@
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/tensor_group.hpp"
+#include "cupipe/cp/context_group.hpp"
 
 namespace cupipe::backend {
 
@@ -86,6 +87,10 @@ struct Host : ops::Dispatch {
   /// empty: one document per sequence), in host memory, set by whoever runs them (the pipeline,
   /// per action); the attention and position embedding layers read them. Not owned.
   DocumentStarts documents{};
+
+  /// The context-parallel ring this rank's attention runs round (null: none; the rows are then
+  /// whole sequences), cp/context_group.hpp. Not owned.
+  cp::ContextGroup* context_group = nullptr;
 
   /// Sets how many threads the host BLAS uses per call (OpenBLAS; other BLAS libraries keep theirs).
   /// Process-wide: OpenBLAS has one setting for every context.
