@@ -100,7 +100,7 @@ planner::CostModel from_json(const std::string& path) {
 nlohmann::json layout_json(const planner::Layout& l) {
   return {{"schedule", l.schedule},      {"stages", l.stages},         {"chunks", l.chunks},
           {"microbatches", l.microbatches}, {"replicas", l.replicas},  {"batches", l.batches},
-          {"tensor", l.tensor},          {"cuts", l.cuts},              {"step_seconds", l.step_seconds}, {"bubble", l.bubble},
+          {"tensor", l.tensor},          {"context", l.context},        {"cuts", l.cuts},              {"step_seconds", l.step_seconds}, {"bubble", l.bubble},
           {"allreduce_seconds", l.allreduce_seconds}, {"update_seconds", l.update_seconds}, {"peak_bytes", l.peak_bytes},
           {"peak_activation_bytes", l.peak_activation_bytes}, {"peak_activation_low_bytes", l.peak_activation_low_bytes},
           {"peak_activation_high_bytes", l.peak_activation_high_bytes}, {"most_bytes", l.most_bytes},
@@ -130,12 +130,16 @@ int main(int argc, char** argv) {
                  "tensor-parallel degrees to search too, e.g. --tensor 2 (default: 1; gpt-tiny profiles 2 and 4; "
                  "--costs needs the degree's tensor_variants)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--context", request.context_degrees,
+                 "context-parallel ring sizes to search too, e.g. --context 2 (default: 1; each sample's rows split "
+                 "over a ring of processes; the model's samples must cut into 2 cp chunks)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--zero", request.zero_stages,
                  "ZeRO stages to consider for layouts with replicas, e.g. --zero 0,1,2,3 (PipelineOptions::zero; "
                  "default: 0)")
       ->delimiter(',')
       ->check(CLI::Range(0, 3));
-  app.add_option("--devices", request.devices, "devices (stages x replicas x tensor ranks)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--devices", request.devices, "devices (stages x replicas x tensor ranks x context ranks)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--memory-gb", memory_gb, "memory per device in GB (0: no limit)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch", request.batch, "samples per optimizer step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--schedules", schedules, "comma-separated policies to consider (default: all: " + schedule::policy_names() + ")");

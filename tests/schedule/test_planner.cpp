@@ -714,3 +714,60 @@ TEST_CASE("planner: a cost model's integers are read in range or refused (issue 
   CHECK_THROWS_WITH(read(R"("profiled_rows": )" + std::string(300000, '[') + std::string(300000, ']')),
                     Catch::Contains("profiled_rows must be an integer") && Catch::Contains("found array"));
 }
+
+TEST_CASE("planner: context parallelism splits each sample's rows over a ring, its passes in the step", "[planner][cp]") {
+  planner::Request request;
+  request.model = uniform(8);
+  request.model.rows_per_sample = 16;  // sequences of 16 tokens
+  request.model.layers[3].ring_values = 64;  // one attention layer: keys and values of 32 + 32
+  request.model.link_latency = 1e-4;
+  request.model.link_bytes_per_second = 1e9;
+  request.devices = 2;
+  request.batch = 4;
+  request.schedules = {"gpipe"};
+  request.context_degrees = {1, 2};
+  const planner::Report report = plan(request);
+  const auto found = [&](int p, int d, int cp) {
+    return std::find_if(report.ranked.begin(), report.ranked.end(), [&](const planner::Layout& l) {
+      return l.stages == p && l.replicas == d && l.context == cp && l.microbatches == 1;
+    });
+  };
+  const auto ring = found(1, 1, 2), replicas = found(1, 2, 1);
+  REQUIRE(ring != report.ranked.end());
+  REQUIRE(replicas != report.ranked.end());
+  CHECK(ring->describe() == "gpipe p=1 v=1 m=1 d=1 cp=2");
+  // Each rank runs 4 sequences' halves, 32 rows: 4 ms an action, as a replica's 2 whole sequences.
+  // The attention's forward passes (one of 32 rows x 64 values) hide behind its 4 ms blocks; its
+  // backward adds the two passes of their gradients.
+  const double pass = 1e-4 + 32 * 64 * 4 / 1e9;
+  CHECK(replicas->step_seconds == Approx(8 * 3 * 4e-3).epsilon(1e-9));
+  CHECK(ring->step_seconds == Approx(8 * 3 * 4e-3 + 2 * pass).epsilon(1e-9));
+  // The same rows per rank as a replica: the same activation peak, half of one rank's whole batch.
+  CHECK(ring->peak_activation_bytes == replicas->peak_activation_bytes);
+  for (const planner::Layout& l : report.ranked) CHECK(l.stages * l.replicas * l.tensor * l.context == 2);
+
+  SECTION("a batch of one sequence: a ring can split it where replicas cannot") {
+    request.batch = 1;
+    const planner::Report one = plan(request);
+    CHECK(std::none_of(one.ranked.begin(), one.ranked.end(), [](const planner::Layout& l) { return l.replicas == 2; }));
+    CHECK(std::any_of(one.ranked.begin(), one.ranked.end(), [](const planner::Layout& l) { return l.context == 2; }));
+  }
+  SECTION("the ring's ranks sum gradients as replicas do") {
+    request.model.allreduce_bytes_per_second = 1e9;
+    const planner::Report summed = plan(request);
+    const auto a = std::find_if(summed.ranked.begin(), summed.ranked.end(), [](const planner::Layout& l) { return l.context == 2; });
+    const auto b = std::find_if(summed.ranked.begin(), summed.ranked.end(), [](const planner::Layout& l) { return l.replicas == 2; });
+    REQUIRE(a != summed.ranked.end());
+    REQUIRE(b != summed.ranked.end());
+    CHECK(a->allreduce_seconds > 0);
+    CHECK(a->allreduce_seconds == Approx(b->allreduce_seconds).epsilon(1e-12));
+  }
+  SECTION("refusals") {
+    request.context_degrees = {3};
+    CHECK_THROWS_WITH(plan(request), Catch::Contains("context-parallel degree 3") &&
+                                         Catch::Contains("samples of 16 rows do not cut into 6 equal chunks"));
+    request.context_degrees = {2};
+    request.one_process = true;
+    CHECK_THROWS_WITH(plan(request), Catch::Contains("a context-parallel ring's ranks are processes"));
+  }
+}

@@ -43,6 +43,8 @@ struct HeadSplitAttention {
   static constexpr bool is_loss = false;
   static constexpr index_t rows_per_sample = SeqLen;
   static constexpr bool weight_grads_need_backward_input = true;
+  /// Under context parallelism each ring step passes this rank's keys and values (cp/ring_layer.hpp).
+  static constexpr index_t ring_values_per_row = 2 * width;
   static constexpr std::array<ParamSpec, 4> params(index_t) {
     return {{{"c_attn.weight", 3 * width, C, split_over<Parts>(TensorSplit::row_thirds), Parts},
              {"c_attn.bias", 3 * width, 0, split_over<Parts>(TensorSplit::row_thirds), Parts},

@@ -194,6 +194,14 @@ constexpr index_t rows_per_sample_of() {
   else return 1;
 }
 
+/// Values per row layer L passes round a context-parallel ring per step (0 unless it declares
+/// ring_values_per_row: the attention's keys and values); the planner prices the ring's hand-overs by it.
+template <class L>
+constexpr index_t ring_values_of() {
+  if constexpr (requires { L::ring_values_per_row; }) return L::ring_values_per_row;
+  else return 0;
+}
+
 /// Whether L's backward_weight reads state its backward_input wrote (see the list above).
 template <class L>
 constexpr bool weight_grads_need_backward_input() {

@@ -34,6 +34,7 @@ struct Residual {
   static constexpr bool takes_token_ids = false;
   static constexpr bool is_loss = false;
   static constexpr index_t rows_per_sample = Inner::rows_per_sample;
+  static constexpr index_t ring_values_per_row = ring_values_of<Inner>();
   /// backward_input fills the inner output gradients that backward_weight reads.
   static constexpr bool weight_grads_need_backward_input = true;
 

@@ -215,6 +215,8 @@ struct LayerSeq {
     ((r = std::lcm(r, rows_per_sample_of<Layers>())), ...);
     return r;
   }();
+  /// Values per row the layers pass round a context-parallel ring per step, together.
+  static constexpr index_t ring_values_per_row = (ring_values_of<Layers>() + ... + index_t(0));
 
   /// Forward FLOPs per row, from the layer types (the cost model of partition<>).
   static constexpr double forward_flops_per_sample = [] {

@@ -55,6 +55,7 @@ CostModel cost_model(const LayerProfile& profile, int value_bytes, int optimizer
                                       double(Body::widths[I]), double(Body::widths[I + 1]),
                                       double(Body::template layer<I>::saved_per_row(Body::widths[I]))}),
      ...);
+    ((model.layers[I].ring_values = double(ring_values_of<typename Body::template layer<I>>())), ...);
   }(std::make_index_sequence<Body::size>());
   return model;
 }

@@ -29,7 +29,8 @@ inline nlohmann::json layers_json(const std::vector<LayerCost>& list) {
                       {"saved", l.saved}, {"forward_fixed", l.forward_fixed}, {"backward_input_fixed", l.backward_input_fixed},
                       {"backward_weight_fixed", l.backward_weight_fixed}, {"points", l.points},
                       {"sum_forward", l.sum_forward}, {"sum_backward", l.sum_backward},
-                      {"sum_forward_calls", l.sum_forward_calls}, {"sum_backward_calls", l.sum_backward_calls}});
+                      {"sum_forward_calls", l.sum_forward_calls}, {"sum_backward_calls", l.sum_backward_calls},
+                      {"ring_values", l.ring_values}});
   return layers;
 }
 
@@ -112,6 +113,7 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
                     l.value("backward_input_fixed", 0.0), l.value("backward_weight_fixed", 0.0),
                     l.value("points", std::vector<std::array<double, 4>>{})};
         c.sum_forward = l.value("sum_forward", 0.0);
+        c.ring_values = l.value("ring_values", 0.0);
         c.sum_backward = l.value("sum_backward", 0.0);
         c.sum_forward_calls = l.value("sum_forward_calls", 0.0);
         c.sum_backward_calls = l.value("sum_backward_calls", 0.0);

@@ -45,6 +45,9 @@ struct LayerCost {
   /// tensor-parallel group in the forward and in the input gradient, and the sums (calls) per action.
   double sum_forward = 0, sum_backward = 0;
   double sum_forward_calls = 0, sum_backward_calls = 0;
+  /// Context parallelism: values per row this layer passes round a ring per step (the attention's
+  /// keys and values, 2C; layer.hpp's ring_values_of); 0: a token-wise layer, which never does.
+  double ring_values = 0;
 };
 
 /// One tensor-parallel degree's per-rank layers: the same layer list split `degree` ways (times,
@@ -149,6 +152,10 @@ struct Request {
   /// Tensor-parallel degrees to consider; empty: {1}. Each degree above 1 needs its variant in the
   /// cost model (CostModel::tensor_variants).
   std::vector<int> tensor_degrees{};
+  /// Context-parallel ring sizes to consider (cp/: each sample's rows split over a ring of cp
+  /// ranks that count among the replicas); empty: {1}. A degree needs samples that cut into 2 cp
+  /// equal chunks, and processes (not Request::one_process).
+  std::vector<int> context_degrees{};
   int max_replicas = 0;     ///< most data-parallel replicas; 0: no limit (1 for an in-process host run)
   bool all_devices = true;  ///< stages x replicas = devices; false: at most devices (the rest idle)
   /// The split a program can run, for a virtual stage count: first layer of each virtual stage,
@@ -214,6 +221,7 @@ struct Layout {
   int microbatches = 1;  ///< per step and replica
   int replicas = 1;      ///< data-parallel degree
   int tensor = 1;        ///< tensor-parallel ranks per stage
+  int context = 1;       ///< context-parallel ranks per ring (each sample's rows split over them)
   int batches = 1;       ///< batches a step runs (asynchronous schedules: 2)
   int zero = 0;          ///< the ZeRO stage (PipelineOptions::zero; reshard_after_forward with 3)
   std::vector<std::size_t> cuts;    ///< first layer of each virtual stage, then the layer count
@@ -271,6 +279,7 @@ inline std::string Layout::describe() const {
   std::ostringstream out;
   out << schedule << " p=" << stages << " v=" << chunks << " m=" << microbatches << " d=" << replicas;
   if (tensor > 1) out << " t=" << tensor;
+  if (context > 1) out << " cp=" << context;
   if (zero > 0) out << " zero=" << zero;
   if (!worker_names.empty()) out << " split=" << split_text(cuts);  // unequal workers: the planner chose it
   if (!offload.empty()) {

@@ -161,10 +161,21 @@ Report search(const Request& request) {
     }
     per_degree.push_back(std::move(m));
   }
+  // Per ring size, a ring rank's rows of a sample.
+  const std::vector<int> rings = request.context_degrees.empty() ? std::vector<int>{1} : request.context_degrees;
+  for (const int cp : rings) {
+    CUPIPE_REQUIRE(cp >= 1, "planner: context-parallel degrees must be positive, got ", cp);
+    CUPIPE_REQUIRE(cp == 1 || model.rows_per_sample % (2 * cp) == 0, "planner: context-parallel degree ", cp,
+                   ": samples of ", model.rows_per_sample, " rows do not cut into ", 2 * cp, " equal chunks");
+    CUPIPE_REQUIRE(cp == 1 || !request.one_process, "planner: context-parallel degree ", cp,
+                   " asked for in one process; a context-parallel ring's ranks are processes");
+    CUPIPE_REQUIRE(cp == 1 || request.workers.empty(), "planner: unequal workers are planned without context parallelism");
+  }
   Report report;
-  for (std::size_t i = 0; i < degrees.size(); ++i) {
+  for (std::size_t i = 0; i < degrees.size(); ++i) for (const int cp : rings) {
     const int t = degrees[i];
-    const CostModel& m = per_degree[i];
+    CostModel m = per_degree[i];
+    m.rows_per_sample /= cp;
     const std::vector<double> total = detail::layer_totals(m.layers);
     // Splits by virtual stage count; an empty one: the program has none.
     std::vector<std::vector<std::size_t>> cuts_for(layers + 1);
@@ -189,15 +200,15 @@ Report search(const Request& request) {
       }
       return cuts_for[n];
     };
-    for (int p = 1; p * t <= request.devices; ++p) {
+    for (int p = 1; p * t * cp <= request.devices; ++p) {
       if (!request.stage_counts.empty() &&
           std::find(request.stage_counts.begin(), request.stage_counts.end(), p) == request.stage_counts.end())
         continue;
-      for (int d = 1; p * d * t <= request.devices; ++d) {
-        if (request.all_devices && p * d * t != request.devices) continue;
+      for (int d = 1; p * d * t * cp <= request.devices; ++d) {
+        if (request.all_devices && p * d * t * cp != request.devices) continue;
         if (!request.workers.empty() && (p != request.devices || d != 1)) continue;  // a worker is a stage
         if (request.max_replicas > 0 && d > request.max_replicas) continue;
-        detail::search_layouts<List>(request, m, p, d, t, split_into, report);
+        detail::search_layouts<List>(request, m, p, d, t, split_into, report, cp);
       }
     }
   }
@@ -208,7 +219,7 @@ Report search(const Request& request) {
   });
   if (request.cores > 0 && !report.ranked.empty()) {
     const Layout& best = report.ranked.front();
-    const int sharing = request.one_process ? best.stages * best.replicas * best.tensor : request.colocated;
+    const int sharing = request.one_process ? best.stages * best.replicas * best.tensor * best.context : request.colocated;
     if (sharing > request.cores)
       report.caveats.push_back(std::to_string(sharing) + (request.one_process ? " workers" : " processes") + " share " +
                                std::to_string(request.cores) +

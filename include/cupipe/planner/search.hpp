@@ -233,7 +233,8 @@ namespace detail {
 
 /// One layout the search prices: a policy on p stages (v chunks each), d replicas and t
 /// tensor-parallel ranks per stage, m microbatches, and the split of the layers into its virtual
-/// stages.
+/// stages; each replica a ring of cp context-parallel ranks (the model's rows per sample already
+/// divided by cp), whose ranks shard and sum like replicas.
 struct Candidate {
   const schedule::PolicyInfo& policy;
   int p, d, t, v, m;
@@ -242,8 +243,9 @@ struct Candidate {
   int zero = 0;  ///< the ZeRO stage (0 with one replica)
   /// The plan's placement, with unequal workers (Request::workers), whose speeds it prices by.
   const schedule::Placement* placement = nullptr;
+  int cp = 1;
   int virtual_stages() const { return p * v; }
-  ZeroSetting zero_setting() const { return {zero, d, true}; }
+  ZeroSetting zero_setting() const { return {zero, d * cp, true}; }
 };
 
 /// Why `policy` cannot run on p stages, d replicas and t ranks for `request` before any split is
@@ -296,8 +298,17 @@ inline std::vector<schedule::StageCosts> stage_costs(const Request& request, con
       // input gradient's (a column-parallel input).
       const double sf = tensor_sum_seconds(model, c.t, layer.sum_forward_calls, r * layer.sum_forward);
       const double sb = tensor_sum_seconds(model, c.t, layer.sum_backward_calls, r * layer.sum_backward);
-      stage.forward += f + sf;
-      stage.backward += policy.split_backward ? b + sb : b + sb + w;
+      // A ring's passes of the layer's keys and values (cp/ring_layer.hpp): cp - 1 forward, each
+      // hidden behind the blocks computed meanwhile, cp - 1 backward likewise, and cp passes of their
+      // gradients, which wait for the blocks.
+      double rf = 0, rb = 0;
+      if (c.cp > 1 && layer.ring_values > 0) {
+        const double pass = link_seconds(model, r * layer.ring_values);
+        rf = std::max(0.0, (c.cp - 1) * pass - f);
+        rb = std::max(0.0, (c.cp - 1) * pass - b) + c.cp * pass;
+      }
+      stage.forward += f + sf + rf;
+      stage.backward += policy.split_backward ? b + sb + rb : b + sb + rb + w;
       stage.weight += policy.split_backward ? w : 0.0;
       chunk_params += layer.params;
     }
@@ -364,7 +375,7 @@ inline schedule::SimResult simulate_with_contention(const Request& request, cons
   // Workers on devices of their own (WorkerSpeed::own_device) take no share of the cores.
   const std::vector<char> own_device = own_devices(request);
   const int on_cores = p - int(std::count(own_device.begin(), own_device.end(), char(1)));
-  const int sharing = request.one_process ? on_cores * d * t : std::min(on_cores * d * t, request.colocated);
+  const int sharing = request.one_process ? on_cores * d * t * c.cp : std::min(on_cores * d * t * c.cp, request.colocated);
   // One entry (an action alone) still charges turns on too few cores.
   if (sharing > 1 && !model.contention.empty() &&
       (model.contention.size() > 1 || (request.cores > 0 && sharing > request.cores))) {
@@ -399,6 +410,7 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
   layout.microbatches = c.m;
   layout.replicas = d;
   layout.tensor = c.t;
+  layout.context = c.cp;
   layout.batches = config.batches;
   layout.zero = c.zero;
   layout.cuts = c.cuts;
@@ -418,8 +430,8 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
     layout.peak_bytes[w] += layout.peak_activation_bytes[w];
     layout.most_bytes[w] += layout.peak_activation_high_bytes[w];
   }
-  if (d > 1 && model.allreduce_bytes_per_second > 0)
-    layout.allreduce_seconds = replica_traffic(model, plan, c.cuts, d, c.zero_setting()) * model.gradient_bytes() /
+  if (d * c.cp > 1 && model.allreduce_bytes_per_second > 0)
+    layout.allreduce_seconds = replica_traffic(model, plan, c.cuts, d * c.cp, c.zero_setting()) * model.gradient_bytes() /
                                model.allreduce_bytes_per_second;
   // A flush schedule updates after the step: every worker its own stages at once, or, in one
   // process, the calling thread every stage in turn.
@@ -484,11 +496,14 @@ inline std::optional<Layout> offloaded_layout(const Request& request, const Cost
 }
 
 /// Every policy and microbatch count for p stages, d replicas and t tensor-parallel ranks per stage,
-/// into `report`; `model` holds the per-rank layers of t (the request's model for t = 1).
+/// each replica a ring of cp, into `report`; `model` holds the per-rank layers of t (the request's
+/// model for t = 1) and a ring rank's rows per sample.
 template <class List, class Split>
-void search_layouts(const Request& request, const CostModel& model, int p, int d, int t, Split& split_into, Report& report) {
+void search_layouts(const Request& request, const CostModel& model, int p, int d, int t, Split& split_into, Report& report,
+                    int cp = 1) {
   const index_t samples = request.batch / d;  // per replica (the first batch % d replicas take one more)
-  const std::string tensor_suffix = t > 1 ? " t=" + std::to_string(t) : std::string();
+  const std::string tensor_suffix =
+      (t > 1 ? " t=" + std::to_string(t) : std::string()) + (cp > 1 ? " cp=" + std::to_string(cp) : std::string());
   for (const schedule::PolicyInfo& policy : schedule::policy_table<List>()) {
     if (!wanted(request, policy.name)) continue;
     const int v = policy.default_chunks, virtual_stages = p * v;
@@ -536,14 +551,14 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       const std::vector<double> rows = microbatch_rows(model, samples, config);
       // ZeRO shards over replicas, and only a flush update (PipelineOptions::zero).
       std::vector<int> zeros{0};
-      if (d > 1 && policy.update == schedule::UpdateRule::flush && !request.zero_stages.empty()) zeros = request.zero_stages;
+      if (d * cp > 1 && policy.update == schedule::UpdateRule::flush && !request.zero_stages.empty()) zeros = request.zero_stages;
       for (std::size_t i = 0; i < splits.size(); ++i) {
         const std::vector<std::size_t>& cuts = splits[i];
-        const Candidate unsharded{policy, p, d, t, v, m, cuts, sizes[i], 0, placement};
+        const Candidate unsharded{policy, p, d, t, v, m, cuts, sizes[i], 0, placement, cp};
         const schedule::SimResult sim =
             simulate_with_contention(request, model, unsharded, plan, step_costs(request, model, unsharded, rows));
         for (const int zero : zeros) {
-          const Candidate candidate{policy, p, d, t, v, m, cuts, sizes[i], zero, placement};
+          const Candidate candidate{policy, p, d, t, v, m, cuts, sizes[i], zero, placement, cp};
           std::string named = zeros.size() > 1 ? name + " zero=" + std::to_string(zero) : name;
           if (splits.size() > 1) named += " split=" + split_text(cuts);
           Layout layout = priced_layout(request, model, candidate, config, plan, sim, rows);
