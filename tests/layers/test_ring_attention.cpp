@@ -19,8 +19,6 @@
 #include "cupipe/backend/host/ops.hpp"
 #include "cupipe/cp/ring_attention.hpp"
 #include "cupipe/cp/ring_layer.hpp"
-#include "cupipe/gpt/model.hpp"
-#include "cupipe/planner/calibrate.hpp"
 #include "gradcheck.hpp"
 
 using namespace cupipe;
@@ -208,24 +206,4 @@ TEST_CASE("Context parallel: a rank's rows are its two zigzag chunks of each seq
   cp::sequence_runs(8, 8, 1, 2, [&](index_t first, index_t position, index_t length) { runs.push_back({first, position, length}); });
   CHECK(runs == std::vector<std::array<index_t, 3>>{{0, 2, 2}, {2, 4, 2}, {4, 2, 2}, {6, 4, 2}});
   CHECK_THROWS_WITH(cp::local_rows(std::span<const int>(tokens), 6, 0, 2), Catch::Contains("16 values are not whole sequences of 6"));
-}
-
-TEST_CASE("Context parallel: the planner's cost model counts the attention's ring values, layer by layer", "[cpu][layers][cp]") {
-  constexpr gpt::Config config{64, 16, 3, 2, 16};
-  using Body = gpt::Model<config>::body;
-  const std::size_t n = Body::size;
-  LayerProfile profile{std::vector<std::string>(n, "layer"), std::vector<double>(n, 1e-3), std::vector<double>(n, 1e-3),
-                       std::vector<double>(n, 1e-3), 16};
-  const planner::CostModel model = planner::cost_model<Body>(profile, 4, 2, config.context);
-  double total = 0;
-  std::size_t carrying = 0;
-  for (const planner::LayerCost& l : model.layers) {
-    total += l.ring_values;
-    carrying += l.ring_values > 0;
-  }
-  // Each of the 3 blocks passes its keys and values (2C a row); the embedding, head and loss nothing.
-  CHECK(total == 3 * 2 * 16);
-  CHECK(carrying >= 1);
-  CHECK(model.layers.front().ring_values == 0);
-  CHECK(model.layers.back().ring_values == 0);
 }

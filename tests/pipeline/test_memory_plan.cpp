@@ -308,6 +308,26 @@ TEST_CASE("calibrate_tensor_parts: one rank's part of the GPT, and the sums each
   }
 }
 
+TEST_CASE("calibrate: the cost model counts the attention's ring values, layer by layer", "[planner][cp]") {
+  constexpr gpt::Config small{64, 16, 3, 2, 16};
+  using Body = gpt::Model<small>::body;
+  const std::size_t n = Body::size;
+  LayerProfile profile{std::vector<std::string>(n, "layer"), std::vector<double>(n, 1e-3), std::vector<double>(n, 1e-3),
+                       std::vector<double>(n, 1e-3), 16};
+  const planner::CostModel model = planner::cost_model<Body>(profile, 4, 2, small.context);
+  double total = 0;
+  std::size_t carrying = 0;
+  for (const planner::LayerCost& l : model.layers) {
+    total += l.ring_values;
+    carrying += l.ring_values > 0;
+  }
+  // Each of the 3 blocks passes its keys and values (2C a row); the embedding, head and loss nothing.
+  CHECK(total == 3 * 2 * 16);
+  CHECK(carrying >= 1);
+  CHECK(model.layers.front().ring_values == 0);
+  CHECK(model.layers.back().ring_values == 0);
+}
+
 TEST_CASE("profile_layers times a first layer's backward_input where its weight gradient needs it", "[planner]") {
   using Host = backend::Host<float>;
   std::vector<float> x(64 * 5, 0.5f);
