@@ -56,8 +56,7 @@ struct Launch {
   int rank = 0;
   int replica = 0;
   int replicas = 1;
-  int context = 1;       ///< context-parallel ranks per ring (--cp)
-  int context_rank = 0;  ///< this rank's place in its ring
+  int context = 1;  ///< context-parallel ranks per ring (--cp); the ring itself: communicator->context_group()
   bool leader() const { return rank == 0; }
 };
 
@@ -128,7 +127,6 @@ class Launcher {
     launch_.replica = topology.data_replica();
     launch_.replicas = topology.replicas / topology.context;
     launch_.context = topology.context;
-    launch_.context_rank = topology.context_rank();
   }
 
   /// Ends every rank of a multi-process job (MPI_Abort); nothing when run alone.
