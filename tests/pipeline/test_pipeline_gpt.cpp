@@ -4,9 +4,12 @@
 // forward_backward, its weights after 3 AdamW steps, to 1e-12 relative; the tied copies stay bitwise
 // equal. Microbatches are whole sequences, ragged ones included. Untied, PipeDream and 2BW keep their
 // documented semantics. Packed sequences (document borders) equal the Network given the same
-// borders, and borders that do not fit the pipeline are refused before any work.
+// borders, and borders that do not fit the pipeline are refused before any work. A GPT whose MLPs
+// are mixtures of experts equals the Network too, through the schedules that split B and W and
+// overlap F&B pairs, with the same drops and auxiliary losses.
 #include "pipeline_test_support.hpp"
 
+#include <array>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -140,6 +143,56 @@ TEST_CASE("GPT: V-Min and V-Half equal the Network at p = 1, 2, 4", "[pipeline][
 TEST_CASE("GPT: DualPipeV (wte and lm_head on worker 0, overlapped F&B pairs) equals the Network at p = 1, 2, 4",
           "[pipeline][equivalence][gpt]") {
   check_every_p<schedule::DualPipeV>();
+}
+
+namespace {
+
+// Every second block's MLP a mixture of 4 experts, top-2, with a capacity that drops (layers/moe.hpp).
+constexpr gpt::Config moe_config{256, 32, 4, 4, 64, true, 4, 2, 2, 1.0};
+using MoeGpt = gpt::Model<moe_config>;
+static_assert(moe_config.moe_blocks() == 2 && moe_config.parameters() == MoeGpt::body::param_count);
+static_assert(moe_config.active_parameters() < moe_config.unique_parameters());
+
+/// The MoE GPT's tally over a pipeline's workers against the Network's, after one forward_backward:
+/// the same slots dropped, the same load per expert, and the same auxiliary losses.
+template <class Policy, int P>
+void check_moe_tally() {
+  using Pipe = Pipeline<partition_for<MoeGpt, P, Policy>, Policy, Host>;
+  PipelineOptions options;
+  options.microbatches = 2 * P;
+  options.seed = seed;
+  Pipe pipe(options);
+  Network<MoeGpt, Host> net(seed);
+  std::array<moe::Tally, Pipe::stages> tallies;
+  [&]<int... W>(std::integer_sequence<int, W...>) {
+    ((pipe.template backend<W>().moe_tally = &tallies[std::size_t(W)]), ...);
+  }(std::make_integer_sequence<int, Pipe::stages>());
+  moe::Tally expected, got;
+  net.backend().moe_tally = &expected;
+  const TokenBatch batch(4 * P, 21);
+  test::bounded(120, [&] { return pipe.forward_backward(batch.x(), batch.y()); });
+  net.forward_backward(batch.x(), batch.y());
+  for (const moe::Tally& t : tallies) got.add(t);
+  INFO(Policy::name << " p = " << P);
+  CHECK(expected.dropped > 0);
+  CHECK(got.dropped == expected.dropped);
+  CHECK(got.routed == expected.routed);
+  CHECK(got.load == expected.load);
+  CHECK(got.layers == 2 * int(options.microbatches));
+  CHECK(got.aux_loss == Approx(expected.aux_loss).epsilon(1e-12));
+  CHECK(test::relative_difference(pipe.gradients(), net.gradients()) <= tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("GPT with experts: GPipe, 1F1B, ZB-H1 and DualPipeV equal the Network, auxiliary losses and drops included",
+          "[pipeline][equivalence][gpt][moe]") {
+  check_against_network<schedule::GPipe, 2, MoeGpt>();
+  check_against_network<schedule::OneFOneB, 4, MoeGpt>();
+  check_against_network<schedule::ZeroBubbleH1, 2, MoeGpt>();  // B and W split: the MoE layer's kept gradients
+  check_against_network<schedule::DualPipeV, 2, MoeGpt>();     // overlapped F&B pairs
+  check_moe_tally<schedule::OneFOneB, 2>();
+  check_moe_tally<schedule::DualPipeV, 2>();
 }
 
 TEST_CASE("GPT: the tied copies are two tensors to the model, untied, each trains on its own", "[pipeline][gpt]") {

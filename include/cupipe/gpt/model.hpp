@@ -6,6 +6,7 @@
 //   ln_f, lm_head (no bias; tied to wte unless Config::tied is false), mean cross-entropy over every
 //   position.
 // Each block is two layers of the model, so a pipeline may cut between its attention and its MLP.
+// With Config::experts, every moe_every-th block's MLP is a mixture of experts (layers/moe.hpp).
 // Sizes are a gpt::Config template argument: gpt::Model<gpt::tiny>.
 //
 // Parameter names: Sequential's "<layer>.<name>" ("3.attn.c_attn.weight"); nanogpt_name() turns
@@ -33,21 +34,40 @@ struct Config {
   index_t heads = 4;       ///< H: attention heads, dividing C
   index_t channels = 128;  ///< C: the residual stream's width
   bool tied = true;        ///< lm_head shares wte's weights (GPT-2); false: its own
+  /// Mixture of experts (layers/moe.hpp): 0, every MLP dense; E, the MLP of every moe_every-th block
+  /// (blocks moe_every - 1, 2 moe_every - 1, ...) is E experts of the dense MLP's shape, top_k per token.
+  index_t experts = 0;
+  index_t top_k = 2;
+  index_t moe_every = 1;
+  double capacity_factor = 0;  ///< 0: dropless; else an expert's slots per sequence, moe::Routing::capacity
 
   constexpr index_t head_dim() const { return channels / heads; }
+  /// Whether block b's MLP is a mixture of experts.
+  constexpr bool moe_block(index_t b) const { return experts > 0 && b % moe_every == moe_every - 1; }
+  constexpr index_t moe_blocks() const { return experts > 0 ? layers / moe_every : 0; }
   /// Elements of the flat parameter array: a tied lm_head is a second copy of wte there.
-  constexpr index_t parameters() const {
-    const index_t C = channels;
-    const index_t block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C);
-    return vocab * C + context * C + layers * block + 2 * C + vocab * C;
-  }
+  constexpr index_t parameters() const { return dense_parameters() + moe_blocks() * moe_extra(experts); }
   /// Distinct parameters, as PyTorch counts them (a tied tensor once).
   constexpr index_t unique_parameters() const { return parameters() - (tied ? vocab * channels : 0); }
-  /// Model FLOPs of one training token (forward and backward), as PaLM and llm.c count them for MFU:
-  /// 6 per distinct parameter (a tied table once) plus 6 L C T for causal attention's two products.
-  constexpr double flops_per_token() const {
-    return 6.0 * double(unique_parameters()) + 6.0 * double(layers) * double(channels) * double(context);
+  /// The distinct parameters one token uses: each MoE block's router and top_k of its experts.
+  constexpr index_t active_parameters() const {
+    return dense_parameters() + moe_blocks() * moe_extra(top_k) - (tied ? vocab * channels : 0);
   }
+  /// Model FLOPs of one training token (forward and backward), as PaLM and llm.c count them for MFU:
+  /// 6 per distinct parameter a token uses (a tied table once; an MoE block's router and active
+  /// experts) plus 6 L C T for causal attention's two products.
+  constexpr double flops_per_token() const {
+    return 6.0 * double(active_parameters()) + 6.0 * double(layers) * double(channels) * double(context);
+  }
+  /// The parameters of the model with every MLP dense (a tied lm_head counted twice).
+  constexpr index_t dense_parameters() const {
+    const index_t C = channels;
+    const index_t block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + mlp_parameters();
+    return vocab * C + context * C + layers * block + 2 * C + vocab * C;
+  }
+  constexpr index_t mlp_parameters() const { return (4 * channels * channels + 4 * channels) + (4 * channels * channels + channels); }
+  /// What an MoE block has beyond a dense one, counting `e` experts: the router and e - 1 more MLPs.
+  constexpr index_t moe_extra(index_t e) const { return experts * channels + (e - 1) * mlp_parameters(); }
 };
 
 /// Byte-level text on a CPU: V 256, T 64, 4 blocks of C 128 with 4 heads (0.83 M parameters).
@@ -122,6 +142,16 @@ using MlpHalf = Residual<Named<"ln_2", LayerNorm<c.channels>>,
                          Init<Named<"mlp.c_fc", LinearGELU<c.channels, 4 * c.channels>>, c.layers>,
                          Init<Named<"mlp.c_proj", Linear<4 * c.channels, c.channels>>, c.layers>>;
 
+/// The routing of c's MoE blocks (the balance and z-loss coefficients moe::Routing's defaults).
+template <Config c>
+inline constexpr moe::Routing routing_of{c.experts, c.top_k, c.capacity_factor};
+
+/// A block's MLP as a mixture of c.experts experts of MlpHalf's shape: mlp.router.weight,
+/// mlp.experts.c_fc.*, mlp.experts.c_proj.* (the projections initialised as c_proj's).
+template <Config c>
+using MoeHalf = Residual<Named<"ln_2", LayerNorm<c.channels>>,
+                         Init<Named<"mlp", MixtureOfExperts<c.channels, 4 * c.channels, c.context, routing_of<c>>>, c.layers>>;
+
 /// The two halves of a block split over TP tensor-parallel ranks (layers/tensor_parallel.hpp):
 /// attention by heads, the MLP by its hidden width (c_fc column-parallel, c_proj row-parallel).
 template <Config c, int TP>
@@ -135,8 +165,11 @@ using TensorParallelMlpHalf =
              Init<Named<"mlp.c_proj", RowParallelLinear<4 * c.channels, c.channels, TP>>, c.layers>>;
 
 namespace detail {
+template <Config c, std::size_t I>
+using mlp_half_t = std::conditional_t<c.moe_block(index_t(I / 2)), MoeHalf<c>, MlpHalf<c>>;
+
 template <Config c, int TP, std::size_t I>
-using half_t = std::conditional_t<TP == 1, std::conditional_t<I % 2 == 0, AttentionHalf<c>, MlpHalf<c>>,
+using half_t = std::conditional_t<TP == 1, std::conditional_t<I % 2 == 0, AttentionHalf<c>, mlp_half_t<c, I>>,
                                   std::conditional_t<I % 2 == 0, TensorParallelAttentionHalf<c, TP>, TensorParallelMlpHalf<c, TP>>>;
 
 template <Config c, int TP>
@@ -152,20 +185,22 @@ auto model_of(std::index_sequence<I...>)
 
 template <Config c>
 concept ValidConfig = c.vocab > 1 && c.context > 0 && c.layers > 0 && c.heads > 0 && c.channels > 0 &&
-                      c.channels % c.heads == 0;
+                      c.channels % c.heads == 0 &&
+                      (c.experts == 0 || (c.top_k >= 1 && c.top_k <= c.experts && c.moe_every >= 1 &&
+                                          c.moe_every <= c.layers && c.capacity_factor >= 0));
 
 /// The model: inputs are token ids (B * T rows of whole sequences), labels the next token of each.
 template <Config c>
   requires ValidConfig<c>
 using Model = decltype(detail::model_of<c, 1>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
 
-/// One rank's part of Model<c> split over TP tensor-parallel ranks: the blocks' attention by heads
+/// One rank's part of Model<c> split over TP tensor-parallel ranks (dense models only): the blocks' attention by heads
 /// and MLP by hidden width, wte and lm_head by vocabulary rows (the loss is vocabulary-parallel: the
 /// logits are never gathered); wpe, the LayerNorms and the row-parallel biases whole on every rank.
 /// The parameter names are Model<c>'s, so layers::tensor_parallel::shard and unshard map one onto the
 /// other. TP must divide the heads and the vocabulary.
 template <Config c, int TP>
-  requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0) && (c.vocab % TP == 0)
+  requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0) && (c.vocab % TP == 0) && (c.experts == 0)
 using TensorParallelModel = decltype(detail::model_of<c, TP>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
 
 /// nanoGPT's state_dict name of Model<c>'s parameter named `name` by Sequential ("<layer>.<rest>").

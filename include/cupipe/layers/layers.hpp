@@ -9,6 +9,7 @@
 #include "cupipe/layers/layernorm.hpp"
 #include "cupipe/layers/linear.hpp"
 #include "cupipe/layers/loss.hpp"
+#include "cupipe/layers/moe.hpp"
 #include "cupipe/layers/named.hpp"
 #include "cupipe/layers/network.hpp"
 #include "cupipe/layers/residual.hpp"

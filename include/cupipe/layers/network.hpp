@@ -117,6 +117,7 @@ class Network {
     if (normalizer == 0) normalizer = n;
     if (labels.numel() != n)
       CUPIPE_THROW(Loss::describe(), ": expected labels (", n, ",) for input ", x.shape(), " but got labels ", labels.shape());
+    backend_.aux_loss_normalizer = normalizer;  // a layer's own auxiliary loss divides by it too (layers/moe.hpp)
     auto record = backend_.template allocate<T>(Body::record_elements(n), MemoryTag::activations);
     auto grad_record = backend_.template allocate<T>(Body::grad_record_elements(n), MemoryTag::activations);
     auto dlogits = backend_.template allocate<T>(n * out_features, MemoryTag::activations);

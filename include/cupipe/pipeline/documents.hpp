@@ -3,8 +3,8 @@
 // checked against the batch and against PipelineOptions::packed_sequences (check_step_documents);
 // across processes agreed over the stages of the pipeline, one small sum over them per step, so a
 // stage given other borders than its neighbours fails with them instead of training on a mask
-// that does not match their activations (agree_on_documents); and set on a stage's context for
-// each action on a microbatch, then taken off again (DocumentsScope).
+// that does not match their activations (agree_on_documents). A stage's context carries a
+// microbatch's borders for each action on it (pipeline/microbatch_scope.hpp).
 #pragma once
 
 #include <cstdint>
@@ -63,19 +63,5 @@ inline void check_step_documents(const DocumentStarts& d, const PipelineOptions&
   check_documents(d, rows, seq_len, who);
   if (comm != nullptr && comm->topology().stages > 1) agree_on_documents(*comm, d, who);
 }
-
-/// Puts microbatch rows' borders on a stage's context `be` for one action, and takes them off when
-/// it ends (thrown or not), so no later work on the context (a prediction, a calibration) sees them.
-template <class B>
-class DocumentsScope {
- public:
-  DocumentsScope(B& be, DocumentStarts documents) : be_(be) { be_.documents = documents; }
-  ~DocumentsScope() { be_.documents = {}; }
-  DocumentsScope(const DocumentsScope&) = delete;
-  DocumentsScope& operator=(const DocumentsScope&) = delete;
-
- private:
-  B& be_;
-};
 
 }  // namespace cupipe::pipeline

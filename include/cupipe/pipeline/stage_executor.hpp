@@ -36,6 +36,7 @@
 #include "cupipe/optim/optimizers.hpp"
 #include "cupipe/pipeline/activation_arena.hpp"
 #include "cupipe/pipeline/documents.hpp"
+#include "cupipe/pipeline/microbatch_scope.hpp"
 #include "cupipe/pipeline/hand_over_transport.hpp"
 #include "cupipe/pipeline/hand_over_wire.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
@@ -257,7 +258,7 @@ class StageExecutor {
       if constexpr (K > 0) input = receive_message<K>(K - 1, {Flow::activation, K, message_id}, rows * Seq::in_features);
       auto record = be.template allocate<T>(Seq::record_elements(rows), MemoryTag::activations);
       const backend::Inference<B> inference(be);  // leaves the training step's state alone (FP8 amaxes)
-      const DocumentsScope<B> borders(be, documents);
+      const MicrobatchScope<B> borders(be, documents, 0);
       if constexpr (K == 0) Seq::forward(be, st.weights.latest_data(), x, record.data());
       else Seq::forward(be, st.weights.latest_data(), ConstViewOn<B, T>{input.data(), Shape{rows, Seq::in_features}}, record.data());
       const ConstViewOn<B, T> out = Seq::template output<typename B::space>(record.data(), rows);
@@ -450,7 +451,7 @@ class StageExecutor {
     if (overlapped) backend::capabilities<B>::overlap_begin(be);  // after the input is in, see take_partner_input
     const bool leaves = st.recompute || (step.offload && evicted_after_[std::size_t(K)][std::size_t(j)] >= 0);
     f.record = take(st, step, j, leaves ? ArenaRole::forward_record : ArenaRole::record, Seq::record_elements(f.rows));
-    const DocumentsScope<B> documents(be, microbatch_documents(step, j));
+    const MicrobatchScope<B> microbatch(be, microbatch_documents(step, j), step.plan->normalizer[std::size_t(j)]);
     Seq::forward(be, st.weights.data(f.version), stage_input<K, St>(f, step, j), f.record.data());
     const ConstViewOn<B, T> out = Seq::template output<typename B::space>(f.record.data(), f.rows);
     if constexpr (K + 1 < virtual_stages) {
@@ -479,7 +480,7 @@ class StageExecutor {
     auto& f = *found;
     const T* params = st.weights.data(f.version);
     const auto x0 = stage_input<K, St>(f, step, j);
-    const DocumentsScope<B> documents(be, microbatch_documents(step, j));
+    const MicrobatchScope<B> microbatch(be, microbatch_documents(step, j), step.plan->normalizer[std::size_t(j)]);
     if (st.recompute) {
       f.record = take(st, step, j, ArenaRole::record, Seq::record_elements(f.rows));
       Seq::forward(be, params, x0, f.record.data());
@@ -509,7 +510,8 @@ class StageExecutor {
     auto* found = st.in_flight.find(j);
     if (found == nullptr || found->dy.data() == nullptr) CUPIPE_THROW("W before B for microbatch ", j);
     auto& f = *found;
-    const DocumentsScope<stage_backend<K>> documents(*st.be, microbatch_documents(step, j));
+    const MicrobatchScope<stage_backend<K>> microbatch(*st.be, microbatch_documents(step, j),
+                                                       step.plan->normalizer[std::size_t(j)]);
     Seq::backward_weight(*st.be, stage_input<K, St>(f, step, j), f.record.data(),
                          ConstViewOn<stage_backend<K>, typename St::T>{f.dy.data(), Shape{f.rows, Seq::out_features}},
                          f.grad_record.data(), st.gradients());

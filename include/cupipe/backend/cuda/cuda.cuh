@@ -27,6 +27,7 @@
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/tensor_group.hpp"
+#include "cupipe/moe/tally.hpp"
 
 namespace cupipe::backend {
 
@@ -62,6 +63,11 @@ class Cuda : public ops::Dispatch {
   /// empty: one document per sequence), in host memory, set by whoever runs them (the pipeline,
   /// per action); the attention and position embedding layers read them. Not owned.
   DocumentStarts documents{};
+
+  /// The step's loss normalizer and the mixture-of-experts tally, as on the host backend
+  /// (backend/host/host.hpp); the MoE layer does not run on this backend yet.
+  index_t aux_loss_normalizer = 0;
+  moe::Tally* moe_tally = nullptr;
 
   /// Float GEMMs on TF32 tensor cores (about 1e-3 relative; 8x the fp32 rate on an H100) or in exact
   /// fp32. From backend::cuda::default_math() when the context is made: TF32 unless the program changed it.

@@ -30,6 +30,7 @@
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/tensor_group.hpp"
 #include "cupipe/cp/context_group.hpp"
+#include "cupipe/moe/tally.hpp"
 
 namespace cupipe::backend {
 
@@ -91,6 +92,15 @@ struct Host : ops::Dispatch {
   /// The context-parallel ring this rank's attention runs round (null: none; the rows are then
   /// whole sequences), cp/context_group.hpp. Not owned.
   cp::ContextGroup* context_group = nullptr;
+
+  /// The loss normalizer of the step whose microbatch the layers run now (the step's tokens, every
+  /// microbatch and replica), set by whoever runs them (the pipeline, per action; Network): a layer's
+  /// own auxiliary loss (layers/moe.hpp) divides by it, as the cross-entropy does. 0: the rows run now.
+  index_t aux_loss_normalizer = 0;
+
+  /// Where the mixture-of-experts layers count what they did (moe/tally.hpp; null: nothing is
+  /// counted). Not owned.
+  moe::Tally* moe_tally = nullptr;
 
   /// Sets how many threads the host BLAS uses per call (OpenBLAS; other BLAS libraries keep theirs).
   /// Process-wide: OpenBLAS has one setting for every context.
