@@ -168,7 +168,22 @@ int main(int argc, char** argv) {
   app.add_option("--sample", f.sample, "tokens to generate after training (0: none)")->capture_default_str()->check(non_negative);
   app.add_option("--prompt", f.prompt, "text the sample continues")->capture_default_str();
   app.add_option("--temperature", f.temperature, "sampling temperature")->capture_default_str()->check(positive);
-  app.add_option("--top-k", f.top_k, "sample among the k likeliest tokens (0: all)")->capture_default_str()->check(non_negative);
+  app.add_option("--sample-top-k", f.sample_top_k, "sample among the k likeliest tokens (0: all)")->capture_default_str()->check(non_negative);
+  CLI::Option* experts = app.add_option("--experts", f.experts,
+                 "mixture of experts: every second block's MLP becomes this many experts of its shape, a router "
+                 "picking --top-k per token (0: dense; built: 8)")
+      ->capture_default_str()
+      ->check(non_negative);
+  app.add_option("--top-k", f.expert_top_k, "with --experts, the experts each token goes to (built: 1, or 2 with --capacity 1.25)")
+      ->capture_default_str()
+      ->check(positive)
+      ->needs(experts);
+  app.add_option("--capacity", f.capacity,
+                 "with --experts, an expert takes at most capacity x T x top-k / experts tokens of a sequence and "
+                 "drops the rest (0: dropless)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->needs(experts);
   app.add_option("--save", f.save, "checkpoint prefix: PREFIX.safetensors (nanoGPT names) and PREFIX.state.safetensors");
   app.add_option("--save-every", f.save_every, "also save every N steps")->check(non_negative);
   app.add_option("--resume", f.resume, "checkpoint prefix to resume from (weights, AdamW state, data position)");
@@ -285,6 +300,17 @@ int main(int argc, char** argv) {
         CUPIPE_THROW("--precision ", f.precision, " trains the flush schedules (gpipe, 1f1b, zb-h1, zb-h2), not --schedule ",
                      f.schedule);
     }
+    if (f.experts > 0) {
+      if (const std::string why = moe_presets_refusal(f); !why.empty()) CUPIPE_THROW(why);
+      if (f.backend != "host" || f.precision != "fp32" || f.preset != "tiny" || f.tp > 1 || f.cp > 1 || f.plan == "auto")
+        CUPIPE_THROW("--experts trains the tiny preset on the host backend in fp32, without --tp, --cp and --plan auto (",
+                     f.backend != "host" ? "--backend " + f.backend : f.precision != "fp32" ? "--precision " + f.precision
+                     : f.preset != "tiny" ? "--preset " + f.preset : f.tp > 1 ? "--tp" : f.cp > 1 ? "--cp" : "--plan auto",
+                     " was given)");
+      if (cupipe::examples::family_of_name(f.schedule) != cupipe::examples::ScheduleFamily::flush || f.stages > 2)
+        CUPIPE_THROW("--experts trains the flush schedules (gpipe, 1f1b, zb-h1, zb-h2) at --stages 1 or 2, not --schedule ",
+                     f.schedule, " --stages ", f.stages);
+    }
     if (f.plan == "auto" && (f.backend != "host" || f.preset != "tiny"))
       CUPIPE_THROW("--plan auto plans --preset tiny on the host backend");
     if (f.preset == "gpt2-124m" && f.backend != "cuda")
@@ -345,6 +371,7 @@ int main(int argc, char** argv) {
     // The training loop of --schedule's family, in fp32 or bf16: each is a unit of its own
     // (require_built_schedule let the schedule through).
     using cupipe::examples::ScheduleFamily;
+    if (f.experts > 0) return train_moe(f, corpus, split, launch);
 #if CUPIPE_TRAINER_HAS_FP8
     if (f.precision == "fp8-block")
       return train_family<ScheduleFamily::flush, HostFp8Block>(f, corpus, split, launch);

@@ -26,6 +26,7 @@
 #include "cupipe/gpt/model.hpp"
 #include "cupipe/pipeline/rebalance.hpp"  // stage_description
 #include "launch.hpp"
+#include "moe_report.hpp"
 #include "step_times.hpp"
 #include "trainer_schedules.hpp"
 
@@ -60,7 +61,10 @@ struct Flags {
   int sample = 200;
   std::string prompt = "The ";
   double temperature = 0.8;
-  int top_k = 40;
+  int sample_top_k = 40;  ///< --sample-top-k: sample among the k likeliest tokens
+  int experts = 0;        ///< --experts: 0 dense; E, every second block's MLP a mixture of E experts
+  int expert_top_k = 2;   ///< --top-k: experts per token
+  double capacity = 0;    ///< --capacity: an expert's capacity factor per sequence; 0 dropless
   std::string save, resume, trace;
   std::int64_t save_every = 0;
   double max_seconds = 0;
@@ -124,6 +128,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--zero", std::to_string(f.zero)}, {"--tp", std::to_string(f.tp)}, {"--cp", std::to_string(f.cp)}, {"--rank-order", f.rank_order},
           {"--precision", f.precision},         {"--plan", f.plan},
           {"--pack", f.pack ? std::to_string(pack_separator(f)) : "off"},
+          {"--experts", std::to_string(f.experts)}, {"--top-k", std::to_string(f.expert_top_k)}, {"--capacity", real(f.capacity)},
           {"--plan-tensor", [&] {
              std::string degrees;
              for (const int t : f.plan_tensor) degrees += std::to_string(t) + ",";
@@ -319,6 +324,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   // With --tp each rank draws its part of the whole model's initialisation (LayerSeq::init), so a
   // run with --tp starts where the same run without it does.
   configure(pipe);
+  MoeReport<config, P> moe_report(pipe, launch.communicator.get());
   NanoGptNames<config, Pipe> named{pipe};
   optim::AdamW adamw({.lr = f.lr, .weight_decay = f.weight_decay, .clip_norm = f.clip,
                       .schedule = {f.warmup, f.steps, f.min_lr},
@@ -342,6 +348,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
         std::is_same_v<typename Backend::recipe, fp8::Blockwise>
             ? "E4M3 in 1 x 128 activation tiles and 128 x 128 weight blocks (DeepSeek-V3)"
             : "one scale per tensor from its last 16 amaxes, E4M3 forward and E5M2 gradients (TransformerEngine)");
+  moe_report.describe(say);
   say("%s: %lld files, %zu tokens; %zu train, %zu held out\n", corpus.source.c_str(), (long long)corpus.files,
       corpus.tokens.size(), split.train.size(), split.held_out.size());
   say("%s, %d stages x %d chunk(s)%s%s; %d sequences (%d tokens) a step in %d microbatches; AdamW lr %g\n",
@@ -432,6 +439,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(window)), ys(static_cast<std::size_t>(window));
   std::vector<std::vector<std::int32_t>> starts(static_cast<std::size_t>(window));  // --pack: each batch's borders
   std::vector<typename Pipe::Batch> group;
+  moe_report.start(pipe.updates());
   for (std::int64_t first_step = pipe.updates(); first_step < f.steps;) {
     std::int64_t count = std::min<std::int64_t>(window, f.steps - first_step);
     if (f.max_steps > 0) count = std::min<std::int64_t>(count, std::max<std::int64_t>(1, f.max_steps - first_step));
@@ -485,6 +493,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                       (long long)f.steps, last_stats.loss, adamw.lr(step), last_stats.grad_norm, tokens_per_second, device_rate);
         std::fflush(stdout);
       }
+      // Every rank sums the experts' tallies at the same steps (a collective); the leader prints.
+      if ((step + 1) % 10 == 0 || step == 0) moe_report.interval(step + 1, say, !quiet && !bar);
     }
     first_step += count;
     const std::int64_t step = first_step - 1;  // the group's last
@@ -517,8 +527,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   if (f.sample > 0) {
     Rng rng(f.seed + 1);
     const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
-    sample = printable(generate<config>(pipe, prompt, f.sample, f.temperature, f.top_k, rng, ring));
-    say("--- sample (temperature %g, top-k %d) ---\n%s\n---\n", f.temperature, f.top_k, sample.c_str());
+    sample = printable(generate<config>(pipe, prompt, f.sample, f.temperature, f.sample_top_k, rng, ring));
+    say("--- sample (temperature %g, top-k %d) ---\n%s\n---\n", f.temperature, f.sample_top_k, sample.c_str());
   }
   const double median_step = examples::median_step_seconds(step_times);
   if (f.predicted_step_seconds > 0 && median_step > 0)
@@ -599,6 +609,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
                             {"weight_bytes", weight_bytes},
                             {"step_seconds_measured", median_step},
                             {"curve", curve}};
+  if (config.experts > 0) summary["moe"] = moe_report.summary();
   if (f.predicted_step_seconds > 0) summary["step_seconds_predicted"] = f.predicted_step_seconds;
   if (f.post_validation > 0) summary["post_validation_rollbacks"] = rollbacks;
   if (rate.peak_tflops > 0 && steps) {
@@ -634,15 +645,15 @@ int train_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
     auto run = [&]<int P>() {
       // Tensor-parallel ranks are processes, and a CUDA run is one process (main.cpp).
       if constexpr (std::is_same_v<typename Backend::space, HostSpace> && std::is_same_v<Schedule, schedule::OneFOneB> &&
-                    P <= 2) {
+                    P <= 2 && config.experts == 0) {
         if (f.tp == 2) rc = train<config, Schedule, P, Backend, 2>(f, corpus, split, launch, rate, configure);
         if (f.tp == 4) rc = train<config, Schedule, P, Backend, 4>(f, corpus, split, launch, rate, configure);
       }
       if (f.tp == 1) rc = train<config, Schedule, P, Backend>(f, corpus, split, launch, rate, configure);
     };
     if constexpr (examples::family_of<Schedule> == F && examples::trainer_builds<Schedule>) {
-      if constexpr (Schedule::chunks == 1) with_stage_count<1, 2, 4>(f.stages, run);
-      else with_stage_count<1, 2>(f.stages, run);
+      if constexpr (Schedule::chunks == 1 && config.experts == 0) with_stage_count<1, 2, 4>(f.stages, run);
+      else with_stage_count<1, 2>(f.stages, run);  // two-chunk schedules, and models with experts
     }
   });
   return rc;
@@ -662,6 +673,34 @@ using HostFp8Block = backend::HostFp8<fp8::Blockwise>;
 using HostFp8Delayed = backend::HostFp8<fp8::PerTensorDelayed>;
 extern template int train_family<examples::ScheduleFamily::flush, HostFp8Block>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt);
 extern template int train_family<examples::ScheduleFamily::flush, HostFp8Delayed>(const Flags&, const io::TokenCorpus&, const io::TokenSplit&, const Launch&, const DeviceRate&, AsBuilt);
+
+/// The mixtures of experts this trainer builds (--experts 8 with --top-k 1, or --top-k 2 and
+/// --capacity 1.25): the tiny preset with every second block's MLP 8 experts of its shape. Top-1
+/// dropless (Switch's routing) has the dense model's active parameters, plus the routers; top-2
+/// with a capacity factor of 1.25 per sequence (GShard's) drops what overflows.
+inline constexpr gpt::Config moe_of(index_t top_k, double capacity) {
+  gpt::Config c = gpt::tiny;
+  c.experts = 8;
+  c.top_k = top_k;
+  c.moe_every = 2;
+  c.capacity_factor = capacity;
+  return c;
+}
+inline constexpr gpt::Config moe_top1 = moe_of(1, 0);
+inline constexpr gpt::Config moe_top2 = moe_of(2, 1.25);
+/// Why --experts, --top-k and --capacity name no model this trainer builds; empty when they do.
+inline std::string moe_presets_refusal(const Flags& f) {
+  if (f.experts == 0) return {};
+  const bool built = f.experts == moe_top1.experts && ((f.expert_top_k == 1 && f.capacity == moe_top1.capacity_factor) ||
+                                                       (f.expert_top_k == 2 && f.capacity == moe_top2.capacity_factor));
+  if (built) return {};
+  return "--experts " + std::to_string(f.experts) + " --top-k " + std::to_string(f.expert_top_k) + " --capacity " +
+         examples::exact_text(f.capacity) + ": this trainer builds the tiny preset with --experts 8 and either --top-k 1 "
+         "(dropless) or --top-k 2 --capacity 1.25 (each a model type of its own, compiled in train_moe.cpp)";
+}
+/// Trains a mixture of experts (--experts): the flush schedules at 1 or 2 stages, fp32 on the host
+/// (train_moe.cpp).
+int train_moe(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch);
 
 /// Trains on the CUDA backend, every schedule in fp32 and bf16 (defined in trainer_cuda.cu; only in
 /// builds with CUDA).

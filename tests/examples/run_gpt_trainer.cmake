@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs gpt_train on Debian's fortunes and checks its final JSON summary line.
 #   cmake -DTRAINER=<path> -DDATA_DIR=<dir> -DWORK_DIR=<dir>
-#         -DMODE=learns|resume|data_parallel|cuda|bf16_cuda|plan|pack|post_validation|bf16|bf16_schedules|fp8|cuda_schedules [-DBF16=0|1]
+#         -DMODE=learns|resume|data_parallel|experts|experts_data_parallel|cuda|bf16_cuda|plan|pack|post_validation|bf16|bf16_schedules|fp8|cuda_schedules [-DBF16=0|1]
 #         [-DMPIRUN=<mpirun command line, ;-separated>] [-DHOST_TRAINER=<path>] -P run_gpt_trainer.cmake
 # learns: 100 steps of the tiny preset, 1F1B on 2 stages: the held-out loss must end below the unigram
 #         baseline (a model that ignores context), and a sample must be printed. With -DBF16=1 (a
@@ -35,6 +35,10 @@
 #         losses within 2%. "SKIPPED: ..." without a usable GPU.
 # pack:   --pack (documents begin at fortune's '%' lines): 60 steps learn, the borders change the
 #         losses, and packed steps overlap with --post-validation bit-exactly.
+# experts: --experts 8 --top-k 2 --capacity 1.25: 100 steps learn, the slots routed, dropped and kept
+#         add up, --top-k 1 drops nothing, and 3 + 3 steps resumed equal 6 straight under ZB-H1.
+# experts_data_parallel: the same with 2 stages x 2 replicas under MPIRUN against one process: the
+#         held-out loss to 2 parts per million, the same slots dropped and load per expert.
 # post_validation: 10 steps of ZBV (tied wte and lm_head on worker 0) with --post-validation 4, an
 #         evaluation after step 5 cutting the groups to 4, 1, 4, 1, against 10 plain steps: the same
 #         tensor bytes and the same held-out loss.
@@ -336,6 +340,64 @@ elseif(MODE STREQUAL "pack")
   expect_post_validation_bitwise(held_out_loss)
   message("packed: held-out loss ${held_out} < unigram ${unigram} after 60 steps; 5 steps: ${packed_loss} packed, "
           "${plain_loss} not")
+elseif(MODE STREQUAL "experts")
+  # --experts 8 --top-k 2 --capacity 1.25 (every second block's MLP 8 experts): 100 steps learn, the
+  # capacity drops slots, and every slot is accounted for (routed = steps x tokens x k x MoE blocks,
+  # the load per expert summing to what was kept); the log prints the experts' line. --top-k 1 is
+  # dropless. 3 + 3 steps resumed equal 6 straight, bit for bit (the experts' tensors by name).
+  set(moe --experts 8 --top-k 2 --capacity 1.25)
+  run_trainer(${moe} --steps 100 --warmup 10 --lr 3e-3 --eval-every 0 --eval-batches 4 --sample 0 --progress lines)
+  string(JSON held_out GET "${summary}" held_out_loss)
+  string(JSON unigram GET "${summary}" unigram_loss)
+  string(JSON routed GET "${summary}" moe routed_slots)
+  string(JSON dropped GET "${summary}" moe dropped_slots)
+  string(JSON balance GET "${summary}" moe balance_loss_per_layer)
+  string(JSON loads LENGTH "${summary}" moe load)
+  set(kept 0)
+  math(EXPR last "${loads} - 1")
+  foreach(e RANGE ${last})
+    string(JSON load GET "${summary}" moe load ${e})
+    math(EXPR kept "${kept} + ${load}")
+  endforeach()
+  math(EXPR expect_routed "100 * 16 * 64 * 2 * 2")
+  math(EXPR expect_kept "${routed} - ${dropped}")
+  if(NOT held_out LESS unigram OR NOT routed EQUAL expect_routed OR NOT dropped GREATER 0 OR NOT kept EQUAL expect_kept
+     OR NOT loads EQUAL 8 OR NOT balance GREATER 0 OR NOT output MATCHES "mixture of experts: the MLP of blocks 1, 3 is 8 experts"
+     OR NOT output MATCHES "\n  experts: balance loss [0-9.]+ per layer \\(1: even\\), z-loss [0-9.]+, aux loss [0-9.]+ a step; [0-9.]+% of slots dropped")
+    message(FATAL_ERROR "--experts: held-out ${held_out} (unigram ${unigram}), routed ${routed} (expected ${expect_routed}), "
+                        "dropped ${dropped}, kept ${kept} of ${expect_kept} in ${loads} experts, balance ${balance}: ${output}")
+  endif()
+  run_trainer(--experts 8 --top-k 1 --steps 3 --eval-every 0 --eval-batches 1 --sample 0)
+  string(JSON top1_dropped GET "${summary}" moe dropped_slots)
+  if(NOT top1_dropped EQUAL 0)
+    message(FATAL_ERROR "--experts 8 --top-k 1 (dropless) dropped ${top1_dropped} slots")
+  endif()
+  set(schedule ${moe} --steps 6 --warmup 2 --eval-every 0 --eval-batches 1 --sample 0)
+  run_trainer(${schedule} --max-steps 3 --save "${WORK_DIR}/first")
+  run_trainer(${schedule} --resume "${WORK_DIR}/first" --save "${WORK_DIR}/resumed")
+  run_trainer(${schedule} --schedule zb-h1 --save "${WORK_DIR}/straight")  # B and W split: the same tensors
+  expect_same_tensors("${WORK_DIR}/resumed" "${WORK_DIR}/straight")
+  message("experts: held-out ${held_out} < unigram ${unigram} after 100 steps, ${dropped} of ${routed} slots dropped")
+elseif(MODE STREQUAL "experts_data_parallel")
+  # 2 stages x 2 replicas with experts against one process: the same losses to 2 parts per million,
+  # and, routing being per sequence, exactly the same slots dropped and the same load per expert.
+  set(flags --experts 8 --top-k 2 --capacity 1.25 --batch 8 --steps 6 --warmup 2 --eval-every 0 --eval-batches 1 --sample 0
+            --timeout 120)
+  set(launcher ${MPIRUN})
+  run_trainer(${flags} --dp 2)
+  string(JSON dp_held_out GET "${summary}" held_out_loss)
+  string(JSON dp_dropped GET "${summary}" moe dropped_slots)
+  string(JSON dp_load GET "${summary}" moe load)
+  set(launcher "")
+  run_trainer(${flags})
+  string(JSON held_out GET "${summary}" held_out_loss)
+  string(JSON dropped GET "${summary}" moe dropped_slots)
+  string(JSON load GET "${summary}" moe load)
+  expect_close("held-out loss of 2 replicas with experts against one process" "${dp_held_out}" "${held_out}" 2)
+  if(NOT dp_dropped EQUAL dropped OR NOT dp_load STREQUAL load)
+    message(FATAL_ERROR "2 replicas dropped ${dp_dropped} slots with load ${dp_load}; one process ${dropped} with ${load}")
+  endif()
+  message("experts, 2 replicas: held-out ${dp_held_out} (one process ${held_out}), ${dropped} slots dropped in both")
 elseif(MODE STREQUAL "post_validation")
   set(common --data "${DATA_DIR}" --schedule zbv --stages 2 --microbatches 4 --batch 8 --progress none
              --steps 10 --warmup 2 --eval-every 5 --eval-batches 1 --sample 0)

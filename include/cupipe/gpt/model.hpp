@@ -200,7 +200,7 @@ using Model = decltype(detail::model_of<c, 1>(std::make_index_sequence<std::size
 /// The parameter names are Model<c>'s, so layers::tensor_parallel::shard and unshard map one onto the
 /// other. TP must divide the heads and the vocabulary.
 template <Config c, int TP>
-  requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0) && (c.vocab % TP == 0) && (c.experts == 0)
+  requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0) && (c.vocab % TP == 0) && (TP == 1 || c.experts == 0)
 using TensorParallelModel = decltype(detail::model_of<c, TP>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
 
 /// nanoGPT's state_dict name of Model<c>'s parameter named `name` by Sequential ("<layer>.<rest>").

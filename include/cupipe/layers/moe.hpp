@@ -67,7 +67,7 @@ struct MixtureOfExperts : LayerDefaults {
   static std::string describe() {
     return "MixtureOfExperts<" + std::to_string(C) + ", " + std::to_string(Hidden) + ", " + std::to_string(SeqLen) +
            ", E " + std::to_string(E) + ", top-" + std::to_string(K) +
-           (R.capacity_factor > 0 ? ", capacity " + std::to_string(R.capacity_factor) : std::string(", dropless")) + ">";
+           (R.capacity_factor > 0 ? ", capacity " + moe::factor_text(R.capacity_factor) : std::string(", dropless")) + ">";
   }
 
   /// Each tensor from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as torch.nn.Linear's weights and biases.

@@ -26,7 +26,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cupipe/core/error.hpp"
@@ -54,6 +56,13 @@ struct Routing {
     return std::max<index_t>(whole, 1);
   }
 };
+
+/// A factor as a short text ("1.25"), for descriptions.
+inline std::string factor_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
 
 /// The router's forward over `n` rows: probabilities `probs` (n, E) from `logits` (n, E), their
 /// log-sum-exps `lse` (n), each row's experts (n, k; the most probable first) and gates (n, k).
