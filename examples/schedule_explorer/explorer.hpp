@@ -76,6 +76,26 @@ inline std::pair<sch::Plan, sch::SimResult> run(const sch::PolicyInfo& policy, c
   return {std::move(plan), std::move(sim)};
 }
 
+/// The plan with its F&B pairs taken apart (each action alone): what pairing saves.
+inline sch::Plan without_pairs(sch::Plan plan) {
+  for (auto& list : plan.actions)
+    for (sch::Action& a : list) a.overlap = false;
+  return plan;
+}
+
+/// "exposed all-to-all 12.00 (20.00 with every F&B pair taken apart)", or its first part for a
+/// plan without pairs.
+inline std::string exposed_text(const sch::Plan& plan, const sch::SimResult& sim, const sch::Costs& costs) {
+  std::string out = fixed(sim.total_exposed_communication(), 2);
+  bool pairs = false;
+  for (const auto& list : plan.actions)
+    for (const sch::Action& a : list) pairs = pairs || a.overlap;
+  if (pairs)
+    out += " (" + fixed(sch::simulate(without_pairs(plan), costs).total_exposed_communication(), 2) +
+           " with every F&B pair taken apart)";
+  return out;
+}
+
 template <class List = sch::Policies>
 void print_compare(const Options& o) {
   std::printf("simulated (predicted), stages %d, microbatches %d, costs F=%g B=%g W=%g transfer=%g per stage\n",
@@ -93,10 +113,16 @@ void print_compare(const Options& o) {
     std::string steady_cell;
     if (steady)
       steady_cell = "   " + (plan.update == sch::UpdateRule::flush ? fixed(steady_bubble(plan, o.steps, o.costs), 4) : std::string("-"));
+    if (o.costs.all_to_all > 0) steady_cell += "   exposed all-to-all " + exposed_text(plan, sim, o.costs);
     std::printf("%-12s %6d %7d %10s %9s %16d %15d%s\n", std::string(policy.name).c_str(), config.chunks, config.batches,
                 fixed(sim.makespan, 2).c_str(), fixed(sim.bubble_fraction, 4).c_str(), sim.max_peak_activations(),
                 sim.max_weight_versions(), steady_cell.c_str());
   }
+  if (o.costs.all_to_all > 0)
+    std::printf("exposed all-to-all = the all-to-all time (--all-to-all %g per F and per B of a stage) that no compute\n"
+                "hid, summed over stages: an F or B alone waits for its own; an overlapped F&B pair takes the longer of\n"
+                "its compute and its communication.\n",
+                o.costs.all_to_all);
   std::printf("bubble = idle / (stages x makespan); peak activations = most microbatch-chunks held between F and B\n"
               "(or W) on any stage; async policies (pipedream, 2bw) run `batches` batches without a flush.\n");
   if (steady)
@@ -150,6 +176,11 @@ int explore(const Options& o) {
                              {"steps", o.steps}};
     nlohmann::json with = out;
     if (steady) with["steady_state_bubble"] = steady_bubble;
+    if (o.costs.all_to_all > 0) {
+      with["exposed_all_to_all"] = sim.total_exposed_communication();
+      with["exposed_all_to_all_per_stage"] = sim.exposed_communication;
+      with["exposed_all_to_all_without_pairs"] = sch::simulate(without_pairs(plan), o.costs).total_exposed_communication();
+    }
     std::cout << with.dump() << "\n";
   } else {
     std::printf("%s: stages %d, microbatches %d, chunks %d, batches %d (simulated, predicted)\n",
@@ -169,6 +200,7 @@ int explore(const Options& o) {
     if (steady)
       std::printf("  steady bubble     %s (steps 1..%d, post-validated, no flush between steps)\n",
                   fixed(steady_bubble, 4).c_str(), o.steps - 2);
+    if (o.costs.all_to_all > 0) std::printf("  exposed all-to-all %s\n", exposed_text(plan, sim, o.costs).c_str());
   }
   const auto events = sch::timeline_events(plan, sim);
   if (o.timeline) std::cout << "\n" << sch::ascii_timeline(events, config.stages);

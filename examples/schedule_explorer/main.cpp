@@ -23,6 +23,10 @@ int main(int argc, char** argv) {
   app.add_option("--cost-b", o.costs.backward, "backward cost (input gradient when --cost-w > 0)");
   app.add_option("--cost-w", o.costs.weight, "weight-gradient cost; 0 folds it into --cost-b");
   app.add_option("--transfer", o.costs.transfer, "latency of a hand-over between stages");
+  app.add_option("--all-to-all", o.costs.all_to_all,
+                 "expert parallelism's all-to-alls per F and per B of a whole stage: exposed in an action alone, "
+                 "hidden behind the partner's compute in an overlapped F&B pair (dualpipev)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--timeline", o.timeline, "print an ASCII timeline");
   app.add_option("--trace", o.trace, "write a Chrome trace (Perfetto, chrome://tracing) to this file");
   app.add_flag("--json", o.json, "print one JSON object");

@@ -164,3 +164,56 @@ TEST_CASE("ASCII timeline and Chrome trace of a simulated plan", "[schedule][tim
         std::string::npos);
   CHECK(sch::json_escape("a\\b\n\x01") == "a\\\\b\\n\\u0001");
 }
+
+namespace {
+
+/// Costs of F 2, B 1, W 1 per stage (DualPipeV's published case), with all-to-alls of `a2a` per F and per B.
+sch::Costs with_all_to_all(double a2a) {
+  sch::Costs c{2, 1, 1};
+  c.all_to_all = a2a;
+  return c;
+}
+
+/// The plan with every F&B pair taken apart: each action alone, its all-to-alls exposed.
+sch::Plan without_pairs(sch::Plan plan) {
+  for (auto& list : plan.actions)
+    for (sch::Action& a : list) a.overlap = false;
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("simulate: an all-to-all is exposed in an action alone, hidden by an overlapped F&B pair's compute",
+          "[schedule][simulate][moe]") {
+  // 1F1B: every F and B waits for its all-to-alls, 8 microbatches x (F + B) x 0.5 per stage.
+  const sch::SimResult one = sch::simulate<sch::OneFOneB>(4, 8, [] {
+    sch::Costs c{1, 2};
+    c.all_to_all = 0.5;
+    return c;
+  }());
+  for (double exposed : one.exposed_communication) CHECK(exposed == 8.0);
+  CHECK(one.total_exposed_communication() == 32.0);
+  CHECK(one.makespan > sch::simulate<sch::OneFOneB>(4, 8, sch::Costs{1, 2}).makespan);
+
+  // DualPipeV: a pair's 0.25 + 0.25 hide behind its compute; the actions alone (warm-up, cool-down)
+  // expose theirs. Taken apart, every pair exposes its all-to-alls too.
+  const sch::Plan plan = sch::generate<sch::DualPipeV>({4, 8, 2, 1});
+  const sch::SimResult paired = sch::simulate(plan, with_all_to_all(0.5));
+  const sch::SimResult apart = sch::simulate(without_pairs(plan), with_all_to_all(0.5));
+  int pairs = 0, alone = 0;
+  for (const auto& list : plan.actions)
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (list[i].overlap) ++pairs;
+      else if (list[i].kind != ActionKind::W && (i == 0 || !list[i - 1].overlap)) ++alone;
+    }
+  REQUIRE(pairs > 0);
+  CHECK(paired.total_exposed_communication() == Approx(0.25 * alone));  // a chunk's share: 0.5 / 2
+  CHECK(apart.total_exposed_communication() == Approx(0.25 * (alone + 2 * pairs)));
+  CHECK(paired.makespan < apart.makespan);
+  // Without all-to-alls the pairing changes nothing: the published makespan.
+  CHECK(sch::simulate(plan, with_all_to_all(0)).makespan == 36.5);
+  CHECK(sch::simulate(plan, with_all_to_all(0)).total_exposed_communication() == 0);
+  // Communication longer than the pair's compute shows through: a chunk's F 1 + B 0.5 against 2 + 2 of all-to-all.
+  const sch::SimResult heavy = sch::simulate(plan, with_all_to_all(4));
+  CHECK(heavy.total_exposed_communication() == Approx(2.0 * alone + (4.0 - 1.5) * pairs));
+}

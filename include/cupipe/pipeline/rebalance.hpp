@@ -259,7 +259,7 @@ namespace detail {
 inline double predicted_makespan(const schedule::Plan& plan, const LayerProfile& profile, const std::vector<std::size_t>& cuts) {
   const int stages = plan.config.stages, chunks = plan.config.chunks;
   schedule::Costs costs;
-  costs.per_stage.assign(std::size_t(stages), schedule::StageCosts{0, 0, 0});
+  costs.per_stage.assign(std::size_t(stages), schedule::StageCosts{0, 0, 0, 0});
   for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
     schedule::StageCosts& c = costs.per_stage[k % std::size_t(stages)];
     for (std::size_t i = cuts[k]; i < cuts[k + 1]; ++i) {

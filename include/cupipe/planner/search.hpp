@@ -283,7 +283,7 @@ inline std::vector<schedule::StageCosts> stage_costs(const Request& request, con
   const schedule::PolicyInfo& policy = c.policy;
   const int virtual_stages = c.virtual_stages();
   const std::vector<std::size_t>& cuts = c.cuts;
-  std::vector<schedule::StageCosts> out(static_cast<std::size_t>(virtual_stages), schedule::StageCosts{0, 0, 0});
+  std::vector<schedule::StageCosts> out(static_cast<std::size_t>(virtual_stages), schedule::StageCosts{0, 0, 0, 0});
   for (int k = 0; k < virtual_stages; ++k) {
     schedule::StageCosts& stage = out[std::size_t(k)];
     double chunk_params = 0;

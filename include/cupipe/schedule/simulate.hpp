@@ -22,6 +22,11 @@ struct StageCosts {
   double forward = 1;
   double backward = 2;  // whole backward when weight == 0, else the input-gradient part
   double weight = 0;    // weight-gradient part; 0 means folded into backward
+  /// The all-to-alls of one F (and as long again of one B) of the stage: expert parallelism's
+  /// dispatch and combine. An F or B alone waits for them (they sit between its layers); in an
+  /// overlapped F&B pair (DualPipeV) they run while the partner computes, so the pair takes the longer
+  /// of its compute and its communication (DeepSeek's DualPipe). 0: no expert layers.
+  double all_to_all = 0;
 };
 
 /// Per-action costs. `transfer` is the latency of a hand-over between different stages.
@@ -45,9 +50,11 @@ struct Costs {
   /// [microbatch][virtual stage], when not empty: overrides the rest, for microbatches of different
   /// sizes (a batch that does not split evenly).
   std::vector<std::vector<StageCosts>> per_microbatch{};
+  /// StageCosts::all_to_all of every stage (last, so that the positional fields above keep their places).
+  double all_to_all = 0;
 
   constexpr StageCosts of_stage(int stage) const {
-    if (per_stage.empty()) return {forward, backward, weight};
+    if (per_stage.empty()) return {forward, backward, weight, all_to_all};
     return per_stage[static_cast<std::size_t>(stage)];
   }
 };
@@ -65,7 +72,14 @@ struct SimResult {
   double bubble_fraction = 0;            // sum(idle) / (stages * makespan)
   std::vector<int> peak_activations;     // [stage] most (chunk, microbatch) pairs held from F to B (or W)
   std::vector<int> weight_versions;      // [stage]
+  std::vector<double> exposed_communication;  // [stage] all-to-all time no compute hid (StageCosts::all_to_all)
   std::vector<std::vector<ActionTime>> times;
+
+  constexpr double total_exposed_communication() const {
+    double total = 0;
+    for (double t : exposed_communication) total += t;
+    return total;
+  }
 
   constexpr double total_idle() const {
     double total = 0;
@@ -105,13 +119,18 @@ constexpr double chunk_share(const Plan& plan, const Costs& costs) {
   return costs.per_microbatch.empty() && costs.per_virtual_stage.empty() ? 1.0 / plan.config.chunks : 1.0;
 }
 
-/// How long one action takes on its stage.
-constexpr double duration(const Plan& plan, const Costs& costs, int stage, const Action& a) {
+/// The costs that apply to action `a` of `stage`: its microbatch's, its virtual stage's or its stage's.
+constexpr StageCosts costs_of(const Plan& plan, const Costs& costs, int stage, const Action& a) {
   const bool by_microbatch = !costs.per_microbatch.empty(), own = by_microbatch || !costs.per_virtual_stage.empty();
   const auto k = static_cast<std::size_t>(plan.virtual_stage(stage, a));
-  const StageCosts stage_costs = by_microbatch ? costs.per_microbatch[static_cast<std::size_t>(a.microbatch)][k]
-                                 : own         ? costs.per_virtual_stage[k]
-                                               : costs.of_stage(stage);
+  return by_microbatch ? costs.per_microbatch[static_cast<std::size_t>(a.microbatch)][k]
+         : own         ? costs.per_virtual_stage[k]
+                       : costs.of_stage(stage);
+}
+
+/// How long one action computes on its stage (its all-to-alls aside).
+constexpr double compute_duration(const Plan& plan, const Costs& costs, int stage, const Action& a) {
+  const StageCosts stage_costs = costs_of(plan, costs, stage, a);
   const double per_chunk = chunk_share(plan, costs);
   switch (a.kind) {
     case ActionKind::F: return stage_costs.forward * per_chunk;
@@ -120,6 +139,16 @@ constexpr double duration(const Plan& plan, const Costs& costs, int stage, const
     case ActionKind::W: return stage_costs.weight * per_chunk;
   }
   return 0;
+}
+
+/// One action's all-to-all time (an F's or a B's; a W has none).
+constexpr double communication(const Plan& plan, const Costs& costs, int stage, const Action& a) {
+  return a.kind == ActionKind::W ? 0.0 : costs_of(plan, costs, stage, a).all_to_all * chunk_share(plan, costs);
+}
+
+/// How long one action takes on its stage alone: its compute, then its all-to-alls.
+constexpr double duration(const Plan& plan, const Costs& costs, int stage, const Action& a) {
+  return compute_duration(plan, costs, stage, a) + communication(plan, costs, stage, a);
 }
 
 namespace detail {
@@ -153,9 +182,11 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs, const Offload
   std::vector<double> end(static_cast<std::size_t>(detail::action_slots(c)), unknown);
   SimResult out;
   out.busy.assign(p, 0);
+  out.exposed_communication.assign(p, 0);
   out.times.resize(p);
   std::vector<double> free_at(p, 0);
   std::vector<std::size_t> next(p, 0);
+  std::vector<double> pair_exposed(p, -1);  // an overlapped F's pair: the communication its B leaves exposed
   for (bool progress = true; progress;) {
     progress = false;
     for (std::size_t s = 0; s < p; ++s) {
@@ -192,7 +223,22 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs, const Offload
           wait_for(input);
         }
         // B of the last virtual stage and W consume this stage's own F or B, done earlier in order.
-        double length = duration(plan, costs, stage, a);
+        double length = compute_duration(plan, costs, stage, a);
+        double exposed = communication(plan, costs, stage, a);
+        // An overlapped pair's all-to-alls run while its partner computes: the B after this F ends
+        // when the later of the pair's compute and its communication does.
+        if (a.overlap && next[s] + 1 < list.size()) {
+          const Action& b = list[next[s] + 1];
+          exposed = std::max(0.0, exposed + communication(plan, costs, stage, b) - length -
+                                      compute_duration(plan, costs, stage, b));
+          pair_exposed[s] = exposed;
+          exposed = 0;
+        } else if (pair_exposed[s] >= 0) {
+          exposed = pair_exposed[s];
+          pair_exposed[s] = -1;
+        }
+        length += exposed;
+        out.exposed_communication[s] += exposed;
         if (offload != nullptr) length += offload->copies(stage, next[s]) * costs.offload * chunk_share(plan, costs);
         out.times[s].push_back({ready, ready + length});
         end[static_cast<std::size_t>(detail::slot_of(plan, stage, a))] = ready + length;
