@@ -8,10 +8,8 @@ namespace gpt_trainer {
 
 int train_moe(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch) {
   using examples::ScheduleFamily;
-  if (f.expert_top_k == moe_top1.top_k && f.capacity == moe_top1.capacity_factor)
-    return train_family<ScheduleFamily::flush, backend::Host<T>, moe_top1>(f, corpus, split, launch);
-  if (f.expert_top_k == moe_top2.top_k && f.capacity == moe_top2.capacity_factor)
-    return train_family<ScheduleFamily::flush, backend::Host<T>, moe_top2>(f, corpus, split, launch);
+  if (moe_preset(f) == 1) return train_family<ScheduleFamily::flush, backend::Host<T>, moe_top1>(f, corpus, split, launch);
+  if (moe_preset(f) == 2) return train_family<ScheduleFamily::flush, backend::Host<T>, moe_top2>(f, corpus, split, launch);
   CUPIPE_THROW(moe_presets_refusal(f));
 }
 

@@ -688,12 +688,16 @@ inline constexpr gpt::Config moe_of(index_t top_k, double capacity) {
 }
 inline constexpr gpt::Config moe_top1 = moe_of(1, 0);
 inline constexpr gpt::Config moe_top2 = moe_of(2, 1.25);
+/// Which of them --experts, --top-k and --capacity name: 1 (moe_top1), 2 (moe_top2), or 0, none.
+inline int moe_preset(const Flags& f) {
+  if (f.experts != moe_top1.experts) return 0;
+  if (f.expert_top_k == moe_top1.top_k && f.capacity == moe_top1.capacity_factor) return 1;
+  if (f.expert_top_k == moe_top2.top_k && f.capacity == moe_top2.capacity_factor) return 2;
+  return 0;
+}
 /// Why --experts, --top-k and --capacity name no model this trainer builds; empty when they do.
 inline std::string moe_presets_refusal(const Flags& f) {
-  if (f.experts == 0) return {};
-  const bool built = f.experts == moe_top1.experts && ((f.expert_top_k == 1 && f.capacity == moe_top1.capacity_factor) ||
-                                                       (f.expert_top_k == 2 && f.capacity == moe_top2.capacity_factor));
-  if (built) return {};
+  if (f.experts == 0 || moe_preset(f) != 0) return {};
   return "--experts " + std::to_string(f.experts) + " --top-k " + std::to_string(f.expert_top_k) + " --capacity " +
          examples::exact_text(f.capacity) + ": this trainer builds the tiny preset with --experts 8 and either --top-k 1 "
          "(dropless) or --top-k 2 --capacity 1.25 (each a model type of its own, compiled in train_moe.cpp)";

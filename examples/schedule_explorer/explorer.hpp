@@ -76,22 +76,12 @@ inline std::pair<sch::Plan, sch::SimResult> run(const sch::PolicyInfo& policy, c
   return {std::move(plan), std::move(sim)};
 }
 
-/// The plan with its F&B pairs taken apart (each action alone): what pairing saves.
-inline sch::Plan without_pairs(sch::Plan plan) {
-  for (auto& list : plan.actions)
-    for (sch::Action& a : list) a.overlap = false;
-  return plan;
-}
-
 /// "exposed all-to-all 12.00 (20.00 with every F&B pair taken apart)", or its first part for a
 /// plan without pairs.
 inline std::string exposed_text(const sch::Plan& plan, const sch::SimResult& sim, const sch::Costs& costs) {
   std::string out = fixed(sim.total_exposed_communication(), 2);
-  bool pairs = false;
-  for (const auto& list : plan.actions)
-    for (const sch::Action& a : list) pairs = pairs || a.overlap;
-  if (pairs)
-    out += " (" + fixed(sch::simulate(without_pairs(plan), costs).total_exposed_communication(), 2) +
+  if (sch::has_pairs(plan))
+    out += " (" + fixed(sch::simulate(sch::without_pairs(plan), costs).total_exposed_communication(), 2) +
            " with every F&B pair taken apart)";
   return out;
 }
@@ -179,7 +169,7 @@ int explore(const Options& o) {
     if (o.costs.all_to_all > 0) {
       with["exposed_all_to_all"] = sim.total_exposed_communication();
       with["exposed_all_to_all_per_stage"] = sim.exposed_communication;
-      with["exposed_all_to_all_without_pairs"] = sch::simulate(without_pairs(plan), o.costs).total_exposed_communication();
+      with["exposed_all_to_all_without_pairs"] = sch::simulate(sch::without_pairs(plan), o.costs).total_exposed_communication();
     }
     std::cout << with.dump() << "\n";
   } else {

@@ -174,13 +174,6 @@ sch::Costs with_all_to_all(double a2a) {
   return c;
 }
 
-/// The plan with every F&B pair taken apart: each action alone, its all-to-alls exposed.
-sch::Plan without_pairs(sch::Plan plan) {
-  for (auto& list : plan.actions)
-    for (sch::Action& a : list) a.overlap = false;
-  return plan;
-}
-
 }  // namespace
 
 TEST_CASE("simulate: an all-to-all is exposed in an action alone, hidden by an overlapped F&B pair's compute",
@@ -199,7 +192,7 @@ TEST_CASE("simulate: an all-to-all is exposed in an action alone, hidden by an o
   // expose theirs. Taken apart, every pair exposes its all-to-alls too.
   const sch::Plan plan = sch::generate<sch::DualPipeV>({4, 8, 2, 1});
   const sch::SimResult paired = sch::simulate(plan, with_all_to_all(0.5));
-  const sch::SimResult apart = sch::simulate(without_pairs(plan), with_all_to_all(0.5));
+  const sch::SimResult apart = sch::simulate(sch::without_pairs(plan), with_all_to_all(0.5));
   int pairs = 0, alone = 0;
   for (const auto& list : plan.actions)
     for (std::size_t i = 0; i < list.size(); ++i) {

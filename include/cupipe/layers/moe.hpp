@@ -40,7 +40,6 @@ struct MixtureOfExperts : LayerDefaults {
   static_assert(R.valid(), "MixtureOfExperts: the routing needs 1 <= top_k <= experts and coefficients >= 0");
   static constexpr index_t E = R.experts;
   static constexpr index_t K = R.top_k;
-  static constexpr moe::Routing routing = R;
   static constexpr index_t in_features = C;
   static constexpr index_t out_features_for(index_t) { return C; }
   /// The capacity and the balance loss are per sequence: a microbatch holds whole ones.

@@ -97,6 +97,15 @@ void route(const T* logits, index_t n, const Routing& r, T* probs, T* lse, std::
   }
 }
 
+/// Where each expert's rows begin (`offsets`, E + 1) among the kept slots sorted by expert: from
+/// each choice's expert and whether it is kept (slot >= 0; `dispatch` and the backward both count so).
+inline void expert_offsets(const std::int32_t* experts, const std::int32_t* slot, index_t n, const Routing& r, index_t* offsets) {
+  std::fill(offsets, offsets + r.experts + 1, 0);
+  for (index_t i = 0; i < n * r.top_k; ++i)
+    if (slot[i] >= 0) ++offsets[experts[i] + 1];
+  for (index_t e = 0; e < r.experts; ++e) offsets[e + 1] += offsets[e];
+}
+
 /// Where each of `n` rows' k choices (`experts`, n x k) goes: `slot` (n x k) its row in the buffer
 /// of the kept slots sorted by expert (and within an expert by row, then choice), -1 where the
 /// expert's capacity in the row's sequence (of `seq_len` rows) dropped it; `offsets` (E + 1) where
@@ -121,22 +130,11 @@ inline std::int64_t dispatch(const std::int32_t* experts, index_t n, index_t seq
       }
   }
   // The kept slots' rows, grouped by expert.
-  std::fill(offsets, offsets + E + 1, 0);
-  for (index_t i = 0; i < n * k; ++i)
-    if (slot[i] >= 0) ++offsets[experts[i] + 1];
-  for (index_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  expert_offsets(experts, slot, n, r, offsets);
   std::vector<index_t> next(offsets, offsets + E);
   for (index_t i = 0; i < n * k; ++i)
     if (slot[i] >= 0) slot[i] = std::int32_t(next[std::size_t(experts[i])]++);
   return dropped;
-}
-
-/// `offsets` (E + 1) again from the slots `dispatch` wrote (the backward's view of the same routing).
-inline void expert_offsets(const std::int32_t* experts, const std::int32_t* slot, index_t n, const Routing& r, index_t* offsets) {
-  std::fill(offsets, offsets + r.experts + 1, 0);
-  for (index_t i = 0; i < n * r.top_k; ++i)
-    if (slot[i] >= 0) ++offsets[experts[i] + 1];
-  for (index_t e = 0; e < r.experts; ++e) offsets[e + 1] += offsets[e];
 }
 
 /// The sum over the sequences of n rows of L_bal(s) = E sum_e f_se P_se, times seq_len / `normalizer`

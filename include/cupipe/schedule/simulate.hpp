@@ -264,6 +264,22 @@ constexpr SimResult simulate(const Plan& plan, const Costs& costs, const Offload
   return out;
 }
 
+/// The plan with its overlapped F&B pairs taken apart (each action alone, in the same order): what
+/// the pairing hides, beside the plan itself.
+constexpr Plan without_pairs(Plan plan) {
+  for (auto& list : plan.actions)
+    for (Action& a : list) a.overlap = false;
+  return plan;
+}
+
+/// Whether any action of the plan is an overlapped F paired with the B after it.
+constexpr bool has_pairs(const Plan& plan) {
+  for (const auto& list : plan.actions)
+    for (const Action& a : list)
+      if (a.overlap) return true;
+  return false;
+}
+
 /// Generates a policy's plan and simulates it.
 template <SchedulePolicy Policy>
 constexpr SimResult simulate(int stages, int microbatches, const Costs& costs, int chunks = Policy::chunks,
