@@ -63,7 +63,7 @@ build "$root/build/tsan" -DCUPIPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCU
 (cd "$root/build/tsan" && ctest --output-on-failure -j "$jobs")
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer (clang): MPI ranks, fuzz smoke at $(date -u +%H:%M:%S)"
-asan_targets=(mpi_pipeline_check mpi_fault_check mpi_progress_check mpi_tensor_parallel_check mpi_reshard_check mlp_fashion_mnist gpt_train cupipe_plan fuzz_seed_corpus fuzz_safetensors fuzz_idx fuzz_checkpoint
+asan_targets=(mpi_pipeline_check mpi_expert_parallel_check mpi_fault_check mpi_progress_check mpi_tensor_parallel_check mpi_reshard_check mlp_fashion_mnist gpt_train cupipe_plan fuzz_seed_corpus fuzz_safetensors fuzz_idx fuzz_checkpoint
              fuzz_llmc_shard fuzz_plan_file fuzz_cost_model fuzz_gpt_import)
 # The trainers with 1F1B only: their MPI checks run 1F1B (and --plan auto then plans among 1F1B's
 # layouts), and every schedule would multiply the two slowest files' compile time under the

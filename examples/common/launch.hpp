@@ -65,10 +65,10 @@ struct Launch {
 class Launcher {
  public:
   /// Starts MPI when `dp`, `tp` or `cp` > 1 or a launcher's environment is present, and checks the
-  /// process count (stages x dp x tp x cp). `program` names the binary in the mpirun command a wrong
+  /// process count (stages x dp x tp x cp); the replicas form expert-parallel groups of `ep`. `program` names the binary in the mpirun command a wrong
   /// count suggests. `stages` 0 (--plan auto): the processes over dp x tp, which must divide them.
   const Launch& start(int& argc, char**& argv, const char* program, int stages, int dp, double timeout, int tp = 1,
-                      comm::RankOrder order = comm::RankOrder::stages_outermost, int cp = 1) {
+                      comm::RankOrder order = comm::RankOrder::stages_outermost, int cp = 1, int ep = 1) {
 #if CUPIPE_HAS_MPI
     const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_NTASKS");
     if (dp > 1 || tp > 1 || cp > 1 || under_launcher) {
@@ -91,10 +91,11 @@ class Launcher {
       timeout_ = timeout;
       order_ = order;
       cp_ = cp;
+      ep_ = ep;
       reshape(stages, tp);
     }
 #else
-    (void)argc, (void)argv, (void)program, (void)stages, (void)timeout, (void)order;
+    (void)argc, (void)argv, (void)program, (void)stages, (void)timeout, (void)order, (void)ep;
     if (dp > 1 || tp > 1 || cp > 1)
       CUPIPE_THROW(dp > 1 ? "--dp" : tp > 1 ? "--tp" : "--cp",
                    " needs MPI; this trainer was built without it (install libopenmpi-dev and reconfigure)");
@@ -109,7 +110,7 @@ class Launcher {
   /// collective: every rank calls it. Null when MPI is not up (one process).
   std::shared_ptr<comm::Communicator> communicator(int stages, int tp) const {
 #if CUPIPE_HAS_MPI
-    if (mpi_) return std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout_, tp, order_, cp_);
+    if (mpi_) return std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, stages, timeout_, tp, order_, cp_, ep_);
 #else
     (void)stages, (void)tp;
 #endif
@@ -152,6 +153,7 @@ class Launcher {
   double timeout_ = 0;
   comm::RankOrder order_ = comm::RankOrder::stages_outermost;
   int cp_ = 1;
+  int ep_ = 1;  ///< expert-parallel ranks per group (among the replicas)
 #endif
 };
 

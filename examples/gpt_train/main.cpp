@@ -184,6 +184,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber)
       ->needs(experts);
+  app.add_option("--ep", f.ep,
+                 "with --experts, expert-parallel ranks per group: N of the --dp replicas of a stage share every MoE "
+                 "block's experts (each holds experts / N), tokens travel to their expert's rank and back by "
+                 "all-to-all; 2 or 4, dividing --dp, with --schedule 1f1b")
+      ->capture_default_str()
+      ->check(CLI::IsMember({1, 2, 4}))
+      ->needs(experts);
   app.add_option("--save", f.save, "checkpoint prefix: PREFIX.safetensors (nanoGPT names) and PREFIX.state.safetensors");
   app.add_option("--save-every", f.save_every, "also save every N steps")->check(non_negative);
   app.add_option("--resume", f.resume, "checkpoint prefix to resume from (weights, AdamW state, data position)");
@@ -310,6 +317,12 @@ int main(int argc, char** argv) {
       if (cupipe::examples::family_of_name(f.schedule) != cupipe::examples::ScheduleFamily::flush || f.stages > 2)
         CUPIPE_THROW("--experts trains the flush schedules (gpipe, 1f1b, zb-h1, zb-h2) at --stages 1 or 2, not --schedule ",
                      f.schedule, " --stages ", f.stages);
+      if (f.ep > 1 && (f.dp % f.ep != 0 || f.schedule != "1f1b" || f.zero > 0))
+        CUPIPE_THROW("--ep ", f.ep, " groups ", f.ep, " of the --dp replicas and runs with --schedule 1f1b without --zero (",
+                     f.dp % f.ep != 0 ? "--dp " + std::to_string(f.dp) + " is not a multiple of it"
+                     : f.zero > 0     ? "--zero " + std::to_string(f.zero) + " was given"
+                                      : "--schedule " + f.schedule + " was given",
+                     ")");
     }
     if (f.plan == "auto" && (f.backend != "host" || f.preset != "tiny"))
       CUPIPE_THROW("--plan auto plans --preset tiny on the host backend");
@@ -331,7 +344,7 @@ int main(int argc, char** argv) {
     }
     const Launch& launch =
         launcher.start(argc, argv, "gpt_train", f.plan == "auto" ? 0 : f.stages, f.dp, f.timeout, f.tp,
-                       comm::parse_rank_order(f.rank_order), f.cp);
+                       comm::parse_rank_order(f.rank_order), f.cp, f.ep);
     // Ranks started with different flags fail here, at once, naming the flag (not after a timeout).
     if (launch.communicator) comm::require_same_settings(*launch.communicator, shared_settings(f));
     if (f.backend == "cuda" && launch.communicator)

@@ -90,6 +90,7 @@ struct Flags {
   int zero = 0;  ///< the ZeRO stage: 1, the AdamW state sharded over the --dp replicas; 2, the gradients too; 3, the weights too
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
   int cp = 1;                         ///< context-parallel ranks per ring (each sequence split over them)
+  int ep = 1;                         ///< expert-parallel ranks per group (each holding experts / ep of every MoE block's)
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
   bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
   bool zero_given = false;                ///< --zero was on the command line (--plan auto then keeps it)
@@ -125,7 +126,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--resume", f.resume},               {"--max-steps", std::to_string(f.max_steps)},
           {"--max-seconds", real(f.max_seconds)}, {"--backend", f.backend},
           {"--sample", std::to_string(f.sample)}, {"--prompt", f.prompt},
-          {"--zero", std::to_string(f.zero)}, {"--tp", std::to_string(f.tp)}, {"--cp", std::to_string(f.cp)}, {"--rank-order", f.rank_order},
+          {"--zero", std::to_string(f.zero)}, {"--tp", std::to_string(f.tp)}, {"--cp", std::to_string(f.cp)}, {"--ep", std::to_string(f.ep)}, {"--rank-order", f.rank_order},
           {"--precision", f.precision},         {"--plan", f.plan},
           {"--pack", f.pack ? std::to_string(pack_separator(f)) : "off"},
           {"--experts", std::to_string(f.experts)}, {"--top-k", std::to_string(f.expert_top_k)}, {"--capacity", real(f.capacity)},
@@ -309,10 +310,22 @@ inline std::string mebibytes(double bytes) {
   return text;
 }
 
-template <gpt::Config config, class Schedule, int P, class Backend, int TP = 1, class Configure = AsBuilt>
+/// The model one rank trains: its tensor-parallel part with TP > 1, its expert-parallel part with
+/// EP > 1, else the whole model.
+template <gpt::Config config, int TP, int EP>
+struct RankModel {
+  using type = gpt::TensorParallelModel<config, TP>;  // gpt::Model<config> itself with TP 1
+};
+template <gpt::Config config, int EP>
+  requires(EP > 1)
+struct RankModel<config, 1, EP> {
+  using type = gpt::ExpertParallelModel<config, EP>;
+};
+
+template <gpt::Config config, class Schedule, int P, class Backend, int TP = 1, class Configure = AsBuilt, int EP = 1>
 int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
           const DeviceRate& rate = {}, Configure configure = {}) {
-  using Model = gpt::TensorParallelModel<config, TP>;  // gpt::Model<config> itself with TP 1
+  using Model = typename RankModel<config, TP, EP>::type;
   using Stages = partition_for<Model, P, Schedule>;
   using Pipe = Pipeline<Stages, Schedule, Backend>;
   CUPIPE_REQUIRE(!f.pack || pack_separator(f) < config.vocab, "--pack-separator ", pack_separator(f),
@@ -321,8 +334,8 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
              .post_validation = f.post_validation > 0, .zero = f.zero, .check_equivalence = f.check_equivalence,
              .hand_over = parse_wires(f.hand_over)});
-  // With --tp each rank draws its part of the whole model's initialisation (LayerSeq::init), so a
-  // run with --tp starts where the same run without it does.
+  // With --tp or --ep each rank draws its part of the whole model's initialisation (LayerSeq::init),
+  // so such a run starts where the same run without it does.
   configure(pipe);
   MoeReport<config, P> moe_report(pipe, launch.communicator.get());
   NanoGptNames<config, Pipe> named{pipe};
@@ -649,7 +662,13 @@ int train_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
         if (f.tp == 2) rc = train<config, Schedule, P, Backend, 2>(f, corpus, split, launch, rate, configure);
         if (f.tp == 4) rc = train<config, Schedule, P, Backend, 4>(f, corpus, split, launch, rate, configure);
       }
-      if (f.tp == 1) rc = train<config, Schedule, P, Backend>(f, corpus, split, launch, rate, configure);
+      // Expert-parallel ranks are data-parallel replicas holding a share of the experts.
+      if constexpr (std::is_same_v<typename Backend::space, HostSpace> && std::is_same_v<Schedule, schedule::OneFOneB> &&
+                    config.experts > 0) {
+        if (f.ep == 2) rc = train<config, Schedule, P, Backend, 1, Configure, 2>(f, corpus, split, launch, rate, configure);
+        if (f.ep == 4) rc = train<config, Schedule, P, Backend, 1, Configure, 4>(f, corpus, split, launch, rate, configure);
+      }
+      if (f.tp == 1 && f.ep == 1) rc = train<config, Schedule, P, Backend>(f, corpus, split, launch, rate, configure);
     };
     if constexpr (examples::family_of<Schedule> == F && examples::trainer_builds<Schedule>) {
       if constexpr (Schedule::chunks == 1 && config.experts == 0) with_stage_count<1, 2, 4>(f.stages, run);

@@ -28,6 +28,7 @@
 #include "cupipe/comm/mpi.hpp"
 #include "cupipe/cupipe.hpp"
 #include "cupipe/gpt/model.hpp"
+#include "checkpoints_both_ways.hpp"
 #include "compare.hpp"
 
 using namespace cupipe;
@@ -259,24 +260,10 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   if (zero >= 2) sharded(MemoryTag::gradients, 1, "gradients");
   if (zero >= 3) sharded(MemoryTag::weights, 1, "weights");
 
-  if (!checkpoint.empty()) {
-    io::TrainingState state;
-    state.updates = distributed.updates();
-    io::save_checkpoint(checkpoint + ".tp", distributed, adamw, state);  // collective; rank 0 writes
-    if (topo.rank == 0) io::save_checkpoint(checkpoint + ".single", reference, adamw, state);
-    MPI_Barrier(MPI_COMM_WORLD);
-    Pipeline<partition<Whole, 1>, schedule::GPipe, B> other({.microbatches = 2});
-    io::load_checkpoint(checkpoint + ".tp", other, adamw);
-    const double c = relative(other.parameters(), weights), o = relative(other.optimizer_state(1), exp_avg_sq);
-    expect("a one-stage single process loading this run's checkpoint", c == 0 && o == 0,
-           "weights " + number(c) + ", exp_avg_sq " + number(o));
-    Pipeline<partition<Part, P>, schedule::OneFOneB, B> loaded(
-        {.microbatches = 2, .seed = 9, .transfer_timeout_seconds = 60.0, .communicator = comm});
-    io::load_checkpoint(checkpoint + ".single", loaded, adamw);
-    const double l = relative(loaded.parameters(), want), lo = relative(loaded.optimizer_state(1), reference.optimizer_state(1));
-    expect("this layout loading a single process's checkpoint", l == 0 && lo == 0,
-           "weights " + number(l) + ", exp_avg_sq " + number(lo));
-  }
+  if (!checkpoint.empty())
+    cupipe::testing::check_checkpoints_both_ways<Whole, Pipeline<partition<Part, P>, schedule::OneFOneB, B>>(
+        checkpoint, distributed, reference, adamw,
+        {.microbatches = 2, .seed = 9, .transfer_timeout_seconds = 60.0, .communicator = comm}, topo.rank, expect);
   return verdict_everywhere(failures);
 }
 

@@ -20,6 +20,7 @@
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/tensor_group.hpp"
 #include "cupipe/cp/context_group.hpp"
+#include "cupipe/moe/expert_group.hpp"
 
 namespace cupipe::comm {
 
@@ -118,6 +119,9 @@ class Communicator {
   /// This rank's context-parallel ring (Topology::context ranks of one stage that share a
   /// data-parallel replica), or null without context parallelism. Valid as long as the communicator.
   virtual cp::ContextGroup* context_group() { return nullptr; }
+  /// This rank's expert-parallel group (Topology::experts consecutive replicas of one stage), or null
+  /// without expert parallelism. Valid as long as the communicator.
+  virtual moe::ExpertGroup* expert_group() { return nullptr; }
   /// In place, host memory, the converse of the gather: `data` holds replicas x `count` values; on
   /// return this replica's block (at replica() x count) holds that block summed over the replicas,
   /// and the other blocks are unspecified (ZeRO-1's reduce-scatter of the gradients: each replica

@@ -39,6 +39,7 @@
 
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/comm/mpi_check.hpp"
+#include "cupipe/comm/mpi_experts.hpp"
 #include "cupipe/comm/mpi_ring.hpp"
 #include "cupipe/comm/pending_sends.hpp"
 #include "cupipe/comm/wait.hpp"
@@ -78,9 +79,11 @@ class MpiCommunicator final : public Communicator {
  public:
   /// Splits `world` into pipelines of `stages` stages, each stage `tensor_parallel` ranks, the
   /// ranks mapped in `order` (see Topology), a stage's replicas in context-parallel rings of
-  /// `context_parallel` (context_group()).
+  /// `context_parallel` (context_group()) or expert-parallel groups of `expert_parallel`
+  /// (expert_group()).
   MpiCommunicator(MPI_Comm world, int stages, double collective_timeout_seconds = default_collective_timeout_seconds,
-                  int tensor_parallel = 1, RankOrder order = RankOrder::stages_outermost, int context_parallel = 1)
+                  int tensor_parallel = 1, RankOrder order = RankOrder::stages_outermost, int context_parallel = 1,
+                  int expert_parallel = 1)
       : tensor_sum_(*this) {
     set_collective_timeout(collective_timeout_seconds);
     int level = 0;
@@ -90,7 +93,7 @@ class MpiCommunicator final : public Communicator {
     int size = 0, rank = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_size(world, &size));
     CUPIPE_CHECK_MPI(MPI_Comm_rank(world, &rank));
-    topology_ = Topology::make(size, rank, stages, tensor_parallel, order, context_parallel);
+    topology_ = Topology::make(size, rank, stages, tensor_parallel, order, context_parallel, expert_parallel);
     const Topology& t = topology_;
     CUPIPE_CHECK_MPI(MPI_Comm_dup(world, &world_));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
@@ -103,6 +106,7 @@ class MpiCommunicator final : public Communicator {
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(replicas_, MPI_ERRORS_RETURN));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(tensor_, MPI_ERRORS_RETURN));
     if (t.context > 1) make_ring();
+    if (t.experts > 1) make_expert_group();
     int* upper = nullptr;
     int found = 0;
     CUPIPE_CHECK_MPI(MPI_Comm_get_attr(world_, MPI_TAG_UB, &upper, &found));
@@ -128,6 +132,8 @@ class MpiCommunicator final : public Communicator {
       MPI_Comm ring = ring_->communicator();
       MPI_Comm_free(&ring);
     }
+    if (experts_)
+      for (MPI_Comm c : experts_->communicators()) MPI_Comm_free(&c);
     MPI_Comm_free(&tensor_);
     MPI_Comm_free(&replicas_);
     MPI_Comm_free(&pipeline_);
@@ -242,6 +248,7 @@ class MpiCommunicator final : public Communicator {
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
   cp::ContextGroup* context_group() override { return ring_.get(); }
+  moe::ExpertGroup* expert_group() override { return experts_.get(); }
   bool reduce_scatters() const override { return true; }
   void reduce_scatter_over_replicas(float* data, std::size_t n) override {
     reduce_scatter(data, n, MPI_FLOAT);
@@ -443,6 +450,27 @@ class MpiCommunicator final : public Communicator {
                      }});
   }
 
+  /// The expert-parallel group (this stage's `experts` consecutive replicas at this tensor-parallel
+  /// place, in place order) and the holders of this rank's experts (the same place in every group).
+  void make_expert_group() {
+    const Topology& t = topology_;
+    MPI_Comm group = MPI_COMM_NULL, holders = MPI_COMM_NULL;
+    const int groups = t.replicas / t.experts, base = t.stage() * t.tensor + t.tensor_rank();
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, base * groups + t.expert_group_index(), t.expert_rank(), &group));
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, base * t.experts + t.expert_rank(), t.expert_group_index(), &holders));
+    for (MPI_Comm c : {group, holders}) CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+    experts_ = std::make_unique<MpiExpertGroup>(
+        group, holders, t.experts, t.expert_rank(), groups,
+        "the expert-parallel group of " + std::to_string(t.experts) + " ranks (stage " + std::to_string(t.stage()) +
+            ", replicas " + std::to_string(t.expert_group_index() * t.experts) + ".." +
+            std::to_string(t.expert_group_index() * t.experts + t.experts - 1) + ")",
+        MpiGroupOwner{mutex_, [this] { return collective_timeout(); }, [this] { check_usable(); },
+                      [this](const std::string& what) {
+                        broken_ = true;
+                        timed_out("rank " + std::to_string(topology_.rank) + ": " + what);
+                      }});
+  }
+
   /// Moves the block MPI left at the start of `data` to this replica's place (replica() x n).
   template <class T>
   void place_own_block(T* data, std::size_t n) const {
@@ -527,6 +555,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::function<void()>> after_sums_;  ///< under mutex_: what finish_sums does after its waits
   std::vector<MPI_Request*> ring_requests_;  ///< under mutex_: the ring's pass in flight, for the progress thread
   std::unique_ptr<MpiRing> ring_;             ///< the context-parallel ring (null: none)
+  std::unique_ptr<MpiExpertGroup> experts_;  ///< the expert-parallel group (null: none)
   std::atomic<bool> broken_ = false;  ///< a collective timed out (read by every thread)
   bool stopping_ = false;         ///< under mutex_: the destructor ends the progress thread
   bool progress_failed_ = false;  ///< under mutex_: an MPI_Test failed in the progress thread

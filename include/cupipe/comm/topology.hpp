@@ -20,6 +20,11 @@
 // normalisers and ZeRO's shards run over data-parallel x context-parallel ranks, as Megatron-LM's
 // do. A ring is `context` consecutive replicas: replica = data-parallel replica * context + the
 // rank's place in its ring (context_rank()).
+//
+// Expert parallelism (moe/, Topology::experts) groups `experts` consecutive replicas of a stage: each
+// holds its own tokens, as a data-parallel replica does, and a share of every mixture-of-experts
+// layer's experts (expert_rank() its place in the group); the replicas at the same place of every
+// group hold the same experts.
 #pragma once
 
 #include <string>
@@ -51,11 +56,12 @@ struct Topology {
   int tensor = 1;  ///< tensor-parallel ranks per stage
   RankOrder order = RankOrder::stages_outermost;
   int context = 1;  ///< context-parallel ranks per ring (among the replicas)
+  int experts = 1;  ///< expert-parallel ranks per group (among the replicas)
 
   /// The topology for `world` ranks split into `stages` pipeline stages of `tensor` ranks each, a
   /// stage's replicas in rings of `context`.
   static Topology make(int world, int rank, int stages, int tensor = 1, RankOrder order = RankOrder::stages_outermost,
-                       int context = 1) {
+                       int context = 1, int experts = 1) {
     CUPIPE_REQUIRE(world >= 1 && rank >= 0 && rank < world, "topology: rank ", rank, " outside a world of ", world);
     CUPIPE_REQUIRE(tensor >= 1, "topology: tensor-parallel degree ", tensor, " is not positive");
     CUPIPE_REQUIRE(stages >= 1 && world % (stages * tensor) == 0, "topology: a world of ", world, " ranks cannot hold ",
@@ -65,7 +71,11 @@ struct Topology {
     CUPIPE_REQUIRE(context >= 1 && replicas % context == 0, "topology: a stage's ", replicas, " replica(s) cannot form rings of ",
                    context, " context-parallel ranks; the world must be stages x data-parallel replicas x context-parallel "
                    "ranks", tensor > 1 ? " x tensor-parallel ranks" : "");
-    return {world, stages, replicas, rank, tensor, order, context};
+    CUPIPE_REQUIRE(experts >= 1 && replicas % experts == 0 && (experts == 1 || context == 1), "topology: a stage's ", replicas,
+                   " replica(s) cannot form expert-parallel groups of ", experts, context > 1 ? " beside context parallelism" : "",
+                   "; the world must be stages x data-parallel replicas", tensor > 1 ? " x tensor-parallel ranks" : "",
+                   ", the replicas a multiple of the expert-parallel degree");
+    return {world, stages, replicas, rank, tensor, order, context, experts};
   }
 
   int stage() const noexcept {
@@ -80,6 +90,10 @@ struct Topology {
   /// replica (the ranks of a ring read the same sequences), 0 .. replicas / context - 1.
   int context_rank() const noexcept { return replica() % context; }
   int data_replica() const noexcept { return replica() / context; }
+  /// This rank's place in its expert-parallel group, 0 .. experts - 1 (it holds that share of the
+  /// experts), and the group's index among the stage's groups.
+  int expert_rank() const noexcept { return replica() % experts; }
+  int expert_group_index() const noexcept { return replica() / experts; }
   int rank_of(int stage, int replica, int t = 0) const noexcept {
     return (order == RankOrder::stages_outermost ? stage * replicas + replica : replica * stages + stage) * tensor + t;
   }
@@ -97,13 +111,16 @@ struct Topology {
                                 std::to_string(tensor) + " + t:"
                           : "; rank = " + inner + ":");
     for (int r = 0; r < world; ++r) {
-      const Topology at{world, stages, replicas, r, tensor, order, context};
+      const Topology at{world, stages, replicas, r, tensor, order, context, experts};
       out += std::string(r ? "," : "") + " rank " + std::to_string(r) + " -> (stage " + std::to_string(at.stage()) +
              ", replica " + std::to_string(at.replica()) + (tp ? ", t " + std::to_string(at.tensor_rank()) : "") + ")";
     }
     if (context > 1)
       out += "; replica = data-parallel replica * " + std::to_string(context) + " + place in its context-parallel ring of " +
              std::to_string(context);
+    if (experts > 1)
+      out += "; experts split over groups of " + std::to_string(experts) + " consecutive replicas (place = replica % " +
+             std::to_string(experts) + ")";
     return out;
   }
 };

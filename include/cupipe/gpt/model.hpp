@@ -148,9 +148,11 @@ inline constexpr moe::Routing routing_of{c.experts, c.top_k, c.capacity_factor};
 
 /// A block's MLP as a mixture of c.experts experts of MlpHalf's shape: mlp.router.weight,
 /// mlp.experts.c_fc.*, mlp.experts.c_proj.* (the projections initialised as c_proj's).
-template <Config c>
-using MoeHalf = Residual<Named<"ln_2", LayerNorm<c.channels>>,
-                         Init<Named<"mlp", MixtureOfExperts<c.channels, 4 * c.channels, c.context, routing_of<c>>>, c.layers>>;
+/// With EP > 1, one rank's part of it: c.experts / EP experts (layers/moe.hpp's expert parallelism).
+template <Config c, int EP = 1>
+using MoeHalf =
+    Residual<Named<"ln_2", LayerNorm<c.channels>>,
+             Init<Named<"mlp", MixtureOfExperts<c.channels, 4 * c.channels, c.context, routing_of<c>, EP>>, c.layers>>;
 
 /// The two halves of a block split over TP tensor-parallel ranks (layers/tensor_parallel.hpp):
 /// attention by heads, the MLP by its hidden width (c_fc column-parallel, c_proj row-parallel).
@@ -165,11 +167,11 @@ using TensorParallelMlpHalf =
              Init<Named<"mlp.c_proj", RowParallelLinear<4 * c.channels, c.channels, TP>>, c.layers>>;
 
 namespace detail {
-template <Config c, std::size_t I>
-using mlp_half_t = std::conditional_t<c.moe_block(index_t(I / 2)), MoeHalf<c>, MlpHalf<c>>;
+template <Config c, std::size_t I, int EP>
+using mlp_half_t = std::conditional_t<c.moe_block(index_t(I / 2)), MoeHalf<c, EP>, MlpHalf<c>>;
 
-template <Config c, int TP, std::size_t I>
-using half_t = std::conditional_t<TP == 1, std::conditional_t<I % 2 == 0, AttentionHalf<c>, mlp_half_t<c, I>>,
+template <Config c, int TP, std::size_t I, int EP>
+using half_t = std::conditional_t<TP == 1, std::conditional_t<I % 2 == 0, AttentionHalf<c>, mlp_half_t<c, I, EP>>,
                                   std::conditional_t<I % 2 == 0, TensorParallelAttentionHalf<c, TP>, TensorParallelMlpHalf<c, TP>>>;
 
 template <Config c, int TP>
@@ -178,9 +180,9 @@ using embedding_t = std::conditional_t<TP == 1, TokenPositionEmbedding<c.vocab, 
 template <Config c, int TP>
 using loss_t = std::conditional_t<TP == 1, SoftmaxCrossEntropy<c.vocab>, VocabParallelCrossEntropy<c.vocab, TP>>;
 
-template <Config c, int TP, std::size_t... I>
+template <Config c, int TP, int EP, std::size_t... I>
 auto model_of(std::index_sequence<I...>)
-    -> Sequential<embedding_t<c, TP>, half_t<c, TP, I>..., Named<"ln_f", LayerNorm<c.channels>>, Head<c, TP>, loss_t<c, TP>>;
+    -> Sequential<embedding_t<c, TP>, half_t<c, TP, I, EP>..., Named<"ln_f", LayerNorm<c.channels>>, Head<c, TP>, loss_t<c, TP>>;
 }  // namespace detail
 
 template <Config c>
@@ -192,7 +194,7 @@ concept ValidConfig = c.vocab > 1 && c.context > 0 && c.layers > 0 && c.heads > 
 /// The model: inputs are token ids (B * T rows of whole sequences), labels the next token of each.
 template <Config c>
   requires ValidConfig<c>
-using Model = decltype(detail::model_of<c, 1>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
+using Model = decltype(detail::model_of<c, 1, 1>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
 
 /// One rank's part of Model<c> split over TP tensor-parallel ranks (dense models only): the blocks' attention by heads
 /// and MLP by hidden width, wte and lm_head by vocabulary rows (the loss is vocabulary-parallel: the
@@ -201,7 +203,15 @@ using Model = decltype(detail::model_of<c, 1>(std::make_index_sequence<std::size
 /// other. TP must divide the heads and the vocabulary.
 template <Config c, int TP>
   requires ValidConfig<c> && (TP >= 1) && (c.heads % TP == 0) && (c.vocab % TP == 0) && (TP == 1 || c.experts == 0)
-using TensorParallelModel = decltype(detail::model_of<c, TP>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
+using TensorParallelModel = decltype(detail::model_of<c, TP, 1>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
+
+/// One rank's part of Model<c> (a model with experts) split over EP expert-parallel ranks: every MoE
+/// block holds c.experts / EP of its experts (rank t experts [t E / EP, (t + 1) E / EP)) and the whole
+/// router; every other tensor whole. The names are Model<c>'s, as TensorParallelModel's are, so
+/// checkpoints move between the two. EP must divide the experts.
+template <Config c, int EP>
+  requires ValidConfig<c> && (EP >= 1) && (c.experts > 0) && (c.experts % EP == 0)
+using ExpertParallelModel = decltype(detail::model_of<c, 1, EP>(std::make_index_sequence<std::size_t(2 * c.layers)>()));
 
 /// nanoGPT's state_dict name of Model<c>'s parameter named `name` by Sequential ("<layer>.<rest>").
 inline std::string nanogpt_name(const Config& c, std::string_view name) {

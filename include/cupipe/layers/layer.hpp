@@ -83,13 +83,16 @@ auto stats_at(T* at) {
   else return reinterpret_cast<G*>(at);
 }
 
-/// How tensor parallelism (Megatron's scheme) splits a parameter tensor over a group of `parts`
-/// ranks; rank t of the group holds part t. ParamSpec's rows and cols are the part's shape.
+/// How tensor parallelism (Megatron's scheme) or expert parallelism splits a parameter tensor over a
+/// group of `parts` ranks; rank t of the group holds part t. ParamSpec's rows and cols are the part's
+/// shape.
 enum class TensorSplit : std::uint8_t {
   none,        ///< replicated: every rank holds the whole tensor (LayerNorm, a row-parallel bias)
   rows,        ///< rows [t R, (t + 1) R) of the whole (a column-parallel Linear's weight and bias)
   cols,        ///< columns [t C, (t + 1) C) of the whole (a row-parallel Linear's weight)
   row_thirds,  ///< three equal row blocks (q, k and v), each split by rows (attention's c_attn)
+  expert_rows, ///< rows as `rows`, over the expert-parallel group (a mixture of experts' stacked
+               ///< experts, layers/moe.hpp), not the tensor-parallel one
 };
 
 /// One parameter tensor of a layer: its PyTorch name and shape (cols == 0 for a 1-D tensor), and,

@@ -13,6 +13,17 @@
 // experts.c_fc.bias (E H), experts.c_proj.weight (E C, H), experts.c_proj.bias (E C).
 // Runs on the host backend in fp32 or fp64 storage; a device backend or bf16 storage is refused
 // with the reason (the CUDA permute and grouped-GEMM path is issue #58's next step).
+//
+// Expert parallelism (EP > 1): the layer is one rank's part of an expert-parallel group of EP ranks
+// (moe/expert_group.hpp, the backend context's expert_group), holding E / EP experts (rank t experts
+// [t E / EP, (t + 1) E / EP); their tensors are TensorSplit::expert_rows) and the whole router. Each
+// rank routes its own rows; the slots travel to their experts' ranks and the experts' outputs back
+// (moe/exchange.hpp: counts first, then two all-to-alls), and the same in the backward with the
+// outputs' gradients. An expert's rank keeps what its backward_weight needs (the slots' inputs, GELU
+// inputs and gradients) in its own saved area, sized for the most slots it can receive: with a
+// capacity factor ceil(E capacity / SeqLen) per row of its own (GShard's and Switch's reason for a
+// capacity), dropless EP k (every slot of the group). Routing is per sequence, so the group computes
+// exactly what the whole layer computes over the same rows.
 #pragma once
 
 #include <algorithm>
@@ -29,17 +40,24 @@
 #include "cupipe/core/rng.hpp"
 #include "cupipe/cp/context_group.hpp"
 #include "cupipe/layers/layer.hpp"
+#include "cupipe/moe/exchange.hpp"
+#include "cupipe/moe/expert_group.hpp"
 #include "cupipe/moe/routing.hpp"
 #include "cupipe/moe/tally.hpp"
 
 namespace cupipe {
 
-template <index_t C, index_t Hidden, index_t SeqLen, moe::Routing R>
+template <index_t C, index_t Hidden, index_t SeqLen, moe::Routing R, int EP = 1>
 struct MixtureOfExperts : LayerDefaults {
   static_assert(C > 0 && Hidden > 0 && SeqLen > 0, "MixtureOfExperts<C, Hidden, SeqLen, Routing> needs positive sizes");
   static_assert(R.valid(), "MixtureOfExperts: the routing needs 1 <= top_k <= experts and coefficients >= 0");
+  static_assert(EP >= 1 && R.experts % EP == 0, "MixtureOfExperts: the expert-parallel degree EP must divide the experts");
   static constexpr index_t E = R.experts;
   static constexpr index_t K = R.top_k;
+  static constexpr index_t El = E / EP;  ///< experts held here
+  /// Slots an expert's rank keeps per row of its own: the most it can receive (see above).
+  static constexpr index_t M = EP == 1 ? K : std::min<index_t>(EP * K, (E * R.capacity(SeqLen) + SeqLen - 1) / SeqLen);
+  static constexpr TensorSplit split = EP > 1 ? TensorSplit::expert_rows : TensorSplit::none;
   static constexpr index_t in_features = C;
   static constexpr index_t out_features_for(index_t) { return C; }
   /// The capacity and the balance loss are per sequence: a microbatch holds whole ones.
@@ -48,16 +66,18 @@ struct MixtureOfExperts : LayerDefaults {
 
   static constexpr std::array<ParamSpec, 5> params(index_t) {
     return {{{"router.weight", E, C},
-             {"experts.c_fc.weight", E * Hidden, C},
-             {"experts.c_fc.bias", E * Hidden, 0},
-             {"experts.c_proj.weight", E * C, Hidden},
-             {"experts.c_proj.bias", E * C, 0}}};
+             {"experts.c_fc.weight", El * Hidden, C, split, EP},
+             {"experts.c_fc.bias", El * Hidden, 0, split, EP},
+             {"experts.c_proj.weight", El * C, Hidden, split, EP},
+             {"experts.c_proj.bias", El * C, 0, split, EP}}};
   }
   /// Per row, each region rounded to stat_slots: probs (E), lse, experts (k), gates (k), slots (k),
-  /// and per choice the expert's GELU input (Hidden) and output (C); then what backward_input writes
-  /// for backward_weight: the expert outputs' gradient (k C), the GELU inputs' (k Hidden), dlogits (E).
+  /// and per kept slot here the expert's GELU input (M Hidden) and per choice its output (k C); then
+  /// what backward_input writes for backward_weight: the expert outputs' gradient (M C), the GELU
+  /// inputs' (M Hidden), dlogits (E). With EP > 1 also the slots' inputs (M C) and the counts received.
   static constexpr index_t saved_per_row(index_t) {
-    return 2 * r(E) + stat_slots + 2 * K * stat_slots + r(K) + 2 * r(K * Hidden) + 2 * r(K * C);
+    return 2 * r(E) + stat_slots + 2 * K * stat_slots + r(K) + 2 * r(M * Hidden) + r(K * C) + r(M * C) +
+           (EP > 1 ? r(M * C) + r((E + SeqLen - 1) / SeqLen) : 0);
   }
   /// The router, and k experts' two GEMMs and GELU per token.
   static constexpr double forward_flops_per_sample(index_t) {
@@ -66,7 +86,8 @@ struct MixtureOfExperts : LayerDefaults {
   static std::string describe() {
     return "MixtureOfExperts<" + std::to_string(C) + ", " + std::to_string(Hidden) + ", " + std::to_string(SeqLen) +
            ", E " + std::to_string(E) + ", top-" + std::to_string(K) +
-           (R.capacity_factor > 0 ? ", capacity " + moe::factor_text(R.capacity_factor) : std::string(", dropless")) + ">";
+           (R.capacity_factor > 0 ? ", capacity " + moe::factor_text(R.capacity_factor) : std::string(", dropless")) +
+           (EP > 1 ? ", EP " + std::to_string(EP) : std::string()) + ">";
   }
 
   /// Each tensor from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as torch.nn.Linear's weights and biases.
@@ -137,16 +158,29 @@ struct MixtureOfExperts : LayerDefaults {
     moe::route(s.probs, n, R, s.probs, s.lse, s.experts, s.gates);
     std::vector<index_t> offsets(std::size_t(E + 1));
     moe::dispatch(s.experts, n, SeqLen, R, s.slot, offsets.data());
-    // Each expert over its group: h = x W1^T + b1 (kept), o = gelu(h) W2^T + b2 (kept).
-    each_group(be, s, x, offsets, [&](index_t e, index_t first, index_t rows, ConstViewOn<B, T> xs, ViewOn<B, T> a) {
-      const ViewOn<B, T> h{s.h + first * Hidden, Shape{rows, Hidden}};
-      const ViewOn<B, T> o{s.o + first * C, Shape{rows, C}};
-      gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), xs, w1<B>(p, e), T(0), h);
-      bias_add(be, h, b1<B>(p, e));
-      gelu_forward(be, ConstViewOn<B, T>(h), a);
-      gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(a), w2<B>(p, e), T(0), o);
-      bias_add(be, o, b2<B>(p, e));
-    });
+    // The kept slots' inputs, sorted by expert; each expert over its group: h = x W1^T + b1 (kept),
+    // o = gelu(h) W2^T + b2 (kept, per choice) -- here, or on the experts' ranks and back.
+    const index_t kept = offsets[std::size_t(E)];
+    auto xs = be.template allocate<T>(std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
+    gather(s, n, x.data(), xs.data());
+    if constexpr (EP == 1) {
+      auto act = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
+      experts_forward(be, p, offsets, xs.data(), s.h, act.data(), s.o);
+    } else {
+      moe::ExpertGroup& group = group_of(be);
+      double* seconds = be.moe_tally ? &be.moe_tally->all_to_all_seconds : nullptr;
+      const moe::ExchangeCounts c = moe::exchange_counts(group, offsets.data(), E, K, C, n, describe(), seconds);
+      const index_t received = c.received();
+      CUPIPE_REQUIRE(received <= n * M, describe(), ": rank ", group.rank(), " of ", group.name(), " received ", received,
+                     " slots for its experts, more than the ", n * M, " its saved area holds for ", n, " rows");
+      std::copy(c.counts.begin(), c.counts.end(), s.counts);
+      const std::vector<index_t> at = owner_offsets(c);
+      auto scratch = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
+      auto out = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
+      auto act = be.template allocate<T>(std::max<index_t>(received, 1) * Hidden, MemoryTag::workspace);
+      moe::round_trip(group, c, xs.data(), C, s.xs, scratch.data(), C, s.o,
+                      [&] { experts_forward(be, p, at, s.xs, s.h, act.data(), out.data()); }, out.data(), seconds);
+    }
     // Combine: y_t = sum_j gate_tj o[slot_tj], in choice order.
     for (index_t t = 0; t < n; ++t) {
       T* yt = y.data() + t * C;
@@ -169,7 +203,10 @@ struct MixtureOfExperts : LayerDefaults {
     std::vector<index_t> offsets(std::size_t(E + 1));
     moe::expert_offsets(s.experts, s.slot, n, R, offsets.data());
     const index_t kept = offsets[std::size_t(E)];
-    // dgate_tj = dy_t . o_slot;  do_slot = gate_tj dy_t (a dropped choice has no slot).
+    // dgate_tj = dy_t . o_slot;  do_slot = gate_tj dy_t (a dropped choice has no slot): kept here,
+    // or sent to the experts' ranks.
+    auto sent = be.template allocate<T>(EP == 1 ? 1 : std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
+    T* d_o = EP == 1 ? s.d_o : sent.data();
     std::vector<T> dgates(std::size_t(n * K), T(0));
     for (index_t t = 0; t < n; ++t)
       for (index_t j = 0; j < K; ++j) {
@@ -177,7 +214,7 @@ struct MixtureOfExperts : LayerDefaults {
         if (at < 0) continue;
         const T* dyt = dy.data() + t * C;
         const T* ot = s.o + index_t(at) * C;
-        T* d_ot = s.d_o + index_t(at) * C;
+        T* d_ot = d_o + index_t(at) * C;
         const T g = s.gates[t * K + j];
         T acc = 0;
         for (index_t c = 0; c < C; ++c) {
@@ -186,20 +223,25 @@ struct MixtureOfExperts : LayerDefaults {
         }
         dgates[std::size_t(t * K + j)] = acc;
       }
-    // Through each expert: da = do W2, dh = da gelu'(h) (kept); dxs = dh W1.
-    auto da = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
+    // Through each expert: da = do W2, dh = da gelu'(h) (kept); dxs = dh W1 (per slot here).
     auto dxs = be.template allocate<T>(std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
-    for (index_t e = 0; e < E; ++e) {
-      const index_t first = offsets[std::size_t(e)], rows = offsets[std::size_t(e) + 1] - first;
-      if (rows == 0) continue;
-      const ViewOn<B, T> dae{da.data() + first * Hidden, Shape{rows, Hidden}};
-      const ViewOn<B, T> dh{s.dh + first * Hidden, Shape{rows, Hidden}};
-      gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>{s.d_o + first * C, Shape{rows, C}}, w2<B>(p, e),
-           T(0), dae);
-      gelu_backward(be, ConstViewOn<B, T>{s.h + first * Hidden, Shape{rows, Hidden}}, ConstViewOn<B, T>(dae), dh);
-      if (!dx.empty())
-        gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(dh), w1<B>(p, e), T(0),
-             ViewOn<B, T>{dxs.data() + first * C, Shape{rows, C}});
+    if constexpr (EP == 1) {
+      auto da = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
+      experts_backward_input(be, p, offsets, s.d_o, s.h, da.data(), s.dh, dx.empty() ? nullptr : dxs.data());
+    } else {  // the experts' ranks take part whether or not this rank wants dx
+      moe::ExpertGroup& group = group_of(be);
+      double* seconds = be.moe_tally ? &be.moe_tally->all_to_all_seconds : nullptr;
+      const moe::ExchangeCounts c = moe::exchange_counts(group, offsets.data(), E, K, C, n, describe(), seconds);
+      CUPIPE_REQUIRE(std::equal(c.counts.begin(), c.counts.end(), s.counts), describe(), ": rank ", group.rank(), " of ",
+                     group.name(), " was sent other counts in the backward than in this microbatch's forward");
+      const index_t received = c.received();
+      const std::vector<index_t> at = owner_offsets(c);
+      auto scratch = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
+      auto back = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
+      auto da = be.template allocate<T>(std::max<index_t>(received, 1) * Hidden, MemoryTag::workspace);
+      moe::round_trip(group, c, sent.data(), C, s.d_o, scratch.data(), C, dxs.data(),
+                      [&] { experts_backward_input(be, p, at, s.d_o, s.h, da.data(), s.dh, back.data()); }, back.data(),
+                      seconds);
     }
     // The router: the balance loss's gradient of the probabilities, then dlogits (kept).
     const index_t normalizer = be.aux_loss_normalizer > 0 ? be.aux_loss_normalizer : n;
@@ -228,18 +270,83 @@ struct MixtureOfExperts : LayerDefaults {
     const Saved<T> s(saved, n);
     gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), ConstViewOn<B, T>{s.dlogits, Shape{n, E}}, x, T(1),
          ViewOn<B, T>{g, Shape{E, C}});
-    std::vector<index_t> offsets(std::size_t(E + 1));
-    moe::expert_offsets(s.experts, s.slot, n, R, offsets.data());
-    each_group(be, s, x, offsets, [&](index_t e, index_t first, index_t rows, ConstViewOn<B, T> xs, ViewOn<B, T> a) {
+    // The rows each local expert ran: this rank's kept slots, or what it received.
+    std::vector<index_t> at(std::size_t(El + 1));
+    if constexpr (EP == 1) moe::expert_offsets(s.experts, s.slot, n, R, at.data());
+    else at = owner_offsets(moe::ExchangeCounts{EP, El, std::vector<index_t>(s.counts, s.counts + E), {}});
+    auto gathered = be.template allocate<T>(EP == 1 ? std::max<index_t>(at[std::size_t(El)], 1) * C : 1, MemoryTag::workspace);
+    if constexpr (EP == 1) gather(s, n, x.data(), gathered.data());
+    const T* xs = EP == 1 ? gathered.data() : s.xs;
+    auto act = be.template allocate<T>(std::max<index_t>(at[std::size_t(El)], 1) * Hidden, MemoryTag::workspace);
+    for (index_t e = 0; e < El; ++e) {
+      const index_t first = at[std::size_t(e)], rows = at[std::size_t(e) + 1] - first;
+      if (rows == 0) continue;
       const ConstViewOn<B, T> dh{s.dh + first * Hidden, Shape{rows, Hidden}};
       const ConstViewOn<B, T> d_o{s.d_o + first * C, Shape{rows, C}};
+      const ViewOn<B, T> a{act.data() + first * Hidden, Shape{rows, Hidden}};
       gelu_forward(be, ConstViewOn<B, T>{s.h + first * Hidden, Shape{rows, Hidden}}, a);
-      gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dh, xs, T(1), ViewOn<B, T>{g + dw1_at(e), Shape{Hidden, C}});
+      gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), dh, ConstViewOn<B, T>{xs + first * C, Shape{rows, C}}, T(1),
+           ViewOn<B, T>{g + dw1_at(e), Shape{Hidden, C}});
       bias_backward(be, dh, ViewOn<B, T>{g + db1_at(e), Shape{Hidden}});
       gemm(be, ops::Transpose::yes, ops::Transpose::no, T(1), d_o, ConstViewOn<B, T>(a), T(1),
            ViewOn<B, T>{g + dw2_at(e), Shape{C, Hidden}});
       bias_backward(be, d_o, ViewOn<B, T>{g + db2_at(e), Shape{C}});
-    });
+    }
+  }
+
+  /// Each local expert e over its rows [at[e], at[e + 1]) of `xs` (expert-major): h = xs W1^T + b1,
+  /// a = gelu(h) (`act`), o = a W2^T + b2.
+  template <class B, class T>
+  static void experts_forward(B& be, const T* p, const std::vector<index_t>& at, const T* xs, T* h, T* act, T* o) {
+    for (index_t e = 0; e < El; ++e) {
+      const index_t first = at[std::size_t(e)], rows = at[std::size_t(e) + 1] - first;
+      if (rows == 0) continue;
+      const ViewOn<B, T> he{h + first * Hidden, Shape{rows, Hidden}};
+      const ViewOn<B, T> oe{o + first * C, Shape{rows, C}};
+      const ViewOn<B, T> a{act + first * Hidden, Shape{rows, Hidden}};
+      gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>{xs + first * C, Shape{rows, C}}, w1<B>(p, e),
+           T(0), he);
+      bias_add(be, he, b1<B>(p, e));
+      gelu_forward(be, ConstViewOn<B, T>(he), a);
+      gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(a), w2<B>(p, e), T(0), oe);
+      bias_add(be, oe, b2<B>(p, e));
+    }
+  }
+
+  /// Back through each local expert: da = do W2, dh = da gelu'(h) (`dh`), and with `dxs` dxs = dh W1.
+  template <class B, class T>
+  static void experts_backward_input(B& be, const T* p, const std::vector<index_t>& at, const T* d_o, const T* h, T* da,
+                                     T* dh, T* dxs) {
+    for (index_t e = 0; e < El; ++e) {
+      const index_t first = at[std::size_t(e)], rows = at[std::size_t(e) + 1] - first;
+      if (rows == 0) continue;
+      const ViewOn<B, T> dae{da + first * Hidden, Shape{rows, Hidden}};
+      const ViewOn<B, T> dhe{dh + first * Hidden, Shape{rows, Hidden}};
+      gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>{d_o + first * C, Shape{rows, C}}, w2<B>(p, e),
+           T(0), dae);
+      gelu_backward(be, ConstViewOn<B, T>{h + first * Hidden, Shape{rows, Hidden}}, ConstViewOn<B, T>(dae), dhe);
+      if (dxs != nullptr)
+        gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(dhe), w1<B>(p, e), T(0),
+             ViewOn<B, T>{dxs + first * C, Shape{rows, C}});
+    }
+  }
+
+  /// Where each local expert's rows begin among what this rank received, expert-major (El + 1).
+  static std::vector<index_t> owner_offsets(const moe::ExchangeCounts& c) {
+    std::vector<index_t> at(std::size_t(El + 1), 0);
+    for (index_t e = 0; e < El; ++e) at[std::size_t(e) + 1] = at[std::size_t(e)] + c.for_expert(e);
+    return at;
+  }
+
+  template <class B>
+  static moe::ExpertGroup& group_of(B& be) {
+    moe::ExpertGroup* group = moe::expert_group_of(be);
+    CUPIPE_REQUIRE(group != nullptr && group->size() == EP, describe(), ": holds 1 of ", EP, " parts of the experts, but ",
+                   group ? "the backend context's expert-parallel group has " + std::to_string(group->size()) + " ranks"
+                         : std::string("the backend context has no expert-parallel group (run it in a Pipeline whose "
+                                       "communicator has one: comm::MpiCommunicator(..., expert_parallel)"),
+                   ")");
+    return *group;
   }
 
   static constexpr index_t r(index_t v) { return round_up_to_stat_slots(v); }
@@ -258,6 +365,8 @@ struct MixtureOfExperts : LayerDefaults {
     T* d_o;
     T* dh;
     T* dlogits;
+    T* xs = nullptr;                 ///< EP > 1: the received slots' inputs, expert-major
+    std::int32_t* counts = nullptr;  ///< EP > 1: slots received per source and local expert (E)
     Saved(T* base, index_t n) {
       T* at = base;
       const auto take = [&](index_t per_row) {
@@ -270,29 +379,17 @@ struct MixtureOfExperts : LayerDefaults {
       experts = reinterpret_cast<std::int32_t*>(take(K * stat_slots));
       gates = take(r(K));
       slot = reinterpret_cast<std::int32_t*>(take(K * stat_slots));
-      h = take(r(K * Hidden));
+      h = take(r(M * Hidden));
       o = take(r(K * C));
-      d_o = take(r(K * C));
-      dh = take(r(K * Hidden));
+      d_o = take(r(M * C));
+      dh = take(r(M * Hidden));
       dlogits = take(r(E));
+      if constexpr (EP > 1) {
+        xs = take(r(M * C));
+        counts = reinterpret_cast<std::int32_t*>(take(r((E + SeqLen - 1) / SeqLen)));
+      }
     }
   };
-
-  /// f(e, first, rows, xs, act) for each expert e with kept slots: its rows [first, first + rows) of
-  /// the slots sorted by expert, their inputs gathered from x, and a workspace for their GELU output.
-  template <class B, class T, class F>
-  static void each_group(B& be, const Saved<T>& s, ConstViewOn<B, T> x, const std::vector<index_t>& offsets, F&& f) {
-    const index_t kept = offsets[std::size_t(E)];
-    auto xs = be.template allocate<T>(std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
-    auto act = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
-    gather(s, x.rows(), x.data(), xs.data());
-    for (index_t e = 0; e < E; ++e) {
-      const index_t first = offsets[std::size_t(e)], rows = offsets[std::size_t(e) + 1] - first;
-      if (rows > 0)
-        f(e, first, rows, ConstViewOn<B, T>{xs.data() + first * C, Shape{rows, C}},
-          ViewOn<B, T>{act.data() + first * Hidden, Shape{rows, Hidden}});
-    }
-  }
 
   /// The kept slots' input rows, in slot order: xs[slot_tj] = x_t.
   template <class T>
@@ -304,7 +401,6 @@ struct MixtureOfExperts : LayerDefaults {
         std::copy_n(x + t * C, C, xs + index_t(at) * C);
       }
   }
-
   static void tally(moe::Tally& out, index_t n, const std::vector<index_t>& offsets, double balance, double z) {
     out.balance_loss += balance;
     out.z_loss += z;
@@ -324,10 +420,11 @@ struct MixtureOfExperts : LayerDefaults {
     CUPIPE_REQUIRE(n % SeqLen == 0, describe(), ": ", n, " rows are not whole sequences of ", SeqLen);
   }
 
+  // Local expert e's tensors (the router first, then El experts' stacked).
   static constexpr index_t dw1_at(index_t e) { return E * C + e * Hidden * C; }
-  static constexpr index_t db1_at(index_t e) { return E * C + E * Hidden * C + e * Hidden; }
-  static constexpr index_t dw2_at(index_t e) { return E * C + E * Hidden * C + E * Hidden + e * C * Hidden; }
-  static constexpr index_t db2_at(index_t e) { return E * C + E * Hidden * C + E * Hidden + E * C * Hidden + e * C; }
+  static constexpr index_t db1_at(index_t e) { return E * C + El * Hidden * C + e * Hidden; }
+  static constexpr index_t dw2_at(index_t e) { return E * C + El * Hidden * C + El * Hidden + e * C * Hidden; }
+  static constexpr index_t db2_at(index_t e) { return E * C + El * Hidden * C + El * Hidden + El * C * Hidden + e * C; }
   template <class B, class T>
   static ConstViewOn<B, T> w1(const T* p, index_t e) { return {p + dw1_at(e), Shape{Hidden, C}}; }
   template <class B, class T>
@@ -336,6 +433,12 @@ struct MixtureOfExperts : LayerDefaults {
   static ConstViewOn<B, T> w2(const T* p, index_t e) { return {p + dw2_at(e), Shape{C, Hidden}}; }
   template <class B, class T>
   static ConstViewOn<B, T> b2(const T* p, index_t e) { return {p + db2_at(e), Shape{C}}; }
+};
+
+/// An expert-parallel part is a part of the whole layer (its initialisation and checkpoints, by name).
+template <index_t C, index_t Hidden, index_t SeqLen, moe::Routing R, int EP>
+struct whole_layer<MixtureOfExperts<C, Hidden, SeqLen, R, EP>> {
+  using type = MixtureOfExperts<C, Hidden, SeqLen, R, 1>;
 };
 
 }  // namespace cupipe

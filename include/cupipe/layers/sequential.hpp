@@ -75,7 +75,8 @@ void for_each_split_run(const ParamInfo& info, int t, Copy&& copy) {
   const index_t r = split_rows_of(info), c = split_cols_of(info), P = info.parts;
   switch (info.split) {
     case TensorSplit::none: copy(index_t(0), index_t(0), info.numel); break;
-    case TensorSplit::rows: copy(index_t(0), index_t(t) * r * c, r * c); break;
+    case TensorSplit::rows:
+    case TensorSplit::expert_rows: copy(index_t(0), index_t(t) * r * c, r * c); break;
     case TensorSplit::cols:
       for (index_t i = 0; i < r; ++i) copy(i * c, i * c * P + index_t(t) * c, c);
       break;

@@ -292,6 +292,7 @@ inline std::vector<ParamInfo> whole_table(const std::vector<ParamInfo>& parts) {
     switch (p.split) {
       case TensorSplit::none: break;
       case TensorSplit::rows:
+      case TensorSplit::expert_rows:
       case TensorSplit::row_thirds: w.shape = matrix ? Shape{r * P, c} : Shape{r * P}; break;
       case TensorSplit::cols: w.shape = Shape{r, c * P}; break;
     }
@@ -305,11 +306,13 @@ inline std::vector<ParamInfo> whole_table(const std::vector<ParamInfo>& parts) {
   return out;
 }
 
-/// The largest number of parts any tensor of `table` is split into (1: a model that splits nothing).
-inline int parts_of(const std::vector<ParamInfo>& table) {
+/// The largest number of parts any tensor of `table` is split into over the tensor-parallel group
+/// (1: a model that splits nothing so), or with `experts` over the expert-parallel group
+/// (TensorSplit::expert_rows).
+inline int parts_of(const std::vector<ParamInfo>& table, bool experts = false) {
   int parts = 1;
   for (const ParamInfo& p : table)
-    if (p.split != TensorSplit::none) parts = std::max(parts, p.parts);
+    if (p.split != TensorSplit::none && (p.split == TensorSplit::expert_rows) == experts) parts = std::max(parts, p.parts);
   return parts;
 }
 

@@ -4,7 +4,8 @@
 // the step's loss normalizer, so the microbatches add up to the step's value), the token slots
 // routed and dropped, and the load per expert. A backend context points at one (Host::moe_tally,
 // Cuda::moe_tally: null, nothing is counted); layers/moe.hpp adds to it once per microbatch, in its
-// backward_input, so a forward run again (activation recomputation) or a prediction counts nothing.
+// backward_input, so a forward run again (activation recomputation) or a prediction counts nothing
+// (but the time of its all-to-alls, which it spends).
 // No dependencies, so a backend context can name it.
 #pragma once
 
@@ -22,6 +23,10 @@ struct Tally {
   std::int64_t dropped = 0;     ///< of those, dropped by an expert's capacity
   std::vector<std::int64_t> load;  ///< [expert] slots each expert took (kept), every layer
   int layers = 0;               ///< MoE layer passes counted (layers x microbatches)
+  /// Expert parallelism: wall time this rank spent in the layers' counts' exchanges and all-to-alls
+  /// (forward, backward, and a recomputed forward), measured; nothing overlaps them yet, so all of it
+  /// is exposed.
+  double all_to_all_seconds = 0;
 
   /// Adds another stage's (or rank's) tally.
   void add(const Tally& o) {
@@ -33,6 +38,7 @@ struct Tally {
     if (load.size() < o.load.size()) load.resize(o.load.size(), 0);
     for (std::size_t e = 0; e < o.load.size(); ++e) load[e] += o.load[e];
     layers += o.layers;
+    all_to_all_seconds += o.all_to_all_seconds;
   }
 
   /// The busiest expert's load over the mean load (1: perfectly balanced; 0 when nothing was routed).

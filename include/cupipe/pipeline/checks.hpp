@@ -18,6 +18,7 @@
 #include "cupipe/core/dtype.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/pipeline/context_parallel.hpp"
+#include "cupipe/pipeline/expert_parallel.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/layers/tensor_parallel.hpp"
 #include "cupipe/pipeline/batch_values.hpp"
@@ -74,7 +75,15 @@ struct PipelineChecks {
   /// A model split over tensor-parallel ranks runs across processes whose communicator has as many
   /// per stage, under a flush schedule (its global norm is the whole model's, so every rank of a
   /// group clips alike). Returns the stage's group, or null without tensor parallelism.
+  /// With experts split over an expert-parallel group (pipeline/expert_parallel.hpp), that group,
+  /// which plays the same part for the split tensors.
   static TensorGroup* tensor_group(comm::Communicator* comm) {
+    if (moe::ExpertGroup* experts = expert_group_for(comm, Model::parameter_table())) {
+      if (!flush)
+        CUPIPE_THROW("Pipeline: expert parallelism needs a flush schedule (the experts' gradient norm is the whole "
+                     "model's), but ", Schedule::name, " updates each stage on its own");
+      return experts;
+    }
     const int parts = layers::tensor_parallel::parts_of(Model::parameter_table());
     const int ranks = comm ? comm->topology().tensor : 1;
     if (parts == 1 && ranks == 1) return nullptr;
@@ -150,6 +159,9 @@ struct PipelineChecks {
     if (!flush)
       CUPIPE_THROW("Pipeline: zero shards the optimizer state of a flush update over the replicas, but ", Schedule::name,
                    " updates each stage inside the step (use a flush schedule, or leave zero off)");
+    if (o.communicator && o.communicator->expert_group())
+      CUPIPE_THROW("Pipeline: zero shards every tensor over all the stage's replicas, but under expert parallelism the "
+                   "experts' tensors differ between the replicas of a group; leave zero off");
     if (o.post_validation)
       CUPIPE_THROW("Pipeline: zero and post_validation cannot be combined yet (post-validation keeps a whole copy of "
                    "the optimizer state to roll back to); leave one of them off");

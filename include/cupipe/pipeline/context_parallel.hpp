@@ -11,6 +11,7 @@
 #include "cupipe/core/shape.hpp"
 #include "cupipe/core/tensor_group.hpp"
 #include "cupipe/cp/context_group.hpp"
+#include "cupipe/moe/expert_group.hpp"
 #include "cupipe/pipeline/options.hpp"
 
 namespace cupipe::pipeline {
@@ -47,13 +48,16 @@ cp::ContextGroup* context_ring(comm::Communicator* comm, const PipelineOptions& 
   return ring;
 }
 
-/// Gives every worker's backend context the groups its layers use: the tensor-parallel group (when
-/// there is one) and the context-parallel ring (null: none).
+/// Gives every worker's backend context the groups its layers use: the split group (when there is
+/// one: the tensor-parallel group, or the expert-parallel one, which the mixture-of-experts layers
+/// take) and the context-parallel ring (null: none).
 template <class Workers>
-void join_groups(Workers& workers, TensorGroup* tensor, cp::ContextGroup* ring) {
+void join_groups(Workers& workers, TensorGroup* split, cp::ContextGroup* ring) {
+  auto* experts = dynamic_cast<moe::ExpertGroup*>(split);
   workers.for_each([&](int, auto& be) {
     if constexpr (requires { be.tensor_group; })
-      if (tensor) be.tensor_group = tensor;
+      if (split && !experts) be.tensor_group = split;
+    if constexpr (requires { be.expert_group; }) be.expert_group = experts;
     if constexpr (requires { be.context_group; }) be.context_group = ring;
   });
 }

@@ -9,6 +9,8 @@
 //   - ZeRO-2: the same with the gradients kept as shards, their reduce-scatters started inside the
 //     step like the early sums (gradient_shards.hpp);
 //   - the tensor-parallel norm: split tensors' squares summed over the group, replicated ones once;
+//   - expert parallelism: the experts' tensors summed over the replicas that hold them, the rest
+//     over all (pipeline/expert_parallel.hpp), and the norm as tensor parallelism's over the group;
 //   - the flush update itself (flush_update), refused when the norm is not finite.
 // The asynchronous schedules' per-stage updates run inside the step, where a stage's last
 // microbatch completes (StageExecutor::finish); post-validated steps update at each worker's step
@@ -23,6 +25,7 @@
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/layers/tensor_parallel.hpp"
+#include "cupipe/pipeline/expert_parallel.hpp"
 #include "cupipe/pipeline/gradient_shards.hpp"
 #include "cupipe/pipeline/optimizer_step.hpp"
 #include "cupipe/schedule/action.hpp"
@@ -30,7 +33,7 @@
 namespace cupipe::pipeline {
 
 /// Where a pipeline's gradients are summed: the communicator (null: one process), this stage's
-/// tensor-parallel group (null: none), the ZeRO stage (PipelineOptions::zero) and whether the
+/// split group (null: none; the tensor-parallel group, or the expert-parallel one), the ZeRO stage (PipelineOptions::zero) and whether the
 /// finite-norm check is on.
 struct SyncSetup {
   comm::Communicator* comm = nullptr;
@@ -47,7 +50,9 @@ class GradientSync {
   static constexpr TiedCopies tied = Model::body::tied;
 
   GradientSync(States& states, const schedule::Plan& plan, SyncSetup setup)
-      : states_(states), plan_(plan), setup_(setup) {}
+      : states_(states), plan_(plan), setup_(setup),
+        experts_(setup.comm && layers::tensor_parallel::parts_of(Model::parameter_table(), true) > 1
+                     ? setup.comm->expert_group() : nullptr) {}
 
   comm::Communicator* comm() const noexcept { return setup_.comm; }
   bool replicated() const noexcept { return comm() && comm()->topology().replicas > 1; }
@@ -60,7 +65,7 @@ class GradientSync {
   /// step: data parallelism under a flush schedule with a communicator that starts them and reads
   /// the backend's memory; not with ZeRO-1, which reduce-scatters at the update.
   bool overlaps_sums() const {
-    if (!Flush || !replicated() || !comm::reads_backend_memory<FirstBackend>(*comm())) return false;
+    if (!Flush || !replicated() || experts_ || !comm::reads_backend_memory<FirstBackend>(*comm())) return false;
     if (gradients_sharded()) return comm()->starts_reduce_scatters();
     return comm()->starts_sums() && !setup_.zero;
   }
@@ -126,7 +131,9 @@ class GradientSync {
     const bool early = any_started();
     if (early) comm()->finish_sums();
     states_.for_each([&](auto k, auto& st) {
-      if (!early || !started_[std::size_t(decltype(k)::value)]) sum_over_replicas(comm(), st);
+      if (early && started_[std::size_t(decltype(k)::value)]) return;
+      if (experts_) sum_expert_parallel(*comm(), *experts_, st, ranges(k, st));
+      else sum_over_replicas(comm(), st);
     });
     std::fill(started_.begin(), started_.end(), 0);
     unreduced_ = false;
@@ -143,7 +150,8 @@ class GradientSync {
     reduce();
     if (!summed_in_place) return read();
     const auto split = [&] {  // also where read() throws: the sum must not count twice later
-      if (comm()->topology().replica() != 0) states_.for_each([](auto, auto& st) { st.zero_grads(); });
+      if (experts_) states_.for_each([&](auto k, auto& st) { keep_one_sum(comm()->topology(), st, ranges(k, st)); });
+      else if (comm()->topology().replica() != 0) states_.for_each([](auto, auto& st) { st.zero_grads(); });
       unreduced_ = true;
     };
     try {
@@ -209,6 +217,12 @@ class GradientSync {
     unreduced_ = false;
   }
 
+  /// Stage k's experts' and other tensors' ranges.
+  template <class K, class St>
+  static ExpertRanges ranges(K, const St& st) {
+    return ExpertRanges(Model::parameter_table(), States::template model_offset<K::value>(), st.param_count);
+  }
+
   bool any_started() const { return std::find(started_.begin(), started_.end(), 1) != started_.end(); }
 
   /// The global gradient norm with tensor parallelism: split tensors' squares summed over the group,
@@ -237,6 +251,7 @@ class GradientSync {
   States& states_;
   const schedule::Plan& plan_;
   SyncSetup setup_;
+  moe::ExpertGroup* experts_;  ///< with experts split over it, the expert-parallel group (null: none)
   bool unreduced_ = false;     ///< this replica's own sums, not yet over the replicas
   std::vector<char> started_;  ///< [virtual stage]: its sum was started in the step (one writer each)
   std::vector<schedule::Action> last_gradient_action_;  ///< [virtual stage], computed once

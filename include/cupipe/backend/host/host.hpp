@@ -30,6 +30,7 @@
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/tensor_group.hpp"
 #include "cupipe/cp/context_group.hpp"
+#include "cupipe/moe/expert_group.hpp"
 #include "cupipe/moe/tally.hpp"
 
 namespace cupipe::backend {
@@ -101,6 +102,10 @@ struct Host : ops::Dispatch {
   /// Where the mixture-of-experts layers count what they did (moe/tally.hpp; null: nothing is
   /// counted). Not owned.
   moe::Tally* moe_tally = nullptr;
+
+  /// The expert-parallel group this rank's mixture-of-experts layers send their tokens round (null:
+  /// none; each layer holds all its experts), moe/expert_group.hpp. Not owned.
+  moe::ExpertGroup* expert_group = nullptr;
 
   /// Sets how many threads the host BLAS uses per call (OpenBLAS; other BLAS libraries keep theirs).
   /// Process-wide: OpenBLAS has one setting for every context.

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+// MpiExpertGroup: an expert-parallel group (moe::ExpertGroup) of host ranks over MPI, made by
+// comm::MpiCommunicator for `experts` consecutive data-parallel replicas of one stage (at one
+// tensor-parallel place). Two communicators: the group's own, for the counts (MPI_Ialltoall), the
+// tokens (MPI_Ialltoallv) and the sums of split tensors' values; and the holders', the replicas at
+// the same place of every group of the stage, for the experts' gradient sums. Each collective is
+// posted nonblocking and tested until it completes or the collective timeout passes, sleeping between
+// polls (comm/wait.hpp); past the timeout the communicator is unusable and the error names the group.
+// Every MPI call holds the communicator's mutex (MPI_THREAD_SERIALIZED).
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cupipe/comm/mpi_check.hpp"
+#include "cupipe/comm/wait.hpp"
+#include "cupipe/core/error.hpp"
+#include "cupipe/moe/expert_group.hpp"
+
+namespace cupipe::comm {
+
+/// What a group shares with the communicator that made it.
+struct MpiGroupOwner {
+  std::mutex& mutex;                                ///< held by every MPI call of the process's communicator
+  std::function<double()> timeout;                  ///< the collective timeout (0: none)
+  std::function<void()> check_usable;               ///< throws once the communicator is broken
+  std::function<void(const std::string&)> expired;  ///< a wait ran out: mark broken, tell the observers
+};
+
+class MpiExpertGroup final : public moe::ExpertGroup {
+ public:
+  /// `group`: the expert-parallel group's communicator (ranks in place order), `holders`: the
+  /// communicator of the replicas holding this rank's experts; the owner frees both (communicators()).
+  MpiExpertGroup(MPI_Comm group, MPI_Comm holders, int size, int rank, int holders_size, std::string name, MpiGroupOwner owner)
+      : group_(group), holders_(holders), size_(size), rank_(rank), holders_size_(holders_size), name_(std::move(name)),
+        owner_(std::move(owner)) {}
+  MpiExpertGroup(const MpiExpertGroup&) = delete;
+  MpiExpertGroup& operator=(const MpiExpertGroup&) = delete;
+
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  int holders() const override { return holders_size_; }
+  const char* name() const override { return name_.c_str(); }
+  std::array<MPI_Comm, 2> communicators() const { return {group_, holders_}; }
+
+  void sum(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT, group_, "a sum over " + name_); }
+  void sum(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, group_, "a sum over " + name_); }
+  void sum_over_holders(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT, holders_, holders_text()); }
+  void sum_over_holders(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE, holders_, holders_text()); }
+
+  void exchange_counts(const std::int64_t* send, std::int64_t* receive, std::size_t per_rank) override {
+    post_and_finish("the counts' exchange before an all-to-all over " + name_, [&](MPI_Request* request) {
+      CUPIPE_CHECK_MPI(MPI_Ialltoall(send, count(per_rank), MPI_INT64_T, receive, count(per_rank), MPI_INT64_T, group_, request));
+    });
+  }
+  void all_to_all(const float* send, const std::int64_t* send_counts, float* receive, const std::int64_t* receive_counts) override {
+    exchange(send, send_counts, receive, receive_counts, MPI_FLOAT);
+  }
+  void all_to_all(const double* send, const std::int64_t* send_counts, double* receive,
+                  const std::int64_t* receive_counts) override {
+    exchange(send, send_counts, receive, receive_counts, MPI_DOUBLE);
+  }
+
+ private:
+  static int count(std::size_t n) {
+    CUPIPE_REQUIRE(n <= std::size_t(INT32_MAX), "expert parallel: ", n, " values exceed MPI's int count; use smaller microbatches");
+    return int(n);
+  }
+  std::string holders_text() const {
+    return "a sum over the " + std::to_string(holders_size_) + " replicas that hold the experts of place " +
+           std::to_string(rank_) + " of " + name_;
+  }
+
+  void allreduce(void* data, std::size_t n, MPI_Datatype type, MPI_Comm comm, const std::string& what) {
+    post_and_finish(what, [&](MPI_Request* request) {
+      CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, request));
+    });
+  }
+
+  template <class T>
+  void exchange(const T* send, const std::int64_t* send_counts, T* receive, const std::int64_t* receive_counts, MPI_Datatype type) {
+    std::vector<int> sc(static_cast<std::size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+    std::size_t s_at = 0, r_at = 0;
+    for (std::size_t q = 0; q < sc.size(); ++q) {
+      CUPIPE_REQUIRE(send_counts[q] >= 0 && receive_counts[q] >= 0, "expert parallel: a negative count in an all-to-all over ", name_);
+      sc[q] = count(std::size_t(send_counts[q]));
+      rc[q] = count(std::size_t(receive_counts[q]));
+      sd[q] = count(s_at);
+      rd[q] = count(r_at);
+      s_at += std::size_t(sc[q]);
+      r_at += std::size_t(rc[q]);
+    }
+    post_and_finish("an all-to-all of tokens over " + name_, [&](MPI_Request* request) {
+      CUPIPE_CHECK_MPI(MPI_Ialltoallv(send, sc.data(), sd.data(), type, receive, rc.data(), rd.data(), type, group_, request));
+    });
+  }
+
+  /// Posts a nonblocking collective (`post`, under the mutex) and waits for it under the collective
+  /// timeout; past it the communicator is marked broken and the error names `what`.
+  template <class Post>
+  void post_and_finish(const std::string& what, Post&& post) {
+    owner_.check_usable();
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      const std::lock_guard lock(owner_.mutex);
+      post(&request);
+    }
+    const bool done = wait_until(
+        [&] {
+          const std::lock_guard lock(owner_.mutex);
+          int flag = 0;
+          for (int i = 0; i < 64 && !flag; ++i) CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+          return flag != 0;
+        },
+        owner_.timeout());
+    if (!done) {
+      const std::string error = ::cupipe::detail::str(what, " did not finish within ", owner_.timeout(),
+                                                      " s (collective timeout): a rank of the group stalled or died");
+      owner_.expired(error);
+      CUPIPE_THROW(error);
+    }
+  }
+
+  MPI_Comm group_, holders_;
+  int size_, rank_, holders_size_;
+  std::string name_;
+  MpiGroupOwner owner_;
+};
+
+}  // namespace cupipe::comm

@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// How a mixture-of-experts layer's tokens travel under expert parallelism (moe/expert_group.hpp), in
+// host memory. A rank has routed its n rows and sorted its kept slots by expert (moe::dispatch), so
+// the slots for rank q's experts are one contiguous run of that order. Before each all-to-all the
+// ranks exchange, for every pair, a header and the slots' count per expert of the receiver; the
+// header (experts, top-k, width, rows) must agree on every rank, or the layer fails at once naming
+// the two ranks, instead of sending a shape the receiver does not expect.
+//
+// A receiver gets its slots source by source (rank order), each source's sorted by expert; it runs
+// each expert over that expert's slots from every source, so it reorders them expert by expert
+// (expert-major: expert 0's slots from rank 0, rank 1, ..., then expert 1's), and back.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cupipe/core/error.hpp"
+#include "cupipe/core/shape.hpp"
+#include "cupipe/moe/expert_group.hpp"
+
+namespace cupipe::moe {
+
+/// What a rank receives in one microbatch's exchange: `counts[q * local + e]` slots from rank q for
+/// its local expert e (E / ranks experts of its own), and what it sends each rank.
+struct ExchangeCounts {
+  int ranks = 1;
+  index_t local = 0;                 ///< experts per rank
+  std::vector<index_t> counts;       ///< ranks x local: received, per source and local expert
+  std::vector<index_t> sent;         ///< ranks: slots sent to each rank
+  index_t received() const {
+    index_t total = 0;
+    for (index_t c : counts) total += c;
+    return total;
+  }
+  index_t from(int q) const {
+    index_t total = 0;
+    for (index_t e = 0; e < local; ++e) total += counts[std::size_t(q * local + e)];
+    return total;
+  }
+  index_t for_expert(index_t e) const {
+    index_t total = 0;
+    for (int q = 0; q < ranks; ++q) total += counts[std::size_t(q * local + e)];
+    return total;
+  }
+};
+
+/// Header values that precede the counts in each message of the exchange.
+inline constexpr std::size_t exchange_header = 4;
+
+/// Runs `call`, adding its wall time in seconds to `*seconds` (when given).
+template <class Call>
+void timed(double* seconds, Call&& call) {
+  const auto start = std::chrono::steady_clock::now();
+  call();
+  if (seconds) *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// The counts' exchange of a layer of `experts` experts, top-`top_k`, rows of `width` values, with
+/// `rows` rows here whose kept slots, sorted by expert, begin at `offsets` (experts + 1): every rank
+/// calls it (a collective over `group`). Throws, naming the ranks, where a rank's header differs.
+/// The exchange's wall time is added to `*seconds` (when given).
+inline ExchangeCounts exchange_counts(ExpertGroup& group, const index_t* offsets, index_t experts, index_t top_k, index_t width,
+                                      index_t rows, const std::string& layer, double* seconds = nullptr) {
+  const int P = group.size();
+  CUPIPE_REQUIRE(P >= 1 && experts % P == 0, layer, ": ", experts, " experts do not split over ", group.name());
+  ExchangeCounts out{P, experts / P, {}, {}};
+  const std::size_t per = exchange_header + std::size_t(out.local);
+  std::vector<std::int64_t> send(per * std::size_t(P)), receive(send.size());
+  out.sent.assign(std::size_t(P), 0);
+  for (int q = 0; q < P; ++q) {
+    std::int64_t* m = send.data() + per * std::size_t(q);
+    m[0] = experts;
+    m[1] = top_k;
+    m[2] = width;
+    m[3] = rows;
+    for (index_t e = 0; e < out.local; ++e) {
+      const index_t g = index_t(q) * out.local + e;
+      m[exchange_header + std::size_t(e)] = offsets[g + 1] - offsets[g];
+    }
+    out.sent[std::size_t(q)] = offsets[index_t(q + 1) * out.local] - offsets[index_t(q) * out.local];
+  }
+  timed(seconds, [&] { group.exchange_counts(send.data(), receive.data(), per); });
+  const char* what[] = {"experts", "top-k", "row width", "rows in the microbatch"};
+  out.counts.assign(std::size_t(P) * std::size_t(out.local), 0);
+  for (int q = 0; q < P; ++q) {
+    const std::int64_t* m = receive.data() + per * std::size_t(q);
+    for (std::size_t i = 0; i < exchange_header; ++i)
+      if (m[i] != send[i])
+        CUPIPE_THROW(layer, ": rank ", q, " of ", group.name(), " runs this layer's exchange with ", m[i], " ", what[i],
+                     " but rank ", group.rank(), " with ", send[i],
+                     "; every rank of the group must run the same model with microbatches of the same size");
+    for (index_t e = 0; e < out.local; ++e) {
+      const std::int64_t c = m[exchange_header + std::size_t(e)];
+      CUPIPE_REQUIRE(c >= 0 && c <= rows * top_k, layer, ": rank ", q, " of ", group.name(), " announced ", c,
+                     " slots for one expert, outside 0 .. ", rows * top_k);
+      out.counts[std::size_t(q * out.local + e)] = index_t(c);
+    }
+  }
+  return out;
+}
+
+/// Reorders `width`-wide rows received source by source (`from`) into expert-major order (`to`),
+/// or back with `back`.
+template <class T>
+void reorder(const ExchangeCounts& c, const T* from, T* to, index_t width, bool back = false) {
+  std::vector<index_t> source_major(c.counts.size()), expert_major(c.counts.size());
+  index_t at = 0;
+  for (std::size_t i = 0; i < c.counts.size(); ++i) source_major[i] = (at += c.counts[i]) - c.counts[i];
+  at = 0;
+  for (index_t e = 0; e < c.local; ++e)
+    for (int q = 0; q < c.ranks; ++q) {
+      const std::size_t i = std::size_t(q * c.local + e);
+      expert_major[i] = at;
+      at += c.counts[i];
+    }
+  for (std::size_t i = 0; i < c.counts.size(); ++i) {
+    const index_t a = back ? expert_major[i] : source_major[i], b = back ? source_major[i] : expert_major[i];
+    std::copy_n(from + a * width, c.counts[i] * width, to + b * width);
+  }
+}
+
+/// Value counts (rows x width) of an all-to-all: `sent` rows to each rank (forward) or, with
+/// `returning`, the rows received from each rank going back.
+inline std::vector<std::int64_t> value_counts(const ExchangeCounts& c, index_t width, bool returning) {
+  std::vector<std::int64_t> v(std::size_t(c.ranks));
+  for (int q = 0; q < c.ranks; ++q) v[std::size_t(q)] = std::int64_t((returning ? c.from(q) : c.sent[std::size_t(q)]) * width);
+  return v;
+}
+
+/// The round trip of one pass: `out` (the kept slots' rows in this rank's sorted order, `width`
+/// wide) to the experts' ranks, reordered expert-major into `owner`; then, once `run` has turned
+/// `owner` into `result` (expert-major, `result_width` wide), back into `back` in this rank's slot
+/// order. `scratch` is any buffer of received() x max(width, result_width) values. The two
+/// all-to-alls' wall time is added to `*seconds` (when given).
+template <class T, class Run>
+void round_trip(ExpertGroup& group, const ExchangeCounts& c, const T* out, index_t width, T* owner, T* scratch,
+                index_t result_width, T* back, Run&& run, T* result, double* seconds = nullptr) {
+  std::vector<std::int64_t> send = value_counts(c, width, false), receive = value_counts(c, width, true);
+  timed(seconds, [&] { group.all_to_all(out, send.data(), scratch, receive.data()); });
+  reorder(c, scratch, owner, width);
+  run();
+  reorder(c, result, scratch, result_width, true);
+  send = value_counts(c, result_width, true);
+  receive = value_counts(c, result_width, false);
+  timed(seconds, [&] { group.all_to_all(scratch, send.data(), back, receive.data()); });
+}
+
+}  // namespace cupipe::moe
