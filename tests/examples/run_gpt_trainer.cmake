@@ -39,7 +39,8 @@
 #         add up, --top-k 1 drops nothing, and 3 + 3 steps resumed equal 6 straight under ZB-H1.
 # experts_data_parallel: the same with 2 stages x 2 replicas under MPIRUN, also as one expert-parallel
 #         group of 2 (--ep 2), against one process: the held-out loss to 2 parts per million, the same
-#         slots dropped and load per expert; with --ep 2 the all-to-all time measured and printed.
+#         slots dropped and load per expert; with --ep 2 the all-to-all time measured and printed, and
+#         the exposed part of it no more than the whole.
 # post_validation: 10 steps of ZBV (tied wte and lm_head on worker 0) with --post-validation 4, an
 #         evaluation after step 5 cutting the groups to 4, 1, 4, 1, against 10 plain steps: the same
 #         tensor bytes and the same held-out loss.
@@ -399,8 +400,10 @@ elseif(MODE STREQUAL "experts_data_parallel")
   string(JSON ep_dropped GET "${summary}" moe dropped_slots)
   string(JSON ep_load GET "${summary}" moe load)
   string(JSON ep_seconds GET "${summary}" moe all_to_all_seconds_per_step_per_rank)
-  if(NOT ep_seconds GREATER 0 OR NOT output MATCHES "\n  experts: all-to-all [0-9.]+ ms a step per rank \\(measured")
-    message(FATAL_ERROR "--ep 2: no all-to-all time measured (${ep_seconds} s a step): ${output}")
+  string(JSON ep_exposed GET "${summary}" moe exposed_all_to_all_seconds_per_step_per_rank)
+  if(NOT ep_seconds GREATER 0 OR NOT ep_exposed GREATER 0 OR ep_exposed GREATER ep_seconds
+     OR NOT output MATCHES "\n  experts: all-to-all [0-9.]+ ms a step per rank, [0-9.]+ ms of it exposed \\(measured")
+    message(FATAL_ERROR "--ep 2: all-to-all ${ep_seconds} s a step, ${ep_exposed} s of it exposed: ${output}")
   endif()
   set(launcher "")
   run_trainer(${flags})
@@ -414,7 +417,7 @@ elseif(MODE STREQUAL "experts_data_parallel")
                         "with ${ep_load}; one process ${dropped} with ${load}")
   endif()
   message("experts, 2 replicas: held-out ${dp_held_out}, with --ep 2 ${ep_held_out} (one process ${held_out}), ${dropped} "
-          "slots dropped in all three; all-to-all ${ep_seconds} s a step per rank")
+          "slots dropped in all three; all-to-all ${ep_seconds} s a step per rank, ${ep_exposed} s exposed")
 elseif(MODE STREQUAL "post_validation")
   set(common --data "${DATA_DIR}" --schedule zbv --stages 2 --microbatches 4 --batch 8 --progress none
              --steps 10 --warmup 2 --eval-every 5 --eval-batches 1 --sample 0)

@@ -423,7 +423,7 @@ class MpiCommunicator final : public Communicator {
     }
     in_flight_.notify_one();
   }
-  /// Under mutex_: whether a started sum or gather, or a ring's pass, is still running.
+  /// Under mutex_: whether a started sum or gather, a ring's pass or an expert all-to-all is still running.
   bool sums_running() const {
     for (const std::vector<MPI_Request>* started : {&started_sums_, &started_gathers_})
       for (const MPI_Request& r : *started)
@@ -464,7 +464,7 @@ class MpiCommunicator final : public Communicator {
         "the expert-parallel group of " + std::to_string(t.experts) + " ranks (stage " + std::to_string(t.stage()) +
             ", replicas " + std::to_string(t.expert_group_index() * t.experts) + ".." +
             std::to_string(t.expert_group_index() * t.experts + t.experts - 1) + ")",
-        MpiGroupOwner{mutex_, [this] { return collective_timeout(); }, [this] { check_usable(); },
+        MpiGroupOwner{mutex_, ring_requests_, in_flight_, [this] { return collective_timeout(); }, [this] { check_usable(); },
                       [this](const std::string& what) {
                         broken_ = true;
                         timed_out("rank " + std::to_string(topology_.rank) + ": " + what);
@@ -553,7 +553,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request> started_sums_;  ///< under mutex_: start_sum's requests, until finish_sums
   std::vector<MPI_Request> started_gathers_;  ///< under mutex_: start_gather's requests, until finish_gathers
   std::vector<std::function<void()>> after_sums_;  ///< under mutex_: what finish_sums does after its waits
-  std::vector<MPI_Request*> ring_requests_;  ///< under mutex_: the ring's pass in flight, for the progress thread
+  std::vector<MPI_Request*> ring_requests_;  ///< under mutex_: a ring's pass or an expert all-to-all in flight, for the progress thread
   std::unique_ptr<MpiRing> ring_;             ///< the context-parallel ring (null: none)
   std::unique_ptr<MpiExpertGroup> experts_;  ///< the expert-parallel group (null: none)
   std::atomic<bool> broken_ = false;  ///< a collective timed out (read by every thread)

@@ -6,12 +6,15 @@
 // the same place of every group of the stage, for the experts' gradient sums. Each collective is
 // posted nonblocking and tested until it completes or the collective timeout passes, sleeping between
 // polls (comm/wait.hpp); past the timeout the communicator is unusable and the error names the group.
+// A started all-to-all is handed to the communicator's progress thread, which tests it while the
+// rank computes (MPI moves a message only while someone calls it), until finish_all_to_all.
 // Every MPI call holds the communicator's mutex (MPI_THREAD_SERIALIZED).
 #pragma once
 
 #include <mpi.h>
 
 #include <array>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -29,6 +32,8 @@ namespace cupipe::comm {
 /// What a group shares with the communicator that made it.
 struct MpiGroupOwner {
   std::mutex& mutex;                                ///< held by every MPI call of the process's communicator
+  std::vector<MPI_Request*>& progressed;            ///< under mutex: requests the progress thread tests
+  std::condition_variable& wake;                    ///< wakes the progress thread
   std::function<double()> timeout;                  ///< the collective timeout (0: none)
   std::function<void()> check_usable;               ///< throws once the communicator is broken
   std::function<void(const std::string&)> expired;  ///< a wait ran out: mark broken, tell the observers
@@ -60,12 +65,23 @@ class MpiExpertGroup final : public moe::ExpertGroup {
       CUPIPE_CHECK_MPI(MPI_Ialltoall(send, count(per_rank), MPI_INT64_T, receive, count(per_rank), MPI_INT64_T, group_, request));
     });
   }
-  void all_to_all(const float* send, const std::int64_t* send_counts, float* receive, const std::int64_t* receive_counts) override {
-    exchange(send, send_counts, receive, receive_counts, MPI_FLOAT);
+  void start_all_to_all(const float* send, const std::int64_t* send_counts, float* receive,
+                        const std::int64_t* receive_counts) override {
+    start(send, send_counts, receive, receive_counts, MPI_FLOAT);
   }
-  void all_to_all(const double* send, const std::int64_t* send_counts, double* receive,
-                  const std::int64_t* receive_counts) override {
-    exchange(send, send_counts, receive, receive_counts, MPI_DOUBLE);
+  void start_all_to_all(const double* send, const std::int64_t* send_counts, double* receive,
+                        const std::int64_t* receive_counts) override {
+    start(send, send_counts, receive, receive_counts, MPI_DOUBLE);
+  }
+  void finish_all_to_all() override {
+    CUPIPE_REQUIRE(in_flight_, name_, ": finish_all_to_all without an all-to-all in flight");
+    const bool done = completes(request_);
+    {
+      const std::lock_guard lock(owner_.mutex);
+      std::erase(owner_.progressed, &request_);
+    }
+    in_flight_ = false;
+    if (!done) expire("an all-to-all of tokens over " + name_);
   }
 
  private:
@@ -84,22 +100,30 @@ class MpiExpertGroup final : public moe::ExpertGroup {
     });
   }
 
+  /// Posts MPI_Ialltoallv (its count arrays kept until it completes, as MPI requires) and hands it
+  /// to the progress thread.
   template <class T>
-  void exchange(const T* send, const std::int64_t* send_counts, T* receive, const std::int64_t* receive_counts, MPI_Datatype type) {
-    std::vector<int> sc(static_cast<std::size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+  void start(const T* send, const std::int64_t* send_counts, T* receive, const std::int64_t* receive_counts, MPI_Datatype type) {
+    owner_.check_usable();
+    CUPIPE_REQUIRE(!in_flight_, name_, ": an all-to-all started while another is in flight (finish_all_to_all first)");
+    for (auto* v : {&sc_, &sd_, &rc_, &rd_}) v->assign(std::size_t(size_), 0);
     std::size_t s_at = 0, r_at = 0;
-    for (std::size_t q = 0; q < sc.size(); ++q) {
+    for (std::size_t q = 0; q < sc_.size(); ++q) {
       CUPIPE_REQUIRE(send_counts[q] >= 0 && receive_counts[q] >= 0, "expert parallel: a negative count in an all-to-all over ", name_);
-      sc[q] = count(std::size_t(send_counts[q]));
-      rc[q] = count(std::size_t(receive_counts[q]));
-      sd[q] = count(s_at);
-      rd[q] = count(r_at);
-      s_at += std::size_t(sc[q]);
-      r_at += std::size_t(rc[q]);
+      sc_[q] = count(std::size_t(send_counts[q]));
+      rc_[q] = count(std::size_t(receive_counts[q]));
+      sd_[q] = count(s_at);
+      rd_[q] = count(r_at);
+      s_at += std::size_t(sc_[q]);
+      r_at += std::size_t(rc_[q]);
     }
-    post_and_finish("an all-to-all of tokens over " + name_, [&](MPI_Request* request) {
-      CUPIPE_CHECK_MPI(MPI_Ialltoallv(send, sc.data(), sd.data(), type, receive, rc.data(), rd.data(), type, group_, request));
-    });
+    {
+      const std::lock_guard lock(owner_.mutex);
+      CUPIPE_CHECK_MPI(MPI_Ialltoallv(send, sc_.data(), sd_.data(), type, receive, rc_.data(), rd_.data(), type, group_, &request_));
+      owner_.progressed.push_back(&request_);
+    }
+    in_flight_ = true;
+    owner_.wake.notify_one();
   }
 
   /// Posts a nonblocking collective (`post`, under the mutex) and waits for it under the collective
@@ -107,12 +131,18 @@ class MpiExpertGroup final : public moe::ExpertGroup {
   template <class Post>
   void post_and_finish(const std::string& what, Post&& post) {
     owner_.check_usable();
+    CUPIPE_REQUIRE(!in_flight_, name_, ": a collective while an all-to-all is in flight (finish_all_to_all first)");
     MPI_Request request = MPI_REQUEST_NULL;
     {
       const std::lock_guard lock(owner_.mutex);
       post(&request);
     }
-    const bool done = wait_until(
+    if (!completes(request)) expire(what);
+  }
+  /// Tests `request` until it completes (true) or the collective timeout passes (false), sleeping
+  /// between polls; each test under the mutex.
+  bool completes(MPI_Request& request) {
+    return wait_until(
         [&] {
           const std::lock_guard lock(owner_.mutex);
           int flag = 0;
@@ -120,18 +150,23 @@ class MpiExpertGroup final : public moe::ExpertGroup {
           return flag != 0;
         },
         owner_.timeout());
-    if (!done) {
-      const std::string error = ::cupipe::detail::str(what, " did not finish within ", owner_.timeout(),
-                                                      " s (collective timeout): a rank of the group stalled or died");
-      owner_.expired(error);
-      CUPIPE_THROW(error);
-    }
+  }
+  /// Past the timeout the communicator is unusable (a collective cannot be cancelled); the error
+  /// names `what`.
+  [[noreturn]] void expire(const std::string& what) {
+    const std::string error = ::cupipe::detail::str(what, " did not finish within ", owner_.timeout(),
+                                                    " s (collective timeout): a rank of the group stalled or died");
+    owner_.expired(error);
+    CUPIPE_THROW(error);
   }
 
   MPI_Comm group_, holders_;
   int size_, rank_, holders_size_;
   std::string name_;
   MpiGroupOwner owner_;
+  MPI_Request request_ = MPI_REQUEST_NULL;  ///< the all-to-all in flight (the progress thread tests it)
+  std::vector<int> sc_, sd_, rc_, rd_;       ///< its counts and displacements, alive until it completes
+  bool in_flight_ = false;
 };
 
 }  // namespace cupipe::comm

@@ -23,13 +23,16 @@
 // inputs and gradients) in its own saved area, sized for the most slots it can receive: with a
 // capacity factor ceil(E capacity / SeqLen) per row of its own (GShard's and Switch's reason for a
 // capacity), dropless EP k (every slot of the group). Routing is per sequence, so the group computes
-// exactly what the whole layer computes over the same rows.
+// exactly what the whole layer computes over the same rows. The all-to-alls run beside compute where
+// there is some to run: the slots a rank sent itself while the dispatch moves the others', the
+// router's backward while the backward's combine comes home; the context's tally gets their time.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -165,21 +168,31 @@ struct MixtureOfExperts : LayerDefaults {
     gather(s, n, x.data(), xs.data());
     if constexpr (EP == 1) {
       auto act = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
-      experts_forward(be, p, offsets, xs.data(), s.h, act.data(), s.o);
+      experts_forward(be, p, runs_of(offsets), xs.data(), s.h, act.data(), s.o);
     } else {
       moe::ExpertGroup& group = group_of(be);
-      double* seconds = be.moe_tally ? &be.moe_tally->all_to_all_seconds : nullptr;
-      const moe::ExchangeCounts c = moe::exchange_counts(group, offsets.data(), E, K, C, n, describe(), seconds);
+      const moe::ExchangeCounts c = exchange(be, group, offsets, n);
       const index_t received = c.received();
       CUPIPE_REQUIRE(received <= n * M, describe(), ": rank ", group.rank(), " of ", group.name(), " received ", received,
                      " slots for its experts, more than the ", n * M, " its saved area holds for ", n, " rows");
       std::copy(c.counts.begin(), c.counts.end(), s.counts);
-      const std::vector<index_t> at = owner_offsets(c);
+      const int me = group.rank();
       auto scratch = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
       auto out = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
       auto act = be.template allocate<T>(std::max<index_t>(received, 1) * Hidden, MemoryTag::workspace);
-      moe::round_trip(group, c, xs.data(), C, s.xs, scratch.data(), C, s.o,
-                      [&] { experts_forward(be, p, at, s.xs, s.h, act.data(), out.data()); }, out.data(), seconds);
+      // Dispatch: the other ranks' slots travel while this rank runs the slots it sent itself.
+      moe::Transfer dispatch = transfer(be, group);
+      dispatch.start(xs.data(), moe::value_counts(c, C, false), scratch.data(), moe::value_counts(c, C, true));
+      moe::place_own(c, me, xs.data() + offsets[std::size_t(me * El)] * C, s.xs, C);
+      experts_forward(be, p, moe::expert_rows(c, me, true), s.xs, s.h, act.data(), out.data());
+      dispatch.finish();
+      moe::reorder(c, scratch.data(), s.xs, C);
+      experts_forward(be, p, moe::expert_rows(c, me, false), s.xs, s.h, act.data(), out.data());
+      // Combine: the outputs back to their tokens' ranks, in slot order (nothing left to run meanwhile).
+      moe::reorder(c, out.data(), scratch.data(), C, true);
+      moe::Transfer combine = transfer(be, group);
+      combine.start(scratch.data(), moe::value_counts(c, C, true), s.o, moe::value_counts(c, C, false));
+      combine.finish();
     }
     // Combine: y_t = sum_j gate_tj o[slot_tj], in choice order.
     for (index_t t = 0; t < n; ++t) {
@@ -225,23 +238,30 @@ struct MixtureOfExperts : LayerDefaults {
       }
     // Through each expert: da = do W2, dh = da gelu'(h) (kept); dxs = dh W1 (per slot here).
     auto dxs = be.template allocate<T>(std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
+    std::optional<moe::Transfer> combine;  // EP > 1: the dxs coming home while the router's backward runs
+    auto scratch = be.template allocate<T>(EP == 1 ? 1 : std::max<index_t>(n * M, 1) * C, MemoryTag::workspace);
     if constexpr (EP == 1) {
       auto da = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
-      experts_backward_input(be, p, offsets, s.d_o, s.h, da.data(), s.dh, dx.empty() ? nullptr : dxs.data());
+      experts_backward_input(be, p, runs_of(offsets), s.d_o, s.h, da.data(), s.dh, dx.empty() ? nullptr : dxs.data());
     } else {  // the experts' ranks take part whether or not this rank wants dx
       moe::ExpertGroup& group = group_of(be);
-      double* seconds = be.moe_tally ? &be.moe_tally->all_to_all_seconds : nullptr;
-      const moe::ExchangeCounts c = moe::exchange_counts(group, offsets.data(), E, K, C, n, describe(), seconds);
+      const moe::ExchangeCounts c = exchange(be, group, offsets, n);
       CUPIPE_REQUIRE(std::equal(c.counts.begin(), c.counts.end(), s.counts), describe(), ": rank ", group.rank(), " of ",
                      group.name(), " was sent other counts in the backward than in this microbatch's forward");
       const index_t received = c.received();
-      const std::vector<index_t> at = owner_offsets(c);
-      auto scratch = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
+      const int me = group.rank();
       auto back = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
       auto da = be.template allocate<T>(std::max<index_t>(received, 1) * Hidden, MemoryTag::workspace);
-      moe::round_trip(group, c, sent.data(), C, s.d_o, scratch.data(), C, dxs.data(),
-                      [&] { experts_backward_input(be, p, at, s.d_o, s.h, da.data(), s.dh, back.data()); }, back.data(),
-                      seconds);
+      moe::Transfer dispatch = transfer(be, group);
+      dispatch.start(sent.data(), moe::value_counts(c, C, false), scratch.data(), moe::value_counts(c, C, true));
+      moe::place_own(c, me, sent.data() + offsets[std::size_t(me * El)] * C, s.d_o, C);
+      experts_backward_input(be, p, moe::expert_rows(c, me, true), s.d_o, s.h, da.data(), s.dh, back.data());
+      dispatch.finish();
+      moe::reorder(c, scratch.data(), s.d_o, C);
+      experts_backward_input(be, p, moe::expert_rows(c, me, false), s.d_o, s.h, da.data(), s.dh, back.data());
+      moe::reorder(c, back.data(), scratch.data(), C, true);
+      combine.emplace(transfer(be, group));
+      combine->start(scratch.data(), moe::value_counts(c, C, true), dxs.data(), moe::value_counts(c, C, false));
     }
     // The router: the balance loss's gradient of the probabilities, then dlogits (kept).
     const index_t normalizer = be.aux_loss_normalizer > 0 ? be.aux_loss_normalizer : n;
@@ -250,9 +270,11 @@ struct MixtureOfExperts : LayerDefaults {
     const double z = moe::router_backward(s.probs, s.lse, s.experts, s.gates, dgates.data(), n, R, normalizer, dprobs.data(),
                                           s.dlogits);
     if (be.moe_tally != nullptr) tally(*be.moe_tally, n, offsets, balance, z);
+    if (!dx.empty())
+      gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>{s.dlogits, Shape{n, E}},
+           ConstViewOn<B, T>{p, Shape{E, C}}, T(0), dx);
+    if (combine) combine->finish();
     if (dx.empty()) return;
-    gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>{s.dlogits, Shape{n, E}},
-         ConstViewOn<B, T>{p, Shape{E, C}}, T(0), dx);
     for (index_t t = 0; t < n; ++t)
       for (index_t j = 0; j < K; ++j) {
         const std::int32_t at = s.slot[t * K + j];
@@ -294,13 +316,11 @@ struct MixtureOfExperts : LayerDefaults {
     }
   }
 
-  /// Each local expert e over its rows [at[e], at[e + 1]) of `xs` (expert-major): h = xs W1^T + b1,
-  /// a = gelu(h) (`act`), o = a W2^T + b2.
+  /// Each run's local expert e over its rows [first, first + rows) of `xs` (expert-major): h = xs
+  /// W1^T + b1, a = gelu(h) (`act`), o = a W2^T + b2.
   template <class B, class T>
-  static void experts_forward(B& be, const T* p, const std::vector<index_t>& at, const T* xs, T* h, T* act, T* o) {
-    for (index_t e = 0; e < El; ++e) {
-      const index_t first = at[std::size_t(e)], rows = at[std::size_t(e) + 1] - first;
-      if (rows == 0) continue;
+  static void experts_forward(B& be, const T* p, const std::vector<moe::ExpertRows>& runs, const T* xs, T* h, T* act, T* o) {
+    for (const auto& [e, first, rows] : runs) {
       const ViewOn<B, T> he{h + first * Hidden, Shape{rows, Hidden}};
       const ViewOn<B, T> oe{o + first * C, Shape{rows, C}};
       const ViewOn<B, T> a{act + first * Hidden, Shape{rows, Hidden}};
@@ -313,13 +333,11 @@ struct MixtureOfExperts : LayerDefaults {
     }
   }
 
-  /// Back through each local expert: da = do W2, dh = da gelu'(h) (`dh`), and with `dxs` dxs = dh W1.
+  /// Back through each run's local expert: da = do W2, dh = da gelu'(h) (`dh`), and with `dxs` dxs = dh W1.
   template <class B, class T>
-  static void experts_backward_input(B& be, const T* p, const std::vector<index_t>& at, const T* d_o, const T* h, T* da,
-                                     T* dh, T* dxs) {
-    for (index_t e = 0; e < El; ++e) {
-      const index_t first = at[std::size_t(e)], rows = at[std::size_t(e) + 1] - first;
-      if (rows == 0) continue;
+  static void experts_backward_input(B& be, const T* p, const std::vector<moe::ExpertRows>& runs, const T* d_o, const T* h,
+                                     T* da, T* dh, T* dxs) {
+    for (const auto& [e, first, rows] : runs) {
       const ViewOn<B, T> dae{da + first * Hidden, Shape{rows, Hidden}};
       const ViewOn<B, T> dhe{dh + first * Hidden, Shape{rows, Hidden}};
       gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>{d_o + first * C, Shape{rows, C}}, w2<B>(p, e),
@@ -336,6 +354,34 @@ struct MixtureOfExperts : LayerDefaults {
     std::vector<index_t> at(std::size_t(El + 1), 0);
     for (index_t e = 0; e < El; ++e) at[std::size_t(e) + 1] = at[std::size_t(e)] + c.for_expert(e);
     return at;
+  }
+
+  /// Each expert's kept slots (`offsets`, E + 1, sorted by expert) as one run.
+  static std::vector<moe::ExpertRows> runs_of(const std::vector<index_t>& offsets) {
+    std::vector<moe::ExpertRows> runs;
+    for (index_t e = 0; e < El; ++e)
+      if (offsets[std::size_t(e) + 1] > offsets[std::size_t(e)])
+        runs.push_back({e, offsets[std::size_t(e)], offsets[std::size_t(e) + 1] - offsets[std::size_t(e)]});
+    return runs;
+  }
+
+  /// The counts' exchange of n rows whose kept slots begin at `offsets`, its time added to the
+  /// context's tally (a blocking exchange: in flight and exposed alike).
+  template <class B>
+  static moe::ExchangeCounts exchange(B& be, moe::ExpertGroup& group, const std::vector<index_t>& offsets, index_t n) {
+    double seconds = 0;
+    moe::ExchangeCounts c = moe::exchange_counts(group, offsets.data(), E, K, C, n, describe(), &seconds);
+    if (be.moe_tally != nullptr) {
+      be.moe_tally->all_to_all_seconds += seconds;
+      be.moe_tally->exposed_all_to_all_seconds += seconds;
+    }
+    return c;
+  }
+  /// An all-to-all over `group` timed into the context's tally.
+  template <class B>
+  static moe::Transfer transfer(B& be, moe::ExpertGroup& group) {
+    moe::Tally* t = be.moe_tally;
+    return moe::Transfer(group, t ? &t->all_to_all_seconds : nullptr, t ? &t->exposed_all_to_all_seconds : nullptr);
   }
 
   template <class B>

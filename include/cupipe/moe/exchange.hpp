@@ -8,7 +8,9 @@
 //
 // A receiver gets its slots source by source (rank order), each source's sorted by expert; it runs
 // each expert over that expert's slots from every source, so it reorders them expert by expert
-// (expert-major: expert 0's slots from rank 0, rank 1, ..., then expert 1's), and back.
+// (expert-major: expert 0's slots from rank 0, rank 1, ..., then expert 1's), and back. The slots a
+// rank sends itself need no transfer: it runs them while the all-to-all moves the others
+// (expert_rows, place_own), and the layer times what each all-to-all leaves exposed (Transfer).
 #pragma once
 
 #include <algorithm>
@@ -130,22 +132,80 @@ inline std::vector<std::int64_t> value_counts(const ExchangeCounts& c, index_t w
   return v;
 }
 
-/// The round trip of one pass: `out` (the kept slots' rows in this rank's sorted order, `width`
-/// wide) to the experts' ranks, reordered expert-major into `owner`; then, once `run` has turned
-/// `owner` into `result` (expert-major, `result_width` wide), back into `back` in this rank's slot
-/// order. `scratch` is any buffer of received() x max(width, result_width) values. The two
-/// all-to-alls' wall time is added to `*seconds` (when given).
-template <class T, class Run>
-void round_trip(ExpertGroup& group, const ExchangeCounts& c, const T* out, index_t width, T* owner, T* scratch,
-                index_t result_width, T* back, Run&& run, T* result, double* seconds = nullptr) {
-  std::vector<std::int64_t> send = value_counts(c, width, false), receive = value_counts(c, width, true);
-  timed(seconds, [&] { group.all_to_all(out, send.data(), scratch, receive.data()); });
-  reorder(c, scratch, owner, width);
-  run();
-  reorder(c, result, scratch, result_width, true);
-  send = value_counts(c, result_width, true);
-  receive = value_counts(c, result_width, false);
-  timed(seconds, [&] { group.all_to_all(scratch, send.data(), back, receive.data()); });
+/// Rows [first, first + rows) of the received slots in expert-major order, all for local expert
+/// `expert`: what one run of that expert's two GEMMs takes.
+struct ExpertRows {
+  index_t expert = 0, first = 0, rows = 0;
+};
+
+/// Where each (source q, local expert e) block starts in expert-major order, at q x local + e.
+inline std::vector<index_t> expert_major_starts(const ExchangeCounts& c) {
+  std::vector<index_t> at(c.counts.size());
+  index_t next = 0;
+  for (index_t e = 0; e < c.local; ++e)
+    for (int q = 0; q < c.ranks; ++q) {
+      at[std::size_t(q * c.local + e)] = next;
+      next += c.counts[std::size_t(q * c.local + e)];
+    }
+  return at;
 }
+
+/// The expert-major runs of the slots from rank `source` alone (`own`), or from every other rank
+/// (two runs an expert: the ranks before it and after it), or, with `source` < 0, from every rank.
+inline std::vector<ExpertRows> expert_rows(const ExchangeCounts& c, int source, bool own) {
+  const std::vector<index_t> at = expert_major_starts(c);
+  std::vector<ExpertRows> out;
+  const auto run = [&](index_t e, int from, int to) {  // ranks [from, to)
+    index_t rows = 0;
+    for (int q = from; q < to; ++q) rows += c.counts[std::size_t(q * c.local + e)];
+    if (rows > 0) out.push_back({e, at[std::size_t(from * c.local + e)], rows});
+  };
+  for (index_t e = 0; e < c.local; ++e) {
+    if (source < 0) run(e, 0, c.ranks);
+    else if (own) run(e, source, source + 1);
+    else {
+      run(e, 0, source);
+      run(e, source + 1, c.ranks);
+    }
+  }
+  return out;
+}
+
+/// Copies the slots rank `source` sent itself (`sorted`: its slots for its own experts, sorted by
+/// expert, `width` wide) to their expert-major places in `to`, as the all-to-all will deliver them.
+template <class T>
+void place_own(const ExchangeCounts& c, int source, const T* sorted, T* to, index_t width) {
+  const std::vector<index_t> at = expert_major_starts(c);
+  index_t from = 0;
+  for (index_t e = 0; e < c.local; ++e) {
+    const std::size_t i = std::size_t(source * c.local + e);
+    std::copy_n(sorted + from * width, c.counts[i] * width, to + at[i] * width);
+    from += c.counts[i];
+  }
+}
+
+/// One all-to-all of the group, started and finished, and what it cost: the wall time from its
+/// start to its end (in flight) and the part of it the caller spent blocked in the group's calls
+/// (exposed), each added to its counter when given.
+class Transfer {
+ public:
+  Transfer(ExpertGroup& group, double* in_flight, double* exposed) : group_(group), in_flight_(in_flight), exposed_(exposed) {}
+  template <class T>
+  void start(const T* send, const std::vector<std::int64_t>& send_counts, T* receive,
+             const std::vector<std::int64_t>& receive_counts) {
+    started_ = std::chrono::steady_clock::now();
+    timed(exposed_, [&] { group_.start_all_to_all(send, send_counts.data(), receive, receive_counts.data()); });
+  }
+  void finish() {
+    timed(exposed_, [&] { group_.finish_all_to_all(); });
+    if (in_flight_) *in_flight_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  }
+
+ private:
+  ExpertGroup& group_;
+  double* in_flight_;
+  double* exposed_;
+  std::chrono::steady_clock::time_point started_{};
+};
 
 }  // namespace cupipe::moe

@@ -34,14 +34,18 @@ class ExpertGroup : public TensorGroup {
   /// rank order) and receives each rank's values for it (`receive`, size() x per_rank, in rank
   /// order): the counts that precede an all-to-all. Under the collective timeout, naming the group.
   virtual void exchange_counts(const std::int64_t* send, std::int64_t* receive, std::size_t per_rank) = 0;
-  /// The all-to-all: `send` holds consecutive blocks of send_counts[q] values for each rank q, in
-  /// rank order; `receive` gets receive_counts[q] values from each rank q, in rank order. Each rank's
-  /// receive_counts[q] must be rank q's send_counts[this rank] (exchange them first). Under the
-  /// collective timeout, naming the group.
-  virtual void all_to_all(const float* send, const std::int64_t* send_counts, float* receive,
-                          const std::int64_t* receive_counts) = 0;
-  virtual void all_to_all(const double* send, const std::int64_t* send_counts, double* receive,
-                          const std::int64_t* receive_counts) = 0;
+  /// The all-to-all, started: `send` holds consecutive blocks of send_counts[q] values for each
+  /// rank q, in rank order; `receive` gets receive_counts[q] values from each rank q, in rank order.
+  /// Each rank's receive_counts[q] must be rank q's send_counts[this rank] (exchange them first); the
+  /// counts are read at the call. It returns at once: the communicator moves the data while the
+  /// caller computes, and finish_all_to_all() waits for it under the collective timeout, naming the
+  /// group. `send` and `receive` stay untouched until then. One at a time; every rank of the group
+  /// starts and finishes the same ones in the same order.
+  virtual void start_all_to_all(const float* send, const std::int64_t* send_counts, float* receive,
+                                const std::int64_t* receive_counts) = 0;
+  virtual void start_all_to_all(const double* send, const std::int64_t* send_counts, double* receive,
+                                const std::int64_t* receive_counts) = 0;
+  virtual void finish_all_to_all() = 0;
   /// "the expert-parallel group of 2 ranks (stage 0, ...)", for errors.
   virtual const char* name() const = 0;
 };

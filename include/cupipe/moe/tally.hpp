@@ -23,10 +23,12 @@ struct Tally {
   std::int64_t dropped = 0;     ///< of those, dropped by an expert's capacity
   std::vector<std::int64_t> load;  ///< [expert] slots each expert took (kept), every layer
   int layers = 0;               ///< MoE layer passes counted (layers x microbatches)
-  /// Expert parallelism: wall time this rank spent in the layers' counts' exchanges and all-to-alls
-  /// (forward, backward, and a recomputed forward), measured; nothing overlaps them yet, so all of it
-  /// is exposed.
+  /// Expert parallelism, measured on this rank: the wall time of the layers' counts' exchanges and
+  /// all-to-alls from start to end (forward, backward, and a recomputed forward), and the part of it
+  /// the rank spent waiting for them, not computing (exposed: the dispatch runs beside the slots a
+  /// rank sent itself, the backward's combine beside the router's backward).
   double all_to_all_seconds = 0;
+  double exposed_all_to_all_seconds = 0;
 
   /// Adds another stage's (or rank's) tally.
   void add(const Tally& o) {
@@ -39,6 +41,7 @@ struct Tally {
     for (std::size_t e = 0; e < o.load.size(); ++e) load[e] += o.load[e];
     layers += o.layers;
     all_to_all_seconds += o.all_to_all_seconds;
+    exposed_all_to_all_seconds += o.exposed_all_to_all_seconds;
   }
 
   /// The busiest expert's load over the mean load (1: perfectly balanced; 0 when nothing was routed).
