@@ -238,8 +238,8 @@ struct MixtureOfExperts : LayerDefaults {
       }
     // Through each expert: da = do W2, dh = da gelu'(h) (kept); dxs = dh W1 (per slot here).
     auto dxs = be.template allocate<T>(std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
-    std::optional<moe::Transfer> combine;  // EP > 1: the dxs coming home while the router's backward runs
     auto scratch = be.template allocate<T>(EP == 1 ? 1 : std::max<index_t>(n * M, 1) * C, MemoryTag::workspace);
+    std::optional<moe::Transfer> combine;  // EP > 1: the dxs coming home while the router's backward runs
     if constexpr (EP == 1) {
       auto da = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
       experts_backward_input(be, p, runs_of(offsets), s.d_o, s.h, da.data(), s.dh, dx.empty() ? nullptr : dxs.data());

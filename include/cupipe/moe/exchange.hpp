@@ -186,17 +186,30 @@ void place_own(const ExchangeCounts& c, int source, const T* sorted, T* to, inde
 
 /// One all-to-all of the group, started and finished, and what it cost: the wall time from its
 /// start to its end (in flight) and the part of it the caller spent blocked in the group's calls
-/// (exposed), each added to its counter when given.
+/// (exposed), each added to its counter when given. One left open by an exception is finished by
+/// the destructor (its errors dropped), so that no buffer it reads or writes is freed under it:
+/// declare it after those buffers.
 class Transfer {
  public:
   Transfer(ExpertGroup& group, double* in_flight, double* exposed) : group_(group), in_flight_(in_flight), exposed_(exposed) {}
+  Transfer(const Transfer& o) : group_(o.group_), in_flight_(o.in_flight_), exposed_(o.exposed_) {}
+  Transfer& operator=(const Transfer&) = delete;
+  ~Transfer() {
+    if (!open_) return;
+    try {
+      group_.finish_all_to_all();
+    } catch (...) {  // the error that unwinds the caller is the one to report
+    }
+  }
   template <class T>
   void start(const T* send, const std::vector<std::int64_t>& send_counts, T* receive,
              const std::vector<std::int64_t>& receive_counts) {
     started_ = std::chrono::steady_clock::now();
     timed(exposed_, [&] { group_.start_all_to_all(send, send_counts.data(), receive, receive_counts.data()); });
+    open_ = true;
   }
   void finish() {
+    open_ = false;
     timed(exposed_, [&] { group_.finish_all_to_all(); });
     if (in_flight_) *in_flight_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   }
@@ -206,6 +219,7 @@ class Transfer {
   double* in_flight_;
   double* exposed_;
   std::chrono::steady_clock::time_point started_{};
+  bool open_ = false;
 };
 
 }  // namespace cupipe::moe
