@@ -443,11 +443,17 @@ class MpiCommunicator final : public Communicator {
         ring, t.context, t.context_rank(),
         "the context-parallel ring of " + std::to_string(t.context) + " ranks (stage " + std::to_string(t.stage()) +
             ", data-parallel replica " + std::to_string(t.data_replica()) + ")",
-        MpiRingOwner{mutex_, ring_requests_, in_flight_, [this] { return collective_timeout(); }, [this] { check_usable(); },
-                     [this](const std::string& what) {
-                       broken_ = true;
-                       timed_out("rank " + std::to_string(topology_.rank) + ": " + what);
-                     }});
+        group_owner());
+  }
+
+  /// What a ring or an expert-parallel group shares with this communicator: its mutex, the
+  /// progress thread's requests, the collective timeout, and the breakage a timeout causes.
+  MpiGroupOwner group_owner() {
+    return {mutex_, ring_requests_, in_flight_, [this] { return collective_timeout(); }, [this] { check_usable(); },
+            [this](const std::string& what) {
+              broken_ = true;
+              timed_out("rank " + std::to_string(topology_.rank) + ": " + what);
+            }};
   }
 
   /// The expert-parallel group (this stage's `experts` consecutive replicas at this tensor-parallel
@@ -464,11 +470,7 @@ class MpiCommunicator final : public Communicator {
         "the expert-parallel group of " + std::to_string(t.experts) + " ranks (stage " + std::to_string(t.stage()) +
             ", replicas " + std::to_string(t.expert_group_index() * t.experts) + ".." +
             std::to_string(t.expert_group_index() * t.experts + t.experts - 1) + ")",
-        MpiGroupOwner{mutex_, ring_requests_, in_flight_, [this] { return collective_timeout(); }, [this] { check_usable(); },
-                      [this](const std::string& what) {
-                        broken_ = true;
-                        timed_out("rank " + std::to_string(topology_.rank) + ": " + what);
-                      }});
+        group_owner());
   }
 
   /// Moves the block MPI left at the start of `data` to this replica's place (replica() x n).

@@ -23,21 +23,11 @@
 #include <vector>
 
 #include "cupipe/comm/mpi_check.hpp"
-#include "cupipe/comm/wait.hpp"
+#include "cupipe/comm/mpi_group_owner.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/moe/expert_group.hpp"
 
 namespace cupipe::comm {
-
-/// What a group shares with the communicator that made it.
-struct MpiGroupOwner {
-  std::mutex& mutex;                                ///< held by every MPI call of the process's communicator
-  std::vector<MPI_Request*>& progressed;            ///< under mutex: requests the progress thread tests
-  std::condition_variable& wake;                    ///< wakes the progress thread
-  std::function<double()> timeout;                  ///< the collective timeout (0: none)
-  std::function<void()> check_usable;               ///< throws once the communicator is broken
-  std::function<void(const std::string&)> expired;  ///< a wait ran out: mark broken, tell the observers
-};
 
 class MpiExpertGroup final : public moe::ExpertGroup {
  public:
@@ -75,13 +65,13 @@ class MpiExpertGroup final : public moe::ExpertGroup {
   }
   void finish_all_to_all() override {
     CUPIPE_REQUIRE(in_flight_, name_, ": finish_all_to_all without an all-to-all in flight");
-    const bool done = completes(request_);
+    const bool done = owner_.completes(&request_, 1);
     {
       const std::lock_guard lock(owner_.mutex);
       std::erase(owner_.progressed, &request_);
     }
     in_flight_ = false;
-    if (!done) expire("an all-to-all of tokens over " + name_);
+    if (!done) owner_.expire("an all-to-all of tokens over " + name_, "group");
   }
 
  private:
@@ -137,27 +127,7 @@ class MpiExpertGroup final : public moe::ExpertGroup {
       const std::lock_guard lock(owner_.mutex);
       post(&request);
     }
-    if (!completes(request)) expire(what);
-  }
-  /// Tests `request` until it completes (true) or the collective timeout passes (false), sleeping
-  /// between polls; each test under the mutex.
-  bool completes(MPI_Request& request) {
-    return wait_until(
-        [&] {
-          const std::lock_guard lock(owner_.mutex);
-          int flag = 0;
-          for (int i = 0; i < 64 && !flag; ++i) CUPIPE_CHECK_MPI(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
-          return flag != 0;
-        },
-        owner_.timeout());
-  }
-  /// Past the timeout the communicator is unusable (a collective cannot be cancelled); the error
-  /// names `what`.
-  [[noreturn]] void expire(const std::string& what) {
-    const std::string error = ::cupipe::detail::str(what, " did not finish within ", owner_.timeout(),
-                                                    " s (collective timeout): a rank of the group stalled or died");
-    owner_.expired(error);
-    CUPIPE_THROW(error);
+    if (!owner_.completes(&request, 1)) owner_.expire(what, "group");
   }
 
   MPI_Comm group_, holders_;

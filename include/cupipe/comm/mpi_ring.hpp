@@ -21,27 +21,17 @@
 #include <vector>
 
 #include "cupipe/comm/mpi_check.hpp"
-#include "cupipe/comm/wait.hpp"
+#include "cupipe/comm/mpi_group_owner.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/cp/context_group.hpp"
 
 namespace cupipe::comm {
 
-/// What a ring shares with the communicator that made it.
-struct MpiRingOwner {
-  std::mutex& mutex;                       ///< held by every MPI call of the process's communicator
-  std::vector<MPI_Request*>& progressed;   ///< under mutex: requests the progress thread tests
-  std::condition_variable& wake;           ///< wakes the progress thread
-  std::function<double()> timeout;         ///< the collective timeout (0: none)
-  std::function<void()> check_usable;      ///< throws once the communicator is broken
-  std::function<void(const std::string&)> expired;  ///< a wait ran out: mark broken, tell the observers
-};
-
 class MpiRing final : public cp::ContextGroup {
  public:
   /// `comm`: the ring's communicator, ranks 0 .. size - 1 in ring order; the owner frees it
   /// (communicator()). `name` describes the ring in errors.
-  MpiRing(MPI_Comm comm, int size, int rank, std::string name, MpiRingOwner owner)
+  MpiRing(MPI_Comm comm, int size, int rank, std::string name, MpiGroupOwner owner)
       : comm_(comm), size_(size), rank_(rank), name_(std::move(name)), owner_(std::move(owner)) {}
   MpiRing(const MpiRing&) = delete;
   MpiRing& operator=(const MpiRing&) = delete;
@@ -91,31 +81,19 @@ class MpiRing final : public cp::ContextGroup {
   /// thread; past the timeout the communicator is unusable (a posted receive cannot be relied on to
   /// cancel) and the error names the ring.
   void finish(const std::string& what) {
-    const bool done = wait_until(
-        [&] {
-          const std::lock_guard lock(owner_.mutex);
-          int flag = 0;
-          for (int i = 0; i < 64 && !flag; ++i) CUPIPE_CHECK_MPI(MPI_Testall(2, requests_.data(), &flag, MPI_STATUSES_IGNORE));
-          return flag != 0;
-        },
-        owner_.timeout());
+    const bool done = owner_.completes(requests_.data(), 2);
     {
       const std::lock_guard lock(owner_.mutex);
       std::erase_if(owner_.progressed, [&](MPI_Request* r) { return r == &requests_[0] || r == &requests_[1]; });
     }
     in_flight_ = false;
-    if (!done) {
-      const std::string error = ::cupipe::detail::str(what, " did not finish within ", owner_.timeout(),
-                                                      " s (collective timeout): a rank of the ring stalled or died");
-      owner_.expired(error);
-      CUPIPE_THROW(error);
-    }
+    if (!done) owner_.expire(what, "ring");
   }
 
   MPI_Comm comm_;
   int size_, rank_;
   std::string name_;
-  MpiRingOwner owner_;
+  MpiGroupOwner owner_;
   std::array<MPI_Request, 2> requests_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   bool in_flight_ = false;
 };

@@ -104,20 +104,26 @@ inline ExchangeCounts exchange_counts(ExpertGroup& group, const index_t* offsets
   return out;
 }
 
+/// Where each (source q, local expert e) block starts in expert-major order, at q x local + e.
+inline std::vector<index_t> expert_major_starts(const ExchangeCounts& c) {
+  std::vector<index_t> at(c.counts.size());
+  index_t next = 0;
+  for (index_t e = 0; e < c.local; ++e)
+    for (int q = 0; q < c.ranks; ++q) {
+      at[std::size_t(q * c.local + e)] = next;
+      next += c.counts[std::size_t(q * c.local + e)];
+    }
+  return at;
+}
+
 /// Reorders `width`-wide rows received source by source (`from`) into expert-major order (`to`),
 /// or back with `back`.
 template <class T>
 void reorder(const ExchangeCounts& c, const T* from, T* to, index_t width, bool back = false) {
-  std::vector<index_t> source_major(c.counts.size()), expert_major(c.counts.size());
+  std::vector<index_t> source_major(c.counts.size());
   index_t at = 0;
   for (std::size_t i = 0; i < c.counts.size(); ++i) source_major[i] = (at += c.counts[i]) - c.counts[i];
-  at = 0;
-  for (index_t e = 0; e < c.local; ++e)
-    for (int q = 0; q < c.ranks; ++q) {
-      const std::size_t i = std::size_t(q * c.local + e);
-      expert_major[i] = at;
-      at += c.counts[i];
-    }
+  const std::vector<index_t> expert_major = expert_major_starts(c);
   for (std::size_t i = 0; i < c.counts.size(); ++i) {
     const index_t a = back ? expert_major[i] : source_major[i], b = back ? source_major[i] : expert_major[i];
     std::copy_n(from + a * width, c.counts[i] * width, to + b * width);
@@ -137,18 +143,6 @@ inline std::vector<std::int64_t> value_counts(const ExchangeCounts& c, index_t w
 struct ExpertRows {
   index_t expert = 0, first = 0, rows = 0;
 };
-
-/// Where each (source q, local expert e) block starts in expert-major order, at q x local + e.
-inline std::vector<index_t> expert_major_starts(const ExchangeCounts& c) {
-  std::vector<index_t> at(c.counts.size());
-  index_t next = 0;
-  for (index_t e = 0; e < c.local; ++e)
-    for (int q = 0; q < c.ranks; ++q) {
-      at[std::size_t(q * c.local + e)] = next;
-      next += c.counts[std::size_t(q * c.local + e)];
-    }
-  return at;
-}
 
 /// The expert-major runs of the slots from rank `source` alone (`own`), or from every other rank
 /// (two runs an expert: the ranks before it and after it), or, with `source` < 0, from every rank.
