@@ -61,7 +61,7 @@ struct ExpertRanges {
       else to.emplace_back(p.offset - offset, p.numel);
     }
   }
-  template <class T, class Each>
+  template <class Each>
   static void pack(const std::vector<std::pair<index_t, index_t>>& ranges, Each&& each) {
     index_t at = 0;
     for (const auto& [first, n] : ranges) {
@@ -87,11 +87,11 @@ void sum_expert_parallel(comm::Communicator& comm, moe::ExpertGroup& group, St& 
   const auto sum = [&](const std::vector<std::pair<index_t, index_t>>& ranges_of, auto&& over) {
     std::vector<T> packed(static_cast<std::size_t>(ExpertRanges::total(ranges_of)));
     if (packed.empty()) return;
-    ExpertRanges::pack<T>(ranges_of, [&](index_t first, index_t at, index_t n) {
+    ExpertRanges::pack(ranges_of, [&](index_t first, index_t at, index_t n) {
       std::copy_n(all.begin() + first, n, packed.begin() + at);
     });
     over(packed.data(), packed.size());
-    ExpertRanges::pack<T>(ranges_of, [&](index_t first, index_t at, index_t n) {
+    ExpertRanges::pack(ranges_of, [&](index_t first, index_t at, index_t n) {
       std::copy_n(packed.begin() + at, n, all.begin() + first);
     });
   };
