@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cupipe/backend/host/blas_core.hpp"
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #if CUPIPE_HAS_MPI
@@ -59,6 +60,14 @@ struct Launch {
   int context = 1;  ///< context-parallel ranks per ring (--cp); the ring itself: communicator->context_group()
   bool leader() const { return rank == 0; }
 };
+
+/// Says on stderr (the leader only) when the host BLAS runs kernels slower than this CPU's, and the
+/// environment that fixes it for the next run (backend/host/blas_core.hpp).
+inline void note_blas_kernels(const char* program, const Launch& launch) {
+  if (!launch.leader()) return;
+  const std::string advice = backend::host::blas_core_advice();
+  if (!advice.empty()) std::fprintf(stderr, "%s: note: %s\n", program, advice.c_str());
+}
 
 /// Holds MPI (when it is used) for the trainer's lifetime. Declare it before the trainer's try block
 /// and start() it inside, so that abort_job() can still reach MPI from the catch.

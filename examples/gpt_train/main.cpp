@@ -377,6 +377,7 @@ int main(int argc, char** argv) {
     }
     // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
     // each keeps them from oversubscribing the cores.
+    cupipe::examples::note_blas_kernels("gpt_train", launch);
     if (!launch.communicator) backend::Host<T>::set_blas_threads(1);
     if (f.plan == "auto") {
       plan_layout(f, split.train, launch.communicator ? &launcher : nullptr);

@@ -305,6 +305,7 @@ int main(int argc, char** argv) {
     }
     // OpenBLAS's thread count is process-wide: with several workers in this process, one BLAS thread
     // each keeps them from oversubscribing the cores (11x slower on 2 cores otherwise).
+    cupipe::examples::note_blas_kernels("mlp_fashion_mnist", launch);
     if (!launch.communicator && (f.stages > 1 || !f.plan.empty())) backend::Host<T>::set_blas_threads(1);
     if (!f.stage_backends.empty()) {
       if (f.stage_backends.find("cuda") != std::string::npos) {

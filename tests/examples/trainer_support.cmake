@@ -6,9 +6,12 @@
 # is set; sets `summary` to its last output line, which must be JSON.
 function(run_trainer)
   string(REPLACE ";" " " shown "${ARGN}")
+  string(TIMESTAMP started "%s")
   execute_process(COMMAND ${launcher} "${TRAINER}" ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(TIMESTAMP ended "%s")
+  math(EXPR seconds "${ended} - ${started}")
   get_filename_component(name "${TRAINER}" NAME)
-  message("$ ${name} ... ${shown}\n${out}${err}")
+  message("$ ${name} ... ${shown}  [${seconds} s]\n${out}${err}")
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "${name} ${shown} exited ${rc}")
   endif()
