@@ -401,6 +401,59 @@ void embedding_backward(Bench& b, State& state) {
   be.context().pool().trim();
 }
 
+/// A mixture of experts' token movement (backend/cuda/kernels/moe.cuh), top-2 and dropless: each of
+/// the B*T tokens' two choices a row of the expert-sorted (2 B*T, C), in a shuffled order, as a
+/// router's choices scatter them. Bytes as the kernels' roofline counts them.
+void moe(Bench& b, State& state) {
+  on_precision(b, state, [&]<class B>(B& be, CudaTimer& timer) {
+    using T = typename B::value_type;
+    constexpr index_t k = 2;
+    const index_t cols = state.integer("width"), slots_n = rows * k;
+    const Shape tokens{rows, cols}, sorted{slots_n, cols}, choices{rows, k};
+    auto x = be.template allocate<T>(rows * cols, MemoryTag::activations), y = be.template allocate<T>(rows * cols, MemoryTag::activations);
+    auto xs = be.template allocate<T>(slots_n * cols, MemoryTag::activations), d_o = be.template allocate<T>(slots_n * cols, MemoryTag::activations);
+    auto gates = be.template allocate<T>(slots_n, MemoryTag::activations), dgates = be.template allocate<T>(slots_n, MemoryTag::activations);
+    auto slots = be.template allocate<std::int32_t>(slots_n, MemoryTag::activations);
+    fill_random(be, x.data(), rows * cols, 31);
+    fill_random(be, xs.data(), slots_n * cols, 32);
+    fill_random(be, gates.data(), slots_n, 33, 0, 1);
+    Rng rng(34);
+    std::vector<std::int32_t> order(static_cast<std::size_t>(slots_n));
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = std::int32_t(i);
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[std::size_t(rng.below(i))]);
+    be.upload(std::span<const std::int32_t>(order), slots.data());
+    const DeviceConstView<std::int32_t> sv = slots.view(choices);
+    const double t = sizeof(T), row = t * double(cols), n = double(rows), kn = double(slots_n);
+    const std::string pass = state.text("pass");
+    state.summary("shape", "shape", shape_text({rows, cols}) + " top-2");
+    be.check_inputs = false;
+    if (pass == "permute") {
+      state.add_reads(kn * row + 4 * kn);
+      state.add_writes(kn * row);
+      state.exec(timer, [&] { ops::moe_permute(be, x.view(tokens), sv, xs.view(sorted)); });
+    } else if (pass == "unpermute") {
+      state.add_reads(kn * row + (4 + t) * kn);
+      state.add_writes(n * row);
+      state.exec(timer, [&] { ops::moe_unpermute(be, xs.view(sorted), sv, gates.view(choices), y.view(tokens)); });
+    } else if (pass == "unpermute backward") {
+      state.add_reads(2 * kn * row + (4 + t) * kn);  // dy once per choice, o once
+      state.add_writes(kn * row + t * kn);
+      state.exec(timer, [&] {
+        ops::moe_unpermute_backward(be, x.view(tokens), xs.view(sorted), sv, gates.view(choices), d_o.view(sorted),
+                                    dgates.view(choices));
+      });
+    } else {
+      state.add_reads(kn * row + n * row + 4 * kn);
+      state.add_writes(n * row);
+      state.exec(timer, [&] { ops::moe_permute_backward(be, xs.view(sorted), sv, y.view(tokens)); });
+    }
+    be.check_inputs = true;
+    be.synchronize();
+    against_copy(state, b.ceilings);
+    be.context().pool().trim();
+  });
+}
+
 /// GPT-2 small block (C = 768), forward and the two backward products of each Linear.
 struct Problem {
   const char* name;
@@ -544,6 +597,11 @@ int run(int argc, char** argv) {
       .axis("pass", {"forward", "backward"})
       .note("The MLP's hidden activation, (B*T, 4C).");
   add("embedding_backward", embedding_backward).int_axis("width", widths);
+  add("moe", moe)
+      .axis("precision", {"fp32", "bf16"})
+      .int_axis("width", widths)
+      .axis("pass", {"permute", "unpermute", "unpermute backward", "permute backward"})
+      .note("A mixture of experts' token movement, top-2, dropless, in a router's shuffled order (kernels/moe.cuh's roofline).");
   add("softmax_xent", softmax_xent).int_axis("vocab", {quick ? 8192 : 50257}).axis("pass", {"forward", "backward"});
   add("adamw", adamw).int_axis("parameters", {124'000'000});
   add("attention", attention)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_test_support.hpp"
+#include "moe_slots.hpp"
 
 using namespace cupipe;
 using namespace cupipe::testing;
@@ -492,6 +493,106 @@ TEST_CASE("embedding forward and backward match the host, deterministically", "[
   CHECK_THROWS_WITH(ops::embedding_forward(gpu, bad.cview(r), dt.cview(t), y.view(s)),
                     Catch::Contains("token id 50 at row") && Catch::Contains("outside the vocabulary [0, 50)"));
   CHECK_THROWS_WITH(ops::embedding_backward(gpu, bad.cview(r), ddy.cview(s), dt.view(t)), Catch::Contains("token id 50"));
+}
+
+TEST_CASE("a mixture of experts' permutations match the host, bitwise but for the gates' dot products", "[gpu][cuda][ops][moe]") {
+  const std::uint64_t seed = GENERATE(1, 2);
+  const index_t cols = GENERATE(1, 3, 64, 130);
+  const index_t k = GENERATE(1, 2);
+  const index_t n = 300;
+  Rng rng(seed * 31 + std::uint64_t(cols) * 3 + std::uint64_t(k));
+  index_t kept = 0;
+  const std::vector<std::int32_t> slots = random_moe_slots(rng, n, k, kept);
+  Gpu gpu;
+  backend::Host<float> host;
+  const Shape tokens{n, cols}, rows{kept, cols}, choices{n, k};
+  const auto x = random_floats(rng, n * cols), o = random_floats(rng, kept * cols), gates = random_floats(rng, n * k);
+  const auto dy = random_floats(rng, n * cols), dxs = random_floats(rng, kept * cols), dx0 = random_floats(rng, n * cols);
+  DeviceArray<float, Gpu> dx_in(gpu, x), d_out(gpu, o), dgate_in(gpu, gates), ddy(gpu, dy), ddxs(gpu, dxs), ddx(gpu, dx0);
+  DeviceArray<std::int32_t, Gpu> dslots(gpu, slots);
+  const ConstView<std::int32_t> hslots{slots.data(), choices};
+
+  auto xs = poisoned<float>(gpu, kept * cols);  // every kept row is written
+  ops::moe_permute(gpu, dx_in.cview(tokens), dslots.cview(choices), xs.view(rows));
+  std::vector<float> rxs(std::size_t(kept * cols));
+  ops::moe_permute(host, ConstView<float>{x.data(), tokens}, hslots, TensorView<float>{rxs.data(), rows});
+  CHECK(xs.download() == rxs);
+
+  // The choices in the host's order, each product rounded before its sum: the host's bits.
+  auto y = poisoned<float>(gpu, n * cols);
+  ops::moe_unpermute(gpu, d_out.cview(rows), dslots.cview(choices), dgate_in.cview(choices), y.view(tokens));
+  std::vector<float> ry(std::size_t(n * cols));
+  ops::moe_unpermute(host, ConstView<float>{o.data(), rows}, hslots, ConstView<float>{gates.data(), choices},
+                     TensorView<float>{ry.data(), tokens});
+  CHECK(y.download() == ry);
+
+  auto d_o = poisoned<float>(gpu, kept * cols);
+  auto dgates = poisoned<float>(gpu, n * k);
+  ops::moe_unpermute_backward(gpu, ddy.cview(tokens), d_out.cview(rows), dslots.cview(choices), dgate_in.cview(choices),
+                              d_o.view(rows), dgates.view(choices));
+  std::vector<float> rdo(std::size_t(kept * cols)), rdgates(std::size_t(n * k));
+  ops::moe_unpermute_backward(host, ConstView<float>{dy.data(), tokens}, ConstView<float>{o.data(), rows}, hslots,
+                              ConstView<float>{gates.data(), choices}, TensorView<float>{rdo.data(), rows},
+                              TensorView<float>{rdgates.data(), choices});
+  CHECK(d_o.download() == rdo);
+  CHECK(relative_error(dgates.download(), rdgates) < fp32_tolerance);  // a warp's sum, not the host's running one
+
+  ops::moe_permute_backward(gpu, ddxs.cview(rows), dslots.cview(choices), ddx.view(tokens));
+  std::vector<float> rdx = dx0;
+  ops::moe_permute_backward(host, ConstView<float>{dxs.data(), rows}, hslots, TensorView<float>{rdx.data(), tokens});
+  CHECK(ddx.download() == rdx);
+
+  std::vector<std::int32_t> past = slots;
+  past[3] = std::int32_t(kept);
+  DeviceArray<std::int32_t, Gpu> bad(gpu, past);
+  CHECK_THROWS_WITH(ops::moe_permute(gpu, dx_in.cview(tokens), bad.cview(choices), xs.view(rows)),
+                    Catch::Contains("moe_permute: slot " + std::to_string(kept) + " at choice 3 is outside the " +
+                                    std::to_string(kept) + " expert-sorted rows"));
+  CHECK_THROWS_WITH(ops::moe_unpermute_backward(gpu, ddy.cview(tokens), d_out.cview(rows), bad.cview(choices),
+                                                dgate_in.cview(choices), d_o.view(rows), dgates.view(choices)),
+                    Catch::Contains("moe_unpermute_backward: slot " + std::to_string(kept)));
+}
+
+TEST_CASE("a mixture-of-experts layer on CUDA equals the host's: its choices, drops, output and gradients", "[gpu][cuda][moe]") {
+  // fp32 GEMMs, so that the router's logits are the host's to rounding and every token picks the
+  // same experts; capacity 1.25 drops some choices, the same ones.
+  constexpr index_t C = 32, H = 64, T = 16;
+  using M = MixtureOfExperts<C, H, T, moe::Routing{4, 2, 1.25}>;
+  const index_t n = 3 * T, per_row = M::saved_per_row(C);
+  index_t params = 0;
+  for (const ParamSpec& spec : M::params(C)) params += spec.numel();
+  Rng rng(7);
+  std::vector<float> p(static_cast<std::size_t>(params));
+  M::init(std::span<float>(p), C, rng);
+  const auto x = random_floats(rng, n * C), dy = random_floats(rng, n * C);
+  const Shape rows{n, C}, saved_shape{n, per_row};
+
+  backend::Host<float> host;
+  moe::Tally host_tally;
+  host.moe_tally = &host_tally;
+  std::vector<float> hy(std::size_t(n * C)), hsaved(std::size_t(n * per_row)), hdx(std::size_t(n * C)), hg(p.size(), 0.0f);
+  const ConstView<float> hx{x.data(), rows}, hdy{dy.data(), rows};
+  const TensorView<float> hs{hsaved.data(), saved_shape};
+  M::forward(host, p.data(), hx, TensorView<float>{hy.data(), rows}, hs);
+  M::backward_input(host, p.data(), hx, hs, hdy, TensorView<float>{hdx.data(), rows});
+  M::backward_weight(host, hx, hs, hdy, hg.data());
+
+  Gpu gpu;
+  gpu.math = backend::cuda::MathMode::fp32;
+  moe::Tally gpu_tally;
+  gpu.moe_tally = &gpu_tally;
+  DeviceArray<float, Gpu> dp(gpu, p), dx_in(gpu, x), ddy(gpu, dy), dg(gpu, std::vector<float>(p.size(), 0.0f));
+  auto y = poisoned<float>(gpu, n * C), saved = poisoned<float>(gpu, n * per_row), dx = poisoned<float>(gpu, n * C);
+  M::forward(gpu, dp.buffer.data(), dx_in.cview(rows), y.view(rows), saved.view(saved_shape));
+  M::backward_input(gpu, dp.buffer.data(), dx_in.cview(rows), saved.view(saved_shape), ddy.cview(rows), dx.view(rows));
+  M::backward_weight(gpu, dx_in.cview(rows), saved.view(saved_shape), ddy.cview(rows), dg.buffer.data());
+
+  CHECK(gpu_tally.load == host_tally.load);
+  CHECK(gpu_tally.dropped == host_tally.dropped);
+  CHECK(host_tally.dropped > 0);
+  CHECK(relative_error(y.download(), hy) < fp32_tolerance);
+  CHECK(relative_error(dx.download(), hdx) < fp32_tolerance);
+  CHECK(relative_error(dg.download(), hg) < fp32_tolerance);
 }
 
 TEST_CASE("vocabulary-part embedding and cross-entropy match the host", "[gpu][cuda][ops][tensor_parallel]") {

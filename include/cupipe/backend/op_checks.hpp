@@ -304,6 +304,50 @@ void causal_attention_backward(TensorView<const T, S> qkv, TensorView<const T, S
   check_view(dqkv, qkv.shape(), "causal_attention_backward", "dqkv");
 }
 
+// ---- a mixture of experts' token movement ---------------------------------------------------------
+// slots (n, k): where token t's choice j sits among the expert-sorted rows (S, C), or -1 where the
+// choice was dropped (moe/routing.hpp's dispatch); gates (n, k) the choices' weights. The backends
+// check the slot values they can read: the host as it goes, the CUDA kernels by report.
+
+/// The message for a slot outside [-1, rows), wherever a backend finds it.
+[[noreturn]] inline void moe_slot_out_of_range(std::string_view op, std::int64_t slot, index_t at, index_t rows) {
+  CUPIPE_THROW(op, ": slot ", slot, " at choice ", at, " is outside the ", rows, " expert-sorted rows (and not -1, dropped)");
+}
+
+template <class T, class S>
+void moe_permute(TensorView<const T, S> x, TensorView<const std::int32_t, S> slots, const TensorView<T, S>& xs) {
+  check_view(x, x.shape(), "moe_permute", "x");
+  check_view(slots, Shape{x.rows(), slots.cols()}, "moe_permute", "slots");
+  check_view(xs, Shape{xs.rows(), x.cols()}, "moe_permute", "xs");
+}
+
+template <class T, class S>
+void moe_unpermute(TensorView<const T, S> o, TensorView<const std::int32_t, S> slots, TensorView<const T, S> gates,
+                   const TensorView<T, S>& y) {
+  check_view(o, o.shape(), "moe_unpermute", "o");
+  check_view(slots, slots.shape(), "moe_unpermute", "slots");
+  check_view(gates, slots.shape(), "moe_unpermute", "gates");
+  check_view(y, Shape{slots.rows(), o.cols()}, "moe_unpermute", "y");
+}
+
+template <class T, class S>
+void moe_unpermute_backward(TensorView<const T, S> dy, TensorView<const T, S> o, TensorView<const std::int32_t, S> slots,
+                            TensorView<const T, S> gates, const TensorView<T, S>& d_o, const TensorView<T, S>& dgates) {
+  check_view(o, o.shape(), "moe_unpermute_backward", "o");
+  check_view(slots, slots.shape(), "moe_unpermute_backward", "slots");
+  check_view(dy, Shape{slots.rows(), o.cols()}, "moe_unpermute_backward", "dy");
+  check_view(gates, slots.shape(), "moe_unpermute_backward", "gates");
+  check_view(d_o, o.shape(), "moe_unpermute_backward", "d_o");
+  check_view(dgates, slots.shape(), "moe_unpermute_backward", "dgates");
+}
+
+template <class T, class S>
+void moe_permute_backward(TensorView<const T, S> dxs, TensorView<const std::int32_t, S> slots, const TensorView<T, S>& dx) {
+  check_view(dxs, dxs.shape(), "moe_permute_backward", "dxs");
+  check_view(slots, slots.shape(), "moe_permute_backward", "slots");
+  check_view(dx, Shape{slots.rows(), dxs.cols()}, "moe_permute_backward", "dx");
+}
+
 // ---- optimizer updates and reductions -----------------------------------------------------------
 
 template <class T, class S>

@@ -5,14 +5,19 @@
 //   y_t = sum over t's kept choices j of gate_tj * expert_{e_tj}(x_t)
 // Tokens are sorted by expert into contiguous groups (moe::dispatch), so each expert runs two GEMMs
 // over its group (the backend's gemm: OpenBLAS on the host); a dropped choice contributes nothing.
+// The rows move to their groups and back through the backend's token-movement ops (moe_permute,
+// moe_unpermute and their backwards: backend/host/ops_moe.hpp, and on CUDA backend/cuda/ops_moe.cuh).
 // The auxiliary losses' gradients enter in backward_input, scaled by the step's loss normalizer,
 // which the runner sets on the context (Host::aux_loss_normalizer; 0: the microbatch's rows, as
 // Network's default), and backward_input adds what the layer did to Host::moe_tally when one is set.
 //
 // Parameters (PyTorch shapes, the experts stacked): router.weight (E, C), experts.c_fc.weight (E H, C),
 // experts.c_fc.bias (E H), experts.c_proj.weight (E C, H), experts.c_proj.bias (E C).
-// Runs on the host backend in fp32 or fp64 storage; a device backend or bf16 storage is refused
-// with the reason (the CUDA permute and grouped-GEMM path is issue #58's next step).
+// Runs in fp32 or fp64 storage (bf16 storage is refused with the reason). On a device backend
+// (backend::Cuda, EP = 1) the GEMMs, GELU and token movement run on the device and the routing on
+// the host, the router's tables downloaded and uploaded around it (backend::HostMirror): one
+// synchronisation per layer and pass, as the per-expert GEMMs' row counts are the host's anyway.
+// A device kernel for the routing and a grouped GEMM are the next steps (docs/gpu_notes.md).
 //
 // Expert parallelism (EP > 1): the layer is one rank's part of an expert-parallel group of EP ranks
 // (moe/expert_group.hpp, the backend context's expert_group), holding E / EP experts (rank t experts
@@ -39,6 +44,7 @@
 #include <vector>
 
 #include "cupipe/backend/op_types.hpp"
+#include "cupipe/backend/staging.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/cp/context_group.hpp"
@@ -107,7 +113,7 @@ struct MixtureOfExperts : LayerDefaults {
   template <class B, class T>
   static void forward(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T> saved) {
     if constexpr (!runs<B, T>) refuse<B>();
-    else forward_host(be, p, x, y, saved);
+    else forward_impl(be, p, x, y, saved);
   }
 
   /// dgates and the experts' output gradients from dy; through each expert to its GELU input's
@@ -116,7 +122,7 @@ struct MixtureOfExperts : LayerDefaults {
   template <class B, class T, class SavedView>
   static void backward_input(B& be, const T* p, ConstViewOn<B, T> x, SavedView saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     if constexpr (!runs<B, T>) refuse<B>();
-    else backward_input_host(be, p, x, const_cast<T*>(saved.data()), dy, dx);
+    else backward_input_impl(be, p, x, const_cast<T*>(saved.data()), dy, dx);
   }
 
   /// From what backward_input kept: d router += dlogits^T x; per expert dW1 += dh^T xs, db1 += sum dh,
@@ -124,7 +130,7 @@ struct MixtureOfExperts : LayerDefaults {
   template <class B, class T = typename B::value_type, class SavedView>
   static void backward_weight(B& be, ConstViewOn<B, T> x, SavedView saved, ConstViewOn<B, T>, grad_t<B>* g) {
     if constexpr (!runs<B, T>) refuse<B>();
-    else backward_weight_host(be, x, const_cast<T*>(saved.data()), g);
+    else backward_weight_impl(be, x, const_cast<T*>(saved.data()), g);
   }
 
   /// What the auxiliary losses of a forward's saved area of n rows add to the training loss:
@@ -140,32 +146,43 @@ struct MixtureOfExperts : LayerDefaults {
   }
 
  private:
-  /// Whether the layer runs on B with storage T: host memory, storage in the compute type.
+  /// Whether the layer runs on B with storage T: storage in the compute type, and with expert
+  /// parallelism host memory (its all-to-alls are MPI's, on host buffers).
   template <class B, class T>
-  static constexpr bool runs = host_accessible<typename B::space> && std::is_same_v<T, grad_t<B>>;
+  static constexpr bool runs = std::is_same_v<T, grad_t<B>> && (EP == 1 || host_accessible<typename B::space>);
 
   template <class B>
   [[noreturn]] static void refuse() {
-    CUPIPE_THROW(describe(), ": runs on the host backend in fp32 or fp64 storage (this backend is ", B::name,
-                 ", with other storage or memory); the CUDA path is not written yet");
+    CUPIPE_THROW(describe(), ": runs in fp32 or fp64 storage, and with expert parallelism on the host backend only "
+                 "(this backend is ", B::name, ", with other storage or device memory)");
   }
 
   template <class B, class T>
-  static void forward_host(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T> saved) {
+  static void forward_impl(B& be, const T* p, ConstViewOn<B, T> x, ViewOn<B, T> y, ViewOn<B, T> saved) {
     check_runs(be, x.rows());
     const index_t n = x.rows();
     const Saved<T> s(saved.data(), n);
-    // The router: logits into the probabilities' place, then softmax and top-k there.
+    // The router: logits into the probabilities' place, then softmax, top-k and the dispatch there,
+    // on the host (a device's tables go there and back: the GEMMs' row counts are the host's anyway).
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), x, ConstViewOn<B, T>{p, Shape{E, C}}, T(0),
          ViewOn<B, T>{s.probs, Shape{n, E}});
-    moe::route(s.probs, n, R, s.probs, s.lse, s.experts, s.gates);
     std::vector<index_t> offsets(std::size_t(E + 1));
-    moe::dispatch(s.experts, n, SeqLen, R, s.slot, offsets.data());
+    {
+      backend::HostMirror<B, T> probs(be, s.probs, n * E, true), lse(be, s.lse, n, false), gates(be, s.gates, n * K, false);
+      backend::HostMirror<B, std::int32_t> experts(be, s.experts, n * K, false), slots(be, s.slot, n * K, false);
+      moe::route(probs.data(), n, R, probs.data(), lse.data(), experts.data(), gates.data());
+      moe::dispatch(experts.data(), n, SeqLen, R, slots.data(), offsets.data());
+      probs.put();
+      lse.put();
+      gates.put();
+      experts.put();
+      slots.put();
+    }
     // The kept slots' inputs, sorted by expert; each expert over its group: h = x W1^T + b1 (kept),
     // o = gelu(h) W2^T + b2 (kept, per choice) -- here, or on the experts' ranks and back.
     const index_t kept = offsets[std::size_t(E)];
     auto xs = be.template allocate<T>(std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
-    gather(s, n, x.data(), xs.data());
+    moe_permute(be, x, slots_of<B>(s, n), ViewOn<B, T>{xs.data(), Shape{kept, C}});
     if constexpr (EP == 1) {
       auto act = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
       experts_forward(be, p, runs_of(offsets), xs.data(), s.h, act.data(), s.o);
@@ -195,47 +212,25 @@ struct MixtureOfExperts : LayerDefaults {
       combine.finish();
     }
     // Combine: y_t = sum_j gate_tj o[slot_tj], in choice order.
-    for (index_t t = 0; t < n; ++t) {
-      T* yt = y.data() + t * C;
-      std::fill_n(yt, C, T(0));
-      for (index_t j = 0; j < K; ++j) {
-        const std::int32_t at = s.slot[t * K + j];
-        if (at < 0) continue;
-        const T g = s.gates[t * K + j];
-        const T* ot = s.o + index_t(at) * C;
-        for (index_t c = 0; c < C; ++c) yt[c] += g * ot[c];
-      }
-    }
+    moe_unpermute(be, ConstViewOn<B, T>{s.o, Shape{kept, C}}, slots_of<B>(s, n), ConstViewOn<B, T>{s.gates, Shape{n, K}}, y);
   }
 
   template <class B, class T>
-  static void backward_input_host(B& be, const T* p, ConstViewOn<B, T> x, T* saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
+  static void backward_input_impl(B& be, const T* p, ConstViewOn<B, T> x, T* saved, ConstViewOn<B, T> dy, ViewOn<B, T> dx) {
     check_runs(be, x.rows());
     const index_t n = x.rows();
     const Saved<T> s(saved, n);
-    std::vector<index_t> offsets(std::size_t(E + 1));
-    moe::expert_offsets(s.experts, s.slot, n, R, offsets.data());
+    backend::HostMirror<B, std::int32_t> experts(be, s.experts, n * K, true);
+    const std::vector<index_t> offsets = kept_offsets(be, s, experts.data(), n);
     const index_t kept = offsets[std::size_t(E)];
     // dgate_tj = dy_t . o_slot;  do_slot = gate_tj dy_t (a dropped choice has no slot): kept here,
     // or sent to the experts' ranks.
     auto sent = be.template allocate<T>(EP == 1 ? 1 : std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
     T* d_o = EP == 1 ? s.d_o : sent.data();
-    std::vector<T> dgates(std::size_t(n * K), T(0));
-    for (index_t t = 0; t < n; ++t)
-      for (index_t j = 0; j < K; ++j) {
-        const std::int32_t at = s.slot[t * K + j];
-        if (at < 0) continue;
-        const T* dyt = dy.data() + t * C;
-        const T* ot = s.o + index_t(at) * C;
-        T* d_ot = d_o + index_t(at) * C;
-        const T g = s.gates[t * K + j];
-        T acc = 0;
-        for (index_t c = 0; c < C; ++c) {
-          acc += dyt[c] * ot[c];
-          d_ot[c] = g * dyt[c];
-        }
-        dgates[std::size_t(t * K + j)] = acc;
-      }
+    auto dgates = be.template allocate<T>(std::max<index_t>(n * K, 1), MemoryTag::workspace);
+    moe_unpermute_backward(be, dy, ConstViewOn<B, T>{s.o, Shape{kept, C}}, slots_of<B>(s, n),
+                           ConstViewOn<B, T>{s.gates, Shape{n, K}}, ViewOn<B, T>{d_o, Shape{kept, C}},
+                           ViewOn<B, T>{dgates.data(), Shape{n, K}});
     // Through each expert: da = do W2, dh = da gelu'(h) (kept); dxs = dh W1 (per slot here).
     auto dxs = be.template allocate<T>(std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
     auto scratch = be.template allocate<T>(EP == 1 ? 1 : std::max<index_t>(n * M, 1) * C, MemoryTag::workspace);
@@ -263,30 +258,29 @@ struct MixtureOfExperts : LayerDefaults {
       combine.emplace(transfer(be, group));
       combine->start(scratch.data(), moe::value_counts(c, C, true), dxs.data(), moe::value_counts(c, C, false));
     }
-    // The router: the balance loss's gradient of the probabilities, then dlogits (kept).
+    // The router on the host: the balance loss's gradient of the probabilities, then dlogits (kept).
     const index_t normalizer = be.aux_loss_normalizer > 0 ? be.aux_loss_normalizer : n;
     std::vector<T> dprobs(std::size_t(n * E), T(0));
-    const double balance = moe::balance_loss(s.probs, s.experts, n, SeqLen, R, normalizer, dprobs.data());
-    const double z = moe::router_backward(s.probs, s.lse, s.experts, s.gates, dgates.data(), n, R, normalizer, dprobs.data(),
-                                          s.dlogits);
+    double balance = 0, z = 0;
+    {
+      backend::HostMirror<B, T> probs(be, s.probs, n * E, true), lse(be, s.lse, n, true), gates(be, s.gates, n * K, true),
+          d_gates(be, dgates.data(), n * K, true), dlogits(be, s.dlogits, n * E, false);
+      balance = moe::balance_loss(probs.data(), experts.data(), n, SeqLen, R, normalizer, dprobs.data());
+      z = moe::router_backward(probs.data(), lse.data(), experts.data(), gates.data(), d_gates.data(), n, R, normalizer,
+                               dprobs.data(), dlogits.data());
+      dlogits.put();
+    }
     if (be.moe_tally != nullptr) tally(*be.moe_tally, n, offsets, balance, z);
     if (!dx.empty())
       gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>{s.dlogits, Shape{n, E}},
            ConstViewOn<B, T>{p, Shape{E, C}}, T(0), dx);
     if (combine) combine->finish();
     if (dx.empty()) return;
-    for (index_t t = 0; t < n; ++t)
-      for (index_t j = 0; j < K; ++j) {
-        const std::int32_t at = s.slot[t * K + j];
-        if (at < 0) continue;
-        const T* d = dxs.data() + index_t(at) * C;
-        T* dxt = dx.data() + t * C;
-        for (index_t c = 0; c < C; ++c) dxt[c] += d[c];
-      }
+    moe_permute_backward(be, ConstViewOn<B, T>{dxs.data(), Shape{kept, C}}, slots_of<B>(s, n), dx);
   }
 
   template <class B, class T>
-  static void backward_weight_host(B& be, ConstViewOn<B, T> x, T* saved, T* g) {
+  static void backward_weight_impl(B& be, ConstViewOn<B, T> x, T* saved, T* g) {
     check_runs(be, x.rows());
     const index_t n = x.rows();
     const Saved<T> s(saved, n);
@@ -294,10 +288,12 @@ struct MixtureOfExperts : LayerDefaults {
          ViewOn<B, T>{g, Shape{E, C}});
     // The rows each local expert ran: this rank's kept slots, or what it received.
     std::vector<index_t> at(std::size_t(El + 1));
-    if constexpr (EP == 1) moe::expert_offsets(s.experts, s.slot, n, R, at.data());
-    else at = owner_offsets(moe::ExchangeCounts{EP, El, std::vector<index_t>(s.counts, s.counts + E), {}});
+    if constexpr (EP == 1) {
+      backend::HostMirror<B, std::int32_t> experts(be, s.experts, n * K, true);
+      at = kept_offsets(be, s, experts.data(), n);
+    } else at = owner_offsets(moe::ExchangeCounts{EP, El, std::vector<index_t>(s.counts, s.counts + E), {}});
     auto gathered = be.template allocate<T>(EP == 1 ? std::max<index_t>(at[std::size_t(El)], 1) * C : 1, MemoryTag::workspace);
-    if constexpr (EP == 1) gather(s, n, x.data(), gathered.data());
+    if constexpr (EP == 1) moe_permute(be, x, slots_of<B>(s, n), ViewOn<B, T>{gathered.data(), Shape{at[std::size_t(El)], C}});
     const T* xs = EP == 1 ? gathered.data() : s.xs;
     auto act = be.template allocate<T>(std::max<index_t>(at[std::size_t(El)], 1) * Hidden, MemoryTag::workspace);
     for (index_t e = 0; e < El; ++e) {
@@ -437,15 +433,20 @@ struct MixtureOfExperts : LayerDefaults {
     }
   };
 
-  /// The kept slots' input rows, in slot order: xs[slot_tj] = x_t.
-  template <class T>
-  static void gather(const Saved<T>& s, index_t n, const T* x, T* xs) {
-    for (index_t t = 0; t < n; ++t)
-      for (index_t j = 0; j < K; ++j) {
-        const std::int32_t at = s.slot[t * K + j];
-        if (at < 0) continue;
-        std::copy_n(x + t * C, C, xs + index_t(at) * C);
-      }
+  /// The saved slots of n rows (n, K): where each choice sits among the expert-sorted rows, -1 dropped.
+  template <class B, class T>
+  static ConstViewOn<B, std::int32_t> slots_of(const Saved<T>& s, index_t n) {
+    return {s.slot, Shape{n, K}};
+  }
+
+  /// Where each expert's kept slots begin (E + 1) from n rows' choices (`experts`, in host memory) and
+  /// the saved slots (read from the backend's memory here).
+  template <class B, class T>
+  static std::vector<index_t> kept_offsets(B& be, const Saved<T>& s, const std::int32_t* experts, index_t n) {
+    backend::HostMirror<B, std::int32_t> slots(be, s.slot, n * K, true);
+    std::vector<index_t> offsets(std::size_t(E + 1));
+    moe::expert_offsets(experts, slots.data(), n, R, offsets.data());
+    return offsets;
   }
   static void tally(moe::Tally& out, index_t n, const std::vector<index_t>& offsets, double balance, double z) {
     out.balance_loss += balance;

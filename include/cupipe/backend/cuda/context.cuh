@@ -43,7 +43,7 @@ struct DeviceError {
 };
 
 /// Codes a kernel writes into the DeviceError record.
-enum DeviceErrorCode : std::int32_t { no_error = 0, label_out_of_range = 1, token_id_out_of_range = 2 };
+enum DeviceErrorCode : std::int32_t { no_error = 0, label_out_of_range = 1, token_id_out_of_range = 2, moe_slot_out_of_range = 3 };
 
 namespace detail {
 inline int checked_device(int device) {

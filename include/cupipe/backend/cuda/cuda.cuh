@@ -128,6 +128,9 @@ class Cuda : public ops::Dispatch {
                    ", outside its class range");
     if (found.code == backend::cuda::token_id_out_of_range)
       CUPIPE_THROW("an embedding kernel met token id ", found.value, " at row ", found.row, ", outside the vocabulary");
+    if (found.code == backend::cuda::moe_slot_out_of_range)
+      CUPIPE_THROW("a mixture of experts' permutation kernel met slot ", found.value, " at choice ", found.row,
+                   ", outside its expert-sorted rows");
   }
 
   // A pipeline step's device-side timeline (see backend::cuda::ActionTimer): the origin, a mark after the

@@ -350,26 +350,29 @@ void layernorm_backward_weight(backend::Cuda<T, C>& be, DeviceConstView<T> x, De
 }  // namespace cupipe::ops
 namespace cupipe::backend::cuda::detail {
 
-template <class T, class C>
-void check_reported_labels(backend::Cuda<T, C>& be, std::string_view op, const Shape& logits, index_t classes = -1) {
+/// With be.check_inputs (it waits): throws for what a kernel reported, `report(value, row)` for the
+/// code `expected` (which throws the host's message for that bad input), any other code by number.
+template <class T, class C, class Report>
+void check_reported(backend::Cuda<T, C>& be, std::string_view op, std::int32_t expected, Report&& report) {
   if (!be.check_inputs) return;
   const backend::cuda::DeviceError found = be.context().take_device_error();
-  if (found.code == backend::cuda::label_out_of_range)
-    ops::checks::label_out_of_range(op, found.value, found.row, logits, classes < 0 ? logits.cols() : classes);
+  if (found.code == expected) report(found.value, found.row);
   if (found.code != backend::cuda::no_error)
     CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
                  ", value ", found.value, ")");
 }
 
 template <class T, class C>
+void check_reported_labels(backend::Cuda<T, C>& be, std::string_view op, const Shape& logits, index_t classes = -1) {
+  check_reported(be, op, backend::cuda::label_out_of_range, [&](long long value, index_t row) {
+    ops::checks::label_out_of_range(op, value, row, logits, classes < 0 ? logits.cols() : classes);
+  });
+}
+
+template <class T, class C>
 void check_reported_ids(backend::Cuda<T, C>& be, std::string_view op, index_t vocab) {
-  if (!be.check_inputs) return;
-  const backend::cuda::DeviceError found = be.context().take_device_error();
-  if (found.code == backend::cuda::token_id_out_of_range)
-    ops::checks::token_id_out_of_range(op, found.value, found.row, vocab);
-  if (found.code != backend::cuda::no_error)
-    CUPIPE_THROW(op, ": an earlier kernel on this context reported bad input (code ", found.code, ", row ", found.row,
-                 ", value ", found.value, ")");
+  check_reported(be, op, backend::cuda::token_id_out_of_range,
+                 [&](long long value, index_t row) { ops::checks::token_id_out_of_range(op, value, row, vocab); });
 }
 
 }  // namespace cupipe::backend::cuda::detail
@@ -568,3 +571,6 @@ void adamw_update_master(backend::Cuda<T, C>& be, DeviceView<float> master, Devi
 
 // Causal self-attention, the op with the most paths, in a file of its own.
 #include "cupipe/backend/cuda/attention_op.cuh"
+
+// A mixture of experts' token movement (moe_permute, moe_unpermute and their backwards).
+#include "cupipe/backend/cuda/ops_moe.cuh"

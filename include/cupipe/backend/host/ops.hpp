@@ -577,5 +577,8 @@ void adamw_update(backend::Host<T>&, TensorView<T> param, ConstView<T> grad, Ten
 
 }  // namespace cupipe::ops
 
+// A mixture of experts' token movement (moe_permute, moe_unpermute and their backwards).
+#include "cupipe/backend/host/ops_moe.hpp"  // IWYU pragma: export
+
 // bf16 storage with float compute (backend::Host<bfloat16, float>).
 #include "cupipe/backend/host/ops_bf16.hpp"
