@@ -31,7 +31,7 @@ constexpr index_t C = 6, H = 10, T = 5;
 
 template <class M>
 Vec random_moe_params(Rng& rng) {
-  Vec p(std::size_t(LayerSeq<0, C, M>::param_count));
+  Vec p(static_cast<std::size_t>(LayerSeq<0, C, M>::param_count));
   M::init(std::span<double>(p), C, rng);
   for (double& v : p) v += rng.uniform(-0.2, 0.2);
   return p;
