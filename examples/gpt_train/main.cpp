@@ -187,9 +187,13 @@ int main(int argc, char** argv) {
   app.add_option("--ep", f.ep,
                  "with --experts, expert-parallel ranks per group: N of the --dp replicas of a stage share every MoE "
                  "block's experts (each holds experts / N), tokens travel to their expert's rank and back by "
-                 "all-to-all; 2 or 4, dividing --dp, with --schedule 1f1b")
+                 "all-to-all; 2 or 4, dividing --dp, with --schedule 1f1b or dualpipev")
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2, 4}))
+      ->needs(experts);
+  app.add_flag("--paired-turns", f.paired_turns,
+               "with --experts, --ep and --schedule dualpipev: each overlapped F&B pair's F and B take turns, one "
+               "computing while the other's all-to-all is in flight (default: the F, then the B; the same numbers)")
       ->needs(experts);
   app.add_option("--save", f.save, "checkpoint prefix: PREFIX.safetensors (nanoGPT names) and PREFIX.state.safetensors");
   app.add_option("--save-every", f.save_every, "also save every N steps")->check(non_negative);
@@ -314,11 +318,13 @@ int main(int argc, char** argv) {
                      f.backend != "host" ? "--backend " + f.backend : f.precision != "fp32" ? "--precision " + f.precision
                      : f.preset != "tiny" ? "--preset " + f.preset : f.tp > 1 ? "--tp" : f.cp > 1 ? "--cp" : "--plan auto",
                      " was given)");
-      if (cupipe::examples::family_of_name(f.schedule) != cupipe::examples::ScheduleFamily::flush || f.stages > 2)
-        CUPIPE_THROW("--experts trains the flush schedules (gpipe, 1f1b, zb-h1, zb-h2) at --stages 1 or 2, not --schedule ",
-                     f.schedule, " --stages ", f.stages);
-      if (f.ep > 1 && (f.dp % f.ep != 0 || f.schedule != "1f1b" || f.zero > 0))
-        CUPIPE_THROW("--ep ", f.ep, " groups ", f.ep, " of the --dp replicas and runs with --schedule 1f1b without --zero (",
+      const bool flush = cupipe::examples::family_of_name(f.schedule) == cupipe::examples::ScheduleFamily::flush;
+      if (!(flush && f.stages <= 2) && !(f.schedule == "dualpipev" && f.stages == 2))
+        CUPIPE_THROW("--experts trains the flush schedules (gpipe, 1f1b, zb-h1, zb-h2) at --stages 1 or 2, and dualpipev "
+                     "at --stages 2, not --schedule ", f.schedule, " --stages ", f.stages);
+      if (f.ep > 1 && (f.dp % f.ep != 0 || (f.schedule != "1f1b" && f.schedule != "dualpipev") || f.zero > 0))
+        CUPIPE_THROW("--ep ", f.ep, " groups ", f.ep, " of the --dp replicas and runs with --schedule 1f1b or dualpipev "
+                     "without --zero (",
                      f.dp % f.ep != 0 ? "--dp " + std::to_string(f.dp) + " is not a multiple of it"
                      : f.zero > 0     ? "--zero " + std::to_string(f.zero) + " was given"
                                       : "--schedule " + f.schedule + " was given",

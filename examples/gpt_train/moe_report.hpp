@@ -71,6 +71,10 @@ class MoeReport {
         say("  experts: all-to-all %.2f ms a step per rank, %.2f ms of it exposed (measured; the rest ran beside "
             "compute)\n",
             1e3 * t.all_to_all_seconds / (steps * ranks()), 1e3 * t.exposed_all_to_all_seconds / (steps * ranks()));
+      if (print && steps > 0 && t.all_to_alls_beside_partner > 0)
+        say("  experts: %lld of %lld all-to-alls ran while the paired action computed (DualPipeV's F&B pairs taking "
+            "turns)\n",
+            (long long)t.all_to_alls_beside_partner, (long long)t.all_to_alls);
     }
   }
 
@@ -91,6 +95,8 @@ class MoeReport {
             {"all_to_all_seconds_per_step_per_rank", total_steps_ > 0 ? t.all_to_all_seconds / (total_steps_ * ranks()) : 0.0},
             {"exposed_all_to_all_seconds_per_step_per_rank",
              total_steps_ > 0 ? t.exposed_all_to_all_seconds / (total_steps_ * ranks()) : 0.0},
+            {"all_to_alls", t.all_to_alls},
+            {"all_to_alls_beside_partner", t.all_to_alls_beside_partner},
             {"load", t.load}};
   }
 
@@ -105,7 +111,9 @@ class MoeReport {
     }
     if (comm_ != nullptr) {
       std::vector<double> v{t.balance_loss, t.z_loss, t.aux_loss, double(t.routed), double(t.dropped), double(t.layers),
-                            t.all_to_all_seconds, t.exposed_all_to_all_seconds};
+                            t.all_to_all_seconds, t.exposed_all_to_all_seconds, double(t.all_to_alls),
+                            double(t.all_to_alls_beside_partner)};
+      constexpr std::size_t loads = 10;  // where the load per expert starts in v
       for (std::int64_t l : t.load) v.push_back(double(l));
       comm_->sum_over_world(v.data(), v.size());
       t.balance_loss = v[0];
@@ -116,7 +124,9 @@ class MoeReport {
       t.layers = int(v[5]);
       t.all_to_all_seconds = v[6];
       t.exposed_all_to_all_seconds = v[7];
-      for (std::size_t e = 0; e < t.load.size(); ++e) t.load[e] = std::int64_t(v[8 + e]);
+      t.all_to_alls = std::int64_t(v[8]);
+      t.all_to_alls_beside_partner = std::int64_t(v[9]);
+      for (std::size_t e = 0; e < t.load.size(); ++e) t.load[e] = std::int64_t(v[loads + e]);
     }
     return t;
   }

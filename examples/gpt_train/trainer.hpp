@@ -91,6 +91,7 @@ struct Flags {
   int tp = 1;                         ///< tensor-parallel ranks per stage (Megatron's split of each block)
   int cp = 1;                         ///< context-parallel ranks per ring (each sequence split over them)
   int ep = 1;                         ///< expert-parallel ranks per group (each holding experts / ep of every MoE block's)
+  bool paired_turns = false;          ///< --paired-turns: DualPipeV's overlapped pairs take turns at the all-to-alls
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
   bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
   bool zero_given = false;                ///< --zero was on the command line (--plan auto then keeps it)
@@ -333,7 +334,7 @@ int train(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& s
   Pipe pipe({.microbatches = f.microbatches, .seed = f.seed, .devices = parse_devices(f.devices), .packed_sequences = f.pack,
              .transfer_timeout_seconds = f.timeout, .communicator = launch.communicator,
              .post_validation = f.post_validation > 0, .zero = f.zero, .check_equivalence = f.check_equivalence,
-             .hand_over = parse_wires(f.hand_over)});
+             .hand_over = parse_wires(f.hand_over), .paired_turns = f.paired_turns});
   // With --tp or --ep each rank draws its part of the whole model's initialisation (LayerSeq::init),
   // so such a run starts where the same run without it does.
   configure(pipe);
@@ -663,8 +664,8 @@ int train_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
         if (f.tp == 4) rc = train<config, Schedule, P, Backend, 4>(f, corpus, split, launch, rate, configure);
       }
       // Expert-parallel ranks are data-parallel replicas holding a share of the experts.
-      if constexpr (std::is_same_v<typename Backend::space, HostSpace> && std::is_same_v<Schedule, schedule::OneFOneB> &&
-                    config.experts > 0) {
+      if constexpr (std::is_same_v<typename Backend::space, HostSpace> && config.experts > 0 &&
+                    (std::is_same_v<Schedule, schedule::OneFOneB> || std::is_same_v<Schedule, schedule::DualPipeV>)) {
         if (f.ep == 2) rc = train<config, Schedule, P, Backend, 1, Configure, 2>(f, corpus, split, launch, rate, configure);
         if (f.ep == 4) rc = train<config, Schedule, P, Backend, 1, Configure, 4>(f, corpus, split, launch, rate, configure);
       }
@@ -672,7 +673,10 @@ int train_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
     };
     if constexpr (examples::family_of<Schedule> == F && examples::trainer_builds<Schedule>) {
       if constexpr (Schedule::chunks == 1 && config.experts == 0) with_stage_count<1, 2, 4>(f.stages, run);
-      else with_stage_count<1, 2>(f.stages, run);  // two-chunk schedules, and models with experts
+      else if constexpr (config.experts == 0 || Schedule::chunks == 1) with_stage_count<1, 2>(f.stages, run);
+      // Models with experts: of the two-chunk schedules DualPipeV alone, whose overlapped pairs take
+      // turns at the all-to-alls (pipeline/paired_turns.hpp), at 2 stages.
+      else if constexpr (std::is_same_v<Schedule, schedule::DualPipeV>) with_stage_count<2>(f.stages, run);
     }
   });
   return rc;

@@ -14,12 +14,13 @@
 //     them, the rest over all;
 //   - with --checkpoint, checkpoints both ways: this run's loads into one process, and one process's
 //     into this layout.
-// With 2 stages and a capacity, DualPipeV's overlapped pairs train the same (check_dualpipe).
+// With 2 stages and a capacity, DualPipeV's overlapped pairs train the same, taking turns at their
+// all-to-alls or back to back, bitwise (check_dualpipe).
 // Then the layer's exchange refuses ranks whose microbatches differ, every rank naming the two ranks
 // (check_mismatch), and (EP 2 x PP 2) a Pipeline refuses ZeRO and a whole model under
 // expert-parallel groups.
 // The model: V 64, T 16, 2 blocks, 4 heads, C 16, both MLPs 4 experts of top-2, with a capacity of
-// 1.0 that drops (or --dropless).
+// 1.0 that drops (or --dropless); DualPipeV's has 4 such blocks.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -44,6 +45,9 @@ namespace {
 // {vocab, context, layers, heads, channels, tied, experts, top_k, moe_every, capacity_factor}
 constexpr gpt::Config capacity_gpt{64, 16, 2, 4, 16, true, 4, 2, 1, 1.0};
 constexpr gpt::Config dropless_gpt{64, 16, 2, 4, 16, true, 4, 2, 1, 0.0};
+// DualPipeV's: 4 blocks, so that each of a worker's two chunks holds MoE blocks and a pair's two
+// actions both send tokens (with 2 blocks every pair has one chunk without experts).
+constexpr gpt::Config dual_gpt{64, 16, 4, 4, 16, true, 4, 2, 1, 1.0};
 
 /// 8 sequences in all, each replica's share of them.
 struct Batch {
@@ -121,28 +125,50 @@ int check_pipeline(std::shared_ptr<comm::MpiCommunicator> comm, const std::strin
   return expect.failures;
 }
 
-/// DualPipeV (2 stages, 4 virtual stages, overlapped F&B pairs: each rank's pair runs its two
-/// all-to-alls in the same order as its group's) with experts split over EP ranks, against the whole
-/// model's 1F1B in one process: the losses of 3 steps and the weights after them, 1e-12.
+/// DualPipeV (2 stages, 4 virtual stages, overlapped F&B pairs) with experts split over EP ranks,
+/// against the whole model's 1F1B in one process: the losses of 3 steps and the weights after them,
+/// 1e-12. Its pairs take turns (pipeline/paired_turns.hpp: the F on a second thread, each action
+/// computing while the other's all-to-all is in flight: PipelineOptions::paired_turns); without, they
+/// run back to back, and the losses and weights must be the same bitwise. The tallies show the
+/// turns: with them, some of every rank's all-to-alls ran beside the partner; without, none.
 template <gpt::Config config, int EP>
 int check_dualpipe(std::shared_ptr<comm::MpiCommunicator> comm) {
   using B = backend::Host<double>;
   using Part = gpt::ExpertParallelModel<config, EP>;
+  using Dual = Pipeline<partition_for<Part, 2, schedule::DualPipeV>, schedule::DualPipeV, B>;
   const comm::Topology& topo = comm->topology();
   const Batch batch(topo, config.context);
   Expect expect{topo};
-  Pipeline<partition_for<Part, 2, schedule::DualPipeV>, schedule::DualPipeV, B> dual(
-      {.microbatches = 4, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm});
+  Dual dual({.microbatches = 4, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm, .paired_turns = true});
+  Dual back_to_back({.microbatches = 4, .seed = 4, .transfer_timeout_seconds = 60.0, .communicator = comm});
   Pipeline<partition<gpt::Model<config>, 2>, schedule::OneFOneB, B> reference({.microbatches = 4 * topo.replicas, .seed = 4});
+  moe::Tally turns, plain;
+  dual.backend(topo.stage()).moe_tally = &turns;
+  back_to_back.backend(topo.stage()).moe_tally = &plain;
   const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
   for (int s = 0; s < 3; ++s) {
     const double got = dual.train_step(batch.mine(), batch.mine_y(), adamw).loss;
+    const double unpaired = back_to_back.train_step(batch.mine(), batch.mine_y(), adamw).loss;
     const double want = reference.train_step(batch.all(), batch.all_y(), adamw).loss;
     expect("DualPipeV step " + std::to_string(s) + " loss", std::abs(got - want) <= 1e-12 * want,
            number(got) + " against 1F1B in one process " + number(want));
+    expect("DualPipeV step " + std::to_string(s) + " loss, pairs taking turns against back to back", got == unpaired,
+           number(got) + " against " + number(unpaired));
   }
-  const double r = relative(dual.parameters(), reference.parameters());
+  const std::vector<double> weights = dual.parameters();
+  const double r = relative(weights, reference.parameters());
   expect("DualPipeV's weights after 3 AdamW steps", r <= 1e-12, "max relative difference " + number(r));
+  expect("DualPipeV's weights, pairs taking turns against back to back, bitwise", weights == back_to_back.parameters(),
+         "max relative difference " + number(relative(weights, back_to_back.parameters())));
+  const std::string counts = std::to_string(turns.all_to_alls_beside_partner) + " of " + std::to_string(turns.all_to_alls) +
+                             " taking turns, " + std::to_string(plain.all_to_alls_beside_partner) + " of " +
+                             std::to_string(plain.all_to_alls) + " back to back";
+  expect("all-to-alls that ran while the paired action computed", turns.all_to_alls_beside_partner > 0 &&
+         turns.all_to_alls == plain.all_to_alls && plain.all_to_alls_beside_partner == 0, counts);
+  if (topo.rank == 0)
+    std::printf("rank 0: all-to-all time a step, in flight / exposed: %.2f / %.2f ms taking turns, %.2f / %.2f ms back to back\n",
+                turns.all_to_all_seconds / 3 * 1e3, turns.exposed_all_to_all_seconds / 3 * 1e3,
+                plain.all_to_all_seconds / 3 * 1e3, plain.exposed_all_to_all_seconds / 3 * 1e3);
   return expect.failures;
 }
 
@@ -218,7 +244,7 @@ int main(int argc, char** argv) {
     // The layouts the tests run, each instantiated once (EP 2 x PP 2 with a capacity also under
     // DualPipeV, and with the Pipeline's refusals; EP 2 x DP 4; EP 4 x PP 2 dropless).
     if (experts == 2 && stages == 2 && !dropless)
-      failures += check_pipeline<capacity_gpt, 2, 2>(comm, checkpoint) + check_dualpipe<capacity_gpt, 2>(comm) +
+      failures += check_pipeline<capacity_gpt, 2, 2>(comm, checkpoint) + check_dualpipe<dual_gpt, 2>(comm) +
                   check_mismatch<2>(*comm) + check_refusals<2, 2>(comm);
     else if (experts == 2 && stages == 1 && !dropless)
       failures += check_pipeline<capacity_gpt, 2, 1>(comm, checkpoint) + check_mismatch<2>(*comm);

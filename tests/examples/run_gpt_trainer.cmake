@@ -40,7 +40,9 @@
 # experts_data_parallel: the same with 2 stages x 2 replicas under MPIRUN, also as one expert-parallel
 #         group of 2 (--ep 2), against one process: the held-out loss to 2 parts per million, the same
 #         slots dropped and load per expert; with --ep 2 the all-to-all time measured and printed, and
-#         the exposed part of it no more than the whole.
+#         the exposed part of it no more than the whole; DualPipeV with --ep 2, its pairs taking turns
+#         (--paired-turns: some all-to-alls run beside the paired action) and not: the same tensors,
+#         and the held-out loss of one process to 2 parts per million.
 # post_validation: 10 steps of ZBV (tied wte and lm_head on worker 0) with --post-validation 4, an
 #         evaluation after step 5 cutting the groups to 4, 1, 4, 1, against 10 plain steps: the same
 #         tensor bytes and the same held-out loss.
@@ -405,6 +407,24 @@ elseif(MODE STREQUAL "experts_data_parallel")
      OR NOT output MATCHES "\n  experts: all-to-all [0-9.]+ ms a step per rank, [0-9.]+ ms of it exposed \\(measured")
     message(FATAL_ERROR "--ep 2: all-to-all ${ep_seconds} s a step, ${ep_exposed} s of it exposed: ${output}")
   endif()
+  # DualPipeV with the same group: its overlapped F&B pairs take turns at the all-to-alls (some of
+  # them run while the paired action computes), or run back to back; the same tensors either way.
+  # (Not in a build with some schedules only: the sanitizer job's trainer has 1F1B alone.)
+  if(NOT TRAINER_SUBSET)
+    run_trainer(${flags} --dp 2 --ep 2 --schedule dualpipev --microbatches 4 --paired-turns --progress lines --save "${WORK_DIR}/turns")
+    string(JSON dual_held_out GET "${summary}" held_out_loss)
+    string(JSON beside GET "${summary}" moe all_to_alls_beside_partner)
+    string(JSON all_to_alls GET "${summary}" moe all_to_alls)
+    if(NOT beside GREATER 0 OR NOT output MATCHES "all-to-alls ran while the paired action computed")
+      message(FATAL_ERROR "--schedule dualpipev --ep 2: ${beside} of ${all_to_alls} all-to-alls beside the partner: ${output}")
+    endif()
+    run_trainer(${flags} --dp 2 --ep 2 --schedule dualpipev --microbatches 4 --save "${WORK_DIR}/back_to_back")
+    string(JSON plain_beside GET "${summary}" moe all_to_alls_beside_partner)
+    if(NOT plain_beside EQUAL 0)
+      message(FATAL_ERROR "without --paired-turns: ${plain_beside} all-to-alls beside the partner")
+    endif()
+    expect_same_tensors("${WORK_DIR}/turns" "${WORK_DIR}/back_to_back")
+  endif()
   set(launcher "")
   run_trainer(${flags})
   string(JSON held_out GET "${summary}" held_out_loss)
@@ -412,6 +432,9 @@ elseif(MODE STREQUAL "experts_data_parallel")
   string(JSON load GET "${summary}" moe load)
   expect_close("held-out loss of 2 replicas with experts against one process" "${dp_held_out}" "${held_out}" 2)
   expect_close("held-out loss of 2 expert-parallel replicas against one process" "${ep_held_out}" "${held_out}" 2)
+  if(NOT TRAINER_SUBSET)
+    expect_close("held-out loss of DualPipeV's 2 expert-parallel replicas against one process" "${dual_held_out}" "${held_out}" 2)
+  endif()
   if(NOT dp_dropped EQUAL dropped OR NOT dp_load STREQUAL load OR NOT ep_dropped EQUAL dropped OR NOT ep_load STREQUAL load)
     message(FATAL_ERROR "2 replicas dropped ${dp_dropped} slots with load ${dp_load}, 2 expert-parallel ones ${ep_dropped} "
                         "with ${ep_load}; one process ${dropped} with ${load}")

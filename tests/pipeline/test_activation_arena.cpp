@@ -136,6 +136,11 @@ TEST_CASE("the in-flight table holds a microbatch once, from forward to done", "
   table.clear();
   CHECK(table.empty());
   CHECK(table.find(-1) == nullptr);
+  // A new id taken in leaves the others where they are (an overlapped pair's B holds its own while
+  // its F takes one in: paired_turns.hpp).
+  const std::vector<int>* held = &table.emplace(1, std::vector<int>{7});
+  for (int j = 2; j < 200; ++j) table.emplace(j, {});
+  CHECK(table.find(1) == held);
 }
 
 namespace {

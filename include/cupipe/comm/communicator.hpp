@@ -122,6 +122,11 @@ class Communicator {
   /// This rank's expert-parallel group (Topology::experts consecutive replicas of one stage), or null
   /// without expert parallelism. Valid as long as the communicator.
   virtual moe::ExpertGroup* expert_group() { return nullptr; }
+  /// The same ranks as expert_group(), on communicators of their own: the group an overlapped F
+  /// sends its tokens round while it takes turns with its partner B (pipeline/paired_turns.hpp), so
+  /// that each group has one all-to-all in flight at a time. Null where there is none (the pair then
+  /// runs back to back).
+  virtual moe::ExpertGroup* paired_expert_group() { return nullptr; }
   /// In place, host memory, the converse of the gather: `data` holds replicas x `count` values; on
   /// return this replica's block (at replica() x count) holds that block summed over the replicas,
   /// and the other blocks are unspecified (ZeRO-1's reduce-scatter of the gradients: each replica

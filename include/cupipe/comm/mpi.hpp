@@ -132,8 +132,9 @@ class MpiCommunicator final : public Communicator {
       MPI_Comm ring = ring_->communicator();
       MPI_Comm_free(&ring);
     }
-    if (experts_)
-      for (MPI_Comm c : experts_->communicators()) MPI_Comm_free(&c);
+    for (const auto* group : {experts_.get(), paired_experts_.get()})
+      if (group)
+        for (MPI_Comm c : group->communicators()) MPI_Comm_free(&c);
     MPI_Comm_free(&tensor_);
     MPI_Comm_free(&replicas_);
     MPI_Comm_free(&pipeline_);
@@ -249,6 +250,7 @@ class MpiCommunicator final : public Communicator {
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
   cp::ContextGroup* context_group() override { return ring_.get(); }
   moe::ExpertGroup* expert_group() override { return experts_.get(); }
+  moe::ExpertGroup* paired_expert_group() override { return paired_experts_.get(); }
   bool reduce_scatters() const override { return true; }
   void reduce_scatter_over_replicas(float* data, std::size_t n) override {
     reduce_scatter(data, n, MPI_FLOAT);
@@ -465,12 +467,16 @@ class MpiCommunicator final : public Communicator {
     CUPIPE_CHECK_MPI(MPI_Comm_split(world_, base * groups + t.expert_group_index(), t.expert_rank(), &group));
     CUPIPE_CHECK_MPI(MPI_Comm_split(world_, base * t.experts + t.expert_rank(), t.expert_group_index(), &holders));
     for (MPI_Comm c : {group, holders}) CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
-    experts_ = std::make_unique<MpiExpertGroup>(
-        group, holders, t.experts, t.expert_rank(), groups,
-        "the expert-parallel group of " + std::to_string(t.experts) + " ranks (stage " + std::to_string(t.stage()) +
-            ", replicas " + std::to_string(t.expert_group_index() * t.experts) + ".." +
-            std::to_string(t.expert_group_index() * t.experts + t.experts - 1) + ")",
-        group_owner());
+    // The overlapped F's group (paired_expert_group): the same ranks, their own communicators.
+    MPI_Comm paired = MPI_COMM_NULL, paired_holders = MPI_COMM_NULL;
+    CUPIPE_CHECK_MPI(MPI_Comm_dup(group, &paired));
+    CUPIPE_CHECK_MPI(MPI_Comm_dup(holders, &paired_holders));
+    const std::string name = "the expert-parallel group of " + std::to_string(t.experts) + " ranks (stage " +
+                             std::to_string(t.stage()) + ", replicas " + std::to_string(t.expert_group_index() * t.experts) +
+                             ".." + std::to_string(t.expert_group_index() * t.experts + t.experts - 1);
+    experts_ = std::make_unique<MpiExpertGroup>(group, holders, t.experts, t.expert_rank(), groups, name + ")", group_owner());
+    paired_experts_ = std::make_unique<MpiExpertGroup>(paired, paired_holders, t.experts, t.expert_rank(), groups,
+                                                       name + "; an overlapped forward's)", group_owner());
   }
 
   /// Moves the block MPI left at the start of `data` to this replica's place (replica() x n).
@@ -558,6 +564,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request*> ring_requests_;  ///< under mutex_: a ring's pass or an expert all-to-all in flight, for the progress thread
   std::unique_ptr<MpiRing> ring_;             ///< the context-parallel ring (null: none)
   std::unique_ptr<MpiExpertGroup> experts_;  ///< the expert-parallel group (null: none)
+  std::unique_ptr<MpiExpertGroup> paired_experts_;  ///< the same ranks for an overlapped F (null: none)
   std::atomic<bool> broken_ = false;  ///< a collective timed out (read by every thread)
   bool stopping_ = false;         ///< under mutex_: the destructor ends the progress thread
   bool progress_failed_ = false;  ///< under mutex_: an MPI_Test failed in the progress thread

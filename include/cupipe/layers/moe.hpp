@@ -376,8 +376,7 @@ struct MixtureOfExperts : LayerDefaults {
   /// An all-to-all over `group` timed into the context's tally.
   template <class B>
   static moe::Transfer transfer(B& be, moe::ExpertGroup& group) {
-    moe::Tally* t = be.moe_tally;
-    return moe::Transfer(group, t ? &t->all_to_all_seconds : nullptr, t ? &t->exposed_all_to_all_seconds : nullptr);
+    return moe::Transfer(group, be.moe_tally);
   }
 
   template <class B>

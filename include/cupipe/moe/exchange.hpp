@@ -21,7 +21,9 @@
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/shape.hpp"
+#include "cupipe/comm/turns.hpp"
 #include "cupipe/moe/expert_group.hpp"
+#include "cupipe/moe/tally.hpp"
 
 namespace cupipe::moe {
 
@@ -178,15 +180,17 @@ void place_own(const ExchangeCounts& c, int source, const T* sorted, T* to, inde
   }
 }
 
-/// One all-to-all of the group, started and finished, and what it cost: the wall time from its
-/// start to its end (in flight) and the part of it the caller spent blocked in the group's calls
-/// (exposed), each added to its counter when given. One left open by an exception is finished by
-/// the destructor (its errors dropped), so that no buffer it reads or writes is freed under it:
-/// declare it after those buffers.
+/// One all-to-all of the group, started and finished, and what it cost, added to `tally` (when
+/// given): the wall time from its start to its end (in flight) and the part of it the caller spent
+/// blocked in the group's calls (exposed). Where the caller is one of a pair of actions that take
+/// turns (pipeline/paired_turns.hpp), finish() first lets the paired action compute while the
+/// tokens travel, and counts the all-to-all as one its partner ran beside. One left open by an
+/// exception is finished by the destructor (its errors dropped), so that no buffer it reads or
+/// writes is freed under it: declare it after those buffers.
 class Transfer {
  public:
-  Transfer(ExpertGroup& group, double* in_flight, double* exposed) : group_(group), in_flight_(in_flight), exposed_(exposed) {}
-  Transfer(const Transfer& o) : group_(o.group_), in_flight_(o.in_flight_), exposed_(o.exposed_) {}
+  Transfer(ExpertGroup& group, Tally* tally) : group_(group), tally_(tally) {}
+  Transfer(const Transfer& o) : group_(o.group_), tally_(o.tally_) {}
   Transfer& operator=(const Transfer&) = delete;
   ~Transfer() {
     if (!open_) return;
@@ -199,19 +203,25 @@ class Transfer {
   void start(const T* send, const std::vector<std::int64_t>& send_counts, T* receive,
              const std::vector<std::int64_t>& receive_counts) {
     started_ = std::chrono::steady_clock::now();
-    timed(exposed_, [&] { group_.start_all_to_all(send, send_counts.data(), receive, receive_counts.data()); });
+    timed(exposed(), [&] { group_.start_all_to_all(send, send_counts.data(), receive, receive_counts.data()); });
     open_ = true;
   }
   void finish() {
+    const bool beside = comm::let_partner_run();
     open_ = false;
-    timed(exposed_, [&] { group_.finish_all_to_all(); });
-    if (in_flight_) *in_flight_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    timed(exposed(), [&] { group_.finish_all_to_all(); });
+    if (tally_) {
+      tally_->all_to_all_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+      tally_->all_to_alls += 1;
+      tally_->all_to_alls_beside_partner += beside ? 1 : 0;
+    }
   }
 
  private:
+  double* exposed() const { return tally_ ? &tally_->exposed_all_to_all_seconds : nullptr; }
+
   ExpertGroup& group_;
-  double* in_flight_;
-  double* exposed_;
+  Tally* tally_;
   std::chrono::steady_clock::time_point started_{};
   bool open_ = false;
 };

@@ -29,6 +29,11 @@ struct Tally {
   /// rank sent itself, the backward's combine beside the router's backward).
   double all_to_all_seconds = 0;
   double exposed_all_to_all_seconds = 0;
+  /// The all-to-alls of tokens (two a layer and pass: the dispatch and the combine), and of those
+  /// the ones during which a paired action computed (DualPipeV's overlapped F&B pairs on the host:
+  /// pipeline/paired_turns.hpp).
+  std::int64_t all_to_alls = 0;
+  std::int64_t all_to_alls_beside_partner = 0;
 
   /// Adds another stage's (or rank's) tally.
   void add(const Tally& o) {
@@ -42,6 +47,8 @@ struct Tally {
     layers += o.layers;
     all_to_all_seconds += o.all_to_all_seconds;
     exposed_all_to_all_seconds += o.exposed_all_to_all_seconds;
+    all_to_alls += o.all_to_alls;
+    all_to_alls_beside_partner += o.all_to_alls_beside_partner;
   }
 
   /// The busiest expert's load over the mean load (1: perfectly balanced; 0 when nothing was routed).

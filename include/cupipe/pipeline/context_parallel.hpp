@@ -50,14 +50,16 @@ cp::ContextGroup* context_ring(comm::Communicator* comm, const PipelineOptions& 
 
 /// Gives every worker's backend context the groups its layers use: the split group (when there is
 /// one: the tensor-parallel group, or the expert-parallel one, which the mixture-of-experts layers
-/// take) and the context-parallel ring (null: none).
+/// take), the context-parallel ring (null: none), and with an expert-parallel group the one an
+/// overlapped F uses while it takes turns with its B (`paired`, null: none; paired_turns.hpp).
 template <class Workers>
-void join_groups(Workers& workers, TensorGroup* split, cp::ContextGroup* ring) {
+void join_groups(Workers& workers, TensorGroup* split, cp::ContextGroup* ring, moe::ExpertGroup* paired = nullptr) {
   auto* experts = dynamic_cast<moe::ExpertGroup*>(split);
   workers.for_each([&](int, auto& be) {
     if constexpr (requires { be.tensor_group; })
       if (split && !experts) be.tensor_group = split;
     if constexpr (requires { be.expert_group; }) be.expert_group = experts;
+    if constexpr (requires { be.paired_expert_group; }) be.paired_expert_group = experts ? paired : nullptr;
     if constexpr (requires { be.context_group; }) be.context_group = ring;
   });
 }

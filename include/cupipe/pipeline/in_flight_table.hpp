@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // InFlightTable: the microbatches a stage holds between their forward and their backward (or W), by
 // microbatch id. A slot per id, kept from step to step: taking a microbatch in and out allocates
-// nothing once the table has seen a step's ids (a std::map made a node on every forward).
+// nothing once the table has seen a step's ids (a std::map made a node on every forward). Taking a
+// new id in keeps every other microbatch where it is (a deque grows at its end without moving its
+// elements): the B of an overlapped pair that takes turns with its F (paired_turns.hpp) holds its
+// microbatch while the F takes its own in.
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -47,7 +51,7 @@ class InFlightTable {
   bool empty() const noexcept { return count_ == 0; }
 
  private:
-  std::vector<InFlight> items_;
+  std::deque<InFlight> items_;
   std::vector<char> held_;
   std::size_t count_ = 0;
 };

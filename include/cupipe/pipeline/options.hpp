@@ -135,6 +135,14 @@ struct PipelineOptions {
   /// train_steps with post_validation keeps the records resident.
   std::vector<int> offload{};
   int offload_resident = 1;
+  /// DualPipeV's overlapped F&B pairs on the host with expert parallelism: the F runs on a second
+  /// thread and the two take turns, so that one action's all-to-all is in flight while the other
+  /// computes (pipeline/paired_turns.hpp). The numbers are the same bitwise. Off: the F, then the B.
+  /// Off by default: where the ranks have no spare cores, the all-to-all is CPU work (MPI's
+  /// shared-memory copies) and each hand-over waits for the scheduler, so the turns hide nothing and
+  /// cost time (7% of the step on the 2-core VM with 4 ranks: docs/benchmarks.md). Turn it on where
+  /// a rank's communication runs beside its compute (spare cores, a network that moves the data).
+  bool paired_turns = false;
 };
 
 

@@ -116,7 +116,7 @@ class Pipeline {
     split_ = {plan_.config.total_microbatches(), rows_per_sample / (ring ? ring->size() : 1)};
     for (int w = 0; w < stages; ++w)
       if (local(w)) workers_.make(w, options_.devices.empty() ? 0 : options_.devices[std::size_t(w)]);
-    pipeline::join_groups(workers_, tensor_group_, ring);
+    pipeline::join_groups(workers_, tensor_group_, ring, options_.paired_turns && comm() ? comm()->paired_expert_group() : nullptr);
     transport_ = pipeline::make_transport<Executor>(workers_, options_);
     runtime_ = std::make_unique<pipeline::WorkerRuntime<Contexts>>(
         workers_, stages, options_.measure_actions, pipeline::FlightSetup{options_.communicator, options_.flight_dir, options_.flight_on_signal},

@@ -9,9 +9,11 @@
 // (flight_recorder.hpp), which says what a hung rank was doing.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,6 +25,7 @@
 #include "cupipe/core/error.hpp"
 #include "cupipe/pipeline/flight_recorder.hpp"
 #include "cupipe/pipeline/mailbox.hpp"
+#include "cupipe/pipeline/paired_turns.hpp"
 #include "cupipe/pipeline/stats.hpp"
 #include "cupipe/pipeline/worker_threads.hpp"
 #include "cupipe/schedule/action.hpp"
@@ -109,6 +112,7 @@ class WorkerRuntime {
     std::vector<std::pair<int, int>> marks;  // backend clock marks of each record (device timelines)
     double action_start = 0;
     int action_mark = 0;
+    std::unique_ptr<PairedTurns> turns;  // made at the first overlapped pair that takes turns
   };
 
   static std::vector<int> local_indices(const Workers& contexts) {
@@ -142,8 +146,15 @@ class WorkerRuntime {
         }
       }
     } close_overlap{be};
-    for (const schedule::Action& a : actions) {
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const schedule::Action& a = actions[i];
       if (failed_.load(std::memory_order_acquire)) return;
+      if constexpr (can_take_turns<Backend>) {
+        if (a.overlap && i + 1 < actions.size() && takes_turns(be)) {  // see paired_turns.hpp
+          if (!run_pair(be, plan, w, a, actions[++i], execute, abort)) return;
+          continue;
+        }
+      }
       input_arrived(w);  // moved on by a receive, once the input is there
       flight_.begin(w, a, worker.action_start);
       try {
@@ -169,6 +180,49 @@ class WorkerRuntime {
       if (measure_) worker.records.push_back({w, a.kind, a.microbatch, a.chunk, worker.action_start, end, a.overlap});
       flight_.end(w, end);
     }
+  }
+
+  /// An overlapped F (`f`) and the B after it (`b`) on a host context that takes turns
+  /// (paired_turns.hpp): the F on a second thread, the two handing the turn over at each all-to-all.
+  /// Each is measured from the pair's start (once the F's input is in) to its own end; the flight
+  /// recorder holds the pair as its F. False where one failed (the first to fail, F before B, is
+  /// the step's failure).
+  template <class Backend, class Execute, class Abort>
+  bool run_pair(Backend& be, const schedule::Plan& plan, int w, const schedule::Action& f, const schedule::Action& b,
+                Execute& execute, Abort& abort) {
+    Worker& worker = workers_[std::size_t(w)];
+    input_arrived(w);
+    flight_.begin(w, f, worker.action_start);
+    double f_end = 0;
+    if (!worker.turns) worker.turns = std::make_unique<PairedTurns>();
+    const std::array<std::exception_ptr, 2> errors = take_turns(
+        be, *worker.turns,
+        [&] {
+          execute(w, f);
+          f_end = now();
+        },
+        [&] { execute(w, b); });
+    for (int i = 0; i < 2; ++i) {
+      if (!errors[std::size_t(i)]) continue;
+      const schedule::Action& a = i == 0 ? f : b;
+      try {
+        std::rethrow_exception(errors[std::size_t(i)]);
+      } catch (const Aborted&) {
+      } catch (const error& e) {
+        fail(plan, w, a, e.message(), e.call(), e.file(), e.line(), abort);
+      } catch (const std::exception& e) {
+        fail(plan, w, a, e.what(), "", __FILE__, __LINE__, abort);
+      }
+      return false;
+    }
+    const double end = now();
+    if (measure_) {
+      for (int i = 0; i < 2; ++i) worker.marks.emplace_back(worker.action_mark, worker.action_mark);
+      worker.records.push_back({w, f.kind, f.microbatch, f.chunk, worker.action_start, f_end, true});
+      worker.records.push_back({w, b.kind, b.microbatch, b.chunk, worker.action_start, end, false});
+    }
+    flight_.end(w, end);
+    return true;
   }
 
   static std::string label(const schedule::Action& a, bool with_chunk) {

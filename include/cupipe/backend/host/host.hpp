@@ -106,6 +106,11 @@ struct Host : ops::Dispatch {
   /// The expert-parallel group this rank's mixture-of-experts layers send their tokens round (null:
   /// none; each layer holds all its experts), moe/expert_group.hpp. Not owned.
   moe::ExpertGroup* expert_group = nullptr;
+  /// A second group of the same ranks, on communicators of its own, for the F of an overlapped pair
+  /// (DualPipeV) while it takes turns with its partner B (pipeline/paired_turns.hpp): the two
+  /// actions' all-to-alls are then in flight at once, one in each group. Null: such a pair runs its F
+  /// and then its B. Not owned.
+  moe::ExpertGroup* paired_expert_group = nullptr;
 
   /// Sets how many threads the host BLAS uses per call (OpenBLAS; other BLAS libraries keep theirs).
   /// Process-wide: OpenBLAS has one setting for every context.
