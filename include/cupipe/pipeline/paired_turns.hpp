@@ -4,10 +4,10 @@
 // backward chunk so that one's all-to-all runs while the other computes. A CUDA context runs the pair
 // on two streams (backend::capabilities::overlap_begin). A host context has one thread of compute,
 // so the F runs on a second thread (the worker's, kept for the pipeline's life) and the two take
-// turns: each runs until it has started an
-// all-to-all and is about to wait for it (comm::let_partner_run, called by moe::Transfer::finish),
-// then the other runs until it does the same or ends; the communicator's progress thread moves the
-// tokens meanwhile. The F goes first, as the pair's F is first in the plan.
+// turns: each runs until it has started an all-to-all and is about to wait for it
+// (comm::let_partner_run, called by moe::Transfer::finish), then the other runs until it does the
+// same or ends; the communicator's progress thread moves the tokens meanwhile. The F goes first, as
+// the pair's F is first in the plan.
 //
 // Only one of the two computes at any time, so they share the worker's context, its tables and its
 // tally without locks (each turn is handed over under a mutex, which orders the two threads' memory).
@@ -48,8 +48,8 @@ namespace cupipe::pipeline {
 class PairedTurns {
  public:
   /// Starts the thread that runs each pair's first action; it waits for pairs until the object goes.
-  /// (A thread per pair cost more than the pair hid: the host BLAS sets up its buffers in each new
-  /// thread.)
+  /// (A thread per pair made the turns 17-23% slower than the pair back to back on the 2-core VM,
+  /// likely the host BLAS setting up its buffers in each new thread: docs/benchmarks.md.)
   PairedTurns() { helper_ = std::thread([this] { serve(); }); }
   ~PairedTurns() {
     {

@@ -150,7 +150,8 @@ class WorkerRuntime {
       const schedule::Action& a = actions[i];
       if (failed_.load(std::memory_order_acquire)) return;
       if constexpr (can_take_turns<Backend>) {
-        if (a.overlap && i + 1 < actions.size() && takes_turns(be)) {  // see paired_turns.hpp
+        if (a.overlap && i + 1 < actions.size() && actions[i + 1].kind == schedule::ActionKind::B &&
+            takes_turns(be)) {  // see paired_turns.hpp
           if (!run_pair(be, plan, w, a, actions[++i], execute, abort)) return;
           continue;
         }
