@@ -168,13 +168,8 @@ class WorkerRuntime {
         // main stream beside it, and the stream joins after the B (see StageExecutor).
         if (a.overlap) caps::overlap_end(be);
         else caps::overlap_join(be);
-      } catch (const Aborted&) {
-        return;
-      } catch (const error& e) {
-        fail(plan, w, a, e.message(), e.call(), e.file(), e.line(), abort);
-        return;
-      } catch (const std::exception& e) {
-        fail(plan, w, a, e.what(), "", __FILE__, __LINE__, abort);
+      } catch (const std::exception&) {
+        failed_with(plan, w, a, std::current_exception(), abort);
         return;
       }
       const double end = now();
@@ -203,19 +198,11 @@ class WorkerRuntime {
           f_end = now();
         },
         [&] { execute(w, b); });
-    for (int i = 0; i < 2; ++i) {
-      if (!errors[std::size_t(i)]) continue;
-      const schedule::Action& a = i == 0 ? f : b;
-      try {
-        std::rethrow_exception(errors[std::size_t(i)]);
-      } catch (const Aborted&) {
-      } catch (const error& e) {
-        fail(plan, w, a, e.message(), e.call(), e.file(), e.line(), abort);
-      } catch (const std::exception& e) {
-        fail(plan, w, a, e.what(), "", __FILE__, __LINE__, abort);
+    for (int i = 0; i < 2; ++i)
+      if (errors[std::size_t(i)]) {
+        failed_with(plan, w, i == 0 ? f : b, errors[std::size_t(i)], abort);
+        return false;
       }
-      return false;
-    }
     const double end = now();
     if (measure_) {
       for (int i = 0; i < 2; ++i) worker.marks.emplace_back(worker.action_mark, worker.action_mark);
@@ -228,6 +215,20 @@ class WorkerRuntime {
 
   static std::string label(const schedule::Action& a, bool with_chunk) {
     return schedule::detail::event_label({0, a.kind, a.microbatch, a.chunk, 0, 0}, with_chunk);
+  }
+
+  /// Action `a` of worker w threw `thrown`: the step's failure, named by the action (one that was
+  /// Aborted, woken by another's failure, adds nothing).
+  template <class Abort>
+  void failed_with(const schedule::Plan& plan, int w, const schedule::Action& a, std::exception_ptr thrown, Abort& abort) {
+    try {
+      std::rethrow_exception(thrown);
+    } catch (const Aborted&) {
+    } catch (const error& e) {
+      fail(plan, w, a, e.message(), e.call(), e.file(), e.line(), abort);
+    } catch (const std::exception& e) {
+      fail(plan, w, a, e.what(), "", __FILE__, __LINE__, abort);
+    }
   }
 
   template <class Abort>
