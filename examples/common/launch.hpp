@@ -99,9 +99,8 @@ class Launcher {
                      needed, " ", program, " ...` (or srun -n ", needed, ")");
       timeout_ = timeout;
       order_ = order;
-      cp_ = cp;
       ep_ = ep;
-      reshape(stages, tp);
+      reshape(stages, tp, cp);
     }
 #else
     (void)argc, (void)argv, (void)program, (void)stages, (void)timeout, (void)order, (void)ep;
@@ -126,10 +125,16 @@ class Launcher {
     return nullptr;
   }
 
-  /// Re-forms the launch's communicator as `stages` x replicas x `tp` (--plan auto, once it has
-  /// chosen a tensor-parallel degree); collective. Nothing when MPI is not up.
-  void reshape(int stages, int tp) {
+  /// Forms the launch's communicator as `stages` x replicas x `tp`, the replicas in context-parallel
+  /// rings of `cp` (again for --plan auto, once it has chosen a tensor-parallel degree and a ring);
+  /// collective. Nothing when MPI is not up.
+  void reshape(int stages, int tp, int cp) {
     if (!mpi_up()) return;
+#if CUPIPE_HAS_MPI
+    cp_ = cp;
+#else
+    (void)cp;
+#endif
     launch_.communicator.reset();  // its progress thread and MPI communicator end first, on every rank
     launch_.communicator = communicator(stages, tp);
     const comm::Topology& topology = launch_.communicator->topology();

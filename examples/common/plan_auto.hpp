@@ -2,8 +2,9 @@
 // --plan auto, shared by the trainers' main.cpp (host code only: trainer.hpp, which nvcc also
 // compiles, does not include it): plan a run from a cost model measured here, print the report, and
 // hand back the best layout. In one process the planner chooses the stages too; under mpirun the
-// launch fixes the replicas, and the planner chooses the tensor-parallel degree (where the trainer
-// builds one; the stages follow), the schedule and the microbatches.
+// launch fixes the replicas, and the planner chooses the tensor-parallel degree and the
+// context-parallel ring (where the trainer builds them; the stages follow), the schedule and the
+// microbatches.
 #pragma once
 
 #include <algorithm>
@@ -64,28 +65,42 @@ planner::Layout plan_in_process(planner::CostModel model, int workers, index_t b
 }
 
 /// What --plan auto may choose across processes besides the schedule, the microbatches and the
-/// split: tensor-parallel degrees, for a trainer that builds a tensor-parallel model.
-struct TensorChoice {
-  /// Degrees the trainer runs (1 is always a candidate); a degree that does not divide the
-  /// processes per replica is left out.
-  std::vector<int> degrees{1};
+/// split: how a replica's processes divide into stages, tensor-parallel ranks and context-parallel
+/// rings, for a trainer that builds those models.
+struct RankChoice {
+  /// The tensor-parallel degrees to consider, among those the trainer runs; a degree that does not
+  /// divide the processes per replica is left out.
+  std::vector<int> tensor_degrees{1};
+  /// The context-parallel ring sizes to consider, likewise.
+  std::vector<int> context_degrees{1};
+  /// The trainer runs tensor-parallel ranks and context-parallel rings in one layout; false: a
+  /// layout has one or the other.
+  bool tensor_with_context = false;
   /// Times a sum over a tensor-parallel pair (planner::tensor_sum_cost over the world in pairs);
   /// called on every rank when a degree above 1 is a candidate.
   std::function<planner::LinkCost()> measure_sum{};
+  /// Times the gradient sum with every process a replica (planner::replica_sum_bandwidth over the
+  /// world); called on every rank when the launch has one replica and a ring above 1 is a
+  /// candidate, since a ring's ranks sum their gradients as replicas do. Empty function: such a
+  /// sum is planned as free.
+  std::function<double()> measure_replica_sum{};
   /// The layouts the trainer cannot run (planner::Request::refuses); empty function: none.
-  std::function<std::string(std::string_view, int, int, int)> refuses{};
+  std::function<std::string(std::string_view, int, int, int, int)> refuses{};
 };
 
 /// --plan auto under mpirun or srun: the launch fixes the replicas (--dp), and the processes of a
-/// replica are its stages x tensor-parallel ranks: the planner chooses the tensor degree among
-/// `tensor.degrees` (the stage count follows; it must be one of `stage_counts`, the trainer's), the
-/// schedule, the microbatch count and, among the splits the trainer compiles (`split`), the one
-/// for that stage count and schedule, for `batch` samples per step over all replicas. `comm` is
-/// the launch's communicator, with every process of a replica a stage (no tensor parallelism);
-/// the caller re-forms it when the chosen layout has a tensor degree above 1.
-/// - Every rank takes part in measuring the hand-over between stages, the gradient sum over
-///   replicas (planner::rank_link, replica_sum_bandwidth) and, where a degree above 1 is a
-///   candidate, a sum over a tensor-parallel pair (tensor.measure_sum).
+/// replica are its stages x tensor-parallel ranks x context-parallel ring: the planner chooses the
+/// tensor degree and the ring size among `ranks`' (the stage count follows; it must be one of
+/// `stage_counts`, the trainer's), the schedule, the microbatch count and, among the splits the
+/// trainer compiles (`split`), the one for that stage count and schedule, for `batch` samples per
+/// step over all replicas. `comm` is the launch's communicator, with every process of a replica a
+/// stage (no tensor or context parallelism); the caller re-forms it when the chosen layout has a
+/// tensor degree or a ring above 1.
+/// - Every rank takes part in measuring the hand-over between stages (which also prices a ring's
+///   passes of keys and values), the gradient sum over replicas (planner::rank_link,
+///   replica_sum_bandwidth; over the world, ranks.measure_replica_sum, where one replica's ring
+///   would sum) and, where a degree above 1 is a candidate, a sum over a tensor-parallel pair
+///   (ranks.measure_sum).
 /// - The first rank alone profiles the model (`calibrate()` returns its cost model, with the
 ///   tensor variants of the candidate degrees). It hands the model to the others as JSON, so every
 ///   rank plans from the same numbers and chooses the same layout; the ranks check that they did.
@@ -93,34 +108,50 @@ struct TensorChoice {
 template <class Calibrate, class Split>
 planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrate, index_t batch,
                                   const std::vector<int>& stage_counts, Split split, std::vector<std::string> schedules = {},
-                                  const TensorChoice& tensor = {}, std::vector<int> zero_stages = {}) {
+                                  const RankChoice& ranks = {}, std::vector<int> zero_stages = {}) {
   const comm::Topology& topology = comm.topology();
-  CUPIPE_REQUIRE(topology.tensor == 1, "--plan auto plans the tensor-parallel degree itself; leave out --tp");
-  const int per_replica = topology.stages;  // a replica's processes: stages x tensor ranks
-  std::vector<int> degrees, counts;
-  for (const int t : tensor.degrees) {
-    if (t < 1 || per_replica % t != 0 || std::find(degrees.begin(), degrees.end(), t) != degrees.end()) continue;
-    if (std::find(stage_counts.begin(), stage_counts.end(), per_replica / t) == stage_counts.end()) continue;
-    degrees.push_back(t);
-    counts.push_back(per_replica / t);
-  }
-  if (degrees.empty()) {
+  CUPIPE_REQUIRE(topology.tensor == 1 && topology.context == 1,
+                 "--plan auto plans the tensor-parallel degree and the context-parallel ring itself; leave out --tp and --cp");
+  const int per_replica = topology.stages;  // a replica's processes: stages x tensor ranks x ring ranks
+  // The (tensor degree, ring size) pairs that leave a stage count the trainer runs.
+  std::vector<std::pair<int, int>> shapes;
+  std::vector<int> degrees, rings, counts;
+  const auto add = [](std::vector<int>& to, int x) {
+    if (std::find(to.begin(), to.end(), x) == to.end()) to.push_back(x);
+  };
+  for (const int t : ranks.tensor_degrees)
+    for (const int cp : ranks.context_degrees) {
+      if (t < 1 || cp < 1 || per_replica % (t * cp) != 0) continue;
+      if (t > 1 && cp > 1 && !ranks.tensor_with_context) continue;
+      const int p = per_replica / (t * cp);
+      if (std::find(stage_counts.begin(), stage_counts.end(), p) == stage_counts.end()) continue;
+      if (std::find(shapes.begin(), shapes.end(), std::pair{t, cp}) != shapes.end()) continue;
+      shapes.emplace_back(t, cp);
+      add(degrees, t);
+      add(rings, cp);
+      add(counts, p);
+    }
+  if (shapes.empty()) {
     std::string built;
     for (const int p : stage_counts) built += (built.empty() ? "" : ", ") + std::to_string(p);
     CUPIPE_THROW("--plan auto: ", topology.world, " processes over --dp ", topology.replicas, " are ", per_replica,
                  " per replica, but this trainer runs ", built, " stages",
-                 tensor.degrees.size() > 1 ? " (times a tensor-parallel degree it builds)" : "");
+                 ranks.tensor_degrees.size() > 1 || ranks.context_degrees.size() > 1
+                     ? " (times a tensor-parallel degree or a context-parallel ring it builds)"
+                     : "");
   }
   const bool tensor_candidates = std::any_of(degrees.begin(), degrees.end(), [](int t) { return t > 1; });
+  const bool ring_candidates = std::any_of(rings.begin(), rings.end(), [](int cp) { return cp > 1; });
   planner::LinkCost link, tensor_sum;
   if (per_replica >= 2) {
     backend::Host<float> host;  // the hand-over's buffers, in host memory as CommTransport stages them
     link = planner::rank_link(comm, host);
   }
-  const double sum_bandwidth = topology.replicas >= 2 ? planner::replica_sum_bandwidth(comm) : 0.0;
+  double sum_bandwidth = topology.replicas >= 2 ? planner::replica_sum_bandwidth(comm) : 0.0;
+  if (topology.replicas < 2 && ring_candidates && ranks.measure_replica_sum) sum_bandwidth = ranks.measure_replica_sum();
   if (tensor_candidates) {
-    CUPIPE_REQUIRE(bool(tensor.measure_sum), "--plan auto: tensor-parallel degrees without a way to time their sums");
-    tensor_sum = tensor.measure_sum();
+    CUPIPE_REQUIRE(bool(ranks.measure_sum), "--plan auto: tensor-parallel degrees without a way to time their sums");
+    tensor_sum = ranks.measure_sum();
   }
   std::string measured;
   if (topology.rank == 0) {
@@ -150,6 +181,7 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
   request.batch = batch;
   request.stage_counts = counts;
   request.tensor_degrees = degrees;
+  request.context_degrees = rings;
   request.max_replicas = topology.replicas;
   request.all_devices = true;
   request.one_process = false;
@@ -163,25 +195,28 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
   request.zero_stages = std::move(zero_stages);
   // The launch fixed the replicas; fewer, with more stages or tensor ranks each, is another launch.
   const int replicas = topology.replicas;
-  request.refuses = [&](std::string_view schedule, int p, int d, int t) -> std::string {
+  request.refuses = [&](std::string_view schedule, int p, int d, int t, int cp) -> std::string {
     if (d != replicas) return "the launch fixed --dp " + std::to_string(replicas);
-    return tensor.refuses ? tensor.refuses(schedule, p, d, t) : std::string();
+    if (std::find(shapes.begin(), shapes.end(), std::pair{t, cp}) == shapes.end())
+      return "this trainer runs tensor-parallel ranks or a context-parallel ring, not both";
+    return ranks.refuses ? ranks.refuses(schedule, p, d, t, cp) : std::string();
   };
   const planner::Report report = plan(request);
   const planner::Layout best = report.best();
   std::string chosen = best.schedule + " m=" + std::to_string(best.microbatches) + " t=" + std::to_string(best.tensor) +
-                       " z=" + std::to_string(best.zero) + " cuts=";
+                       " cp=" + std::to_string(best.context) + " z=" + std::to_string(best.zero) + " cuts=";
   for (const std::size_t cut : best.cuts) chosen += std::to_string(cut) + ",";
   comm::require_same_settings(comm, {{"plan", chosen}});  // a guard: its first 55 bytes are compared
   if (topology.rank == 0) {
-    std::string shapes;
-    for (std::size_t i = 0; i < degrees.size(); ++i)
-      shapes += (i ? ", " : "") + std::to_string(counts[i]) + " x " + std::to_string(replicas) +
-                (degrees[i] > 1 ? " x " + std::to_string(degrees[i]) : std::string());
-    std::printf("--plan auto over %d processes (stages x replicas%s: %s), predicted from a profile of the first rank and "
+    std::string listed;
+    for (const auto& [t, cp] : shapes)
+      listed += (listed.empty() ? "" : ", ") + std::to_string(per_replica / (t * cp)) + " x " + std::to_string(replicas) +
+                (tensor_candidates ? " x " + std::to_string(t) : std::string()) +
+                (ring_candidates ? " x " + std::to_string(cp) : std::string());
+    std::printf("--plan auto over %d processes (stages x replicas%s%s: %s), predicted from a profile of the first rank and "
                 "the links measured between the ranks (hand-over %.1f us + %.2f GB/s, gradient sum %.2f GB/s",
-                topology.world, tensor_candidates ? " x tensor ranks" : "", shapes.c_str(), link.latency * 1e6,
-                link.bytes_per_second / 1e9, sum_bandwidth / 1e9);
+                topology.world, tensor_candidates ? " x tensor ranks" : "", ring_candidates ? " x ring ranks" : "",
+                listed.c_str(), link.latency * 1e6, link.bytes_per_second / 1e9, sum_bandwidth / 1e9);
     if (tensor_candidates)
       std::printf(", tensor-parallel sum %.1f us + %.2f GB/s", tensor_sum.latency * 1e6, tensor_sum.bytes_per_second / 1e9);
     std::printf("):\n%s", planner::describe(report, request.model).c_str());
@@ -210,11 +245,11 @@ planner::Layout plan_across_ranks(comm::Communicator& comm, Calibrate&& calibrat
 template <class Calibrate, class Split>
 planner::Layout plan_auto(comm::Communicator* comm, Calibrate&& calibrate, int& workers, index_t batch,
                           std::vector<int> stage_counts, Split split, std::vector<std::string> schedules = {},
-                          const TensorChoice& tensor = {}, std::vector<int> zero_stages = {}) {
+                          const RankChoice& ranks = {}, std::vector<int> zero_stages = {}) {
   if (schedules.empty()) schedules = built_schedule_names();
   // Under a launcher even one process has a communicator, whose topology fixes the replicas.
   if (comm)
-    return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), std::move(schedules), tensor,
+    return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), std::move(schedules), ranks,
                              std::move(zero_stages));
   workers = plan_workers(workers);
   return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), std::move(schedules));

@@ -33,11 +33,12 @@ namespace {
 /// or 4 virtual stages), prints the report and sets f's schedule, stages and microbatches.
 ///
 /// Under mpirun (`launcher` up with a communicator), the launch fixes the replicas (--dp) and a
-/// replica's processes are its stages x tensor-parallel ranks: the first rank calibrates on its
-/// replica's share of the batch, with one rank's part of each tensor-parallel split that fits
-/// (f.plan_tensor; fp32), every rank plans from that (plan_across_ranks), and the planner chooses
-/// the tensor degree, the schedule and the microbatches. A degree above 1 sets f.tp and re-forms the
-/// launch's communicator.
+/// replica's processes are its stages x tensor-parallel ranks x context-parallel ring: the first rank
+/// calibrates on its replica's share of the batch, with one rank's part of each tensor-parallel split
+/// that fits (f.plan_tensor; fp32), every rank plans from that (plan_across_ranks), and the planner
+/// chooses the tensor degree or the ring size (f.plan_context; fp32, unpacked), the schedule and
+/// the microbatches. A degree or a ring above 1 sets f.tp or f.cp and re-forms the launch's
+/// communicator.
 void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens, Launcher* launcher) {
   using Model = gpt::Model<gpt::tiny>;
   constexpr index_t context = gpt::tiny.context;
@@ -48,26 +49,39 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
                  " tokens", comm ? " per replica" : "", ", but there are ", sequences);
   const ConstView<std::int32_t> batch{tokens.data(), Shape{sequences * context, 1}};
   const bool bf16 = f.precision == "bf16";
-  // The tensor-parallel degrees that fit a replica's processes: this trainer's tensor-parallel
-  // model runs 1f1b on 1 or 2 stages, in fp32.
-  cupipe::examples::TensorChoice tensor;
-  const bool asks_tensor =
-      f.plan_tensor_given && std::any_of(f.plan_tensor.begin(), f.plan_tensor.end(), [](int t) { return t > 1; });
-  if (bf16 && asks_tensor)
-    CUPIPE_THROW("--plan-tensor: this trainer has no tensor-parallel model in bf16; leave it out with --precision bf16");
-  if (!comm && asks_tensor)
-    CUPIPE_THROW("--plan-tensor: tensor-parallel ranks are processes; run under mpirun or srun (one process plans its "
-                 "stages only)");
-  if (comm && !bf16 && comm->topology().tensor == 1) {
+  const auto above_one = [](const std::vector<int>& degrees) {
+    return std::any_of(degrees.begin(), degrees.end(), [](int x) { return x > 1; });
+  };
+  // The tensor-parallel degrees that fit a replica's processes (this trainer's tensor-parallel
+  // model runs 1f1b on 1 or 2 stages, in fp32), and the context-parallel rings (fp32, unpacked).
+  cupipe::examples::RankChoice ranks;
+  const bool asks_tensor = f.plan_tensor_given && above_one(f.plan_tensor);
+  const bool asks_context = f.plan_context_given && above_one(f.plan_context);
+  if (asks_tensor || asks_context) {
+    const char* flag = asks_tensor ? "--plan-tensor" : "--plan-context";
+    if (!comm)
+      CUPIPE_THROW(flag, ": ", asks_tensor ? "tensor-parallel ranks" : "a context-parallel ring's ranks",
+                   " are processes; run under mpirun or srun (one process plans its stages only)");
+    if (bf16)
+      CUPIPE_THROW(flag, ": this trainer has no ", asks_tensor ? "tensor-parallel" : "context-parallel",
+                   " model in bf16; leave it out with --precision bf16");
+    if (asks_context && f.pack)
+      CUPIPE_THROW("--plan-context: packed sequences do not split over a context-parallel ring; leave out --pack or "
+                   "--plan-context");
+  }
+  if (comm && !bf16) {
     const int per_replica = comm->topology().stages;
-    tensor.degrees.clear();
+    if (!f.pack) ranks.context_degrees = f.plan_context;
+    // A tensor-parallel degree pairs with no ring (ranks.tensor_with_context is off): it is a
+    // candidate, and its split is profiled, only where a ring of 1 is.
+    const bool unsplit = std::find(ranks.context_degrees.begin(), ranks.context_degrees.end(), 1) != ranks.context_degrees.end();
+    ranks.tensor_degrees.clear();
     for (const int t : f.plan_tensor)
-      if (t == 1 || (per_replica % t == 0 && per_replica / t <= 2)) tensor.degrees.push_back(t);
-    CUPIPE_REQUIRE(!tensor.degrees.empty(), "--plan auto: no degree of --plan-tensor fits ", per_replica,
-                   " processes per replica (a degree must divide them, leaving 1 or 2 stages)");
-    tensor.measure_sum = [launcher] { return planner::tensor_sum_cost(*launcher->communicator(1, 2)); };
+      if (t == 1 || (unsplit && per_replica % t == 0 && per_replica / t <= 2)) ranks.tensor_degrees.push_back(t);
+    ranks.measure_sum = [launcher] { return planner::tensor_sum_cost(*launcher->communicator(1, 2)); };
+    ranks.measure_replica_sum = [launcher] { return planner::replica_sum_bandwidth(*launcher->communicator(1, 1)); };
     // The degrees above already leave 1 or 2 stages.
-    tensor.refuses = [](std::string_view schedule, int, int, int t) -> std::string {
+    ranks.refuses = [](std::string_view schedule, int, int, int t, int) -> std::string {
       if (t > 1 && schedule != "1f1b") return "this trainer's tensor-parallel model runs 1f1b on 1 or 2 stages";
       return {};
     };
@@ -82,7 +96,7 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
 #endif
     planner::CostModel model =
         planner::calibrate<Model, backend::Host<T>>(batch, 3, context, cupipe::examples::profiled_microbatch_counts(sequences));
-    for (const int t : tensor.degrees) {
+    for (const int t : ranks.tensor_degrees) {
       if (t == 2)
         model.tensor_variants.push_back(
             planner::calibrate_tensor_parts<gpt::TensorParallelModel<gpt::tiny, 2>, backend::Host<T>>(batch, 2, 3, context));
@@ -101,7 +115,7 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
   // With replicas the plan picks the ZeRO stage too, unless --zero named one.
   const std::vector<int> zero_stages = f.zero_given ? std::vector<int>{f.zero} : std::vector<int>{0, 1, 2, 3};
   const planner::Layout best = cupipe::examples::plan_auto(
-      comm, calibrate, f.workers, f.batch, {1, 2, 4}, split, {}, tensor, zero_stages);
+      comm, calibrate, f.workers, f.batch, {1, 2, 4}, split, {}, ranks, zero_stages);
   f.zero = best.zero;
   f.schedule = best.schedule;
   f.stages = best.stages;
@@ -111,9 +125,10 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
   f.predicted_state_bytes = best.resting_state_bytes;
   f.predicted_activation_low_bytes = best.peak_activation_low_bytes;
   f.predicted_activation_high_bytes = best.peak_activation_high_bytes;
-  if (best.tensor > 1) {
+  if (best.tensor > 1 || best.context > 1) {
     f.tp = best.tensor;
-    launcher->reshape(best.stages, best.tensor);
+    f.cp = best.context;
+    launcher->reshape(best.stages, best.tensor, best.context);
   }
 }
 
@@ -214,14 +229,23 @@ int main(int argc, char** argv) {
   auto* plan = app.add_option("--plan", f.plan,
                                "auto: profile the model here and let the planner choose --schedule, --stages and "
                                "--microbatches (host backend, --preset tiny; under mpirun the processes over --dp are "
-                               "the stages x --tp, and it chooses --tp too (see --plan-tensor))")
+                               "the stages x --tp x --cp, and it chooses --tp or --cp too (see --plan-tensor and "
+                               "--plan-context))")
                    ->check(CLI::IsMember({"auto"}));
   app.add_option("--workers", f.workers, "with --plan auto: workers (cores) the plan may use; 0: the cores, at most 4")
       ->check(non_negative)
       ->needs(plan);
   auto* plan_tensor = app.add_option("--plan-tensor", f.plan_tensor,
-                 "with --plan auto under mpirun: the tensor-parallel degrees the planner may choose (1, 2, 4; a "
+                 "with --plan auto under mpirun: the tensor-parallel degrees the planner may choose (of 1,2,4; a "
                  "degree must divide the processes per replica, leaving 1 or 2 stages)")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::IsMember({1, 2, 4}))
+      ->needs(plan);
+  auto* plan_context = app.add_option("--plan-context", f.plan_context,
+                 "with --plan auto under mpirun: the context-parallel ring sizes the planner may choose (of 1,2,4; "
+                 "fp32, without --pack; a ring is not combined with a tensor-parallel degree)")
+      ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2, 4}))
       ->needs(plan);
@@ -256,7 +280,8 @@ int main(int argc, char** argv) {
   app.add_option("--cp", f.cp,
                  "context-parallel ranks per ring: each sequence split over N processes (rank r holds chunks r and "
                  "2N-1-r of 2N), attention computed round the ring, losses and gradients summed over it; run under "
-                 "mpirun/srun with stages x dp x cp processes (host backend, fp32; not with --tp, --pack or --plan)")
+                 "mpirun/srun with stages x dp x cp processes (host backend, fp32; not with --tp or --pack; --plan "
+                 "auto chooses it)")
       ->capture_default_str()
       ->check(positive);
   plan->excludes(app.get_option("--cp"));
@@ -274,6 +299,7 @@ int main(int argc, char** argv) {
       ->check(non_negative);
   CLI11_PARSE(app, argc, argv);
   f.plan_tensor_given = plan_tensor->count() > 0;
+  f.plan_context_given = plan_context->count() > 0;
   f.zero_given = app.count("--zero") > 0;
 
   Launcher launcher;  // outside the try: the catch ends every rank through it

@@ -94,6 +94,8 @@ struct Flags {
   bool paired_turns = false;          ///< --paired-turns: DualPipeV's overlapped pairs take turns at the all-to-alls
   std::vector<int> plan_tensor{1, 2, 4};  ///< tensor-parallel degrees --plan auto may choose under mpirun
   bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
+  std::vector<int> plan_context{1, 2, 4};  ///< context-parallel ring sizes --plan auto may choose under mpirun
+  bool plan_context_given = false;         ///< --plan-context was on the command line
   bool zero_given = false;                ///< --zero was on the command line (--plan auto then keeps it)
   std::string rank_order = "stages-outermost";  ///< comm::RankOrder of the ranks
   bool pack = false;  ///< --pack: packed sequences, a document beginning at each separator token
@@ -108,6 +110,13 @@ struct Flags {
 inline std::int32_t pack_separator(const Flags& f) {
   if (f.pack_separator >= 0) return f.pack_separator;
   return f.shards.empty() ? std::int32_t('%') : 50256;
+}
+
+/// Degrees as a flag lists them: "1,2,4,".
+inline std::string degree_list(const std::vector<int>& degrees) {
+  std::string out;
+  for (const int d : degrees) out += std::to_string(d) + ",";
+  return out;
 }
 
 /// The flags every rank of a multi-process run must share (display flags and the data paths, which
@@ -131,11 +140,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--precision", f.precision},         {"--plan", f.plan},
           {"--pack", f.pack ? std::to_string(pack_separator(f)) : "off"},
           {"--experts", std::to_string(f.experts)}, {"--top-k", std::to_string(f.expert_top_k)}, {"--capacity", real(f.capacity)},
-          {"--plan-tensor", [&] {
-             std::string degrees;
-             for (const int t : f.plan_tensor) degrees += std::to_string(t) + ",";
-             return degrees;
-           }()}};
+          {"--plan-tensor", degree_list(f.plan_tensor)}, {"--plan-context", degree_list(f.plan_context)}};
 }
 
 /// FNV-1a over a token stream: equal on every rank that loaded the same corpus.

@@ -337,8 +337,9 @@ TEST_CASE("planner: a layout the program refuses is never proposed and carries t
   request.batch = 16;
   // As a trainer that runs 1f1b only on 2 stages, with 2 replicas fixed at launch.
   std::vector<std::string> asked;
-  request.refuses = [&](std::string_view schedule, int p, int d, int t) -> std::string {
-    asked.push_back(std::string(schedule) + " " + std::to_string(p) + " " + std::to_string(d) + " " + std::to_string(t));
+  request.refuses = [&](std::string_view schedule, int p, int d, int t, int cp) -> std::string {
+    asked.push_back(std::string(schedule) + " " + std::to_string(p) + " " + std::to_string(d) + " " + std::to_string(t) +
+                    " " + std::to_string(cp));
     if (d != 2) return "the launch fixed 2 replicas";
     if (schedule != "1f1b") return "this program runs 1f1b";
     return {};
@@ -761,6 +762,21 @@ TEST_CASE("planner: context parallelism splits each sample's rows over a ring, i
     REQUIRE(b != summed.ranked.end());
     CHECK(a->allreduce_seconds > 0);
     CHECK(a->allreduce_seconds == Approx(b->allreduce_seconds).epsilon(1e-12));
+  }
+  SECTION("the program is asked about each ring size, and what it refuses is never proposed") {
+    std::vector<int> asked;
+    request.refuses = [&](std::string_view, int, int, int, int cp) -> std::string {
+      asked.push_back(cp);
+      return cp == 2 ? "this program has no ring" : "";
+    };
+    const planner::Report refused = plan(request);
+    CHECK(std::count(asked.begin(), asked.end(), 2) > 0);
+    CHECK(std::count(asked.begin(), asked.end(), 1) > 0);
+    REQUIRE_FALSE(refused.ranked.empty());
+    CHECK(std::none_of(refused.ranked.begin(), refused.ranked.end(), [](const planner::Layout& l) { return l.context == 2; }));
+    CHECK(std::any_of(refused.rejected.begin(), refused.rejected.end(), [](const planner::Rejected& r) {
+      return r.layout == "gpipe p=1 d=1 cp=2" && r.reason == "this program has no ring";
+    }));
   }
   SECTION("refusals") {
     request.context_degrees = {3};

@@ -149,9 +149,13 @@ TEST_CASE("the planner picks the ZeRO stage: the least memory among the fastest,
       (l.zero == 3 ? zero3 : others) = std::min(l.zero == 3 ? zero3 : others, most);
     }
     REQUIRE(zero3 < others);
+    // Each ZeRO stage priced is a layout of its own: the count the report prints adds up.
+    CHECK(all.considered == all.ranked.size() + all.rejected.size());
     capped.memory_bytes = (others + zero3) / 2;
     capped.schedules = {"1f1b"};
     const planner::Report report = plan(capped);
+    CHECK(report.considered == report.ranked.size() + report.rejected.size());
+    CHECK_FALSE(report.rejected.empty());  // the layouts over the cap
     CHECK(report.best().zero == 3);
     for (const planner::Layout& l : report.ranked) CHECK(*std::max_element(l.most_bytes.begin(), l.most_bytes.end()) <= capped.memory_bytes);
     CHECK(report.best().resting_state_bytes[0].weights == Approx(4.0 * 4e5 / 4));  // the fp32 shard only

@@ -185,9 +185,10 @@ struct Request {
   /// under a quota, pass the quota.
   int cores = 0;
   /// What the program cannot run, beyond what the policies and `split` refuse: given a schedule's
-  /// name, the stages, the replicas and the tensor-parallel ranks, the reason it cannot (the layout
-  /// is then refused with it), or an empty string. Empty function: it runs every layout.
-  std::function<std::string(std::string_view schedule, int stages, int replicas, int tensor)> refuses{};
+  /// name, the stages, the replicas, the tensor-parallel ranks and the context-parallel ring's
+  /// ranks, the reason it cannot (the layout is then refused with it), or an empty string. Empty
+  /// function: it runs every layout.
+  std::function<std::string(std::string_view schedule, int stages, int replicas, int tensor, int context)> refuses{};
   /// A layout over `memory_bytes` may offload activations (PipelineOptions::offload): the virtual
   /// stages of each worker over it keep the most forward records resident that fit, and the copies
   /// cost what CostModel::offload_bytes_per_second says. Needs that figure; off: such a layout is

@@ -248,10 +248,10 @@ struct Candidate {
   ZeroSetting zero_setting() const { return {zero, d * cp, true}; }
 };
 
-/// Why `policy` cannot run on p stages, d replicas and t ranks for `request` before any split is
-/// tried (`samples` per replica); empty where it can.
+/// Why `policy` cannot run on p stages, d replicas, t tensor-parallel ranks and rings of cp for
+/// `request` before any split is tried (`samples` per replica); empty where it can.
 inline std::string policy_refusal(const Request& request, const CostModel& model, const schedule::PolicyInfo& policy, int p,
-                                  int d, int t, index_t samples) {
+                                  int d, int t, int cp, index_t samples) {
   const std::size_t layers = model.layers.size();
   const int virtual_stages = p * policy.default_chunks;
   if (std::size_t(virtual_stages) > layers)
@@ -261,7 +261,7 @@ inline std::string policy_refusal(const Request& request, const CostModel& model
     return "asynchronous: stale weights change what training computes; ask for it by name or with Request::asynchronous";
   if (model.tied && policy.update != schedule::UpdateRule::flush)
     return "the model ties weights (as GPT-2's lm_head to wte); only a flush update sums them";
-  if (request.refuses) return request.refuses(policy.name, p, d, t);
+  if (request.refuses) return request.refuses(policy.name, p, d, t, cp);
   return {};
 }
 
@@ -509,7 +509,7 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
     const int v = policy.default_chunks, virtual_stages = p * v;
     const std::string base = std::string(policy.name) + " p=" + std::to_string(p);
     const std::string where = base + " d=" + std::to_string(d) + tensor_suffix;
-    if (std::string why = policy_refusal(request, model, policy, p, d, t, samples); !why.empty()) {
+    if (std::string why = policy_refusal(request, model, policy, p, d, t, cp, samples); !why.empty()) {
       ++report.considered;
       report.rejected.push_back({where, std::move(why)});
       continue;
@@ -530,11 +530,13 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
     }
     std::vector<std::vector<ChunkSizes>> sizes;
     for (const std::vector<std::size_t>& cuts : splits) sizes.push_back(chunk_sizes(model, cuts));
+    // Every layout counted as considered is either ranked or refused, one each (a microbatch
+    // count priced with several ZeRO stages or splits is as many layouts).
     for (int m : microbatch_candidates(p, samples, request.max_microbatches)) {
-      ++report.considered;
       const schedule::Config config{p, m, v, policy.default_batches};
       const std::string name = base + " m=" + std::to_string(m) + " d=" + std::to_string(d) + tensor_suffix;
       if (const std::string_view why = policy.check(config); !why.empty()) {
+        ++report.considered;
         report.rejected.push_back({name, std::string(why)});
         continue;
       }
@@ -542,6 +544,7 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       if (partition && splits.empty()) {
         splits = planned_splits(request, model, plan.placement);
         if (splits.empty()) {
+          ++report.considered;
           report.rejected.push_back({where, "no split of the layers at the allowed cut points fits every worker's memory"});
           break;
         }
@@ -558,6 +561,7 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
         const schedule::SimResult sim =
             simulate_with_contention(request, model, unsharded, plan, step_costs(request, model, unsharded, rows));
         for (const int zero : zeros) {
+          ++report.considered;
           const Candidate candidate{policy, p, d, t, v, m, cuts, sizes[i], zero, placement, cp};
           std::string named = zeros.size() > 1 ? name + " zero=" + std::to_string(zero) : name;
           if (splits.size() > 1) named += " split=" + split_text(cuts);
