@@ -104,7 +104,9 @@ nlohmann::json layout_json(const planner::Layout& l) {
           {"allreduce_seconds", l.allreduce_seconds}, {"update_seconds", l.update_seconds}, {"peak_bytes", l.peak_bytes},
           {"peak_activation_bytes", l.peak_activation_bytes}, {"peak_activation_low_bytes", l.peak_activation_low_bytes},
           {"peak_activation_high_bytes", l.peak_activation_high_bytes}, {"most_bytes", l.most_bytes},
-          {"offload", l.offload},        {"offload_resident", l.offload_resident}, {"zero", l.zero}};
+          {"offload", l.offload},        {"offload_resident", l.offload_resident}, {"zero", l.zero},
+          {"exposed_all_to_all_seconds", l.exposed_all_to_all_seconds},
+          {"unpaired_all_to_all_seconds", l.unpaired_all_to_all_seconds}};
 }
 
 }  // namespace

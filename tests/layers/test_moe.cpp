@@ -235,6 +235,10 @@ TEST_CASE("MixtureOfExperts in a model: Network's normalizer reaches the auxilia
     tally = {};
     return double(net.forward_backward(xv, lv, normalizer)) + tally.aux_loss;
   };
+  // What the planner prices an expert-parallel exchange by: each token's top-2 copies of C values,
+  // found through the residual and the sequence that hold the layer.
+  STATIC_REQUIRE(all_to_all_values_of<Model>() == 2 * C);
+  STATIC_REQUIRE(all_to_all_values_of<Linear<4, C>>() == 0);
   const double at = loss();
   const Vec analytic = net.gradients();
   CHECK(tally.aux_loss > 0);

@@ -365,6 +365,74 @@ TEST_CASE("planner: a layout the program refuses is never proposed and carries t
   CHECK(std::any_of(open.ranked.begin(), open.ranked.end(), [](const planner::Layout& l) { return l.replicas != 2; }));
 }
 
+TEST_CASE("planner: expert parallelism's all-to-alls, exposed in the step and hidden by DualPipeV's pairs",
+          "[planner][experts]") {
+  planner::Request request;
+  request.model = uniform(8);
+  // Two mixture-of-experts layers (one per stage at 2 stages), each sending 64 values a row per
+  // all-to-all over groups of 2 ranks: half the bytes leave, at 1 MB/s, 0.1 ms latency.
+  request.model.layers[1].all_to_all_values = request.model.layers[5].all_to_all_values = 64;
+  request.model.expert_ranks = 2;
+  request.model.all_to_all_latency = 1e-4;
+  request.model.all_to_all_bytes_per_second = 1e6;
+  request.devices = 4;
+  request.batch = 16;
+  request.stage_counts = {2};
+  request.schedules = {"1f1b", "dualpipev"};
+  request.zero_stages = {0, 1, 2};
+  const planner::Report report = plan(request);
+  const auto find = [&](const planner::Report& r, std::string_view schedule, int m) {
+    const auto it = std::find_if(r.ranked.begin(), r.ranked.end(), [&](const planner::Layout& l) {
+      return l.schedule == schedule && l.microbatches == m;
+    });
+    REQUIRE(it != r.ranked.end());
+    return *it;
+  };
+  // 2 replicas of 8 samples in 4 microbatches of 2 rows: each all-to-all takes 0.1 ms + 2 x 64 x 4
+  // / 2 bytes at 1 MB/s = 0.356 ms; each F and each B of a stage runs two.
+  const double one = 1e-4 + 2 * 64 * 4 / 2 / 1e6;
+  const planner::Layout f1b = find(report, "1f1b", 4), dual = find(report, "dualpipev", 4);
+  CHECK(f1b.replicas == 2);
+  CHECK(f1b.exposed_all_to_all_seconds == Approx(2 * 4 * 2 * 2 * one).epsilon(1e-9));  // nothing hides it
+  CHECK(f1b.unpaired_all_to_all_seconds == f1b.exposed_all_to_all_seconds);
+  // DualPipeV without its pairs exposes the same all-to-alls; its pairs hide some behind compute.
+  CHECK(dual.unpaired_all_to_all_seconds == Approx(f1b.exposed_all_to_all_seconds).epsilon(1e-9));
+  CHECK(dual.exposed_all_to_all_seconds < dual.unpaired_all_to_all_seconds);
+  // The exposed time is in the step: the same layouts without expert groups are faster.
+  planner::Request dense = request;
+  dense.model.expert_ranks = 1;
+  const planner::Report without = plan(dense);
+  CHECK(find(without, "1f1b", 4).exposed_all_to_all_seconds == 0);
+  CHECK(f1b.step_seconds > find(without, "1f1b", 4).step_seconds + 2 * 2 * one);
+  // Expert groups keep each replica's experts: no ZeRO (the runtime refuses it too).
+  for (const planner::Layout& l : report.ranked) CHECK(l.zero == 0);
+  CHECK(std::any_of(without.ranked.begin(), without.ranked.end(), [](const planner::Layout& l) { return l.zero > 0; }));
+  CHECK_THAT(planner::describe(report, request.model), Catch::Contains("all-to-alls over expert groups of 2: "));
+  // The cost JSON carries the group and the layers' values.
+  const planner::CostModel back =
+      planner::cost_model_from_json(nlohmann::json::parse(planner::to_json(request.model).dump()), "costs.json");
+  CHECK(back.expert_ranks == 2);
+  CHECK(back.all_to_all_latency == 1e-4);
+  CHECK(back.all_to_all_bytes_per_second == 1e6);
+  CHECK(back.layers[5].all_to_all_values == 64);
+
+  SECTION("expert groups form among the replicas") {
+    request.stage_counts = {4};
+    const planner::Report one_replica = plan(request);
+    CHECK(one_replica.ranked.empty());
+    REQUIRE_FALSE(one_replica.rejected.empty());
+    CHECK(one_replica.rejected.front().reason ==
+          "expert-parallel groups of 2 form among the replicas: 1 replica(s) are not a multiple");
+  }
+  SECTION("refusals") {
+    request.one_process = true;
+    CHECK_THROWS_WITH(plan(request), Catch::Contains("an expert group's ranks are processes"));
+    request.one_process = false;
+    request.model.expert_ranks = 0;
+    CHECK_THROWS_WITH(plan(request), Catch::Contains("CostModel::expert_ranks must be at least 1, got 0"));
+  }
+}
+
 namespace {
 
 /// Two uniform layers on two workers of one process, GPipe, up to `max_microbatches`.

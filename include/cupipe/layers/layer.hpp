@@ -205,6 +205,15 @@ constexpr index_t ring_values_of() {
   else return 0;
 }
 
+/// Values per row one of layer L's all-to-alls sends over an expert-parallel group (0 unless it
+/// declares all_to_all_values_per_row: a mixture of experts' dispatch); the planner prices the
+/// exchanges by it.
+template <class L>
+constexpr index_t all_to_all_values_of() {
+  if constexpr (requires { L::all_to_all_values_per_row; }) return L::all_to_all_values_per_row;
+  else return 0;
+}
+
 /// Whether L's backward_weight reads state its backward_input wrote (see the list above).
 template <class L>
 constexpr bool weight_grads_need_backward_input() {

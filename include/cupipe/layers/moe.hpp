@@ -72,6 +72,9 @@ struct MixtureOfExperts : LayerDefaults {
   /// The capacity and the balance loss are per sequence: a microbatch holds whole ones.
   static constexpr index_t rows_per_sample = SeqLen;
   static constexpr bool weight_grads_need_backward_input = true;
+  /// Values per row the dispatch sends over an expert-parallel group (the combine sends as many
+  /// back): each token's top_k copies. What the planner prices at CostModel::expert_ranks > 1.
+  static constexpr index_t all_to_all_values_per_row = K * C;
 
   static constexpr std::array<ParamSpec, 5> params(index_t) {
     return {{{"router.weight", E, C},

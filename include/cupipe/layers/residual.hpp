@@ -35,6 +35,7 @@ struct Residual {
   static constexpr bool is_loss = false;
   static constexpr index_t rows_per_sample = Inner::rows_per_sample;
   static constexpr index_t ring_values_per_row = ring_values_of<Inner>();
+  static constexpr index_t all_to_all_values_per_row = all_to_all_values_of<Inner>();
   /// backward_input fills the inner output gradients that backward_weight reads.
   static constexpr bool weight_grads_need_backward_input = true;
 

@@ -218,6 +218,8 @@ struct LayerSeq {
   }();
   /// Values per row the layers pass round a context-parallel ring per step, together.
   static constexpr index_t ring_values_per_row = (ring_values_of<Layers>() + ... + index_t(0));
+  /// Values per row one all-to-all of the layers sends over an expert-parallel group, together.
+  static constexpr index_t all_to_all_values_per_row = (all_to_all_values_of<Layers>() + ... + index_t(0));
 
   /// Forward FLOPs per row, from the layer types (the cost model of partition<>).
   static constexpr double forward_flops_per_sample = [] {

@@ -56,6 +56,7 @@ CostModel cost_model(const LayerProfile& profile, int value_bytes, int optimizer
                                       double(Body::template layer<I>::saved_per_row(Body::widths[I]))}),
      ...);
     ((model.layers[I].ring_values = double(ring_values_of<typename Body::template layer<I>>())), ...);
+    ((model.layers[I].all_to_all_values = double(all_to_all_values_of<typename Body::template layer<I>>())), ...);
   }(std::make_index_sequence<Body::size>());
   return model;
 }

@@ -30,7 +30,7 @@ inline nlohmann::json layers_json(const std::vector<LayerCost>& list) {
                       {"backward_weight_fixed", l.backward_weight_fixed}, {"points", l.points},
                       {"sum_forward", l.sum_forward}, {"sum_backward", l.sum_backward},
                       {"sum_forward_calls", l.sum_forward_calls}, {"sum_backward_calls", l.sum_backward_calls},
-                      {"ring_values", l.ring_values}});
+                      {"ring_values", l.ring_values}, {"all_to_all_values", l.all_to_all_values}});
   return layers;
 }
 
@@ -67,7 +67,8 @@ inline nlohmann::json to_json(const CostModel& m) {
           {"action_overhead_seconds", m.action_overhead_seconds}, {"wake_seconds", m.wake_seconds}, {"contention", m.contention},
           {"tied", m.tied}, {"tensor_sum_latency", m.tensor_sum_latency},
           {"calibration_spread", m.calibration_spread}, {"calibration_rounds", m.calibration_rounds},
-          {"tensor_sum_bytes_per_second", m.tensor_sum_bytes_per_second},
+          {"tensor_sum_bytes_per_second", m.tensor_sum_bytes_per_second}, {"expert_ranks", m.expert_ranks},
+          {"all_to_all_latency", m.all_to_all_latency}, {"all_to_all_bytes_per_second", m.all_to_all_bytes_per_second},
           {"layers", detail::layers_json(m.layers)}, {"tensor_variants", variants}};
 }
 
@@ -100,6 +101,10 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
     m.calibration_rounds = detail::integer_field<int>(j, "calibration_rounds", 0, "", source);
     m.tensor_sum_latency = j.value("tensor_sum_latency", 0.0);
     m.tensor_sum_bytes_per_second = j.value("tensor_sum_bytes_per_second", 0.0);
+    m.expert_ranks = detail::integer_field<int>(j, "expert_ranks", 1, "", source);
+    if (m.expert_ranks < 1) CUPIPE_THROW(source, ": expert_ranks must be at least 1, found ", m.expert_ranks);
+    m.all_to_all_latency = j.value("all_to_all_latency", 0.0);
+    m.all_to_all_bytes_per_second = j.value("all_to_all_bytes_per_second", 0.0);
     const auto read_layers = [&](const nlohmann::json& o, const std::string& prefix) {
       if (!o.contains("layers") || !o["layers"].is_array()) CUPIPE_THROW(source, ": ", prefix, "layers must be an array");
       std::vector<LayerCost> out;
@@ -114,6 +119,7 @@ inline CostModel cost_model_from_json(const nlohmann::json& j, const std::string
                     l.value("points", std::vector<std::array<double, 4>>{})};
         c.sum_forward = l.value("sum_forward", 0.0);
         c.ring_values = l.value("ring_values", 0.0);
+        c.all_to_all_values = l.value("all_to_all_values", 0.0);
         c.sum_backward = l.value("sum_backward", 0.0);
         c.sum_forward_calls = l.value("sum_forward_calls", 0.0);
         c.sum_backward_calls = l.value("sum_backward_calls", 0.0);

@@ -48,6 +48,10 @@ struct LayerCost {
   /// Context parallelism: values per row this layer passes round a ring per step (the attention's
   /// keys and values, 2C; layer.hpp's ring_values_of); 0: a token-wise layer, which never does.
   double ring_values = 0;
+  /// Expert parallelism: values per row one of this layer's all-to-alls moves (a mixture of
+  /// experts' dispatch, top_k x C; its combine moves as many back; layer.hpp's
+  /// all_to_all_values_of). Each F runs the two, and each B two more. 0: a layer without experts.
+  double all_to_all_values = 0;
 };
 
 /// One tensor-parallel degree's per-rank layers: the same layer list split `degree` ways (times,
@@ -101,6 +105,14 @@ struct CostModel {
   /// per second, as a ring all-reduce moves 2 (t - 1) / t of them); 0: free.
   double tensor_sum_latency = 0;
   double tensor_sum_bytes_per_second = 0;
+  /// Expert parallelism: the ranks of an expert group (each holds experts / expert_ranks of every
+  /// mixture-of-experts layer; the layers' sizes are one rank's), among a layout's replicas. Above
+  /// 1, each layer with LayerCost::all_to_all_values exchanges its tokens over the group:
+  /// all_to_all_latency per all-to-all plus (expert_ranks - 1) / expert_ranks of its bytes at
+  /// all_to_all_bytes_per_second (0: free). 1: no expert parallelism.
+  int expert_ranks = 1;
+  double all_to_all_latency = 0;
+  double all_to_all_bytes_per_second = 0;
   /// The model ties a layer to another (GPT-2's lm_head to wte): only a flush update sums the copies,
   /// so the asynchronous schedules cannot train it.
   bool tied = false;
@@ -230,6 +242,10 @@ struct Layout {
   double bubble = 0;                ///< predicted idle share
   double allreduce_seconds = 0;     ///< predicted gradient sum across replicas, in step_seconds
   double update_seconds = 0;        ///< predicted flush update after the step, in step_seconds
+  /// Expert parallelism (CostModel::expert_ranks): the all-to-all time of a step that no compute
+  /// hid, summed over the workers (in step_seconds), and the same with the schedule's overlapped
+  /// F&B pairs run back to back (schedule::without_pairs; equal where it has none).
+  double exposed_all_to_all_seconds = 0, unpaired_all_to_all_seconds = 0;
   std::vector<double> peak_bytes;   ///< predicted per worker: state and peak_activation_bytes
   /// Predicted per worker: the parameter state by the allocator's tags, the most within a step
   /// (in peak_bytes) and between steps.

@@ -171,6 +171,11 @@ Report search(const Request& request) {
                    " asked for in one process; a context-parallel ring's ranks are processes");
     CUPIPE_REQUIRE(cp == 1 || request.workers.empty(), "planner: unequal workers are planned without context parallelism");
   }
+  CUPIPE_REQUIRE(model.expert_ranks >= 1, "planner: CostModel::expert_ranks must be at least 1, got ", model.expert_ranks);
+  CUPIPE_REQUIRE(model.expert_ranks == 1 || !request.one_process, "planner: expert groups of ", model.expert_ranks,
+                 " in one process; an expert group's ranks are processes");
+  CUPIPE_REQUIRE(model.expert_ranks == 1 || request.workers.empty(),
+                 "planner: unequal workers are planned without expert parallelism");
   Report report;
   for (std::size_t i = 0; i < degrees.size(); ++i) for (const int cp : rings) {
     const int t = degrees[i];
@@ -237,6 +242,8 @@ inline std::string why_slower(const Layout& layout, const Layout& best) {
   out << (layout.step_seconds / best.step_seconds - 1) * 100 << "% slower";
   if (layout.bubble > best.bubble + 1e-9) out << "; bubble " << layout.bubble << " vs " << best.bubble;
   if (layout.allreduce_seconds > best.allreduce_seconds) out << "; gradient sum " << layout.allreduce_seconds << " s";
+  if (layout.exposed_all_to_all_seconds > best.exposed_all_to_all_seconds)
+    out << "; exposed all-to-all " << layout.exposed_all_to_all_seconds << " s";
   const double peak = *std::max_element(layout.peak_bytes.begin(), layout.peak_bytes.end()),
                best_peak = *std::max_element(best.peak_bytes.begin(), best.peak_bytes.end());
   if (layout.step_seconds == best.step_seconds && peak > best_peak)
@@ -259,6 +266,10 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
   out << "best: " << best.describe() << " (predicted, from the cost model)\n"
       << "  step " << best.step_seconds * 1e3 << " ms, bubble " << best.bubble << ", update " << best.update_seconds * 1e3
       << " ms, gradient sum " << best.allreduce_seconds * 1e3 << " ms\n";
+  if (model.expert_ranks > 1)
+    out << "  all-to-alls over expert groups of " << model.expert_ranks << ": " << best.exposed_all_to_all_seconds * 1e3
+        << " ms exposed a step, summed over the workers (" << best.unpaired_all_to_all_seconds * 1e3
+        << " ms with the overlapped pairs run back to back)\n";
   if (!best.offload.empty())
     out << "  activation offload: its virtual stages keep at most " << best.offload_resident
         << " forward records on the device (PipelineOptions::offload, offload_resident); the copies are in the step\n";

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The planner's search over layouts for one stage count, replica count and tensor-parallel degree:
 // every policy and microbatch count, the balanced split, the simulated step and the memory estimate
-// (search_layouts), with the helpers it prices them by (costs at a row count, links, tensor-parallel
-// sums, contention on shared cores, state bytes).
+// (search_layouts), with the helpers it prices them by (costs at a row count, contention on shared
+// cores, state bytes; the links, sums and all-to-alls in communication.hpp).
 #pragma once
 
 #include <algorithm>
@@ -27,6 +27,7 @@
 #include "cupipe/schedule/weight_readers.hpp"
 
 #include "cupipe/planner/activations.hpp"
+#include "cupipe/planner/communication.hpp"
 #include "cupipe/planner/cost_model.hpp"
 #include "cupipe/planner/workers.hpp"
 
@@ -77,20 +78,6 @@ inline double at_rows(const CostModel& model, const LayerCost& layer, int action
   const double fixed = action == 0 ? layer.forward_fixed : action == 1 ? layer.backward_input_fixed : layer.backward_weight_fixed;
   return fixed + (time - fixed) * rows / double(model.profiled_rows);
 }
-
-/// Seconds of a hand-over of `values` values.
-inline double link_seconds(const CostModel& model, double values) {
-  return model.link_latency + (model.link_bytes_per_second > 0 ? values * model.value_bytes / model.link_bytes_per_second : 0.0);
-}
-
-/// Seconds of one rank's share of `calls` sums over a tensor-parallel group of `t` ranks that
-/// together sum `values` values per rank (a ring all-reduce moves 2 (t - 1) / t of them).
-inline double tensor_sum_seconds(const CostModel& model, int t, double calls, double values) {
-  if (t <= 1 || (calls == 0 && values == 0)) return 0.0;
-  const double bytes = 2.0 * double(t - 1) / double(t) * values * model.gradient_bytes();  // bf16 sums in fp32
-  return calls * model.tensor_sum_latency + (model.tensor_sum_bytes_per_second > 0 ? bytes / model.tensor_sum_bytes_per_second : 0.0);
-}
-
 
 /// The factor for `busy` workers computing at once on a machine of `cores` cores (0: unknown), from
 /// `contention` (CostModel::contention, not empty): its entry where it has one; beyond it, its last
@@ -261,6 +248,12 @@ inline std::string policy_refusal(const Request& request, const CostModel& model
     return "asynchronous: stale weights change what training computes; ask for it by name or with Request::asynchronous";
   if (model.tied && policy.update != schedule::UpdateRule::flush)
     return "the model ties weights (as GPT-2's lm_head to wte); only a flush update sums them";
+  if (const int ep = model.expert_ranks; ep > 1) {
+    if (d % ep != 0)
+      return "expert-parallel groups of " + std::to_string(ep) + " form among the replicas: " + std::to_string(d) +
+             " replica(s) are not a multiple";
+    if (t > 1 || cp > 1) return "expert parallelism beside tensor or context parallelism is not modelled";
+  }
   if (request.refuses) return request.refuses(policy.name, p, d, t, cp);
   return {};
 }
@@ -309,6 +302,9 @@ inline std::vector<schedule::StageCosts> stage_costs(const Request& request, con
       }
       stage.forward += f + sf + rf;
       stage.backward += policy.split_backward ? b + sb + rb : b + sb + rb + w;
+      // A mixture of experts' dispatch and combine, in each F and again in each B (the simulator
+      // hides them behind an overlapped partner's compute).
+      stage.all_to_all += 2 * all_to_all_seconds(model, r * layer.all_to_all_values);
       stage.weight += policy.split_backward ? w : 0.0;
       chunk_params += layer.params;
     }
@@ -385,7 +381,7 @@ inline schedule::SimResult simulate_with_contention(const Request& request, cons
       for (int k = 0; k < virtual_stages; ++k) {
         schedule::StageCosts& stage = list[std::size_t(k)];
         const double x = f[std::size_t(plan.placement.worker_of(k))];
-        stage = {stage.forward * x, stage.backward * x, stage.weight * x};
+        stage = {stage.forward * x, stage.backward * x, stage.weight * x, stage.all_to_all};  // the links are not the cores
       }
     };
     if (!costs.per_virtual_stage.empty()) scale(costs.per_virtual_stage);
@@ -445,6 +441,8 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
   }
   layout.step_seconds =
       (sim.makespan + layout.update_seconds + model.step_overhead_seconds) / double(config.batches) + layout.allreduce_seconds;
+  layout.exposed_all_to_all_seconds = layout.unpaired_all_to_all_seconds =
+      sim.total_exposed_communication() / double(config.batches);
   return layout;
 }
 
@@ -552,14 +550,22 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
       }
       const schedule::Placement* placement = unequal ? &plan.placement : nullptr;
       const std::vector<double> rows = microbatch_rows(model, samples, config);
-      // ZeRO shards over replicas, and only a flush update (PipelineOptions::zero).
+      // ZeRO shards over replicas, and only a flush update (PipelineOptions::zero), whose tensors
+      // are the same on every replica (not an expert group's).
       std::vector<int> zeros{0};
-      if (d * cp > 1 && policy.update == schedule::UpdateRule::flush && !request.zero_stages.empty()) zeros = request.zero_stages;
+      if (d * cp > 1 && policy.update == schedule::UpdateRule::flush && !request.zero_stages.empty() && model.expert_ranks == 1)
+        zeros = request.zero_stages;
       for (std::size_t i = 0; i < splits.size(); ++i) {
         const std::vector<std::size_t>& cuts = splits[i];
         const Candidate unsharded{policy, p, d, t, v, m, cuts, sizes[i], 0, placement, cp};
-        const schedule::SimResult sim =
-            simulate_with_contention(request, model, unsharded, plan, step_costs(request, model, unsharded, rows));
+        const schedule::Costs costs = step_costs(request, model, unsharded, rows);
+        const schedule::SimResult sim = simulate_with_contention(request, model, unsharded, plan, costs);
+        // The all-to-alls the overlapped pairs hid: the step again with each pair back to back.
+        std::optional<double> unpaired;
+        if (model.expert_ranks > 1 && schedule::has_pairs(plan))
+          unpaired = simulate_with_contention(request, model, unsharded, schedule::without_pairs(plan), costs)
+                         .total_exposed_communication() /
+                     double(config.batches);
         for (const int zero : zeros) {
           ++report.considered;
           const Candidate candidate{policy, p, d, t, v, m, cuts, sizes[i], zero, placement, cp};
@@ -574,6 +580,7 @@ void search_layouts(const Request& request, const CostModel& model, int p, int d
             }
             layout = std::move(*offloaded);
           }
+          if (unpaired) layout.unpaired_all_to_all_seconds = *unpaired;
           report.ranked.push_back(std::move(layout));
         }
       }
