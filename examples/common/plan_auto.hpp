@@ -40,12 +40,15 @@ inline std::vector<int> profiled_microbatch_counts(index_t samples) {
 
 /// Plans one process on `workers` workers (one BLAS thread each) for `batch` samples, with the stage counts
 /// and splits the program compiles (`split`: a virtual stage count's cuts, empty where it has none)
-/// and the schedules it compiles (`schedules`; empty: every one), prints the report, and returns the
-/// best layout (throws, naming the refusals, when none fits).
+/// and the schedules it compiles (`schedules`; empty: every one), leaving out what it `refuses`
+/// (planner::Request::refuses), prints the report, and returns the best layout (throws, naming the
+/// refusals, when none fits).
 template <class Split>
 planner::Layout plan_in_process(planner::CostModel model, int workers, index_t batch, std::vector<int> stage_counts,
-                                Split split, std::vector<std::string> schedules = {}) {
+                                Split split, std::vector<std::string> schedules = {},
+                                std::function<std::string(std::string_view, int, int, int, int)> refuses = {}) {
   planner::Request request;
+  request.refuses = std::move(refuses);
   request.schedules = std::move(schedules);
   request.model = std::move(model);
   request.devices = workers;
@@ -252,7 +255,8 @@ planner::Layout plan_auto(comm::Communicator* comm, Calibrate&& calibrate, int& 
     return plan_across_ranks(*comm, calibrate, batch, stage_counts, std::move(split), std::move(schedules), ranks,
                              std::move(zero_stages));
   workers = plan_workers(workers);
-  return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), std::move(schedules));
+  return plan_in_process(calibrate(), workers, batch, std::move(stage_counts), std::move(split), std::move(schedules),
+                         ranks.refuses);
 }
 
 }  // namespace cupipe::examples

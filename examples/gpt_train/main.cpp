@@ -27,6 +27,69 @@ using cupipe::examples::positive;
 
 namespace {
 
+/// The split of `Model` this trainer compiles for a virtual stage count (partition<> into 1, 2 or 4);
+/// empty for any other count.
+template <class Model>
+std::vector<std::size_t> compiled_cuts(int virtual_stages) {
+  std::vector<std::size_t> cuts;
+  if (virtual_stages == 1 || virtual_stages == 2 || virtual_stages == 4)
+    with_stage_count<1, 2, 4>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
+  return cuts;
+}
+
+/// Takes the planned layout into the flags the trainer runs by, with its predictions.
+void take_layout(gpt_trainer::Flags& f, const planner::Layout& best) {
+  f.zero = best.zero;
+  f.schedule = best.schedule;
+  f.stages = best.stages;
+  f.microbatches = best.microbatches;
+  f.predicted_step_seconds = best.step_seconds;
+  f.predicted_activation_bytes = best.peak_activation_bytes;
+  f.predicted_state_bytes = best.resting_state_bytes;
+  f.predicted_activation_low_bytes = best.peak_activation_low_bytes;
+  f.predicted_activation_high_bytes = best.peak_activation_high_bytes;
+}
+
+/// --plan auto with --experts: the mixture of experts `config` profiled here on `batch` (every
+/// expert in one process), its layers sized as one rank of expert groups of --ep
+/// (gpt::ExpertParallelModel: a share of the experts), and the all-to-all timed over the launch's
+/// expert group on every rank; planned among the schedules this trainer runs it with: the flush
+/// ones at 1 or 2 stages and DualPipeV at 2 (1F1B and DualPipeV with --ep above 1). The report
+/// gives the all-to-all time exposed with and without DualPipeV's pairs.
+template <gpt::Config config>
+planner::Layout plan_experts(gpt_trainer::Flags& f, ConstView<std::int32_t> batch, index_t sequences,
+                             comm::Communicator* comm) {
+  using Model = gpt::Model<config>;
+  const planner::LinkCost exchange = comm && f.ep > 1 ? planner::all_to_all_cost(*comm) : planner::LinkCost{};
+  const auto calibrate = [&] {
+    planner::CostModel model = planner::calibrate<Model, backend::Host<T>>(
+        batch, 3, config.context, cupipe::examples::profiled_microbatch_counts(sequences));
+    if (f.ep == 2) model = planner::sized_as<typename gpt::ExpertParallelModel<config, 2>::body>(std::move(model));
+    if (f.ep == 4) model = planner::sized_as<typename gpt::ExpertParallelModel<config, 4>::body>(std::move(model));
+    model.expert_ranks = f.ep;
+    model.all_to_all_latency = exchange.latency;
+    model.all_to_all_bytes_per_second = exchange.bytes_per_second;
+    return model;
+  };
+  const auto split = [](int virtual_stages) { return compiled_cuts<Model>(virtual_stages); };
+  std::vector<std::string> built = cupipe::examples::built_schedule_names(), schedules;
+  if (built.empty())  // this build has every schedule
+    for (const schedule::PolicyInfo& p : schedule::policy_table()) built.emplace_back(p.name);
+  for (const std::string& name : built) {
+    const bool flush = cupipe::examples::family_of_name(name) == cupipe::examples::ScheduleFamily::flush;
+    if (f.ep > 1 ? name == "1f1b" || name == "dualpipev" : flush || name == "dualpipev") schedules.push_back(name);
+  }
+  cupipe::examples::RankChoice ranks;
+  ranks.refuses = [](std::string_view schedule, int p, int, int, int) -> std::string {
+    if (schedule == "dualpipev" && p != 2) return "this trainer runs dualpipev with experts on 2 stages";
+    return {};
+  };
+  // Without expert groups the plan picks the ZeRO stage too, unless --zero named one; the runtime
+  // refuses ZeRO beside expert groups (and the planner does not propose it).
+  const std::vector<int> zero_stages = f.zero_given ? std::vector<int>{f.zero} : std::vector<int>{0, 1, 2, 3};
+  return cupipe::examples::plan_auto(comm, calibrate, f.workers, f.batch, {1, 2}, split, schedules, ranks, zero_stages);
+}
+
 /// --plan auto: calibrates the planner's cost model on the first batch of training sequences here
 /// (every layer, the loss, the optimizer step, one core per worker), plans a run in this process on
 /// f.workers workers with the stage counts and splits this program compiles (partition<> into 1, 2
@@ -48,6 +111,14 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
   CUPIPE_REQUIRE(sequences >= 2, "--plan auto: the planner profiles a batch of at least 2 sequences of ", context,
                  " tokens", comm ? " per replica" : "", ", but there are ", sequences);
   const ConstView<std::int32_t> batch{tokens.data(), Shape{sequences * context, 1}};
+  if (f.experts > 0) {
+    if (f.plan_tensor_given || f.plan_context_given)
+      CUPIPE_THROW(f.plan_tensor_given ? "--plan-tensor" : "--plan-context", ": this trainer's mixtures of experts run "
+                   "without tensor or context parallelism; leave it out with --experts");
+    take_layout(f, moe_preset(f) == 1 ? plan_experts<moe_top1>(f, batch, sequences, comm)
+                                      : plan_experts<moe_top2>(f, batch, sequences, comm));
+    return;
+  }
   const bool bf16 = f.precision == "bf16";
   const auto above_one = [](const std::vector<int>& degrees) {
     return std::any_of(degrees.begin(), degrees.end(), [](int x) { return x > 1; });
@@ -106,25 +177,12 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
     }
     return model;
   };
-  const auto split = [](int virtual_stages) {
-    std::vector<std::size_t> cuts;
-    if (virtual_stages == 1 || virtual_stages == 2 || virtual_stages == 4)
-      with_stage_count<1, 2, 4>(virtual_stages, [&]<int N>() { cuts = stage_cuts<partition<Model, std::size_t(N)>>(); });
-    return cuts;
-  };
+  const auto split = [](int virtual_stages) { return compiled_cuts<Model>(virtual_stages); };
   // With replicas the plan picks the ZeRO stage too, unless --zero named one.
   const std::vector<int> zero_stages = f.zero_given ? std::vector<int>{f.zero} : std::vector<int>{0, 1, 2, 3};
   const planner::Layout best = cupipe::examples::plan_auto(
       comm, calibrate, f.workers, f.batch, {1, 2, 4}, split, {}, ranks, zero_stages);
-  f.zero = best.zero;
-  f.schedule = best.schedule;
-  f.stages = best.stages;
-  f.microbatches = best.microbatches;
-  f.predicted_step_seconds = best.step_seconds;
-  f.predicted_activation_bytes = best.peak_activation_bytes;
-  f.predicted_state_bytes = best.resting_state_bytes;
-  f.predicted_activation_low_bytes = best.peak_activation_low_bytes;
-  f.predicted_activation_high_bytes = best.peak_activation_high_bytes;
+  take_layout(f, best);
   if (best.tensor > 1 || best.context > 1) {
     f.tp = best.tensor;
     f.cp = best.context;
@@ -339,10 +397,10 @@ int main(int argc, char** argv) {
     }
     if (f.experts > 0) {
       if (const std::string why = moe_presets_refusal(f); !why.empty()) CUPIPE_THROW(why);
-      if (f.backend != "host" || f.precision != "fp32" || f.preset != "tiny" || f.tp > 1 || f.cp > 1 || f.plan == "auto")
-        CUPIPE_THROW("--experts trains the tiny preset on the host backend in fp32, without --tp, --cp and --plan auto (",
+      if (f.backend != "host" || f.precision != "fp32" || f.preset != "tiny" || f.tp > 1 || f.cp > 1)
+        CUPIPE_THROW("--experts trains the tiny preset on the host backend in fp32, without --tp and --cp (",
                      f.backend != "host" ? "--backend " + f.backend : f.precision != "fp32" ? "--precision " + f.precision
-                     : f.preset != "tiny" ? "--preset " + f.preset : f.tp > 1 ? "--tp" : f.cp > 1 ? "--cp" : "--plan auto",
+                     : f.preset != "tiny" ? "--preset " + f.preset : f.tp > 1 ? "--tp" : "--cp",
                      " was given)");
       const bool flush = cupipe::examples::family_of_name(f.schedule) == cupipe::examples::ScheduleFamily::flush;
       if (!(flush && f.stages <= 2) && !(f.schedule == "dualpipev" && f.stages == 2))

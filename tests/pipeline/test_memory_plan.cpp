@@ -328,6 +328,42 @@ TEST_CASE("calibrate: the cost model counts the attention's ring values, layer b
   CHECK(model.layers.back().ring_values == 0);
 }
 
+TEST_CASE("calibrate: a mixture of experts' all-to-all values, and its sizes as one rank of an expert group",
+          "[planner][experts]") {
+  constexpr gpt::Config c = [] {
+    gpt::Config x{64, 16, 2, 2, 16};
+    x.experts = 4;
+    x.top_k = 2;
+    x.moe_every = 2;  // block 1's MLP
+    return x;
+  }();
+  using Body = gpt::Model<c>::body;
+  using Rank = gpt::ExpertParallelModel<c, 2>::body;
+  const std::size_t n = Body::size;
+  LayerProfile profile{std::vector<std::string>(n, "layer"), std::vector<double>(n, 1e-3), std::vector<double>(n, 1e-3),
+                       std::vector<double>(n, 1e-3), 16};
+  const planner::CostModel whole = planner::cost_model<Body>(profile, 4, 2, c.context);
+  const planner::CostModel rank = planner::sized_as<Rank>(whole);
+  std::size_t moe = n;
+  for (std::size_t l = 0; l < n; ++l)
+    if (whole.layers[l].all_to_all_values > 0) {
+      CHECK(moe == n);  // one layer
+      moe = l;
+    }
+  REQUIRE(moe < n);
+  CHECK(whole.layers[moe].all_to_all_values == 2 * 16);  // top-2 copies of C values a token
+  for (std::size_t l = 0; l < n; ++l) {
+    CHECK(rank.layers[l].forward == whole.layers[l].forward);  // the times stay the whole model's
+    CHECK(rank.layers[l].all_to_all_values == whole.layers[l].all_to_all_values);
+    CHECK(rank.layers[l].params == double(Rank::param_offsets[l + 1] - Rank::param_offsets[l]));
+    if (l != moe) CHECK(rank.layers[l].params == whole.layers[l].params);
+  }
+  // Half the experts: the router stays whole, each expert's weights and biases are halved in number.
+  const double expert = 2 * 16 * 64 + 64 + 16;  // one expert: C x 4C, 4C, 4C x C, C
+  CHECK(whole.layers[moe].params - rank.layers[moe].params == Approx(2 * expert));
+  CHECK_THROWS_WITH(planner::sized_as<gpt::Model<gpt::tiny>::body>(whole), Catch::Contains("sized_as"));
+}
+
 TEST_CASE("profile_layers times a first layer's backward_input where its weight gradient needs it", "[planner]") {
   using Host = backend::Host<float>;
   std::vector<float> x(64 * 5, 0.5f);

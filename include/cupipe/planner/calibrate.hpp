@@ -61,6 +61,22 @@ CostModel cost_model(const LayerProfile& profile, int value_bytes, int optimizer
   return model;
 }
 
+/// `model` with its layers' sizes (parameters, saved values per row) taken from `Body`, another
+/// build of the same layers: one rank of expert groups (gpt::ExpertParallelModel), whose mixtures of
+/// experts hold a share of the experts. The times stay the whole model's: with balanced routing a
+/// rank computes as many tokens through its experts as one process does through all of them.
+template <class Body>
+CostModel sized_as(CostModel model) {
+  CUPIPE_REQUIRE(model.layers.size() == Body::size, "planner: sized_as: the cost model has ", model.layers.size(),
+                 " layers, the other build ", Body::size);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((model.layers[I].params = double(Body::param_offsets[I + 1] - Body::param_offsets[I]),
+      model.layers[I].saved = double(Body::template layer<I>::saved_per_row(Body::widths[I]))),
+     ...);
+  }(std::make_index_sequence<Body::size>());
+  return model;
+}
+
 namespace detail {
 /// The fixed part of a time linear in rows, from `large` at `rows_large` and `small` at `rows_small`,
 /// kept within [0, large].

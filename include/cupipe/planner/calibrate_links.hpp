@@ -3,7 +3,8 @@
 // bandwidth fitted to two message sizes) in one process (local_link, through the LocalTransport the
 // pipeline uses there) or between ranks (rank_link, through a Communicator), how long a worker
 // blocked in its mailbox takes to wake (wake_seconds), and what the data-parallel and
-// tensor-parallel sums cost (replica_sum_bandwidth, tensor_sum_cost). calibrate.hpp puts the
+// tensor-parallel sums cost (replica_sum_bandwidth, tensor_sum_cost), and an expert group's
+// all-to-all (all_to_all_cost). calibrate.hpp puts the
 // in-process figures into a CostModel; the ones between ranks are collective and left to the caller.
 #pragma once
 
@@ -24,6 +25,7 @@
 #include "cupipe/core/shape.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/tensor_group.hpp"
+#include "cupipe/moe/expert_group.hpp"
 #include "cupipe/pipeline/local_transport.hpp"
 #include "cupipe/pipeline/rebalance.hpp"
 
@@ -288,6 +290,33 @@ inline LinkCost tensor_sum_cost(comm::Communicator& comm, index_t values = index
   const double t = double(group->size());
   const double bytes = 2.0 * (t - 1) / t * double(values - 1) * sizeof(float);
   return {latency, whole > latency ? bytes / (whole - latency) : 0.0};
+}
+
+/// Seconds per all-to-all and bandwidth over `comm`'s expert group (Communicator::expert_group), in
+/// the planner's terms (CostModel::all_to_all_latency and all_to_all_bytes_per_second: the bytes
+/// that leave a rank, (ranks - 1) / ranks of what it sends): the mean over the world of the median
+/// of `repeats` all-to-alls, started and finished, in which each rank sends 1 value to each rank of
+/// the group (the latency) and `values` in all. Collective over every rank. Zero without a group
+/// of 2 or more.
+inline LinkCost all_to_all_cost(comm::Communicator& comm, index_t values = index_t(1) << 18, int repeats = 7) {
+  moe::ExpertGroup* group = comm.expert_group();
+  if (group == nullptr || group->size() < 2) return {};
+  const auto ranks = std::size_t(group->size());
+  CUPIPE_REQUIRE(values >= index_t(2 * ranks), "planner: time the all-to-all on at least 2 values per rank, got ", values);
+  const auto per_rank = static_cast<std::int64_t>(std::size_t(values) / ranks);
+  std::vector<float> send(ranks * std::size_t(per_rank), 1.0f), receive(send.size());
+  const auto exchange = [&](std::int64_t each) {
+    const std::vector<std::int64_t> counts(ranks, each);
+    group->start_all_to_all(send.data(), counts.data(), receive.data(), counts.data());
+    group->finish_all_to_all();
+  };
+  exchange(per_rank);  // warm-up
+  const double small = cupipe::detail::median_seconds(repeats, [&] { exchange(1); });
+  const double large = cupipe::detail::median_seconds(repeats, [&] { exchange(per_rank); });
+  const double world = double(comm.topology().world);
+  const double latency = comm.sum_over_world(small) / world, whole = comm.sum_over_world(large) / world;
+  const double leaving = double(ranks - 1) * double(per_rank - 1) * sizeof(float);  // beyond the latency's value each
+  return {latency, whole > latency ? leaving / (whole - latency) : 0.0};
 }
 
 }  // namespace cupipe::planner
