@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -659,7 +660,7 @@ template <examples::ScheduleFamily F, class Backend = backend::Host<T>, gpt::Con
           class Configure = AsBuilt>
 int train_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenSplit& split, const Launch& launch,
                  const DeviceRate& rate = {}, Configure configure = {}) {
-  int rc = 1;
+  std::optional<int> rc;  // empty: no model of this build runs the flags (main.cpp refuses most such flags first)
   schedule::with_policy(f.schedule, [&]<class Schedule>() {
     auto run = [&]<int P>() {
       // Tensor-parallel ranks are processes, and a CUDA run is one process (main.cpp).
@@ -684,7 +685,10 @@ int train_family(const Flags& f, const io::TokenCorpus& corpus, const io::TokenS
       else if constexpr (std::is_same_v<Schedule, schedule::DualPipeV>) with_stage_count<2>(f.stages, run);
     }
   });
-  return rc;
+  if (!rc)
+    CUPIPE_THROW("this build trains no model with --schedule ", f.schedule, " --stages ", f.stages, " --tp ", f.tp, " --ep ",
+                 f.ep, config.experts > 0 ? " and experts" : "", " (see --help for what each flag runs with)");
+  return *rc;
 }
 /// backend::Host<bfloat16, float>: --precision bf16 on the host.
 using HostBf16 = backend::Host<cupipe::bfloat16, float>;  // in full: OpenBLAS declares a ::bfloat16 too
