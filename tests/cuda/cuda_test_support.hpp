@@ -31,6 +31,20 @@ inline std::vector<float> random_floats(Rng& rng, index_t n, double low = -1.0, 
   return out;
 }
 
+/// Document starts (core/documents.hpp) of sequences cut into documents: `lengths[s]` are sequence
+/// s's documents in order, summing to its length.
+inline std::vector<std::int32_t> document_starts_of(const std::vector<std::vector<index_t>>& lengths) {
+  std::vector<std::int32_t> start;
+  for (const auto& sequence : lengths) {
+    index_t at = 0;
+    for (const index_t length : sequence) {
+      for (index_t t = 0; t < length; ++t) start.push_back(std::int32_t(at));
+      at += length;
+    }
+  }
+  return start;
+}
+
 inline std::vector<std::int32_t> random_ints(Rng& rng, index_t n, index_t below) {
   std::vector<std::int32_t> out(static_cast<std::size_t>(n));
   for (auto& v : out) v = std::int32_t(rng.below(std::uint64_t(below)));

@@ -221,6 +221,43 @@ TEST_CASE("Cuda<bfloat16, float>: our tensor-core (mma) attention matches the bf
   check_tensor_core_attention(backend::cuda::AttentionKernel::mma);
 }
 
+TEST_CASE("Cuda<bfloat16, float>: packed documents on every attention path match the bf16 host backend",
+          "[gpu][cuda][bf16][attention][documents]") {
+  // The hand-written paths run every document in one launch (cu_seqlens); cuDNN's runs each alone.
+  // Documents of 1, 63, 64 and 65 rows (a tile's edges) and a 141-row one over three tiles.
+  auto kernel = GENERATE(backend::cuda::AttentionKernel::mma, backend::cuda::AttentionKernel::tiled,
+                         backend::cuda::AttentionKernel::simple, backend::cuda::AttentionKernel::cudnn);
+  if (kernel == backend::cuda::AttentionKernel::cudnn && !backend::cuda::built_with_cudnn) return;
+  CAPTURE(backend::cuda::to_string(kernel));
+  const index_t heads = 2, D = 64, T = 206, C = heads * D;
+  const std::vector<std::int32_t> starts = cupipe::testing::document_starts_of({{1, 141, 64}, {63, 65, 78}});
+  const index_t rows = index_t(starts.size());
+  REQUIRE(rows == 2 * T);
+  const DocumentStarts documents{starts.data(), rows};
+  Rng rng(53);
+  Gpu gpu;
+  Cpu cpu;
+  gpu.attention = kernel;
+  const Shape sq{rows, 3 * C}, so{rows, C}, sl{rows, heads};
+  const auto qkv = random_bf16(rng, rows * 3 * C, -1.5, 1.5), dout = random_bf16(rng, rows * C);
+  std::vector<BF> out_cpu(static_cast<std::size_t>(rows * C)), dqkv_cpu(qkv.size());
+  std::vector<float> lse_cpu(static_cast<std::size_t>(rows * heads));
+  ops::causal_attention_forward(cpu, ConstView<BF>{qkv.data(), sq}, TensorView<BF>{out_cpu.data(), so},
+                                TensorView<float>{lse_cpu.data(), sl}, heads, T, documents);
+  ops::causal_attention_backward(cpu, ConstView<BF>{qkv.data(), sq}, ConstView<BF>{out_cpu.data(), so},
+                                 ConstView<float>{lse_cpu.data(), sl}, ConstView<BF>{dout.data(), so},
+                                 TensorView<BF>{dqkv_cpu.data(), sq}, heads, T, documents);
+  DeviceArray<BF, Gpu> dq(gpu, qkv), ddout(gpu, dout);
+  auto out = poisoned<BF>(gpu, rows * C), dqkv = poisoned<BF>(gpu, rows * 3 * C);
+  auto lse = poisoned<float>(gpu, rows * heads);
+  ops::causal_attention_forward(gpu, dq.cview(sq), out.view(so), lse.view(sl), heads, T, documents);
+  CHECK(relative_error(widen(out.download()), widen(out_cpu)) <= bf16_tolerance);
+  CHECK(relative_error(lse.download(), lse_cpu) <= 1e-4);
+  ops::causal_attention_backward(gpu, dq.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), dqkv.view(sq), heads, T,
+                                 documents);
+  CHECK(relative_error(widen(dqkv.download()), widen(dqkv_cpu)) <= 2 * bf16_tolerance);
+}
+
 TEST_CASE("the attention path: automatic picks cuDNN for bf16 where it runs, a request it cannot meet says why",
           "[gpu][cuda][attention][cudnn]") {
   Gpu gpu;

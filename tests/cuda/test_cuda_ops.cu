@@ -257,7 +257,8 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
     // The op ran the tiled kernel, not a silent fallback: the same bits as calling that kernel directly.
     auto direct = poisoned<float>(gpu, n * C), direct_lse = poisoned<float>(gpu, n * heads);
     backend::cuda::kernels::attention_tiled::forward(gpu.context(), dqkv_in.cview(sq).data(), direct.view(so).data(),
-                                           direct_lse.view(sl).data(), n, C, int(heads), T);
+                                           direct_lse.view(sl).data(), n, C, int(heads),
+                                           backend::cuda::kernels::Sequences::uniform(n, T));
     CHECK(direct.download() == out.download());
     CHECK(direct_lse.download() == lse.download());
   }
@@ -271,6 +272,50 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   // Deterministic: no atomics, so a second run gives the same bits.
   ops::causal_attention_backward(gpu, dqkv_in.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), dqkv.view(sq), heads, T);
   CHECK(dqkv.download() == first);
+}
+
+TEST_CASE("packed documents run in one attention launch and match the host", "[gpu][cuda][ops][attention][documents]") {
+  // Two sequences of 150 rows cut into documents: one of a single row, one over two 64-row tiles
+  // with a ragged end, a whole tile, and short ones; the kernels get all seven at once (cu_seqlens),
+  // so a block past a short document's end must leave every row alone.
+  const auto kernel = GENERATE(backend::cuda::AttentionKernel::simple, backend::cuda::AttentionKernel::tiled);
+  const index_t heads = 2, D = 32, T = 150, C = heads * D;
+  const std::vector<std::int32_t> starts = document_starts_of({{1, 70, 79}, {64, 64, 5, 17}});
+  const index_t n = index_t(starts.size());
+  REQUIRE(n == 2 * T);
+  const DocumentStarts documents{starts.data(), n};
+  Rng rng(151);
+  Gpu gpu;
+  gpu.attention = kernel;
+  Ref ref;
+  const Shape sq{n, 3 * C}, so{n, C}, sl{n, heads};
+  const auto qkv = random_floats(rng, n * 3 * C, -1.5, 1.5), dout = random_floats(rng, n * C);
+  const auto qkvd = cast<double>(qkv), doutd = cast<double>(dout);
+  DeviceArray<float, Gpu> dqkv_in(gpu, qkv), ddout(gpu, dout);
+  auto out = poisoned<float>(gpu, n * C), lse = poisoned<float>(gpu, n * heads), dqkv = poisoned<float>(gpu, n * 3 * C);
+  std::vector<double> rout(std::size_t(n * C)), rlse(std::size_t(n * heads)), rdqkv(std::size_t(n * 3 * C));
+  ops::causal_attention_forward(gpu, dqkv_in.cview(sq), out.view(so), lse.view(sl), heads, T, documents);
+  ops::causal_attention_forward(ref, ConstView<double>{qkvd.data(), sq}, TensorView<double>{rout.data(), so},
+                                TensorView<double>{rlse.data(), sl}, heads, T, documents);
+  CAPTURE(backend::cuda::to_string(kernel));
+  CHECK(relative_error(out.download(), rout) <= fp32_tolerance);
+  CHECK(relative_error(lse.download(), rlse) <= fp32_tolerance);
+  ops::causal_attention_backward(gpu, dqkv_in.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), dqkv.view(sq), heads, T,
+                                 documents);
+  ops::causal_attention_backward(ref, ConstView<double>{qkvd.data(), sq}, ConstView<double>{rout.data(), so},
+                                 ConstView<double>{rlse.data(), sl}, ConstView<double>{doutd.data(), so},
+                                 TensorView<double>{rdqkv.data(), sq}, heads, T, documents);
+  CHECK(relative_error(dqkv.download(), rdqkv) <= fp32_tolerance);
+  // The borders matter: without them the same rows give other outputs.
+  auto whole = poisoned<float>(gpu, n * C);
+  ops::causal_attention_forward(gpu, dqkv_in.cview(sq), whole.view(so), lse.view(sl), heads, T);
+  CHECK(relative_error(whole.download(), rout) > 1e-3);
+  // Borders that do not describe the rows are refused before any launch, naming the row.
+  std::vector<std::int32_t> bad = starts;
+  bad[5] = 3;
+  CHECK_THROWS_WITH(ops::causal_attention_forward(gpu, dqkv_in.cview(sq), out.view(so), lse.view(sl), heads, T,
+                                                  DocumentStarts{bad.data(), n}),
+                    Catch::Contains("row 5") && Catch::Contains("document start 3"));
 }
 
 TEST_CASE("softmax cross-entropy matches the host", "[gpu][cuda][ops]") {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "cupipe/backend/host/ops.hpp"
@@ -124,6 +125,57 @@ TEST_CASE("float and double agree: layernorm forward and both backwards", "[cpu]
                                    cview(dyt, s), view(dgamma, Shape{n}), view(dbeta, Shape{n}));
     return Outputs{as_double(y), as_double(mean), as_double(rstd), as_double(dx), as_double(dgamma), as_double(dbeta)};
   });
+}
+
+TEST_CASE("causal attention with document borders runs each document as a sequence of its own",
+          "[cpu][host][attention][documents]") {
+  // Two sequences of 70 rows: documents of 1, 65 and 4 rows, then 70 (one document: the borders of
+  // the sequence itself).
+  Rng rng{std::uint64_t(GENERATE(3, 4))};
+  const index_t heads = 2, D = 3, C = heads * D, T = 70, rows = 2 * T;
+  const std::vector<std::pair<index_t, index_t>> docs{{0, 1}, {1, 65}, {66, 4}, {70, 70}};  // (first row, length)
+  std::vector<std::int32_t> starts(std::size_t(rows), 0);
+  for (const auto& [first, length] : docs)
+    for (index_t r = first; r < first + length; ++r) starts[std::size_t(r)] = std::int32_t(first % T);
+  const DocumentStarts documents{starts.data(), rows};
+  Vec qkv = float_exact(std::size_t(rows * 3 * C), rng, -1.5, 1.5);
+  const Vec dout = float_exact(std::size_t(rows * C), rng);
+  backend::Host<double> be;
+  const auto run = [&](const Vec& q, const DocumentStarts& borders) {
+    Vec out(std::size_t(rows * C)), lse(std::size_t(rows * heads)), dqkv(q.size());
+    ops::causal_attention_forward(be, cview(q, Shape{rows, 3 * C}), view(out, Shape{rows, C}), view(lse, Shape{rows, heads}),
+                                  heads, T, borders);
+    ops::causal_attention_backward(be, cview(q, Shape{rows, 3 * C}), cview(out, Shape{rows, C}), cview(lse, Shape{rows, heads}),
+                                   cview(dout, Shape{rows, C}), view(dqkv, Shape{rows, 3 * C}), heads, T, borders);
+    return Outputs{out, lse, dqkv};
+  };
+  const Outputs packed = run(qkv, documents);
+  // Each document alone, as a sequence of its length: the same bits.
+  for (const auto& [first, length] : docs) {
+    CAPTURE(first, length);
+    const Vec q(qkv.begin() + first * 3 * C, qkv.begin() + (first + length) * 3 * C);
+    Vec out(std::size_t(length * C)), lse(std::size_t(length * heads)), dqkv(q.size());
+    ops::causal_attention_forward(be, cview(q, Shape{length, 3 * C}), view(out, Shape{length, C}),
+                                  view(lse, Shape{length, heads}), heads, length);
+    ops::causal_attention_backward(be, cview(q, Shape{length, 3 * C}), cview(out, Shape{length, C}),
+                                   cview(lse, Shape{length, heads}), ConstView<double>{dout.data() + first * C, Shape{length, C}},
+                                   view(dqkv, Shape{length, 3 * C}), heads, length);
+    CHECK(std::equal(out.begin(), out.end(), packed[0].begin() + first * C));
+    CHECK(std::equal(lse.begin(), lse.end(), packed[1].begin() + first * heads));
+    CHECK(std::equal(dqkv.begin(), dqkv.end(), packed[2].begin() + first * 3 * C));
+  }
+  // The second sequence is one document: the same as no borders there; the first is not.
+  const Outputs whole = run(qkv, {});
+  CHECK(std::equal(whole[0].begin() + T * C, whole[0].end(), packed[0].begin() + T * C));
+  CHECK_FALSE(std::equal(whole[0].begin(), whole[0].begin() + T * C, packed[0].begin()));
+  // A document's keys are out of another's reach: changing the first document moves nothing after it.
+  for (index_t i = 0; i < 3 * C; ++i) qkv[std::size_t(i)] += 0.5;
+  const Outputs moved = run(qkv, documents);
+  CHECK(std::equal(moved[0].begin() + C, moved[0].end(), packed[0].begin() + C));
+  CHECK_FALSE(std::equal(moved[0].begin(), moved[0].begin() + C, packed[0].begin()));
+  // Borders that do not describe the rows: refused, naming the row.
+  starts[3] = 2;
+  CHECK_THROWS_WITH(run(qkv, documents), Contains("causal_attention_forward") && Contains("row 3") && Contains("document start 2"));
 }
 
 TEST_CASE("float and double agree: causal attention over several query blocks, and GELU in place",

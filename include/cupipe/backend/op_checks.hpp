@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "cupipe/backend/op_types.hpp"
+#include "cupipe/core/documents.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/shape.hpp"
 #include "cupipe/core/tensor.hpp"
@@ -286,18 +287,23 @@ void attention_shapes(std::string_view op, TensorView<const T, S> qkv, index_t h
                  " tokens (a microbatch holds whole sequences)");
 }
 
+/// With document borders (`documents`, packed sequences: core/documents.hpp) each document is a causal
+/// sequence of its own; the borders, in host memory, must describe qkv's rows.
 template <class T, class S, class M>
 void causal_attention_forward(TensorView<const T, S> qkv, const TensorView<T, S>& out, const TensorView<M, S>& lse,
-                              index_t heads, index_t seq_len) {
+                              index_t heads, index_t seq_len, const DocumentStarts& documents = {}) {
   attention_shapes("causal_attention_forward", qkv, heads, seq_len);
   check_view(out, Shape{qkv.rows(), qkv.cols() / 3}, "causal_attention_forward", "out");
   check_view(lse, Shape{qkv.rows(), heads}, "causal_attention_forward", "lse");
+  check_documents(documents, qkv.rows(), seq_len, "causal_attention_forward (document borders)");
 }
 
 template <class T, class S, class M>
 void causal_attention_backward(TensorView<const T, S> qkv, TensorView<const T, S> out, TensorView<const M, S> lse,
-                               TensorView<const T, S> dout, const TensorView<T, S>& dqkv, index_t heads, index_t seq_len) {
+                               TensorView<const T, S> dout, const TensorView<T, S>& dqkv, index_t heads, index_t seq_len,
+                               const DocumentStarts& documents = {}) {
   attention_shapes("causal_attention_backward", qkv, heads, seq_len);
+  check_documents(documents, qkv.rows(), seq_len, "causal_attention_backward (document borders)");
   check_view(out, Shape{qkv.rows(), qkv.cols() / 3}, "causal_attention_backward", "out");
   check_view(lse, Shape{qkv.rows(), heads}, "causal_attention_backward", "lse");
   check_view(dout, out.shape(), "causal_attention_backward", "dout");

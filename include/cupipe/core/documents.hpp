@@ -82,14 +82,21 @@ inline std::vector<std::int32_t> document_starts(std::span<const std::int32_t> i
   return start;
 }
 
+/// f(first_row, length) for each document of `rows` rows in sequences of `seq_len`, in order (each
+/// whole sequence where `d` is empty). The borders are checked first (check_documents, naming `what`).
+template <class F>
+void each_document_in(const DocumentStarts& d, index_t rows, index_t seq_len, std::string_view what, F&& f) {
+  check_documents(d, rows, seq_len, what);
+  for (index_t s0 = 0; s0 < rows; s0 += seq_len) d.each_document(s0, seq_len, f);
+}
+
 /// FlashAttention's cu_seqlens (cuDNN's ragged offsets) of `d` over `rows` rows in sequences of
 /// `seq_len`: 0, then the end row of each document in order (documents + 1 entries). Empty borders:
 /// one document per sequence.
 inline std::vector<std::int32_t> cumulative_lengths(const DocumentStarts& d, index_t rows, index_t seq_len) {
-  check_documents(d, rows, seq_len, "cumulative_lengths");
   std::vector<std::int32_t> out{0};
-  for (index_t s0 = 0; s0 < rows; s0 += seq_len)
-    d.each_document(s0, seq_len, [&](index_t first, index_t length) { out.push_back(std::int32_t(first + length)); });
+  each_document_in(d, rows, seq_len, "cumulative_lengths",
+                   [&](index_t first, index_t length) { out.push_back(std::int32_t(first + length)); });
   return out;
 }
 

@@ -3,7 +3,8 @@
 //   qkv = x c_attn^T + b (n, 3C);  att = causal softmax attention per head;  y = att c_proj^T + b.
 // Its rows are whole sequences of SeqLen tokens (rows_per_sample), so a microbatch never cuts one.
 // Packed sequences (the backend context's documents, core/documents.hpp): each document attends
-// within itself, a causal sequence of its own length. Context parallelism (the backend context's
+// within itself, a causal sequence of its own length; the attention op takes the borders (on CUDA,
+// every document of the microbatch in one launch). Context parallelism (the backend context's
 // context_group, cp/context_group.hpp): the rows are this rank's share of each sequence, and the
 // attention runs round the ring (cp/ring_layer.hpp).
 // Parameters, in nanoGPT's names and layouts: c_attn.weight (3C, C), c_attn.bias (3C),
@@ -78,10 +79,7 @@ struct HeadSplitAttention {
     if (in_ring(be)) {
       if constexpr (ring_runs<B, T>)
         cp::ring_attention_forward(*be.context_group, s.qkv.data(), x.rows(), SeqLen, width, heads, s.att.data(), s.lse.data());
-    } else by_document(be, x.rows(), [&](index_t first, index_t rows, index_t seq_len) {
-      causal_attention_forward(be, ConstViewOn<B, T>(s.qkv.row_slice(first, rows)), s.att.row_slice(first, rows),
-                               s.lse.row_slice(first, rows), heads, seq_len);
-    });
+    } else causal_attention_forward(be, ConstViewOn<B, T>(s.qkv), s.att, s.lse, heads, SeqLen, be.documents);
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(s.att), w_proj<B>(p), T(0), y);
     tensor_group_sum<Parts>(be, y, "TensorParallelAttention");
     bias_add(be, y, b_proj<B>(p));  // once, after the sum
@@ -99,11 +97,8 @@ struct HeadSplitAttention {
       if constexpr (ring_runs<B, T>)
         cp::ring_attention_backward(*be.context_group, s.qkv.data(), n, SeqLen, width, heads, s.att.data(), s.lse.data(),
                                     datt_view.data(), s.dqkv.data());
-    } else by_document(be, n, [&](index_t first, index_t rows, index_t seq_len) {
-      causal_attention_backward(be, ConstViewOn<B, T>(s.qkv.row_slice(first, rows)), ConstViewOn<B, T>(s.att.row_slice(first, rows)),
-                                ConstViewOn<B, grad_t<B>>(s.lse.row_slice(first, rows)),
-                                ConstViewOn<B, T>(datt_view.row_slice(first, rows)), s.dqkv.row_slice(first, rows), heads, seq_len);
-    });
+    } else causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, grad_t<B>>(s.lse),
+                                     ConstViewOn<B, T>(datt_view), s.dqkv, heads, SeqLen, be.documents);
     if (dx.empty()) return;
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), ConstViewOn<B, T>(s.dqkv), w_attn<B>(p), T(0), dx);
     tensor_group_sum<Parts>(be, dx, "TensorParallelAttention");
@@ -138,16 +133,6 @@ struct HeadSplitAttention {
       CUPIPE_THROW("CausalSelfAttention: packed sequences (document borders) with context parallelism are not supported; "
                    "give whole sequences or leave the ring out");
     return true;
-  }
-  /// f(first, rows, seq_len) over the `n` rows: all of them as sequences of SeqLen at once, or with
-  /// document borders (be.documents, packed sequences) each document on its own, a causal sequence
-  /// of its length, so no query sees another document's keys.
-  template <class B, class F>
-  static void by_document(B& be, index_t n, F&& f) {
-    if (be.documents.empty()) return f(0, n, SeqLen);
-    check_documents(be.documents, n, SeqLen, "CausalSelfAttention (packed sequences)");
-    for (index_t s0 = 0; s0 < n; s0 += SeqLen)
-      be.documents.each_document(s0, SeqLen, [&](index_t first, index_t length) { f(first, length, length); });
   }
   /// The saved area of n rows, split: lse (n, Heads) first, where the saved area's alignment holds
   /// for the compute type, then qkv (n, 3C), att (n, C), dqkv (n, 3C) (this rank's share of each).

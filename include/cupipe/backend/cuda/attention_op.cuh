@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "cupipe/backend/cuda/attention_path.cuh"
 #include "cupipe/backend/cuda/kernels/attention.cuh"
@@ -67,6 +70,36 @@ template <class T, class C>
 auto cudnn_workspace(backend::Cuda<T, C>& be, std::size_t bytes) {
   return be.template allocate<std::byte>(index_t(std::max<std::size_t>(bytes, 1)), MemoryTag::workspace);
 }
+
+/// The sequences a hand-written kernel runs for one call: whole ones of `seq_len`, or with document
+/// borders the documents, one launch for all of them (FlashAttention's varlen form): their cu_seqlens
+/// are copied to a workspace of the context, in stream order (cudaMemcpyAsync returns once it has
+/// read the host's pageable copy), which `table` keeps until the call's kernels are enqueued.
+template <class T, class C>
+struct CallSequences {
+  std::optional<backend::cuda::DeviceBuffer<std::int32_t>> table;
+  backend::cuda::kernels::Sequences seqs;
+};
+template <class T, class C>
+CallSequences<T, C> call_sequences(backend::Cuda<T, C>& be, std::string_view op, const DocumentStarts& documents, index_t rows,
+                                   index_t seq_len) {
+  CallSequences<T, C> out;
+  if (documents.empty()) {
+    out.seqs = backend::cuda::kernels::Sequences::uniform(rows, seq_len);
+    return out;
+  }
+  const std::vector<std::int32_t> cu = cumulative_lengths(documents, rows, seq_len);
+  const index_t count = index_t(cu.size()) - 1;
+  CUPIPE_REQUIRE(count <= backend::cuda::kernels::max_grid_yz, op, ": ", count, " documents in one call, more than the attention ",
+                 "kernels' grid takes (", backend::cuda::kernels::max_grid_yz, "); split the microbatch");
+  index_t longest = 0;
+  for (index_t z = 0; z < count; ++z) longest = std::max<index_t>(longest, cu[std::size_t(z + 1)] - cu[std::size_t(z)]);
+  out.table.emplace(be.template allocate<std::int32_t>(index_t(cu.size()), MemoryTag::workspace));
+  CUPIPE_CHECK_CUDA(cudaMemcpyAsync(out.table->data(), cu.data(), cu.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                                    be.stream()));
+  out.seqs = {out.table->data(), longest, count};
+  return out;
+}
 }  // namespace cupipe::backend::cuda::detail
 namespace cupipe::ops {
 
@@ -81,14 +114,23 @@ backend::cuda::AttentionChoice attention_choice(backend::Cuda<T, C>& be, index_t
   return backend::cuda::detail::choose_attention_for(be, rows, width, heads, seq_len);
 }
 
+/// With document borders (packed sequences) each document is a causal sequence of its own: the
+/// hand-written kernels run them all in one launch; cuDNN's path calls itself per document.
 template <class T, class C>
 void causal_attention_forward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, DeviceView<T> out, DeviceView<C> lse,
-                              index_t heads, index_t seq_len) {
-  checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
+                              index_t heads, index_t seq_len, const DocumentStarts& documents = {}) {
+  checks::causal_attention_forward(qkv, out, lse, heads, seq_len, documents);
   backend::cuda::detail::require_attention_grid("causal_attention_forward", qkv.rows(), heads, seq_len);
   const backend::cuda::detail::OpScope scope(be, "cupipe::causal_attention_forward");
   if (qkv.rows() == 0) return;
   const auto [rows, width, sizes, kernel] = backend::cuda::detail::attention_call(be, qkv.rows(), qkv.cols(), heads, seq_len);
+  if (!documents.empty() && kernel == backend::cuda::AttentionKernel::cudnn)
+    return each_document_in(documents, rows, seq_len, "causal_attention_forward", [&](index_t first, index_t length) {
+      causal_attention_forward(be, qkv.row_slice(first, length), out.row_slice(first, length), lse.row_slice(first, length),
+                               heads, length);
+    });
+  const auto call = backend::cuda::detail::call_sequences(be, "causal_attention_forward", documents, rows, seq_len);
+  const backend::cuda::kernels::Sequences seqs = call.seqs;
   if constexpr (backend::cuda::detail::cudnn_attention_capable<T, C>) {
     if (kernel == backend::cuda::AttentionKernel::cudnn) {
       // cuDNN writes its statistics (S, H, T); the op's lse is (S T, H).
@@ -103,30 +145,39 @@ void causal_attention_forward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, D
   if constexpr (backend::cuda::detail::bf16_attention<T, C>) {  // misaligned rows or too little shared memory: the simple kernels
     if (kernel == backend::cuda::AttentionKernel::mma && backend::cuda::kernels::attention_mma::takes(be.context(), sizes.head_dim, qkv.data(), out.data())) {
       backend::cuda::kernels::attention_mma::forward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()),
-                                           lse.data(), rows, width, int(heads), seq_len);
+                                           lse.data(), rows, width, int(heads), seqs);
       return;
     }
   }
   if constexpr (backend::cuda::detail::tiled_attention_capable<T, C>) {
     if (kernel == backend::cuda::AttentionKernel::tiled) {
       backend::cuda::kernels::attention_tiled::forward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()),
-                                             lse.data(), rows, width, int(heads), seq_len);
+                                             lse.data(), rows, width, int(heads), seqs);
       return;
     }
   }
   backend::cuda::kernels::causal_attention_forward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()), lse.data(),
-                                         rows, width, int(heads), seq_len);
+                                         rows, width, int(heads), seqs);
 }
 
-/// dqkv (overwritten) from dout, with the probabilities recomputed from the saved log-sum-exp.
+/// dqkv (overwritten) from dout, with the probabilities recomputed from the saved log-sum-exp; document
+/// borders as the forward's.
 template <class T, class C>
 void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, DeviceConstView<T> out, DeviceConstView<C> lse,
-                               DeviceConstView<T> dout, DeviceView<T> dqkv, index_t heads, index_t seq_len) {
-  checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
+                               DeviceConstView<T> dout, DeviceView<T> dqkv, index_t heads, index_t seq_len,
+                               const DocumentStarts& documents = {}) {
+  checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len, documents);
   backend::cuda::detail::require_attention_grid("causal_attention_backward", qkv.rows(), heads, seq_len);
   const backend::cuda::detail::OpScope scope(be, "cupipe::causal_attention_backward");
   if (qkv.rows() == 0) return;
   const auto [rows, width, sizes, kernel] = backend::cuda::detail::attention_call(be, qkv.rows(), qkv.cols(), heads, seq_len);
+  if (!documents.empty() && kernel == backend::cuda::AttentionKernel::cudnn)
+    return each_document_in(documents, rows, seq_len, "causal_attention_backward", [&](index_t first, index_t length) {
+      causal_attention_backward(be, qkv.row_slice(first, length), out.row_slice(first, length), lse.row_slice(first, length),
+                                dout.row_slice(first, length), dqkv.row_slice(first, length), heads, length);
+    });
+  const auto call = backend::cuda::detail::call_sequences(be, "causal_attention_backward", documents, rows, seq_len);
+  const backend::cuda::kernels::Sequences seqs = call.seqs;
   if constexpr (backend::cuda::detail::cudnn_attention_capable<T, C>) {
     if (kernel == backend::cuda::AttentionKernel::cudnn) {
       auto& engine = be.cudnn_attention().engine();
@@ -144,7 +195,7 @@ void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, 
         backend::cuda::kernels::attention_mma::takes(be.context(), sizes.head_dim, dout.data(), dqkv.data())) {
       backend::cuda::kernels::attention_mma::backward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()),
                                             lse.data(), backend::cuda::detail::device_ptr(dout.data()), backend::cuda::detail::device_ptr(dqkv.data()),
-                                            delta.data(), rows, width, int(heads), seq_len);
+                                            delta.data(), rows, width, int(heads), seqs);
       return;
     }
   }
@@ -152,13 +203,13 @@ void causal_attention_backward(backend::Cuda<T, C>& be, DeviceConstView<T> qkv, 
     if (kernel == backend::cuda::AttentionKernel::tiled) {
       backend::cuda::kernels::attention_tiled::backward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()),
                                               lse.data(), backend::cuda::detail::device_ptr(dout.data()), backend::cuda::detail::device_ptr(dqkv.data()),
-                                              delta.data(), rows, width, int(heads), seq_len);
+                                              delta.data(), rows, width, int(heads), seqs);
       return;
     }
   }
   backend::cuda::kernels::causal_attention_backward(be.context(), backend::cuda::detail::device_ptr(qkv.data()), backend::cuda::detail::device_ptr(out.data()), lse.data(),
                                           backend::cuda::detail::device_ptr(dout.data()), backend::cuda::detail::device_ptr(dqkv.data()), delta.data(), rows,
-                                          width, int(heads), seq_len);
+                                          width, int(heads), seqs);
 }
 
 }  // namespace cupipe::ops

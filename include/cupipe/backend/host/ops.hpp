@@ -414,10 +414,16 @@ HeadRows<T> head_rows(const T* qkv, index_t first_row, index_t W, index_t C, ind
 
 }  // namespace detail
 
+/// With document borders (packed sequences), each document on its own: a causal sequence of its length.
 template <class T>
-void causal_attention_forward(backend::Host<T>&, ConstView<T> qkv, TensorView<T> out, TensorView<T> lse,
-                              index_t heads, index_t seq_len) {
-  checks::causal_attention_forward(qkv, out, lse, heads, seq_len);
+void causal_attention_forward(backend::Host<T>& be, ConstView<T> qkv, TensorView<T> out, TensorView<T> lse,
+                              index_t heads, index_t seq_len, const DocumentStarts& documents = {}) {
+  checks::causal_attention_forward(qkv, out, lse, heads, seq_len, documents);
+  if (!documents.empty())
+    return each_document_in(documents, qkv.rows(), seq_len, "causal_attention_forward", [&](index_t first, index_t length) {
+      causal_attention_forward(be, qkv.row_slice(first, length), out.row_slice(first, length), lse.row_slice(first, length),
+                               heads, length);
+    });
   const index_t C = qkv.cols() / 3, D = C / heads, W = qkv.cols();
   const T scale = T(1) / std::sqrt(T(D));
   const index_t block = std::min(attention_query_block, seq_len);
@@ -460,9 +466,14 @@ void causal_attention_forward(backend::Host<T>&, ConstView<T> qkv, TensorView<T>
 /// dv_u = sum_t P_tu dout_t;  dS_tu = P_tu (dout_t . v_u - dout_t . out_t);
 /// dq_t = scale sum_u dS_tu k_u;  dk_u = scale sum_t dS_tu q_t.
 template <class T>
-void causal_attention_backward(backend::Host<T>&, ConstView<T> qkv, ConstView<T> out, ConstView<T> lse, ConstView<T> dout,
-                               TensorView<T> dqkv, index_t heads, index_t seq_len) {
-  checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len);
+void causal_attention_backward(backend::Host<T>& be, ConstView<T> qkv, ConstView<T> out, ConstView<T> lse, ConstView<T> dout,
+                               TensorView<T> dqkv, index_t heads, index_t seq_len, const DocumentStarts& documents = {}) {
+  checks::causal_attention_backward(qkv, out, lse, dout, dqkv, heads, seq_len, documents);
+  if (!documents.empty())
+    return each_document_in(documents, qkv.rows(), seq_len, "causal_attention_backward", [&](index_t first, index_t length) {
+      causal_attention_backward(be, qkv.row_slice(first, length), out.row_slice(first, length), lse.row_slice(first, length),
+                                dout.row_slice(first, length), dqkv.row_slice(first, length), heads, length);
+    });
   const index_t C = qkv.cols() / 3, D = C / heads, W = qkv.cols();
   const T scale = T(1) / std::sqrt(T(D));
   const index_t block = std::min(attention_query_block, seq_len);

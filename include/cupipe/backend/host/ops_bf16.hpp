@@ -271,18 +271,19 @@ inline void embedding_backward(HostBf16& be, ConstView<std::int32_t> ids, ConstV
 // ---- causal attention: scores, softmax and sums in float; out and dqkv stored in bf16, lse in float ----
 
 inline void causal_attention_forward(HostBf16& be, ConstView<bfloat16> qkv, TensorView<bfloat16> out, TensorView<float> lse,
-                                     index_t heads, index_t seq_len) {
+                                     index_t heads, index_t seq_len, const DocumentStarts& documents = {}) {
   constexpr std::string_view op = "causal_attention_forward";
   auto wq = detail::in(qkv, op, "qkv"), wo = detail::out(out, op, "out");
-  causal_attention_forward(be.widened(), wq.view(), wo.view(), lse, heads, seq_len);
+  causal_attention_forward(be.widened(), wq.view(), wo.view(), lse, heads, seq_len, documents);
   wo.store(out);
 }
 inline void causal_attention_backward(HostBf16& be, ConstView<bfloat16> qkv, ConstView<bfloat16> out, ConstView<float> lse,
-                                      ConstView<bfloat16> dout, TensorView<bfloat16> dqkv, index_t heads, index_t seq_len) {
+                                      ConstView<bfloat16> dout, TensorView<bfloat16> dqkv, index_t heads, index_t seq_len,
+                                      const DocumentStarts& documents = {}) {
   constexpr std::string_view op = "causal_attention_backward";
   auto wq = detail::in(qkv, op, "qkv"), wo = detail::in(out, op, "out");
   auto wd = detail::in(dout, op, "dout"), wdq = detail::out(dqkv, op, "dqkv");
-  causal_attention_backward(be.widened(), wq.view(), wo.view(), lse, wd.view(), wdq.view(), heads, seq_len);
+  causal_attention_backward(be.widened(), wq.view(), wo.view(), lse, wd.view(), wdq.view(), heads, seq_len, documents);
   wdq.store(dqkv);
 }
 

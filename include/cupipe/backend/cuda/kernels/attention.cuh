@@ -10,11 +10,17 @@
 // and the warp accumulates the D outputs with lane l holding columns l, l + 32, ... (D <= 32 * J).
 // K and V tiles are read through L1/L2, not staged in shared memory across warps: the simple form,
 // kept for correctness first (issue #11 records what a tuned kernel would add).
+//
+// Every hand-written attention kernel (these, attention_tiled.cuh, attention_mma.cuh) takes its
+// sequences as a Sequences: whole sequences of one length, or packed documents given by
+// FlashAttention's cu_seqlens, so that a packed batch runs in one launch (gridDim.z = documents,
+// gridDim.x over the longest; a block past its document's end returns at once).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/context.cuh"
@@ -25,6 +31,20 @@ namespace cupipe::backend::cuda::kernels {
 
 inline constexpr int attention_warps = 4;  // warps (queries or keys) per block
 inline constexpr int attention_max_head_dim = 256;
+
+/// The sequences of one attention call, as the kernels see them: `count` sequences of `longest` rows
+/// each, one after another (`cu` null), or packed documents (`cu`: FlashAttention's cu_seqlens in
+/// device memory, count + 1 entries; sequence z is rows [cu[z], cu[z + 1]) and `longest` the longest).
+struct Sequences {
+  const std::int32_t* cu = nullptr;
+  index_t longest = 0;
+  index_t count = 0;
+
+  /// `rows` rows of whole sequences of `Tn`.
+  static Sequences uniform(index_t rows, index_t Tn) { return {nullptr, Tn, Tn > 0 ? rows / Tn : 0}; }
+  __device__ __forceinline__ index_t start(index_t z) const { return cu ? index_t(cu[z]) : z * longest; }
+  __device__ __forceinline__ index_t length(index_t z) const { return cu ? index_t(cu[z + 1] - cu[z]) : longest; }
+};
 
 template <class T>
 __device__ __forceinline__ T warp_max(T v) {
@@ -56,14 +76,15 @@ __device__ __forceinline__ A dot_row(const A* shared_row, const T* row, index_t 
   return s;
 }
 
-// grid (ceil(T / warps), H, S); out (n, C), lse (n, H)
+// grid (ceil(longest / warps), H, sequences); out (n, C), lse (n, H)
 template <int J, class T>
 __global__ void __launch_bounds__(32 * attention_warps)
-    causal_attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, index_t C, int H, index_t Tn, acc_t<T> scale) {
+    causal_attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, index_t C, int H, Sequences seqs, acc_t<T> scale) {
   using A = acc_t<T>;
   __shared__ A q_rows[attention_warps][32 * J];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y;
-  const index_t t = index_t(blockIdx.x) * attention_warps + warp, D = C / H, s0 = index_t(blockIdx.z) * Tn;
+  const index_t t = index_t(blockIdx.x) * attention_warps + warp, D = C / H;
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
   if (t >= Tn) return;
   A* q = q_rows[warp];
   load_row(q, qkv_at(qkv, s0 + t, 0, h, C, D), D, lane);
@@ -117,11 +138,12 @@ __global__ void __launch_bounds__(32 * attention_warps)
 template <int J, class T>
 __global__ void __launch_bounds__(32 * attention_warps)
     attention_dq_kernel(const T* qkv, const acc_t<T>* lse, const T* dout, const acc_t<T>* delta, T* dqkv, index_t C, int H,
-                        index_t Tn, acc_t<T> scale) {
+                        Sequences seqs, acc_t<T> scale) {
   using A = acc_t<T>;
   __shared__ A rows_q[attention_warps][32 * J], rows_g[attention_warps][32 * J];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y;
-  const index_t t = index_t(blockIdx.x) * attention_warps + warp, D = C / H, s0 = index_t(blockIdx.z) * Tn;
+  const index_t t = index_t(blockIdx.x) * attention_warps + warp, D = C / H;
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
   if (t >= Tn) return;
   const index_t rt = s0 + t;
   A *q = rows_q[warp], *g = rows_g[warp];
@@ -157,11 +179,12 @@ __global__ void __launch_bounds__(32 * attention_warps)
 template <int J, class T>
 __global__ void __launch_bounds__(32 * attention_warps)
     attention_dkv_kernel(const T* qkv, const acc_t<T>* lse, const T* dout, const acc_t<T>* delta, T* dqkv, index_t C, int H,
-                         index_t Tn, acc_t<T> scale) {
+                         Sequences seqs, acc_t<T> scale) {
   using A = acc_t<T>;
   __shared__ A rows_k[attention_warps][32 * J], rows_v[attention_warps][32 * J];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y;
-  const index_t u = index_t(blockIdx.x) * attention_warps + warp, D = C / H, s0 = index_t(blockIdx.z) * Tn;
+  const index_t u = index_t(blockIdx.x) * attention_warps + warp, D = C / H;
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
   if (u >= Tn) return;
   A *k = rows_k[warp], *v = rows_v[warp];
   load_row(k, qkv_at(qkv, s0 + u, 1, h, C, D), D, lane);
@@ -211,13 +234,18 @@ void with_head_columns(index_t D, F&& f) {
   else f.template operator()<8>();
 }
 
+/// The grid of the simple kernels: a block of attention_warps queries (or keys), heads, sequences.
+inline dim3 simple_attention_grid(Sequences seqs, int H) {
+  return dim3(unsigned((seqs.longest + attention_warps - 1) / attention_warps), unsigned(H), unsigned(seqs.count));
+}
+
 template <class T>
-void causal_attention_forward(Context& ctx, const T* qkv, T* out, acc_t<T>* lse, index_t rows, index_t C, int H, index_t Tn) {
+void causal_attention_forward(Context& ctx, const T* qkv, T* out, acc_t<T>* lse, index_t rows, index_t C, int H, Sequences seqs) {
   if (rows == 0) return;
-  const dim3 grid(unsigned((Tn + attention_warps - 1) / attention_warps), unsigned(H), unsigned(rows / Tn));
+  const dim3 grid = simple_attention_grid(seqs, H);
   const acc_t<T> scale = acc_t<T>(1) / std::sqrt(acc_t<T>(C / H));  // as the host op
   with_head_columns(C / H, [&]<int J>() {
-    causal_attention_forward_kernel<J><<<grid, 32 * attention_warps, 0, ctx.stream()>>>(qkv, out, lse, C, H, Tn, scale);
+    causal_attention_forward_kernel<J><<<grid, 32 * attention_warps, 0, ctx.stream()>>>(qkv, out, lse, C, H, seqs, scale);
     CUPIPE_CHECK_LAUNCH();
   });
 }
@@ -225,17 +253,17 @@ void causal_attention_forward(Context& ctx, const T* qkv, T* out, acc_t<T>* lse,
 /// dqkv (overwritten) from dout; `delta` is a workspace of rows * H accumulation values.
 template <class T>
 void causal_attention_backward(Context& ctx, const T* qkv, const T* out, const acc_t<T>* lse, const T* dout, T* dqkv,
-                               acc_t<T>* delta, index_t rows, index_t C, int H, index_t Tn) {
+                               acc_t<T>* delta, index_t rows, index_t C, int H, Sequences seqs) {
   if (rows == 0) return;
   const unsigned delta_blocks = unsigned((rows * H + attention_warps - 1) / attention_warps);
   attention_delta_kernel<<<delta_blocks, 32 * attention_warps, 0, ctx.stream()>>>(out, dout, delta, rows, C, H);
   CUPIPE_CHECK_LAUNCH();
-  const dim3 grid(unsigned((Tn + attention_warps - 1) / attention_warps), unsigned(H), unsigned(rows / Tn));
+  const dim3 grid = simple_attention_grid(seqs, H);
   const acc_t<T> scale = acc_t<T>(1) / std::sqrt(acc_t<T>(C / H));
   with_head_columns(C / H, [&]<int J>() {
-    attention_dq_kernel<J><<<grid, 32 * attention_warps, 0, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale);
+    attention_dq_kernel<J><<<grid, 32 * attention_warps, 0, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, seqs, scale);
     CUPIPE_CHECK_LAUNCH();
-    attention_dkv_kernel<J><<<grid, 32 * attention_warps, 0, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale);
+    attention_dkv_kernel<J><<<grid, 32 * attention_warps, 0, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, seqs, scale);
     CUPIPE_CHECK_LAUNCH();
   });
 }

@@ -236,20 +236,22 @@ __device__ __forceinline__ void online_softmax(float (&s)[8][4], float (&row_max
 template <int D>
 inline constexpr std::size_t forward_bytes = std::size_t(5) * tile_bytes<D>;  // Q, 2 x K, 2 x V
 
-// grid (tiles, H, sequences), 128 threads.
+// grid (tiles of the longest sequence, H, sequences), 128 threads.
 template <int D>
 __global__ void __launch_bounds__(threads)
-    forward_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, index_t C, int H, index_t Tn, float scale_log2) {
+    forward_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, index_t C, int H, Sequences seqs, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   constexpr int tile = rows_per_tile * stride<D>;  // elements
   auto* const qs = reinterpret_cast<__nv_bfloat16*>(smem_bytes);
   // Buffer b of K and of V (offsets, not an array of pointers: a run-time index would put it on the stack).
   const auto ks = [qs](int b) { return qs + (1 + b) * tile; };
   const auto vs = [qs](int b) { return qs + (3 + b) * tile; };
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
   const index_t tiles = (Tn + rows_per_tile - 1) / rows_per_tile;
+  if (index_t(blockIdx.x) >= tiles) return;  // past a shorter document's end (the whole block)
   const index_t i = tiles - 1 - index_t(blockIdx.x);  // the heaviest query tiles first
   const int h = int(blockIdx.y), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-  const index_t row3 = 3 * C, s0 = index_t(blockIdx.z) * Tn, q0 = i * rows_per_tile;
+  const index_t row3 = 3 * C, q0 = i * rows_per_tile;
   const __nv_bfloat16* const q_base = qkv + s0 * row3 + index_t(h) * D;
   const __nv_bfloat16* const k_base = q_base + C;
   const __nv_bfloat16* const v_base = q_base + 2 * C;
@@ -357,7 +359,7 @@ __device__ __forceinline__ void store_rows(__nv_bfloat16* to, index_t row_stride
 template <int D>
 __global__ void __launch_bounds__(threads)
     dkv_kernel(const __nv_bfloat16* qkv, const float* lse, const __nv_bfloat16* dout, const float* delta, __nv_bfloat16* dqkv,
-               index_t C, int H, index_t Tn, float scale_log2, float scale) {
+               index_t C, int H, Sequences seqs, float scale_log2, float scale) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   constexpr int tile = rows_per_tile * stride<D>;
   auto* const ks = reinterpret_cast<__nv_bfloat16*>(smem_bytes);
@@ -365,9 +367,11 @@ __global__ void __launch_bounds__(threads)
   const auto qs = [ks](int b) { return ks + (2 + b) * tile; };
   const auto dos = [ks](int b) { return ks + (4 + b) * tile; };
   float* const stats = reinterpret_cast<float*>(ks + 6 * tile);  // lse_log2[2][64], delta[2][64]
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
   const index_t tiles = (Tn + rows_per_tile - 1) / rows_per_tile, j = index_t(blockIdx.x);
+  if (j >= tiles) return;
   const int h = int(blockIdx.y), warp = int(threadIdx.x) / 32;
-  const index_t row3 = 3 * C, s0 = index_t(blockIdx.z) * Tn, k0 = j * rows_per_tile;
+  const index_t row3 = 3 * C, k0 = j * rows_per_tile;
   const __nv_bfloat16* const q_base = qkv + s0 * row3 + index_t(h) * D;
   const __nv_bfloat16* const do_base = dout + s0 * C + index_t(h) * D;
 
@@ -406,7 +410,7 @@ __global__ void __launch_bounds__(threads)
 template <int D>
 __global__ void __launch_bounds__(threads)
     dq_kernel(const __nv_bfloat16* qkv, const float* lse, const __nv_bfloat16* dout, const float* delta, __nv_bfloat16* dqkv,
-              index_t C, int H, index_t Tn, float scale_log2, float scale) {
+              index_t C, int H, Sequences seqs, float scale_log2, float scale) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   constexpr int tile = rows_per_tile * stride<D>;
   auto* const qs = reinterpret_cast<__nv_bfloat16*>(smem_bytes);
@@ -414,9 +418,12 @@ __global__ void __launch_bounds__(threads)
   const auto ks = [qs](int b) { return qs + (2 + b) * tile; };
   const auto vs = [qs](int b) { return qs + (4 + b) * tile; };
   float* const stats = reinterpret_cast<float*>(qs + 6 * tile);  // lse_log2[64], delta[64]
-  const index_t tiles = (Tn + rows_per_tile - 1) / rows_per_tile, i = tiles - 1 - index_t(blockIdx.x);
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
+  const index_t tiles = (Tn + rows_per_tile - 1) / rows_per_tile;
+  if (index_t(blockIdx.x) >= tiles) return;
+  const index_t i = tiles - 1 - index_t(blockIdx.x);
   const int h = int(blockIdx.y), warp = int(threadIdx.x) / 32;
-  const index_t row3 = 3 * C, s0 = index_t(blockIdx.z) * Tn, q0 = i * rows_per_tile;
+  const index_t row3 = 3 * C, q0 = i * rows_per_tile;
   const __nv_bfloat16* const q_base = qkv + s0 * row3 + index_t(h) * D;
 
   copy_tile<D>(qs, q_base, row3, q0, Tn);
@@ -481,15 +488,15 @@ inline bool takes(const Context& ctx, index_t D, const void* qkv, const void* ou
 // them compile the kernels' device code: an inline function would put all nine kernels in every
 // translation unit that includes ops.cuh.
 template <class T>
-void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index_t C, int H, index_t Tn) {
+void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index_t C, int H, Sequences seqs) {
   static_assert(std::is_same_v<T, __nv_bfloat16>, "mma attention: bf16 storage");
   if (rows == 0) return;
   const index_t D = C / H;
-  const dim3 grid(unsigned((Tn + rows_per_tile - 1) / rows_per_tile), unsigned(H), unsigned(rows / Tn));
+  const dim3 grid(unsigned((seqs.longest + rows_per_tile - 1) / rows_per_tile), unsigned(H), unsigned(seqs.count));
   const float scale_log2 = log2e / std::sqrt(float(D));
   with_head(D, [&]<int HD>() {
     allow_shared(forward_kernel<HD>, forward_bytes<HD>);
-    forward_kernel<HD><<<grid, threads, forward_bytes<HD>, ctx.stream()>>>(qkv, out, lse, C, H, Tn, scale_log2);
+    forward_kernel<HD><<<grid, threads, forward_bytes<HD>, ctx.stream()>>>(qkv, out, lse, C, H, seqs, scale_log2);
     CUPIPE_CHECK_LAUNCH();
   });
 }
@@ -497,21 +504,21 @@ void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index
 /// dqkv (overwritten) from dout; `delta` is a workspace of rows * H floats.
 template <class T>
 void backward(Context& ctx, const T* qkv, const T* out, const float* lse, const T* dout, T* dqkv, float* delta, index_t rows,
-              index_t C, int H, index_t Tn) {
+              index_t C, int H, Sequences seqs) {
   static_assert(std::is_same_v<T, __nv_bfloat16>, "mma attention: bf16 storage");
   if (rows == 0) return;
   const index_t D = C / H;
   const unsigned delta_blocks = unsigned((rows * H + attention_warps - 1) / attention_warps);
   attention_delta_kernel<<<delta_blocks, 32 * attention_warps, 0, ctx.stream()>>>(out, dout, delta, rows, C, H);
   CUPIPE_CHECK_LAUNCH();
-  const dim3 grid(unsigned((Tn + rows_per_tile - 1) / rows_per_tile), unsigned(H), unsigned(rows / Tn));
+  const dim3 grid(unsigned((seqs.longest + rows_per_tile - 1) / rows_per_tile), unsigned(H), unsigned(seqs.count));
   const float scale = 1.0f / std::sqrt(float(D)), scale_log2 = scale * log2e;
   with_head(D, [&]<int HD>() {
     allow_shared(dkv_kernel<HD>, backward_bytes<HD>);
-    dkv_kernel<HD><<<grid, threads, backward_bytes<HD>, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale_log2, scale);
+    dkv_kernel<HD><<<grid, threads, backward_bytes<HD>, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, seqs, scale_log2, scale);
     CUPIPE_CHECK_LAUNCH();
     allow_shared(dq_kernel<HD>, backward_bytes<HD>);
-    dq_kernel<HD><<<grid, threads, backward_bytes<HD>, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale_log2, scale);
+    dq_kernel<HD><<<grid, threads, backward_bytes<HD>, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, seqs, scale_log2, scale);
     CUPIPE_CHECK_LAUNCH();
   });
 }

@@ -97,17 +97,19 @@ __device__ __forceinline__ void rows_times_tile(float (&acc)[4][4], const float*
   }
 }
 
-// grid (ceil(T / tile), H, S), 256 threads, 3 tiles of dynamic shared memory: Q, K (then P), V.
+// grid (ceil(longest / tile), H, sequences), 256 threads, 3 tiles of dynamic shared memory: Q, K (then P), V.
 // T: the storage type (float or __nv_bfloat16); arithmetic, tiles and lse in float.
 template <class T>
 __global__ void __launch_bounds__(threads)
-    forward_kernel(const T* qkv, T* out, float* lse, index_t C, int H, index_t Tn, float scale) {
+    forward_kernel(const T* qkv, T* out, float* lse, index_t C, int H, Sequences seqs, float scale) {
   extern __shared__ float smem[];
   float* const qs = smem;
   float* const ks = qs + tile_floats;  // K, then P = softmax numerators of the tile
   float* const vs = ks + tile_floats;
   const int tx = int(threadIdx.x) % 16, ty = int(threadIdx.x) / 16, h = int(blockIdx.y);
-  const index_t D = C / H, row3 = 3 * C, t0 = index_t(blockIdx.x) * tile, s0 = index_t(blockIdx.z) * Tn;
+  const index_t D = C / H, row3 = 3 * C, t0 = index_t(blockIdx.x) * tile;
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
+  if (t0 >= Tn) return;  // past a shorter document's end (the whole block)
   const T* const head = qkv + s0 * row3 + index_t(h) * D;  // q of the sequence's first row
   load_tile(qs, head + t0 * row3, row3, Tn - t0 < tile ? Tn - t0 : tile, D);
   float m[4], l[4], o[4][4];
@@ -170,12 +172,12 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
-// dk, dv: grid (ceil(T / tile), H, S) over key tiles; 6 tiles of dynamic shared memory (K, V of the
+// dk, dv: grid (ceil(longest / tile), H, sequences) over key tiles; 6 tiles of dynamic shared memory (K, V of the
 // block's keys; Q, dout, P^T, dS^T of each query tile) and the query tile's lse and delta.
 template <class T>
 __global__ void __launch_bounds__(threads)
     dkv_kernel(const T* qkv, const float* lse, const T* dout, const float* delta, T* dqkv, index_t C, int H,
-               index_t Tn, float scale) {
+               Sequences seqs, float scale) {
   extern __shared__ float smem[];
   float* const ks = smem;
   float* const vs = ks + tile_floats;
@@ -186,7 +188,9 @@ __global__ void __launch_bounds__(threads)
   float* const lse_s = dss + tile_floats;
   float* const delta_s = lse_s + tile;
   const int tx = int(threadIdx.x) % 16, ty = int(threadIdx.x) / 16, h = int(blockIdx.y);
-  const index_t D = C / H, row3 = 3 * C, k0 = index_t(blockIdx.x) * tile, s0 = index_t(blockIdx.z) * Tn;
+  const index_t D = C / H, row3 = 3 * C, k0 = index_t(blockIdx.x) * tile;
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
+  if (k0 >= Tn) return;
   const T* const head = qkv + s0 * row3 + index_t(h) * D;
   const index_t keys = Tn - k0 < tile ? Tn - k0 : tile;
   load_tile(ks, head + k0 * row3 + C, row3, keys, D);
@@ -236,12 +240,12 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
-// dq: grid (ceil(T / tile), H, S) over query tiles; 5 tiles of dynamic shared memory (Q, dout of the
+// dq: grid (ceil(longest / tile), H, sequences) over query tiles; 5 tiles of dynamic shared memory (Q, dout of the
 // block's queries; K, V, dS of each key tile).
 template <class T>
 __global__ void __launch_bounds__(threads)
     dq_kernel(const T* qkv, const float* lse, const T* dout, const float* delta, T* dqkv, index_t C, int H,
-              index_t Tn, float scale) {
+              Sequences seqs, float scale) {
   extern __shared__ float smem[];
   float* const qs = smem;
   float* const gs = qs + tile_floats;
@@ -249,7 +253,9 @@ __global__ void __launch_bounds__(threads)
   float* const vs = ks + tile_floats;
   float* const dss = vs + tile_floats;  // dS: [query][key]
   const int tx = int(threadIdx.x) % 16, ty = int(threadIdx.x) / 16, h = int(blockIdx.y);
-  const index_t D = C / H, row3 = 3 * C, t0 = index_t(blockIdx.x) * tile, s0 = index_t(blockIdx.z) * Tn;
+  const index_t D = C / H, row3 = 3 * C, t0 = index_t(blockIdx.x) * tile;
+  const index_t s0 = seqs.start(blockIdx.z), Tn = seqs.length(blockIdx.z);
+  if (t0 >= Tn) return;
   const T* const head = qkv + s0 * row3 + index_t(h) * D;
   const index_t queries = Tn - t0 < tile ? Tn - t0 : tile;
   load_tile(qs, head + t0 * row3, row3, queries, D);
@@ -321,32 +327,32 @@ constexpr bool takes(index_t D) {
 
 /// T: float or __nv_bfloat16 (the device spelling; kernels::device_ptr converts).
 template <class T>
-void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index_t C, int H, index_t Tn) {
+void forward(Context& ctx, const T* qkv, T* out, float* lse, index_t rows, index_t C, int H, Sequences seqs) {
   static_assert(stores<T>, "tiled attention: float or bf16 storage");
   if (rows == 0) return;
-  const dim3 grid(unsigned((Tn + tile - 1) / tile), unsigned(H), unsigned(rows / Tn));
+  const dim3 grid(unsigned((seqs.longest + tile - 1) / tile), unsigned(H), unsigned(seqs.count));
   const float scale = 1.0f / std::sqrt(float(C / H));  // as the host op
   allow_shared(forward_kernel<T>, forward_bytes);
-  forward_kernel<T><<<grid, threads, forward_bytes, ctx.stream()>>>(qkv, out, lse, C, H, Tn, scale);
+  forward_kernel<T><<<grid, threads, forward_bytes, ctx.stream()>>>(qkv, out, lse, C, H, seqs, scale);
   CUPIPE_CHECK_LAUNCH();
 }
 
 /// dqkv (overwritten) from dout; `delta` is a workspace of rows * H floats.
 template <class T>
 void backward(Context& ctx, const T* qkv, const T* out, const float* lse, const T* dout, T* dqkv, float* delta, index_t rows,
-              index_t C, int H, index_t Tn) {
+              index_t C, int H, Sequences seqs) {
   static_assert(stores<T>, "tiled attention: float or bf16 storage");
   if (rows == 0) return;
   const unsigned delta_blocks = unsigned((rows * H + attention_warps - 1) / attention_warps);
   attention_delta_kernel<<<delta_blocks, 32 * attention_warps, 0, ctx.stream()>>>(out, dout, delta, rows, C, H);
   CUPIPE_CHECK_LAUNCH();
-  const dim3 grid(unsigned((Tn + tile - 1) / tile), unsigned(H), unsigned(rows / Tn));
+  const dim3 grid(unsigned((seqs.longest + tile - 1) / tile), unsigned(H), unsigned(seqs.count));
   const float scale = 1.0f / std::sqrt(float(C / H));
   allow_shared(dkv_kernel<T>, dkv_bytes);
-  dkv_kernel<T><<<grid, threads, dkv_bytes, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale);
+  dkv_kernel<T><<<grid, threads, dkv_bytes, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, seqs, scale);
   CUPIPE_CHECK_LAUNCH();
   allow_shared(dq_kernel<T>, dq_bytes);
-  dq_kernel<T><<<grid, threads, dq_bytes, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, Tn, scale);
+  dq_kernel<T><<<grid, threads, dq_bytes, ctx.stream()>>>(qkv, lse, dout, delta, dqkv, C, H, seqs, scale);
   CUPIPE_CHECK_LAUNCH();
 }
 
