@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Run under mpirun: a pipeline spread over processes (MpiCommunicator, host backend, float64) must
 // compute what the same pipeline computes in one process on the whole batch.
-//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16|packed|context --stages P [--cp N] [--stall] [--zero[=2|=3]]
+//   mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|zbv|gpt|bf16|packed|context --stages P [--cp N] [--stall] [--zero[=2|=3]]
 //                      [--keep-gathered] [--checkpoint PREFIX]
 // World = P stages x D replicas. Each replica trains on its share of one global batch. Rank 0 also
 // runs the single-process reference and compares gradients after one forward/backward and weights
 // after 3 AdamW steps: bitwise for one replica (same arithmetic in the same order), 1e-12 relative
-// with replicas (the replica sum adds the same terms in another order).
+// with replicas (the replica sum adds the same terms in another order). Each rank's activation peak
+// in its first step must be the planner's to the value (messages landing as their receivers take them).
 // --schedule gpt runs 1F1B on a small GPT whose lm_head is tied to wte, on different ranks: the tied
 // copies' gradients meet in a sum over the stages, and must stay bitwise equal.
 // --schedule bf16 runs 1F1B with bf16 storage and fp32 master weights (Host<bfloat16, float>).
@@ -108,6 +109,27 @@ std::vector<double> local_stage_bytes(int w) {
   return out;
 }
 
+/// This rank's activation peak in its first step (`rows` rows) against the planner's: across
+/// processes a message takes its receiver's memory as the receiver takes it
+/// (planner::detail::Landing::at_receive), so the planner's least and most peak are one figure,
+/// whatever the timing, and the allocator must count exactly that.
+template <class Pipe>
+int check_activation_peak(const Pipe& pipe, const StepStats& stats, const comm::Topology& topo, index_t rows) {
+  pipeline::StepPlan split;
+  pipeline::split_rows(split, rows, pipe.plan().config.total_microbatches());
+  const std::vector<double> per_microbatch(split.rows.begin(), split.rows.end());
+  const planner::detail::ActivationBounds bounds = planner::detail::activation_bounds(
+      pipe.plan(), planner::detail::stage_chunk_sizes<typename Pipe::stage_list>(), per_microbatch, nullptr,
+      planner::detail::Landing::at_receive);
+  const std::size_t w = std::size_t(topo.stage());
+  const double measured = double(stats.peak_activation_bytes[w]) / double(sizeof(typename Pipe::T));
+  const bool ok = measured == bounds.low[w] && measured == bounds.high[w];
+  if (!ok || topo.rank == 0)
+    std::printf("rank %d: activation peak %.0f values measured, %.0f to %.0f planned (messages land as they are taken): %s\n",
+                topo.rank, measured, bounds.low[w], bounds.high[w], ok ? "equal" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 template <class Stages, class Schedule>
 int check(int microbatches, int rank) {
   auto comm = std::make_shared<comm::MpiCommunicator>(MPI_COMM_WORLD, Stages::size / Schedule::chunks);
@@ -141,6 +163,7 @@ int check(int microbatches, int rank) {
   };
 
   const StepStats stats = distributed.forward_backward(mine, mine_y);
+  failures += check_activation_peak(distributed, stats, topo, share);
   const std::vector<double> grads = distributed.gradients();
   distributed.step(adamw);
   if (rank == 0) {
@@ -549,12 +572,13 @@ int main(int argc, char** argv) {
     else if (schedule == "interleaved" && stages == 4) rc = check<partition_for<Model, 4, schedule::Interleaved<2>>, schedule::Interleaved<2>>(4, rank);
     else if (schedule == "interleaved" && stages == 2) rc = check<partition_for<Model, 2, schedule::Interleaved<2>>, schedule::Interleaved<2>>(4, rank);
     else if (schedule == "gpipe" && stages == 4) rc = check<partition<Model, 4>, schedule::GPipe>(4, rank);
+    else if (schedule == "zbv" && stages == 2) rc = check<partition_for<Model, 2, schedule::ZeroBubbleV>, schedule::ZeroBubbleV>(4, rank);
     else if (schedule == "gpt" && stages == 4) rc = check_gpt<4>(rank);
     else if (schedule == "gpt" && stages == 2) rc = check_gpt<2>(rank);
     else if (schedule == "bf16" && stages == 2) rc = check_bf16<2>(rank);
     else if (schedule == "packed" && stages == 2) rc = check_packed(rank);
     else if (schedule == "context" && stages == 2 && context > 1) rc = check_context(rank, context);
-    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|gpt|bf16|packed|context --stages 1|2|4 [--cp N]\n");
+    else std::fprintf(stderr, "usage: mpi_pipeline_check --schedule 1f1b|interleaved|gpipe|zbv|gpt|bf16|packed|context --stages 1|2|4 [--cp N]\n");
     return rc;
   });
 }

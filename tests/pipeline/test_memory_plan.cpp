@@ -98,6 +98,7 @@ template <class Stages, class Policy, int M, class B = Host>
 planner::Layout planned() {
   planner::Request request;
   request.model = gpt_cost_model<B>();
+  request.one_process = true;  // the run below: workers of this process (messages land as they are sent)
   request.devices = int(Stages::size) / Policy::chunks;
   request.batch = M * sequences_per_microbatch;
   request.schedules = {std::string(Policy::name)};

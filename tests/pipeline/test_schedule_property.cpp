@@ -62,21 +62,6 @@ struct Tally {
   int raced = 0;    // workers whose bounds differ: where a message lands depends on the timing
 };
 
-/// Per virtual stage, the values per row StageExecutor allocates: the input message (none on the
-/// first), the output, the record and the grad record.
-template <class Stages>
-std::vector<planner::detail::ChunkSizes> chunk_sizes() {
-  std::vector<planner::detail::ChunkSizes> sizes;
-  [&]<std::size_t... K>(std::index_sequence<K...>) {
-    ((sizes.push_back({K == 0 ? 0.0 : double(Stages::template stage<int(K)>::in_features),
-                       double(Stages::template stage<int(K)>::out_features),
-                       double(Stages::template stage<int(K)>::record_elements(1)),
-                       double(Stages::template stage<int(K)>::grad_record_elements(1))})),
-     ...);
-  }(std::make_index_sequence<Stages::size>());
-  return sizes;
-}
-
 /// Each worker's measured activation peak lies within the bounds the planner proves for every
 /// timing (planner::detail::activation_bounds), in bytes.
 void check_bounds(const schedule::Plan& plan, const std::vector<planner::detail::ChunkSizes>& sizes, const StepStats& stats,
@@ -133,13 +118,13 @@ void run_draw(const Draw& d, std::uint64_t seed, Tally& tally) {
     const double loss = net.forward_backward(batch.inputs(), batch.targets());
     CHECK(std::abs(stats.loss - loss) <= 1e-12 * std::abs(loss));
     CHECK(test::relative_difference(pipe.gradients(), net.gradients()) <= 1e-12);
-    check_bounds(plan, chunk_sizes<Stages>(), stats, rows, tally);
+    check_bounds(plan, planner::detail::stage_chunk_sizes<Stages>(), stats, rows, tally);
   } else {
     const StepStats stats =
         test::bounded(60, [&] { return pipe.train_step(batch.inputs(), batch.targets(), optim::SGD({.lr = 0.1})); });
     CHECK(stats.actions.size() == planned);
     CHECK(std::isfinite(stats.loss));
-    check_bounds(plan, chunk_sizes<Stages>(), stats, rows, tally);
+    check_bounds(plan, planner::detail::stage_chunk_sizes<Stages>(), stats, rows, tally);
   }
 }
 

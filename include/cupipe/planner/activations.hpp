@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The planner's activation memory: what each virtual stage receives, sends and keeps per row, and
 // each worker's peak replayed in a plan's simulated time (activation_peaks) or bounded over every
-// timing the plan allows (activation_bounds), from the runtime's allocation pattern.
+// timing the plan allows (activation_bounds), from the runtime's allocation pattern: the in-process
+// transport's, or across processes the communicator's (Landing).
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cupipe/core/error.hpp"
@@ -50,6 +52,28 @@ inline std::vector<ChunkSizes> chunk_sizes(const CostModel& model, const std::ve
   }
   return sizes;
 }
+
+/// The ChunkSizes of a compiled StageList's virtual stages, read from the stages (the values per row
+/// StageExecutor allocates: the input message, none on the first; the output; the record; the grad
+/// record), where chunk_sizes derives them from a cost model.
+template <class Stages>
+std::vector<ChunkSizes> stage_chunk_sizes() {
+  std::vector<ChunkSizes> sizes;
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    ((sizes.push_back({K == 0 ? 0.0 : double(Stages::template stage<int(K)>::in_features),
+                       double(Stages::template stage<int(K)>::out_features),
+                       double(Stages::template stage<int(K)>::record_elements(1)),
+                       double(Stages::template stage<int(K)>::grad_record_elements(1))})),
+     ...);
+  }(std::make_index_sequence<Stages::size>());
+  return sizes;
+}
+
+/// When a message to another worker takes memory on its receiver: as it is sent (LocalTransport,
+/// the workers of one process: the sender allocates it in the receiver's memory), or as the action
+/// that takes it starts (CommTransport, a worker per process: the receiver allocates it then, and the
+/// message waits in the communicator's buffers, outside the backend's memory, until then).
+enum class Landing { at_send, at_receive };
 
 /// What one action of worker `w` does to the activation values (times rows) StageExecutor and the
 /// in-process transport allocate (see activation_peaks): allocated at its start, freed at its end,
@@ -107,53 +131,6 @@ inline OffloadValues offload_values(const schedule::Plan& plan, const schedule::
   return v;
 }
 
-/// Each worker's peak activation values (times rows) when `plan` runs with `sim`'s timing: the
-/// allocations of StageExecutor and the in-process transport replayed in simulated time.
-///   F of virtual stage k: at its start the record (rows x record); at its end the output message
-///     on the worker of k+1 (rows x out), unless k is the last.
-///   B: at its start dy (the last stage's loss gradient, rows x out; others received it as a
-///     message), the grad record and dx (rows x in, k > 0); at its end dx is sent (a message on the
-///     worker of k-1) and freed; without a split backward the microbatch finishes: its input message,
-///     record, dy and grad record are freed.
-///   W: at its end the microbatch finishes as above.
-/// At equal times messages come first (a message that lands as the receiver finishes an action may
-/// land before its frees: the estimate takes the larger peak), then frees, then allocations at an
-/// action's start.
-/// `rows[j]` is microbatch j's rows. With `offload`, records also leave after their actions and come
-/// back before their B (offload_values).
-inline std::vector<double> activation_peaks(const schedule::Plan& plan, const schedule::SimResult& sim,
-                                            const std::vector<ChunkSizes>& sizes, const std::vector<double>& rows,
-                                            const schedule::OffloadPlan* offload = nullptr) {
-  struct Event {
-    double time;
-    int order;  // 0 message, 1 free, 2 allocation at a start
-    int worker;
-    double values;
-  };
-  std::vector<Event> events;
-  for (int w = 0; w < plan.config.stages; ++w) {
-    const auto& actions = plan.actions[std::size_t(w)];
-    for (std::size_t i = 0; i < actions.size(); ++i) {
-      const ActionValues v = action_values(plan, sizes, rows, w, actions[i]);
-      const OffloadValues moved = offload_values(plan, offload, sizes, rows, w, i);
-      const schedule::ActionTime t = sim.times[std::size_t(w)][i];
-      events.push_back({t.start, 2, w, v.allocate + moved.back});
-      if (v.to >= 0) events.push_back({t.end, 0, v.to, v.message});
-      if (v.free + moved.out > 0) events.push_back({t.end, 1, w, -(v.free + moved.out)});
-    }
-  }
-  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    return a.time != b.time ? a.time < b.time : a.order < b.order;
-  });
-  std::vector<double> now(std::size_t(plan.config.stages), 0), peak(std::size_t(plan.config.stages), 0);
-  for (const Event& e : events) {
-    double& v = now[std::size_t(e.worker)];
-    v += e.values;
-    peak[std::size_t(e.worker)] = std::max(peak[std::size_t(e.worker)], v);
-  }
-  return peak;
-}
-
 /// Each worker's least and most activation peak (values times rows) over every timing the plan
 /// allows: what activation_peaks replays at the simulated times, bounded without any times at all.
 /// A worker's own allocations and frees happen in its program order; only where its neighbours'
@@ -165,10 +142,11 @@ inline std::vector<double> activation_peaks(const schedule::Plan& plan, const sc
 /// landing every message at its earliest gives the most (`high`) and at its latest the least
 /// (`low`); a measured peak outside [low, high] means the replay's accounting, not the timing, is
 /// wrong. A message to the sender's own worker (one worker, several chunks) lands as the send ends.
-/// The model is one step in one process (LocalTransport allocates a message in its receiver as
-/// it is sent) without PipelineOptions::recompute (which frees a forward's record and allocates
-/// it again in the backward); overlapped steps (post-validation) and transports that allocate at
-/// the receive are outside it. Mailbox capacity only removes timings, so it is left out.
+/// With Landing::at_receive (a worker per process) a message to another worker lands as the action
+/// that takes it starts, whatever the timing: its earliest and latest are the same. The model is one
+/// step without PipelineOptions::recompute (which frees a forward's record and allocates it again in
+/// the backward); overlapped steps (post-validation) are outside it. Mailbox capacity only removes
+/// timings, so it is left out.
 struct ActivationBounds {
   std::vector<double> low, high;  ///< per worker
 };
@@ -225,6 +203,82 @@ inline ActionGraph action_graph(const schedule::Plan& plan) {
   return graph;
 }
 
+/// Per node, the node that takes its message at its start (the first in its worker's program order:
+/// an overlapped F takes its partner B's input gradient); -1: none.
+inline std::vector<std::ptrdiff_t> takers(const ActionGraph& graph) {
+  std::vector<std::ptrdiff_t> taker(graph.takes.size(), -1);
+  for (std::size_t n = graph.takes.size(); n-- > 0;)
+    for (const std::ptrdiff_t sender : graph.takes[n])
+      if (sender >= 0) taker[std::size_t(sender)] = std::ptrdiff_t(n);
+  return taker;
+}
+
+/// The index, among worker `receiver`'s actions, of the action that takes the message of worker
+/// w's action i.
+inline std::size_t taken_at(const ActionGraph& graph, const std::vector<std::ptrdiff_t>& taker, std::size_t w, std::size_t i,
+                            std::size_t receiver) {
+  const std::ptrdiff_t n = taker[graph.first[w] + i];
+  CUPIPE_REQUIRE(n >= 0 && std::size_t(n) >= graph.first[receiver] && std::size_t(n) < graph.first[receiver + 1],
+                 "planner: no action of worker ", receiver, " takes the message of worker ", w, "'s action ", i);
+  return std::size_t(n) - graph.first[receiver];
+}
+
+/// Each worker's peak activation values (times rows) when `plan` runs with `sim`'s timing: the
+/// allocations of StageExecutor and the in-process transport replayed in simulated time.
+///   F of virtual stage k: at its start the record (rows x record); at its end the output message
+///     on the worker of k+1 (rows x out), unless k is the last.
+///   B: at its start dy (the last stage's loss gradient, rows x out; others received it as a
+///     message), the grad record and dx (rows x in, k > 0); at its end dx is sent (a message on the
+///     worker of k-1) and freed; without a split backward the microbatch finishes: its input message,
+///     record, dy and grad record are freed.
+///   W: at its end the microbatch finishes as above.
+/// At equal times messages come first (a message that lands as the receiver finishes an action may
+/// land before its frees: the estimate takes the larger peak), then frees, then allocations at an
+/// action's start.
+/// `rows[j]` is microbatch j's rows. With `offload`, records also leave after their actions and come
+/// back before their B (offload_values). Landing::at_receive: a message to another worker lands as
+/// the action that takes it starts, with that action's allocations.
+inline std::vector<double> activation_peaks(const schedule::Plan& plan, const schedule::SimResult& sim,
+                                            const std::vector<ChunkSizes>& sizes, const std::vector<double>& rows,
+                                            const schedule::OffloadPlan* offload = nullptr, Landing landing = Landing::at_send) {
+  struct Event {
+    double time;
+    int order;  // 0 message, 1 free, 2 allocation at a start
+    int worker;
+    double values;
+  };
+  std::vector<Event> events;
+  const ActionGraph graph = action_graph(plan);
+  const std::vector<std::ptrdiff_t> taker = takers(graph);
+  for (int w = 0; w < plan.config.stages; ++w) {
+    const auto& actions = plan.actions[std::size_t(w)];
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const ActionValues v = action_values(plan, sizes, rows, w, actions[i]);
+      const OffloadValues moved = offload_values(plan, offload, sizes, rows, w, i);
+      const schedule::ActionTime t = sim.times[std::size_t(w)][i];
+      events.push_back({t.start, 2, w, v.allocate + moved.back});
+      if (v.to >= 0 && v.to != w && landing == Landing::at_receive) {
+        // Received as the taker starts, with its allocations (after the frees of the action before).
+        const std::size_t j = taken_at(graph, taker, std::size_t(w), i, std::size_t(v.to));
+        events.push_back({sim.times[std::size_t(v.to)][j].start, 2, v.to, v.message});
+      } else if (v.to >= 0) {
+        events.push_back({t.end, 0, v.to, v.message});
+      }
+      if (v.free + moved.out > 0) events.push_back({t.end, 1, w, -(v.free + moved.out)});
+    }
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.time != b.time ? a.time < b.time : a.order < b.order;
+  });
+  std::vector<double> now(std::size_t(plan.config.stages), 0), peak(std::size_t(plan.config.stages), 0);
+  for (const Event& e : events) {
+    double& v = now[std::size_t(e.worker)];
+    v += e.values;
+    peak[std::size_t(e.worker)] = std::max(peak[std::size_t(e.worker)], v);
+  }
+  return peak;
+}
+
 /// Vector clocks over `graph`: clock[n * W + v] is the last action of worker v whose send happens
 /// before node n ends (its own worker: n itself); -1 for none. Filled in an order the plan's
 /// dependencies allow.
@@ -269,9 +323,11 @@ struct ActionSlot {
 inline std::vector<std::vector<ActionSlot>> place_messages(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
                                                            const std::vector<double>& rows, const ActionGraph& graph,
                                                            const std::vector<int>& clock,
-                                                           const schedule::OffloadPlan* offload = nullptr) {
+                                                           const schedule::OffloadPlan* offload = nullptr,
+                                                           Landing landing = Landing::at_send) {
   const std::size_t W = std::size_t(plan.config.stages);
   const std::vector<std::size_t>& first = graph.first;
+  const std::vector<std::ptrdiff_t> taker = takers(graph);
   std::vector<std::vector<ActionSlot>> slots(W);
   for (std::size_t w = 0; w < W; ++w) slots[w].resize(plan.actions[w].size());
   for (std::size_t w = 0; w < W; ++w) {
@@ -288,6 +344,12 @@ inline std::vector<std::vector<ActionSlot>> place_messages(const schedule::Plan&
       const std::size_t receiver = std::size_t(v.to);
       if (receiver == w) {
         s.own += values;
+        continue;
+      }
+      if (landing == Landing::at_receive) {  // at the taker's start, earliest and latest
+        const std::size_t j = taken_at(graph, taker, w, i, receiver);
+        slots[receiver][j].late_before += values;
+        slots[receiver][j].early_before += values;
         continue;
       }
       // Latest: before the receiver's first action this send happens before (clocks only grow
@@ -341,10 +403,11 @@ inline ActivationBounds replay_bounds(const std::vector<std::vector<ActionSlot>>
 /// graph, their vector clocks, every message placed at its earliest and latest landing, the replay.
 /// With `offload`, its moves are the worker's own, in program order (offload_values).
 inline ActivationBounds activation_bounds(const schedule::Plan& plan, const std::vector<ChunkSizes>& sizes,
-                                          const std::vector<double>& rows, const schedule::OffloadPlan* offload = nullptr) {
+                                          const std::vector<double>& rows, const schedule::OffloadPlan* offload = nullptr,
+                                          Landing landing = Landing::at_send) {
   const ActionGraph graph = action_graph(plan);
   const std::vector<int> clock = happens_before_clocks(plan, graph);
-  return replay_bounds(place_messages(plan, sizes, rows, graph, clock, offload));
+  return replay_bounds(place_messages(plan, sizes, rows, graph, clock, offload, landing));
 }
 
 }  // namespace detail

@@ -412,8 +412,10 @@ inline Layout priced_layout(const Request& request, const CostModel& model, cons
   layout.cuts = c.cuts;
   for (const WorkerSpeed& w : request.workers) layout.worker_names.push_back(w.name);
   layout.bubble = sim.bubble_fraction;
-  const std::vector<double> values = activation_peaks(plan, sim, c.sizes, rows, offload);
-  const ActivationBounds bounds = activation_bounds(plan, c.sizes, rows, offload);
+  // Across processes a message takes its receiver's memory when the receiver takes it.
+  const Landing landing = request.one_process ? Landing::at_send : Landing::at_receive;
+  const std::vector<double> values = activation_peaks(plan, sim, c.sizes, rows, offload, landing);
+  const ActivationBounds bounds = activation_bounds(plan, c.sizes, rows, offload, landing);
   layout.state_bytes = state_bytes(request, model, plan, sim, c.cuts, c.zero_setting(), true);
   layout.resting_state_bytes = state_bytes(request, model, plan, sim, c.cuts, c.zero_setting(), false);
   for (const StateBytes& s : layout.state_bytes) layout.peak_bytes.push_back(s.total());
