@@ -19,6 +19,7 @@
 #include "plan_auto.hpp"
 #include "trainer.hpp"
 #include "trainer_schedules.hpp"
+#include "cupipe/planner/calibrate_experts.hpp"
 
 using namespace gpt_trainer;
 using cupipe::examples::Launcher;
@@ -60,7 +61,23 @@ template <gpt::Config config>
 planner::Layout plan_experts(gpt_trainer::Flags& f, ConstView<std::int32_t> batch, index_t sequences,
                              comm::Communicator* comm) {
   using Model = gpt::Model<config>;
-  const planner::LinkCost exchange = comm && f.ep > 1 ? planner::all_to_all_cost(*comm) : planner::LinkCost{};
+  // The all-to-all over the --ep group, alone and inside a step of this rank's share of the model
+  // (each exchange waiting for the group's slowest rank, as in training): the planner prices the second.
+  planner::LinkCost alone, exchange;
+  if (comm && f.ep > 1) {
+    alone = planner::all_to_all_cost(*comm);
+    const double values_per_row = double(config.top_k * config.channels);
+    const auto in_step = [&]<int EP>() {
+      return planner::all_to_all_in_step<gpt::ExpertParallelModel<config, EP>, backend::Host<T>>(
+          *comm, batch, config.context, values_per_row, int(sizeof(T)));
+    };
+    exchange = f.ep == 2 ? in_step.template operator()<2>() : in_step.template operator()<4>();
+    if (comm->topology().rank == 0)
+      std::printf("all-to-all over expert groups of %d: alone %.1f us + %.3f GB/s, inside a step %.1f us + %.3f GB/s "
+                  "(the planner prices the second)\n",
+                  f.ep, alone.latency * 1e6, alone.bytes_per_second / 1e9, exchange.latency * 1e6,
+                  exchange.bytes_per_second / 1e9);
+  }
   const auto calibrate = [&] {
     planner::CostModel model = planner::calibrate<Model, backend::Host<T>>(
         batch, 3, config.context, cupipe::examples::profiled_microbatch_counts(sequences));
