@@ -46,7 +46,7 @@ inline std::vector<int> profiled_microbatch_counts(index_t samples) {
 template <class Split>
 planner::Layout plan_in_process(planner::CostModel model, int workers, index_t batch, std::vector<int> stage_counts,
                                 Split split, std::vector<std::string> schedules = {},
-                                std::function<std::string(std::string_view, int, int, int, int)> refuses = {}) {
+                                planner::Refusal refuses = {}) {
   planner::Request request;
   request.refuses = std::move(refuses);
   request.schedules = std::move(schedules);
@@ -88,7 +88,7 @@ struct RankChoice {
   /// sum is planned as free.
   std::function<double()> measure_replica_sum{};
   /// The layouts the trainer cannot run (planner::Request::refuses); empty function: none.
-  std::function<std::string(std::string_view, int, int, int, int)> refuses{};
+  planner::Refusal refuses{};
 };
 
 /// --plan auto under mpirun or srun: the launch fixes the replicas (--dp), and the processes of a

@@ -437,6 +437,24 @@ TEST_CASE("planner: expert parallelism's all-to-alls, exposed in the step and hi
   CHECK(back.all_to_all_bytes_per_second == 1e6);
   CHECK(back.layers[5].all_to_all_values == 64);
 
+  SECTION("on shared cores the report says the pairs' hidden all-to-alls are not the whole story") {
+    const auto caveat = [](const planner::Report& r) {
+      return std::any_of(r.caveats.begin(), r.caveats.end(),
+                         [](const std::string& c) { return c.find("overlapped pairs' all-to-alls") != std::string::npos; });
+    };
+    request.cores = 2;
+    request.colocated = 4;
+    request.schedules = {"dualpipev"};
+    const planner::Report shared = plan(request);
+    REQUIRE_FALSE(shared.ranked.empty());
+    CHECK(caveat(shared));
+    CHECK_THAT(planner::describe(shared, request.model), Catch::Contains("4 processes on 2 cores an exchange also waits"));
+    request.schedules = {"1f1b"};  // no pairs: nothing hidden to doubt
+    CHECK_FALSE(caveat(plan(request)));
+    request.schedules = {"dualpipev"};
+    request.colocated = 2;  // a core each
+    CHECK_FALSE(caveat(plan(request)));
+  }
   SECTION("expert groups form among the replicas") {
     request.stage_counts = {4};
     const planner::Report one_replica = plan(request);

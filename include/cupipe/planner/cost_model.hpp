@@ -151,6 +151,11 @@ struct WorkerSpeed {
   bool own_device = false;
 };
 
+/// What a program cannot run (Request::refuses): given a schedule's name, the stages, the replicas,
+/// the tensor-parallel ranks and the context-parallel ring's ranks, the reason it cannot, or an
+/// empty string.
+using Refusal = std::function<std::string(std::string_view schedule, int stages, int replicas, int tensor, int context)>;
+
 struct Request {
   CostModel model;
   int devices = 1;
@@ -200,7 +205,7 @@ struct Request {
   /// name, the stages, the replicas, the tensor-parallel ranks and the context-parallel ring's
   /// ranks, the reason it cannot (the layout is then refused with it), or an empty string. Empty
   /// function: it runs every layout.
-  std::function<std::string(std::string_view schedule, int stages, int replicas, int tensor, int context)> refuses{};
+  Refusal refuses{};
   /// A layout over `memory_bytes` may offload activations (PipelineOptions::offload): the virtual
   /// stages of each worker over it keep the most forward records resident that fit, and the copies
   /// cost what CostModel::offload_bytes_per_second says. Needs that figure; off: such a layout is

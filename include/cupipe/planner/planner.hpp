@@ -231,6 +231,14 @@ Report search(const Request& request) {
                                " cores: they take turns on them, and the cost model charges the slowdown measured for "
                                "that many workers (beyond it, each its share of a core), not the waits for a turn "
                                "(4 processes on 2 cores measured 1-41% slower than predicted: docs/planner.md)");
+    // Overlapped pairs hide an all-to-all behind their partner's compute; on shared cores each
+    // exchange also waits for the other rank's turn, which nothing here prices.
+    if (sharing > request.cores && best.unpaired_all_to_all_seconds > best.exposed_all_to_all_seconds)
+      report.caveats.push_back("the overlapped pairs' all-to-alls are priced as hidden behind their partners, but with " +
+                               std::to_string(sharing) + " processes on " + std::to_string(request.cores) +
+                               " cores an exchange also waits for the other rank's turn on a core: DualPipeV with expert "
+                               "groups of 2 measured 17 ms of exposed all-to-all a step against 2.7 ms predicted, 1F1B "
+                               "1.6 ms against 2.5 (docs/benchmarks.md, 2026-12-06)");
   }
   return report;
 }
