@@ -248,8 +248,11 @@ inline std::vector<double> activation_peaks(const schedule::Plan& plan, const sc
     double values;
   };
   std::vector<Event> events;
-  const ActionGraph graph = action_graph(plan);
-  const std::vector<std::ptrdiff_t> taker = takers(graph);
+  // Who takes each message, only where a message lands as it is taken (the search prices every
+  // layout through here).
+  const bool at_receive = landing == Landing::at_receive;
+  const ActionGraph graph = at_receive ? action_graph(plan) : ActionGraph{};
+  const std::vector<std::ptrdiff_t> taker = at_receive ? takers(graph) : std::vector<std::ptrdiff_t>{};
   for (int w = 0; w < plan.config.stages; ++w) {
     const auto& actions = plan.actions[std::size_t(w)];
     for (std::size_t i = 0; i < actions.size(); ++i) {
@@ -257,7 +260,7 @@ inline std::vector<double> activation_peaks(const schedule::Plan& plan, const sc
       const OffloadValues moved = offload_values(plan, offload, sizes, rows, w, i);
       const schedule::ActionTime t = sim.times[std::size_t(w)][i];
       events.push_back({t.start, 2, w, v.allocate + moved.back});
-      if (v.to >= 0 && v.to != w && landing == Landing::at_receive) {
+      if (v.to >= 0 && v.to != w && at_receive) {
         // Received as the taker starts, with its allocations (after the frees of the action before).
         const std::size_t j = taken_at(graph, taker, std::size_t(w), i, std::size_t(v.to));
         events.push_back({sim.times[std::size_t(v.to)][j].start, 2, v.to, v.message});
@@ -327,7 +330,7 @@ inline std::vector<std::vector<ActionSlot>> place_messages(const schedule::Plan&
                                                            Landing landing = Landing::at_send) {
   const std::size_t W = std::size_t(plan.config.stages);
   const std::vector<std::size_t>& first = graph.first;
-  const std::vector<std::ptrdiff_t> taker = takers(graph);
+  const std::vector<std::ptrdiff_t> taker = landing == Landing::at_receive ? takers(graph) : std::vector<std::ptrdiff_t>{};
   std::vector<std::vector<ActionSlot>> slots(W);
   for (std::size_t w = 0; w < W; ++w) slots[w].resize(plan.actions[w].size());
   for (std::size_t w = 0; w < W; ++w) {
