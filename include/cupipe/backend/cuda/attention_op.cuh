@@ -75,15 +75,14 @@ auto cudnn_workspace(backend::Cuda<T, C>& be, std::size_t bytes) {
 /// borders the documents, one launch for all of them (FlashAttention's varlen form): their cu_seqlens
 /// are copied to a workspace of the context, in stream order (cudaMemcpyAsync returns once it has
 /// read the host's pageable copy), which `table` keeps until the call's kernels are enqueued.
-template <class T, class C>
 struct CallSequences {
   std::optional<backend::cuda::DeviceBuffer<std::int32_t>> table;
   backend::cuda::kernels::Sequences seqs;
 };
 template <class T, class C>
-CallSequences<T, C> call_sequences(backend::Cuda<T, C>& be, std::string_view op, const DocumentStarts& documents, index_t rows,
-                                   index_t seq_len) {
-  CallSequences<T, C> out;
+CallSequences call_sequences(backend::Cuda<T, C>& be, std::string_view op, const DocumentStarts& documents, index_t rows,
+                             index_t seq_len) {
+  CallSequences out;
   if (documents.empty()) {
     out.seqs = backend::cuda::kernels::Sequences::uniform(rows, seq_len);
     return out;
