@@ -13,6 +13,11 @@
 //               --zero=3 the weights too, gathered through host memory before the stage's actions; with
 //               --tensor 2 the two ranks split the MLP Megatron's way (column- then row-parallel,
 //               summed over NCCL's tensor group) against the unsplit MLP on the host.
+//   --experts:  one stage, an expert-parallel group of the two ranks (comm/nccl_groups.hpp): an
+//               all-to-all of uneven blocks (one empty) checked value by value, then a mixture-of-
+//               experts layer of 4 experts split over the two (backend::Cuda<float>, rows moved by
+//               NCCL in device memory) against the host's whole layer on each rank's rows: output,
+//               input gradient, the router's gradient and each expert's summed over both ranks' rows.
 // Prints PASS, or "SKIPPED:" when there are fewer GPUs than ranks (ctest reports it as skipped):
 // NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected").
 #include <cuda_runtime_api.h>
@@ -29,6 +34,7 @@
 
 #include "cupipe/comm/nccl.hpp"
 #include "cupipe/cupipe.cuh"
+#include "local_expert_group.hpp"
 
 namespace {
 
@@ -107,6 +113,86 @@ double relative(const std::vector<float>& a, const std::vector<float>& b) {
     scale = std::max(scale, std::abs(double(b[i])));
   }
   return scale > 0 ? diff / scale : diff;
+}
+
+using ExpertsWhole = cupipe::MixtureOfExperts<32, 64, 16, cupipe::moe::Routing{4, 2, 1.25}>;
+using ExpertsPart = cupipe::MixtureOfExperts<32, 64, 16, cupipe::moe::Routing{4, 2, 1.25}, 2>;
+
+/// The expert-parallel group: an all-to-all of uneven blocks, then a mixture-of-experts layer.
+bool experts(cupipe::comm::NcclCommunicator& comm) {
+  using namespace cupipe;
+  moe::ExpertGroup* group = comm.expert_group();
+  if (group == nullptr || group->size() != 2 || !group->device_memory()) return false;
+  const int me = group->rank();
+  // Rank r sends (r + 1) * q values to rank q (rank 0 sends itself none), each naming r, q and i.
+  const auto value = [](int r, int q, std::int64_t i) { return float(r * 1000 + q * 100) + float(i); };
+  std::vector<std::int64_t> send_counts(2), receive_counts(2);
+  std::vector<float> out;
+  for (int q = 0; q < 2; ++q) {
+    send_counts[std::size_t(q)] = std::int64_t(me + 1) * q;
+    receive_counts[std::size_t(q)] = std::int64_t(q + 1) * me;
+    for (std::int64_t i = 0; i < send_counts[std::size_t(q)]; ++i) out.push_back(value(me, q, i));
+  }
+  std::vector<std::int64_t> counts_back(2);
+  group->exchange_counts(send_counts.data(), counts_back.data(), 1);
+  bool ok = counts_back == receive_counts;
+  Device sent(std::max<std::size_t>(out.size(), 1)), received(std::size_t(receive_counts[0] + receive_counts[1]) + 1);
+  if (!out.empty()) sent.upload(out);
+  group->start_all_to_all(sent.data, send_counts.data(), received.data, receive_counts.data());
+  group->finish_all_to_all();
+  const std::vector<float> in = received.download();
+  std::size_t at = 0;
+  for (int q = 0; q < 2; ++q)
+    for (std::int64_t i = 0; i < receive_counts[std::size_t(q)]; ++i) ok = ok && in[at++] == value(q, me, i);
+  const bool moved = ok;
+
+  // The layer: each rank routes its own two sequences; rank t holds experts 2t, 2t + 1.
+  constexpr index_t C = 32, T = 16, n = 2 * T;
+  using Whole = ExpertsWhole;
+  using Part = ExpertsPart;
+  const testing::ExpertReference<Whole, float> ref(C, n, 17);  // every rank computes both ranks' references
+  const Shape rows{n, C};
+  const std::size_t t = std::size_t(me);
+  backend::Cuda<float> gpu(comm.device());
+  moe::Tally tally;
+  gpu.moe_tally = &tally;
+  gpu.expert_group = group;
+  const std::vector<float> part = testing::expert_part<Whole, Part>(ref.p, C, me);
+  const index_t per_row = Part::saved_per_row(C);
+  auto upload = [&](const std::vector<float>& v) {
+    auto b = gpu.allocate<float>(index_t(v.size()), MemoryTag::workspace);
+    gpu.upload(std::span<const float>(v), b.data());
+    return b;
+  };
+  auto dp = upload(part), dx_in = upload(ref.x[t]), ddy = upload(ref.dy[t]), dg = upload(std::vector<float>(part.size(), 0.0f));
+  auto y = gpu.allocate<float>(n * C, MemoryTag::workspace), dx = gpu.allocate<float>(n * C, MemoryTag::workspace);
+  auto saved = gpu.allocate<float>(n * per_row, MemoryTag::workspace);
+  const ConstViewOn<backend::Cuda<float>, float> xv{dx_in.data(), rows}, dyv{ddy.data(), rows};
+  const ViewOn<backend::Cuda<float>, float> sv{saved.data(), Shape{n, per_row}};
+  Part::forward(gpu, dp.data(), xv, ViewOn<backend::Cuda<float>, float>{y.data(), rows}, sv);
+  Part::backward_input(gpu, dp.data(), xv, sv, dyv, ViewOn<backend::Cuda<float>, float>{dx.data(), rows});
+  Part::backward_weight(gpu, xv, sv, dyv, dg.data());
+  const auto download = [&](const float* d, std::size_t count) {
+    std::vector<float> v(count);
+    gpu.download(d, std::span<float>(v));
+    return v;
+  };
+  const std::vector<float> g = download(dg.data(), part.size()), expert_sums = testing::expert_part<Whole, Part>(ref.summed, C, me);
+  const std::size_t router = std::size_t(Whole::E * C);
+  const double ey = relative(download(y.data(), std::size_t(n * C)), ref.y[t]);
+  const double edx = relative(download(dx.data(), std::size_t(n * C)), ref.dx[t]);
+  const double erouter = relative(std::vector<float>(g.begin(), g.begin() + std::ptrdiff_t(router)),
+                                  std::vector<float>(ref.g[t].begin(), ref.g[t].begin() + std::ptrdiff_t(router)));
+  const double eexperts = relative(std::vector<float>(g.begin() + std::ptrdiff_t(router), g.end()),
+                                   std::vector<float>(expert_sums.begin() + std::ptrdiff_t(router), expert_sums.end()));
+  ok = ok && tally.all_to_alls == 4 && ey <= 1e-5 && edx <= 1e-5 && erouter <= 1e-5 && eexperts <= 1e-5;
+  std::printf("rank %d: NCCL expert group of 2: all-to-all of uneven blocks %s; a mixture of experts split over it "
+              "against the host's whole layer: output %.3g, dx %.3g, router gradient %.3g, experts' gradients %.3g "
+              "relative, %lld of %lld choices dropped, %lld all-to-alls\n",
+              me, moved ? "equal" : "DIFFERENT", ey, edx, erouter, eexperts,
+              static_cast<long long>(tally.dropped), static_cast<long long>(tally.routed),
+              static_cast<long long>(tally.all_to_alls));
+  return ok;
 }
 
 bool pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm, int zero) {
@@ -196,12 +282,13 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   int stages = world, tensor = 1;
-  bool run_pipeline = false;
+  bool run_pipeline = false, run_experts = false;
   int zero = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--stages") == 0 && i + 1 < argc) stages = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--tensor") == 0 && i + 1 < argc) tensor = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--pipeline") == 0) run_pipeline = true;
+    if (std::strcmp(argv[i], "--experts") == 0) run_experts = true;
     if (std::strcmp(argv[i], "--zero") == 0) zero = 1;
     if (std::strcmp(argv[i], "--zero=2") == 0) zero = 2;
     if (std::strcmp(argv[i], "--zero=3") == 0) zero = 3;
@@ -215,8 +302,12 @@ int main(int argc, char** argv) {
   }
   int status = 0;
   try {
-    auto comm = cupipe::comm::NcclCommunicator::from_mpi(MPI_COMM_WORLD, stages, rank % devices, tensor);
-    const bool ok = run_pipeline ? pipeline(comm, zero) : stages > 1 ? point_to_point(*comm) : replicas(*comm);
+    auto comm = cupipe::comm::NcclCommunicator::from_mpi(MPI_COMM_WORLD, stages, rank % devices, tensor,
+                                                         cupipe::comm::RankOrder::stages_outermost, run_experts ? world : 1);
+    const bool ok = run_experts    ? experts(*comm)
+                    : run_pipeline ? pipeline(comm, zero)
+                    : stages > 1   ? point_to_point(*comm)
+                                   : replicas(*comm);
     int all = ok ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rank == 0) std::printf("%s\n", all ? "PASS" : "FAIL: values differ");

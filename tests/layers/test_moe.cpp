@@ -6,17 +6,23 @@
 // - microbatches of whole sequences add up to the batch (the capacity and the balance loss are per
 //   sequence), so a pipeline's schedules and expert parallelism see the same routing;
 // - inside a model through Network, the step's normalizer reaching the auxiliary losses;
+// - expert parallelism on two threads sharing a local group (tests/support/local_expert_group.hpp)
+//   against the whole layer on each rank's rows: the rows reordered through the backend's copy, the
+//   all-to-alls through the group, the same outputs, input gradients and summed expert gradients;
 // - the tally, and what the layer refuses.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "cupipe/backend/host/ops.hpp"
 #include "cupipe/layers/layers.hpp"
 #include "gradcheck.hpp"
+#include "local_expert_group.hpp"
 
 using namespace cupipe;
 using cupipe::testing::dot;
@@ -212,6 +218,67 @@ TEST_CASE("MixtureOfExperts: microbatches of whole sequences add up to the batch
   CHECK(relative_error(y, whole.y) <= 1e-14);
   CHECK(relative_error(dx, whole.dx) <= 1e-13);
   CHECK(relative_error(grads, whole.grads) <= 1e-13);
+}
+
+TEST_CASE("MixtureOfExperts with expert parallelism: two ranks on threads equal the whole layer on each rank's rows",
+          "[cpu][layers][moe][experts]") {
+  // Capacity 1.25 drops some choices (dropless: capacity 0); each rank routes its own 2 sequences.
+  const double capacity = GENERATE(0.0, 1.25);
+  const auto check = [&]<moe::Routing R>() {
+    using Whole = MixtureOfExperts<C, H, T, R>;
+    using Part = MixtureOfExperts<C, H, T, R, 2>;
+    const index_t n = 2 * T;
+    Rng rng(21);
+    const Vec p = random_moe_params<Whole>(rng);
+    std::array<Vec, 2> x, dy;
+    for (int t = 0; t < 2; ++t) {
+      x[std::size_t(t)] = uniform_values(std::size_t(n * C), rng, -2, 2);
+      dy[std::size_t(t)] = uniform_values(std::size_t(n * C), rng);
+    }
+    std::array<std::optional<Run<Whole>>, 2> whole;
+    for (int t = 0; t < 2; ++t) {
+      whole[std::size_t(t)].emplace(n, n, p.size());
+      whole[std::size_t(t)]->forward(p, x[std::size_t(t)]);
+      whole[std::size_t(t)]->backward(p, x[std::size_t(t)], dy[std::size_t(t)]);
+    }
+    testing::LocalExperts shared(2);
+    std::array<std::optional<Run<Part>>, 2> part;
+    std::array<std::optional<testing::LocalExpertGroup>, 2> groups;
+    std::array<Vec, 2> parts;
+    for (int t = 0; t < 2; ++t) {
+      parts[std::size_t(t)] = testing::expert_part<Whole, Part>(p, C, t);
+      groups[std::size_t(t)].emplace(shared, t);
+      part[std::size_t(t)].emplace(n, n, parts[std::size_t(t)].size());
+      part[std::size_t(t)]->be.expert_group = &*groups[std::size_t(t)];
+    }
+    testing::on_threads(2, [&](int t) {
+      Run<Part>& run = *part[std::size_t(t)];
+      run.forward(parts[std::size_t(t)], x[std::size_t(t)]);
+      run.backward(parts[std::size_t(t)], x[std::size_t(t)], dy[std::size_t(t)]);
+    });
+    // Each rank's rows and the router as the whole layer has them; each rank's experts' gradients
+    // summed over both ranks' tokens (the whole layer's, per rank's rows, added).
+    Vec summed(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) summed[i] = whole[0]->grads[i] + whole[1]->grads[i];
+    for (int t = 0; t < 2; ++t) {
+      CAPTURE(Part::describe(), t);
+      const Run<Part>& run = *part[std::size_t(t)];
+      CHECK(groups[std::size_t(t)]->all_to_alls == 4);  // dispatch and combine, forward and backward
+      CHECK(run.tally.dropped == whole[std::size_t(t)]->tally.dropped);
+      CHECK(run.tally.all_to_alls == 4);
+      CHECK(relative_error(run.y, whole[std::size_t(t)]->y) <= 1e-13);
+      CHECK(relative_error(run.dx, whole[std::size_t(t)]->dx) <= 1e-13);
+      const std::size_t router = std::size_t(R.experts * C);
+      const Vec own_router(whole[std::size_t(t)]->grads.begin(), whole[std::size_t(t)]->grads.begin() + std::ptrdiff_t(router));
+      const Vec expert_sums = testing::expert_part<Whole, Part>(summed, C, t);
+      CHECK(relative_error(Vec(run.grads.begin(), run.grads.begin() + std::ptrdiff_t(router)), own_router) <= 1e-13);
+      CHECK(relative_error(Vec(run.grads.begin() + std::ptrdiff_t(router), run.grads.end()),
+                           Vec(expert_sums.begin() + std::ptrdiff_t(router), expert_sums.end())) <= 1e-13);
+    }
+    if (R.capacity_factor > 0) CHECK(whole[0]->tally.dropped + whole[1]->tally.dropped > 0);
+  };
+  if (capacity > 0) check.template operator()<moe::Routing{4, 2, 1.25}>();
+  else check.template operator()<moe::Routing{4, 2}>();
 }
 
 TEST_CASE("MixtureOfExperts in a model: Network's normalizer reaches the auxiliary losses, gradients match finite differences",

@@ -30,6 +30,9 @@
 //   (start_sum_over_replicas) is an all-reduce enqueued on the collective stream (one for every
 //   collective, so they run in the order every rank issues them) that finish_sums() waits for. Tensor parallelism sums over a third communicator (tensor_group()), which takes
 //   device memory as well as host memory.
+// - Expert parallelism (`experts` > 1) gets two more: the expert-parallel group's, whose all-to-alls
+//   move the mixture-of-experts layers' rows in device memory, and the holders' of this rank's
+//   experts, for their gradient sums (expert_group(): comm/nccl_groups.hpp).
 // - NCCL connects peers lazily, and a first transfer may wait for its peer: the constructor moves a
 //   byte over every channel (connect_channels), so no pipeline send ever makes the first connection.
 // - Point-to-point waits stop early on Communicator::interrupt_waits (the pipeline's abort), aborting
@@ -38,7 +41,8 @@
 //   ncclCommInitRank per group with a unique id exchanged by the bootstrap (MPI or a shared file).
 //
 // Its parts: nccl_check.hpp (CUPIPE_COMM_CHECK_NCCL), nccl_bootstrap.hpp (unique ids, groups),
-// nccl_channels.hpp (the ring's channels), nccl_pinned.hpp (message headers, host staging).
+// nccl_channels.hpp (the ring's channels), nccl_pinned.hpp (message headers, host staging),
+// nccl_groups.hpp (the tensor- and expert-parallel groups).
 //
 // Threads: as with MPI, the stage's worker thread and the caller's thread never use it at once.
 #pragma once
@@ -75,6 +79,7 @@
 #include "cupipe/comm/nccl_bootstrap.hpp"
 #include "cupipe/comm/nccl_channels.hpp"
 #include "cupipe/comm/nccl_check.hpp"
+#include "cupipe/comm/nccl_groups.hpp"
 #include "cupipe/comm/nccl_pinned.hpp"
 #include "cupipe/comm/topology.hpp"
 #include "cupipe/core/error.hpp"
@@ -86,14 +91,16 @@ class NcclCommunicator final : public Communicator {
  public:
   /// Splits a world of `world` ranks into pipelines of `stages` stages of `tensor` tensor-parallel
   /// ranks each, mapped by `order` (see Topology), every rank on `device`, from the world's unique
-  /// id (made by rank 0 and shared by the bootstrap). `exchange` is needed only where NCCL cannot
-  /// split communicators.
+  /// id (made by rank 0 and shared by the bootstrap), with expert-parallel groups of `experts`
+  /// consecutive replicas (expert_group()). `exchange` is needed only where NCCL cannot split
+  /// communicators.
   NcclCommunicator(int world, int rank, int stages, int device, const ncclUniqueId& world_id, IdExchange exchange = {},
-                   int tensor = 1, RankOrder order = RankOrder::stages_outermost)
-      : topology_(Topology::make(world, rank, stages, tensor, order)),
+                   int tensor = 1, RankOrder order = RankOrder::stages_outermost, int experts = 1)
+      : topology_(Topology::make(world, rank, stages, tensor, order, 1, experts)),
         device_(select_device(rank, device)),  // before the streams and events below are made
         exchange_(std::move(exchange)),
-        tensor_sum_(*this) {
+        tensor_sum_(topology_.tensor, topology_.tensor_rank(),
+                    [this](void* data, std::size_t n, ncclDataType_t type) { allreduce(data, n, type, tensor_); }) {
     pool_.emplace(device_, memory_, copy_stream_.get());
     CUPIPE_COMM_CHECK_NCCL(ncclCommInitRank(&world_, world, world_id, rank));
     try {
@@ -102,6 +109,7 @@ class NcclCommunicator final : public Communicator {
       replicas_ = group("replicas", t.stage() * t.tensor + t.tensor_rank(), t.replica(), t.replicas);
       pipeline_ = group("pipeline", t.replica() * t.tensor + t.tensor_rank(), t.stage(), t.stages);
       if (t.tensor > 1) tensor_ = group("tensor", t.stage() * t.replicas + t.replica(), t.tensor_rank(), t.tensor);
+      if (t.experts > 1) make_expert_group();
       CUPIPE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(double) * scalar_slots));
       CUPIPE_CHECK_CUDA(cudaMemset(scalar_, 0, sizeof(double) * scalar_slots));
       headers_.emplace();
@@ -109,6 +117,7 @@ class NcclCommunicator final : public Communicator {
       make_channels();
       connect_channels();
       connect_collectives();
+      if (experts_) experts_->connect();
     } catch (...) {
       destroy(false);
       throw;
@@ -121,7 +130,7 @@ class NcclCommunicator final : public Communicator {
 #if defined(CUPIPE_HAS_MPI)
   /// Every rank of `comm` calls this: rank 0 makes the world's unique id and MPI broadcasts it.
   static std::shared_ptr<NcclCommunicator> from_mpi(MPI_Comm comm, int stages, int device, int tensor = 1,
-                                                    RankOrder order = RankOrder::stages_outermost) {
+                                                    RankOrder order = RankOrder::stages_outermost, int experts = 1) {
     int size = 0, rank = 0;
     CUPIPE_REQUIRE(MPI_Comm_size(comm, &size) == MPI_SUCCESS && MPI_Comm_rank(comm, &rank) == MPI_SUCCESS,
                    "NcclCommunicator::from_mpi: MPI_Comm_size/rank failed");
@@ -130,7 +139,7 @@ class NcclCommunicator final : public Communicator {
     CUPIPE_REQUIRE(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
                    "NcclCommunicator::from_mpi: MPI_Bcast of the NCCL unique id failed");
     IdExchange exchange = detail::mpi_id_exchange(comm, rank);
-    return std::make_shared<NcclCommunicator>(size, rank, stages, device, id, std::move(exchange), tensor, order);
+    return std::make_shared<NcclCommunicator>(size, rank, stages, device, id, std::move(exchange), tensor, order, experts);
   }
 #endif
 
@@ -139,20 +148,10 @@ class NcclCommunicator final : public Communicator {
   /// atomically (remove a stale one before the launch); the others poll until it appears, for at
   /// most CUPIPE_NCCL_ID_TIMEOUT seconds (default 300).
   static std::shared_ptr<NcclCommunicator> from_environment(int stages, int device, int tensor = 1,
-                                                            RankOrder order = RankOrder::stages_outermost) {
-    const int rank = detail::environment_int("RANK");
-    const int world = detail::environment_int("WORLD_SIZE");
-    const char* file = std::getenv("CUPIPE_NCCL_ID_FILE");
-    CUPIPE_REQUIRE(file && *file, "NcclCommunicator::from_environment: set CUPIPE_NCCL_ID_FILE to a path every rank "
-                                  "can read (rank 0 writes the NCCL unique id there)");
-    const char* limit = std::getenv("CUPIPE_NCCL_ID_TIMEOUT");
-    const double timeout = limit && *limit ? std::strtod(limit, nullptr) : 300.0;
-    const std::filesystem::path base(file);
-    IdExchange exchange = detail::file_id_exchange(base, timeout);
-    ncclUniqueId id{};
-    if (rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
-    id = detail::share_id_through_file(base, rank == 0, id, timeout);
-    return std::make_shared<NcclCommunicator>(world, rank, stages, device, id, std::move(exchange), tensor, order);
+                                                            RankOrder order = RankOrder::stages_outermost, int experts = 1) {
+    detail::EnvironmentLaunch l = detail::environment_launch();
+    return std::make_shared<NcclCommunicator>(l.world, l.rank, stages, device, l.id, std::move(l.exchange), tensor, order,
+                                              experts);
   }
 
   const Topology& topology() const override { return topology_; }
@@ -274,6 +273,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
+  moe::ExpertGroup* expert_group() override { return experts_.get(); }
   void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, pipeline_); }
   void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, pipeline_); }
   double sum_over_stages(double value) override {
@@ -305,20 +305,6 @@ class NcclCommunicator final : public Communicator {
     int to_stage;
   };
 
-  /// The tensor-parallel group's sums, on the tensor communicator.
-  class TensorSum final : public TensorGroup {
-   public:
-    explicit TensorSum(NcclCommunicator& owner) : owner_(owner) {}
-    int size() const override { return owner_.topology_.tensor; }
-    int rank() const override { return owner_.topology_.tensor_rank(); }
-    bool device_memory() const override { return true; }
-    void sum(float* data, std::size_t n) override { owner_.allreduce(data, n, ncclFloat32, owner_.tensor_); }
-    void sum(double* data, std::size_t n) override { owner_.allreduce(data, n, ncclFloat64, owner_.tensor_); }
-
-   private:
-    NcclCommunicator& owner_;
-  };
-
   static int select_device(int rank, int device) {
     int count = 0;
     CUPIPE_CHECK_CUDA(cudaGetDeviceCount(&count));
@@ -332,6 +318,22 @@ class NcclCommunicator final : public Communicator {
   /// color leaves this rank out (it gets null).
   ncclComm_t group(const std::string& name, int color, int key, int size) {
     return detail::split_group(world_, exchange_, name, color, key, size);
+  }
+
+  /// The expert-parallel group and the holders of this rank's experts, split as MpiCommunicator's.
+  void make_expert_group() {
+    const Topology& t = topology_;
+    const int groups = t.replicas / t.experts, base = t.stage() * t.tensor + t.tensor_rank();
+    experts_comm_ = group("experts", base * groups + t.expert_group_index(), t.expert_rank(), t.experts);
+    if (groups > 1) holders_comm_ = group("holders", base * t.experts + t.expert_rank(), t.expert_group_index(), groups);
+    const auto comm = [this](bool holders) { check_alive(); return holders ? holders_comm_ : experts_comm_; };
+    const auto sum = [this, comm](void* data, std::size_t n, ncclDataType_t type, bool h) { allreduce(data, n, type, comm(h)); };
+    const auto wait_for = [this](const backend::cuda::Event& event, const std::string& what) {
+      wait(event, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": " + what; },
+           "not finished", false, "collective timeout: another rank of the group stalled or died before reaching it");
+    };
+    experts_ = std::make_unique<NcclExpertGroup>(NcclExpertGroup::Owner{device_, comm, sum, wait_for}, t.experts,
+                                                 t.expert_rank(), groups, expert_group_name(t));
   }
 
   /// The two-rank channels to this rank's neighbours in the pipeline ring (ring: interleaved
@@ -452,14 +454,6 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  static std::size_t size_of(ncclDataType_t type) { return type == ncclFloat64 ? sizeof(double) : sizeof(float); }
-
-  static bool on_device(const void* data) {
-    cudaPointerAttributes attributes{};
-    CUPIPE_CHECK_CUDA(cudaPointerGetAttributes(&attributes, data));
-    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-  }
-
   /// Runs `enqueue(device pointer, stream)` on the collective stream over the `bytes` at `data`
   /// (device memory, or host memory staged through pinned and device buffers both ways) and waits
   /// for it under the collective timeout. `what` names the collective in errors. Host memory goes
@@ -473,7 +467,7 @@ class NcclCommunicator final : public Communicator {
     // stream (every rank issues its collectives in the same order) and the wait below covers them.
     const backend::cuda::DeviceGuard guard(device_);
     const cudaStream_t stream = collective_stream_;
-    const bool device = on_device(data);
+    const bool device = detail::on_device(data);
     void* target = data;
     std::byte* host = nullptr;
     backend::cuda::DeviceBuffer<std::byte> staging;
@@ -498,7 +492,7 @@ class NcclCommunicator final : public Communicator {
 
   /// In-place sum of `n` values over `comm`, from device or host memory; returns when done.
   void allreduce(void* data, std::size_t n, ncclDataType_t type, ncclComm_t comm) {
-    collective(data, n * size_of(type), "all-reduce",
+    collective(data, n * detail::nccl_size_of(type), "all-reduce",
                [&](std::byte* p, cudaStream_t stream) {
                  CUPIPE_COMM_CHECK_NCCL(ncclAllReduce(p, p, n, type, ncclSum, comm, stream));
                });
@@ -508,7 +502,7 @@ class NcclCommunicator final : public Communicator {
   /// replica's block at replica() x n (NCCL's in-place layout, the replica being the rank within
   /// the replicas' communicator). Gather: every block from its replica; scatter: this block summed.
   void gather_or_scatter(void* data, std::size_t n, ncclDataType_t type, bool gather) {
-    const std::size_t block = n * size_of(type);
+    const std::size_t block = n * detail::nccl_size_of(type);
     const std::size_t mine = std::size_t(topology_.replica()) * block;
     collective(data, block * std::size_t(topology_.replicas), gather ? "all-gather" : "reduce-scatter",
                [&](std::byte* p, cudaStream_t stream) {
@@ -522,10 +516,10 @@ class NcclCommunicator final : public Communicator {
     check_alive();
     if (n == 0) return;
     const backend::cuda::DeviceGuard guard(device_);
-    CUPIPE_REQUIRE(on_device(data), "NcclCommunicator: a started ", scatter ? "reduce-scatter" : "sum", " takes device memory "
+    CUPIPE_REQUIRE(detail::on_device(data), "NcclCommunicator: a started ", scatter ? "reduce-scatter" : "sum", " takes device memory "
                    "(the pipeline starts them only on memory the communicator reads)");
     std::byte* p = static_cast<std::byte*>(data);
-    const std::size_t mine = std::size_t(topology_.replica()) * n * size_of(type);
+    const std::size_t mine = std::size_t(topology_.replica()) * n * detail::nccl_size_of(type);
     if (scatter) {
       CUPIPE_COMM_CHECK_NCCL(ncclReduceScatter(p, p + mine, n, type, ncclSum, replicas_, collective_stream_));
     } else {
@@ -536,7 +530,7 @@ class NcclCommunicator final : public Communicator {
 
   std::vector<ncclComm_t> communicators() const {
     std::vector<ncclComm_t> out;
-    for (ncclComm_t c : {world_, pipeline_, replicas_, tensor_})
+    for (ncclComm_t c : {world_, pipeline_, replicas_, tensor_, experts_comm_, holders_comm_})
       if (c) out.push_back(c);
     for (const auto& [key, channel] : channels_)
       if (channel.comm) out.push_back(channel.comm);
@@ -547,7 +541,7 @@ class NcclCommunicator final : public Communicator {
     if (aborted_) return;
     aborted_ = true;
     for (ncclComm_t c : communicators()) (void)ncclCommAbort(c);
-    world_ = pipeline_ = replicas_ = tensor_ = nullptr;
+    world_ = pipeline_ = replicas_ = tensor_ = experts_comm_ = holders_comm_ = nullptr;
     for (auto& [key, channel] : channels_) channel.comm = nullptr;
   }
 
@@ -587,7 +581,10 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t pipeline_ = nullptr;
   ncclComm_t replicas_ = nullptr;
   ncclComm_t tensor_ = nullptr;  ///< with tensor parallelism: this stage's tensor-parallel ranks
-  TensorSum tensor_sum_;
+  ncclComm_t experts_comm_ = nullptr;   ///< with expert parallelism: this rank's expert-parallel group
+  ncclComm_t holders_comm_ = nullptr;   ///< and the holders of its experts (null: one group per stage)
+  NcclTensorGroup tensor_sum_;
+  std::unique_ptr<NcclExpertGroup> experts_;  ///< the expert-parallel group (null: none)
   bool sums_started_ = false;
   std::map<std::tuple<int, Direction, Flow>, Channel> channels_;
   std::optional<HeaderRing> headers_;  // made on the device, after select_device

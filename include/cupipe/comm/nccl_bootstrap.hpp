@@ -97,6 +97,31 @@ inline IdExchange file_id_exchange(const std::filesystem::path& base, double tim
 /// A communicator of `world`'s ranks with the same `color` (ordered by `key`); a negative color
 /// leaves this rank out (it gets null). Collective over the world: every rank makes every split,
 /// in the same order. `exchange` is used only where NCCL cannot split communicators.
+/// What a launcher without MPI gives every rank (NcclCommunicator::from_environment): its rank and
+/// the world's size from RANK and WORLD_SIZE, and the world's unique id through the file named by
+/// CUPIPE_NCCL_ID_FILE (rank 0 writes it; the others wait up to CUPIPE_NCCL_ID_TIMEOUT seconds,
+/// default 300), with the exchange that shares the groups' ids the same way.
+struct EnvironmentLaunch {
+  int rank = 0, world = 1;
+  ncclUniqueId id{};
+  IdExchange exchange;
+};
+inline EnvironmentLaunch environment_launch() {
+  EnvironmentLaunch out;
+  out.rank = environment_int("RANK");
+  out.world = environment_int("WORLD_SIZE");
+  const char* file = std::getenv("CUPIPE_NCCL_ID_FILE");
+  CUPIPE_REQUIRE(file && *file, "NcclCommunicator::from_environment: set CUPIPE_NCCL_ID_FILE to a path every rank "
+                                "can read (rank 0 writes the NCCL unique id there)");
+  const char* limit = std::getenv("CUPIPE_NCCL_ID_TIMEOUT");
+  const double timeout = limit && *limit ? std::strtod(limit, nullptr) : 300.0;
+  const std::filesystem::path base(file);
+  out.exchange = file_id_exchange(base, timeout);
+  if (out.rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&out.id));
+  out.id = share_id_through_file(base, out.rank == 0, out.id, timeout);
+  return out;
+}
+
 inline ncclComm_t split_group(ncclComm_t world, const IdExchange& exchange, const std::string& name, int color, int key,
                               int size) {
   ncclComm_t out = nullptr;

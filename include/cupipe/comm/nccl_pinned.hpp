@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <array>
@@ -105,5 +106,15 @@ class PinnedStaging {
   void* pinned_ = nullptr;
   std::size_t bytes_ = 0;
 };
+
+/// Bytes of one value of the types the communicator sums (fp32 or fp64).
+inline std::size_t nccl_size_of(ncclDataType_t type) { return type == ncclFloat64 ? sizeof(double) : sizeof(float); }
+
+/// Whether `data` is device (or managed) memory, which NCCL reads as it is; host memory is staged.
+inline bool on_device(const void* data) {
+  cudaPointerAttributes attributes{};
+  CUPIPE_CHECK_CUDA(cudaPointerGetAttributes(&attributes, data));
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
 
 }  // namespace cupipe::comm::detail

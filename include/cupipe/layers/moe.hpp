@@ -14,10 +14,10 @@
 // Parameters (PyTorch shapes, the experts stacked): router.weight (E, C), experts.c_fc.weight (E H, C),
 // experts.c_fc.bias (E H), experts.c_proj.weight (E C, H), experts.c_proj.bias (E C).
 // Runs in fp32 or fp64 storage (bf16 storage is refused with the reason). On a device backend
-// (backend::Cuda, EP = 1) the GEMMs, GELU and token movement run on the device and the routing on
-// the host, the router's tables downloaded and uploaded around it (backend::HostMirror): one
-// synchronisation per layer and pass, as the per-expert GEMMs' row counts are the host's anyway.
-// A device kernel for the routing and a grouped GEMM are the next steps (docs/gpu_notes.md).
+// (backend::Cuda) the GEMMs, GELU and token movement run on the device and the routing on the host,
+// the router's tables downloaded and uploaded around it (backend::HostMirror): one synchronisation
+// per layer and pass, as the per-expert GEMMs' row counts are the host's anyway. A device kernel for
+// the routing and a grouped GEMM are the next steps (docs/gpu_notes.md).
 //
 // Expert parallelism (EP > 1): the layer is one rank's part of an expert-parallel group of EP ranks
 // (moe/expert_group.hpp, the backend context's expert_group), holding E / EP experts (rank t experts
@@ -31,6 +31,8 @@
 // exactly what the whole layer computes over the same rows. The all-to-alls run beside compute where
 // there is some to run: the slots a rank sent itself while the dispatch moves the others', the
 // router's backward while the backward's combine comes home; the context's tally gets their time.
+// On a device the rows are reordered there, and a group of host memory (MPI's) gets them through
+// host copies (moe/backend_transfer.hpp); a device group (NCCL's) moves them where they are.
 #pragma once
 
 #include <algorithm>
@@ -49,6 +51,7 @@
 #include "cupipe/core/rng.hpp"
 #include "cupipe/cp/context_group.hpp"
 #include "cupipe/layers/layer.hpp"
+#include "cupipe/moe/backend_transfer.hpp"
 #include "cupipe/moe/exchange.hpp"
 #include "cupipe/moe/expert_group.hpp"
 #include "cupipe/moe/routing.hpp"
@@ -149,15 +152,21 @@ struct MixtureOfExperts : LayerDefaults {
   }
 
  private:
-  /// Whether the layer runs on B with storage T: storage in the compute type, and with expert
-  /// parallelism host memory (its all-to-alls are MPI's, on host buffers).
+  /// Whether the layer runs on B with storage T: storage in the compute type.
   template <class B, class T>
-  static constexpr bool runs = std::is_same_v<T, grad_t<B>> && (EP == 1 || host_accessible<typename B::space>);
+  static constexpr bool runs = std::is_same_v<T, grad_t<B>>;
 
   template <class B>
   [[noreturn]] static void refuse() {
-    CUPIPE_THROW(describe(), ": runs in fp32 or fp64 storage, and with expert parallelism on the host backend only "
-                 "(this backend is ", B::name, ", with other storage or device memory)");
+    CUPIPE_THROW(describe(), ": runs in fp32 or fp64 storage (this backend is ", B::name, ", with other storage)");
+  }
+
+  /// Moves `count` values within the backend's memory (reorder and place_own's blocks).
+  template <class B, class T>
+  static auto copier(B& be) {
+    return [&be](const T* from, T* to, index_t count) {
+      copy(be, ConstViewOn<B, T>{from, Shape{count}}, ViewOn<B, T>{to, Shape{count}});
+    };
   }
 
   template <class B, class T>
@@ -195,22 +204,27 @@ struct MixtureOfExperts : LayerDefaults {
       const index_t received = c.received();
       CUPIPE_REQUIRE(received <= n * M, describe(), ": rank ", group.rank(), " of ", group.name(), " received ", received,
                      " slots for its experts, more than the ", n * M, " its saved area holds for ", n, " rows");
-      std::copy(c.counts.begin(), c.counts.end(), s.counts);
+      {
+        backend::HostMirror<B, std::int32_t> counts(be, s.counts, E, false);
+        std::copy(c.counts.begin(), c.counts.end(), counts.data());
+        counts.put();
+      }
       const int me = group.rank();
+      const auto move = copier<B, T>(be);
       auto scratch = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
       auto out = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
       auto act = be.template allocate<T>(std::max<index_t>(received, 1) * Hidden, MemoryTag::workspace);
       // Dispatch: the other ranks' slots travel while this rank runs the slots it sent itself.
-      moe::Transfer dispatch = transfer(be, group);
+      auto dispatch = transfer<T>(be, group);
       dispatch.start(xs.data(), moe::value_counts(c, C, false), scratch.data(), moe::value_counts(c, C, true));
-      moe::place_own(c, me, xs.data() + offsets[std::size_t(me * El)] * C, s.xs, C);
+      moe::place_own(c, me, xs.data() + offsets[std::size_t(me * El)] * C, s.xs, C, move);
       experts_forward(be, p, moe::expert_rows(c, me, true), s.xs, s.h, act.data(), out.data());
       dispatch.finish();
-      moe::reorder(c, scratch.data(), s.xs, C);
+      moe::reorder(c, scratch.data(), s.xs, C, false, move);
       experts_forward(be, p, moe::expert_rows(c, me, false), s.xs, s.h, act.data(), out.data());
       // Combine: the outputs back to their tokens' ranks, in slot order (nothing left to run meanwhile).
-      moe::reorder(c, out.data(), scratch.data(), C, true);
-      moe::Transfer combine = transfer(be, group);
+      moe::reorder(c, out.data(), scratch.data(), C, true, move);
+      auto combine = transfer<T>(be, group);
       combine.start(scratch.data(), moe::value_counts(c, C, true), s.o, moe::value_counts(c, C, false));
       combine.finish();
     }
@@ -237,28 +251,30 @@ struct MixtureOfExperts : LayerDefaults {
     // Through each expert: da = do W2, dh = da gelu'(h) (kept); dxs = dh W1 (per slot here).
     auto dxs = be.template allocate<T>(std::max<index_t>(kept, 1) * C, MemoryTag::workspace);
     auto scratch = be.template allocate<T>(EP == 1 ? 1 : std::max<index_t>(n * M, 1) * C, MemoryTag::workspace);
-    std::optional<moe::Transfer> combine;  // EP > 1: the dxs coming home while the router's backward runs
+    std::optional<moe::BackendTransfer<B, T>> combine;  // EP > 1: the dxs coming home while the router's backward runs
     if constexpr (EP == 1) {
       auto da = be.template allocate<T>(std::max<index_t>(kept, 1) * Hidden, MemoryTag::workspace);
       experts_backward_input(be, p, runs_of(offsets), s.d_o, s.h, da.data(), s.dh, dx.empty() ? nullptr : dxs.data());
     } else {  // the experts' ranks take part whether or not this rank wants dx
       moe::ExpertGroup& group = group_of(be);
       const moe::ExchangeCounts c = exchange(be, group, offsets, n);
-      CUPIPE_REQUIRE(std::equal(c.counts.begin(), c.counts.end(), s.counts), describe(), ": rank ", group.rank(), " of ",
-                     group.name(), " was sent other counts in the backward than in this microbatch's forward");
+      backend::HostMirror<B, std::int32_t> forward_counts(be, s.counts, E, true);
+      CUPIPE_REQUIRE(std::equal(c.counts.begin(), c.counts.end(), forward_counts.data()), describe(), ": rank ",
+                     group.rank(), " of ", group.name(), " was sent other counts in the backward than in this microbatch's forward");
       const index_t received = c.received();
       const int me = group.rank();
+      const auto move = copier<B, T>(be);
       auto back = be.template allocate<T>(std::max<index_t>(received, 1) * C, MemoryTag::workspace);
       auto da = be.template allocate<T>(std::max<index_t>(received, 1) * Hidden, MemoryTag::workspace);
-      moe::Transfer dispatch = transfer(be, group);
+      auto dispatch = transfer<T>(be, group);
       dispatch.start(sent.data(), moe::value_counts(c, C, false), scratch.data(), moe::value_counts(c, C, true));
-      moe::place_own(c, me, sent.data() + offsets[std::size_t(me * El)] * C, s.d_o, C);
+      moe::place_own(c, me, sent.data() + offsets[std::size_t(me * El)] * C, s.d_o, C, move);
       experts_backward_input(be, p, moe::expert_rows(c, me, true), s.d_o, s.h, da.data(), s.dh, back.data());
       dispatch.finish();
-      moe::reorder(c, scratch.data(), s.d_o, C);
+      moe::reorder(c, scratch.data(), s.d_o, C, false, move);
       experts_backward_input(be, p, moe::expert_rows(c, me, false), s.d_o, s.h, da.data(), s.dh, back.data());
-      moe::reorder(c, back.data(), scratch.data(), C, true);
-      combine.emplace(transfer(be, group));
+      moe::reorder(c, back.data(), scratch.data(), C, true, move);
+      combine.emplace(be, group, be.moe_tally);
       combine->start(scratch.data(), moe::value_counts(c, C, true), dxs.data(), moe::value_counts(c, C, false));
     }
     // The router on the host: the balance loss's gradient of the probabilities, then dlogits (kept).
@@ -294,7 +310,10 @@ struct MixtureOfExperts : LayerDefaults {
     if constexpr (EP == 1) {
       backend::HostMirror<B, std::int32_t> experts(be, s.experts, n * K, true);
       at = kept_offsets(be, s, experts.data(), n);
-    } else at = owner_offsets(moe::ExchangeCounts{EP, El, std::vector<index_t>(s.counts, s.counts + E), {}});
+    } else {
+      backend::HostMirror<B, std::int32_t> counts(be, s.counts, E, true);
+      at = owner_offsets(moe::ExchangeCounts{EP, El, std::vector<index_t>(counts.data(), counts.data() + E), {}});
+    }
     auto gathered = be.template allocate<T>(EP == 1 ? std::max<index_t>(at[std::size_t(El)], 1) * C : 1, MemoryTag::workspace);
     if constexpr (EP == 1) moe_permute(be, x, slots_of<B>(s, n), ViewOn<B, T>{gathered.data(), Shape{at[std::size_t(El)], C}});
     const T* xs = EP == 1 ? gathered.data() : s.xs;
@@ -376,10 +395,10 @@ struct MixtureOfExperts : LayerDefaults {
     }
     return c;
   }
-  /// An all-to-all over `group` timed into the context's tally.
-  template <class B>
-  static moe::Transfer transfer(B& be, moe::ExpertGroup& group) {
-    return moe::Transfer(group, be.moe_tally);
+  /// An all-to-all of T values over `group`, in the backend's memory, timed into the context's tally.
+  template <class T, class B>
+  static moe::BackendTransfer<B, T> transfer(B& be, moe::ExpertGroup& group) {
+    return {be, group, be.moe_tally};
   }
 
   template <class B>

@@ -118,17 +118,26 @@ inline std::vector<index_t> expert_major_starts(const ExchangeCounts& c) {
   return at;
 }
 
+/// Copies `count` values from `from` to `to` in host memory: how reorder() and place_own() move rows
+/// unless given the backend's copy (a device's rows stay on the device).
+struct HostCopy {
+  template <class T>
+  void operator()(const T* from, T* to, index_t count) const {
+    std::copy_n(from, count, to);
+  }
+};
+
 /// Reorders `width`-wide rows received source by source (`from`) into expert-major order (`to`),
-/// or back with `back`.
-template <class T>
-void reorder(const ExchangeCounts& c, const T* from, T* to, index_t width, bool back = false) {
+/// or back with `back`; `copy(from, to, values)` moves each block.
+template <class T, class Copy = HostCopy>
+void reorder(const ExchangeCounts& c, const T* from, T* to, index_t width, bool back = false, Copy copy = {}) {
   std::vector<index_t> source_major(c.counts.size());
   index_t at = 0;
   for (std::size_t i = 0; i < c.counts.size(); ++i) source_major[i] = (at += c.counts[i]) - c.counts[i];
   const std::vector<index_t> expert_major = expert_major_starts(c);
   for (std::size_t i = 0; i < c.counts.size(); ++i) {
     const index_t a = back ? expert_major[i] : source_major[i], b = back ? source_major[i] : expert_major[i];
-    std::copy_n(from + a * width, c.counts[i] * width, to + b * width);
+    if (c.counts[i] > 0) copy(from + a * width, to + b * width, c.counts[i] * width);
   }
 }
 
@@ -168,14 +177,15 @@ inline std::vector<ExpertRows> expert_rows(const ExchangeCounts& c, int source, 
 }
 
 /// Copies the slots rank `source` sent itself (`sorted`: its slots for its own experts, sorted by
-/// expert, `width` wide) to their expert-major places in `to`, as the all-to-all will deliver them.
-template <class T>
-void place_own(const ExchangeCounts& c, int source, const T* sorted, T* to, index_t width) {
+/// expert, `width` wide) to their expert-major places in `to`, as the all-to-all will deliver them;
+/// `copy(from, to, values)` moves each block.
+template <class T, class Copy = HostCopy>
+void place_own(const ExchangeCounts& c, int source, const T* sorted, T* to, index_t width, Copy copy = {}) {
   const std::vector<index_t> at = expert_major_starts(c);
   index_t from = 0;
   for (index_t e = 0; e < c.local; ++e) {
     const std::size_t i = std::size_t(source * c.local + e);
-    std::copy_n(sorted + from * width, c.counts[i] * width, to + at[i] * width);
+    if (c.counts[i] > 0) copy(sorted + from * width, to + at[i] * width, c.counts[i] * width);
     from += c.counts[i];
   }
 }

@@ -27,6 +27,7 @@
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/tensor_group.hpp"
+#include "cupipe/moe/expert_group.hpp"
 #include "cupipe/moe/tally.hpp"
 
 namespace cupipe::backend {
@@ -65,9 +66,16 @@ class Cuda : public ops::Dispatch {
   DocumentStarts documents{};
 
   /// The step's loss normalizer and the mixture-of-experts tally, as on the host backend
-  /// (backend/host/host.hpp); the MoE layer does not run on this backend yet.
+  /// (backend/host/host.hpp).
   index_t aux_loss_normalizer = 0;
   moe::Tally* moe_tally = nullptr;
+
+  /// The expert-parallel group this rank's mixture-of-experts layers send their tokens round (null:
+  /// none; each layer holds all its experts), moe/expert_group.hpp. A group that takes device memory
+  /// (NCCL's) moves the rows where they are; others through host copies (moe/backend_transfer.hpp).
+  /// Not owned. (No paired group: a device's overlapped pair runs from one thread, so its actions'
+  /// all-to-alls never interleave; pipeline/paired_turns.hpp is the host's.)
+  moe::ExpertGroup* expert_group = nullptr;
 
   /// Float GEMMs on TF32 tensor cores (about 1e-3 relative; 8x the fp32 rate on an H100) or in exact
   /// fp32. From backend::cuda::default_math() when the context is made: TF32 unless the program changed it.
