@@ -14,7 +14,8 @@
 //               --tensor 2 the two ranks split the MLP Megatron's way (column- then row-parallel,
 //               summed over NCCL's tensor group) against the unsplit MLP on the host.
 //   --experts:  one stage, an expert-parallel group of the two ranks (comm/nccl_groups.hpp): an
-//               all-to-all of uneven blocks (one empty) checked value by value, then a mixture-of-
+//               all-to-all of uneven blocks (one empty, offsets above 0) checked value by value, and
+//               host memory refused with its message; then a mixture-of-
 //               experts layer of 4 experts split over the two (backend::Cuda<float>, rows moved by
 //               NCCL in device memory) against the host's whole layer on each rank's rows: output,
 //               input gradient, the router's gradient and each expert's summed over both ranks' rows.
@@ -124,13 +125,15 @@ bool experts(cupipe::comm::NcclCommunicator& comm) {
   moe::ExpertGroup* group = comm.expert_group();
   if (group == nullptr || group->size() != 2 || !group->device_memory()) return false;
   const int me = group->rank();
-  // Rank r sends (r + 1) * q values to rank q (rank 0 sends itself none), each naming r, q and i.
+  // Rank r sends (r + 1)(q + 1) values to rank q, but rank 1 none to rank 0: blocks at offsets
+  // above 0 on both ranks, one empty; each value names r, q and i.
   const auto value = [](int r, int q, std::int64_t i) { return float(r * 1000 + q * 100) + float(i); };
+  const auto count = [](int r, int q) { return r == 1 && q == 0 ? std::int64_t(0) : std::int64_t(r + 1) * (q + 1); };
   std::vector<std::int64_t> send_counts(2), receive_counts(2);
   std::vector<float> out;
   for (int q = 0; q < 2; ++q) {
-    send_counts[std::size_t(q)] = std::int64_t(me + 1) * q;
-    receive_counts[std::size_t(q)] = std::int64_t(q + 1) * me;
+    send_counts[std::size_t(q)] = count(me, q);
+    receive_counts[std::size_t(q)] = count(q, me);
     for (std::int64_t i = 0; i < send_counts[std::size_t(q)]; ++i) out.push_back(value(me, q, i));
   }
   std::vector<std::int64_t> counts_back(2);
@@ -140,6 +143,12 @@ bool experts(cupipe::comm::NcclCommunicator& comm) {
   if (!out.empty()) sent.upload(out);
   group->start_all_to_all(sent.data, send_counts.data(), received.data, receive_counts.data());
   group->finish_all_to_all();
+  try {  // host memory is refused before NCCL sees it (every rank refuses, so none waits)
+    group->start_all_to_all(out.data(), send_counts.data(), received.data, receive_counts.data());
+    ok = false;
+  } catch (const std::exception& e) {
+    ok = ok && std::string(e.what()).find("was given host memory") != std::string::npos;
+  }
   const std::vector<float> in = received.download();
   std::size_t at = 0;
   for (int q = 0; q < 2; ++q)

@@ -649,9 +649,12 @@ using ExpertsPart = MixtureOfExperts<16, 64, 16, moe::Routing{4, 2, 1.25}, 2>;
 
 TEST_CASE("a mixture-of-experts layer with expert parallelism on CUDA: two ranks on threads equal the host's whole layer",
           "[gpu][cuda][moe][experts]") {
-  // Two contexts on one device, each a rank of a local expert group of host memory, so that the
-  // all-to-alls stage through the host (moe/backend_transfer.hpp) and the rows are reordered on the
-  // device; against the host's whole layer on each rank's rows (fp32 GEMMs: the same choices).
+  // Two contexts on one device, each a rank of a local expert group: of host memory, so that the
+  // all-to-alls stage through the host (moe/backend_transfer.hpp), or of device memory (cudaMemcpy,
+  // as NCCL's group takes the rows where they are); the rows are reordered on the device. Against
+  // the host's whole layer on each rank's rows (fp32 GEMMs: the same choices).
+  const bool device_group = GENERATE(false, true);
+  CAPTURE(device_group);
   constexpr index_t C = 16, T = 16;
   using Whole = ExpertsWhole;
   using Part = ExpertsPart;
@@ -659,7 +662,9 @@ TEST_CASE("a mixture-of-experts layer with expert parallelism on CUDA: two ranks
   const testing::ExpertReference<Whole, float> ref(C, n, 17);
   const Shape rows{n, C};
 
-  testing::LocalExperts shared(2);
+  testing::LocalExperts shared(2, device_group ? testing::LocalExperts::Copy([](void* to, const void* from, std::size_t bytes) {
+    CUPIPE_CHECK_CUDA(cudaMemcpy(to, from, bytes, cudaMemcpyDefault));
+  }) : testing::LocalExperts::Copy{});
   std::array<std::vector<float>, 2> y, dx, g;
   std::array<moe::Tally, 2> tallies;
   testing::on_threads(2, [&](int rank) {

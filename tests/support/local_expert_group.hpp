@@ -3,8 +3,10 @@
 // LocalExpertGroup: an expert-parallel group (moe::ExpertGroup) of threads in one process, for tests
 // that run a mixture-of-experts layer's ranks side by side without MPI: each thread holds one
 // group member, and the members meet at a barrier (every wait under a deadline, never spinning).
-// Host memory only, one group (holders() 1). The sums add the ranks' values in rank order, as
-// MPI_Allreduce on two ranks does; the all-to-all moves its data when the ranks finish it.
+// One group (holders() 1). The sums add the ranks' values (host memory) in rank order, as
+// MPI_Allreduce on two ranks does; the all-to-all moves its data when the ranks finish it, with
+// std::memcpy, or with a given copy for device memory (then device_memory() is true, as NCCL's
+// group: the CUDA tests pass cudaMemcpy, so a device backend's layers hand it their rows as they are).
 // expert_part: a rank's parameters from the whole layer's. ExpertReference: the host's whole layer
 // on two ranks' rows, the oracle of the CUDA and NCCL checks. on_threads: a rank per thread.
 #pragma once
@@ -15,6 +17,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -35,10 +38,19 @@ namespace cupipe::testing {
 /// What the members of one group share: a barrier and each member's buffers at the current call.
 class LocalExperts {
  public:
-  explicit LocalExperts(int size, std::chrono::seconds deadline = std::chrono::seconds(60))
+  /// Copies `bytes` from `from` to `to` (the all-to-all's data).
+  using Copy = std::function<void(void* to, const void* from, std::size_t bytes)>;
+  /// `copy`: how the all-to-all moves its data (empty: host memory, std::memcpy).
+  explicit LocalExperts(int size, Copy copy = {}, std::chrono::seconds deadline = std::chrono::seconds(120))
       : send_(std::size_t(size)), receive_(std::size_t(size)), send_counts_(std::size_t(size)),
-        receive_counts_(std::size_t(size)), size_(size), deadline_(deadline) {}
+        receive_counts_(std::size_t(size)), copy_(std::move(copy)), size_(size), deadline_(deadline) {}
   int size() const { return size_; }
+  bool device_memory() const { return bool(copy_); }
+  void copy(void* to, const void* from, std::size_t bytes) const {
+    if (bytes == 0) return;
+    if (copy_) copy_(to, from, bytes);
+    else std::memcpy(to, from, bytes);
+  }
 
   /// Waits until every member arrived; throws past the deadline (a member that failed never comes).
   void barrier(const char* what) {
@@ -60,6 +72,7 @@ class LocalExperts {
   std::vector<const std::int64_t*> send_counts_, receive_counts_;
 
  private:
+  Copy copy_;
   int size_;
   std::chrono::seconds deadline_;
   std::mutex mutex_;
@@ -75,6 +88,7 @@ class LocalExpertGroup final : public moe::ExpertGroup {
   int rank() const override { return rank_; }
   int holders() const override { return 1; }
   const char* name() const override { return "a local expert group"; }
+  bool device_memory() const override { return shared_.device_memory(); }
   void sum(float* data, std::size_t n) override { sum_in_rank_order(data, n); }
   void sum(double* data, std::size_t n) override { sum_in_rank_order(data, n); }
   void sum_over_holders(float*, std::size_t) override {}
@@ -118,7 +132,7 @@ class LocalExpertGroup final : public moe::ExpertGroup {
         CUPIPE_REQUIRE(theirs[rank_] == receive_counts_[std::size_t(q)], "a local expert group: rank ", q, " sends ",
                        theirs[rank_], " values to rank ", rank_, ", which expects ", receive_counts_[std::size_t(q)]);
         const T* from = static_cast<const T*>(shared_.send_[std::size_t(q)]) + offset;
-        std::copy_n(from, theirs[rank_], receive + at);
+        shared_.copy(receive + at, from, std::size_t(theirs[rank_]) * sizeof(T));
         at += theirs[rank_];
       }
       shared_.barrier("all-to-all, read");

@@ -125,7 +125,9 @@ class NcclCommunicator final : public Communicator {
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
-  ~NcclCommunicator() override { destroy(!pending_.empty() || aborted_ || sums_started_); }
+  ~NcclCommunicator() override {
+    destroy(!pending_.empty() || aborted_ || sums_started_ || (experts_ && experts_->open()));
+  }
 
 #if defined(CUPIPE_HAS_MPI)
   /// Every rank of `comm` calls this: rank 0 makes the world's unique id and MPI broadcasts it.

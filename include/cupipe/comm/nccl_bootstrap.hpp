@@ -94,9 +94,6 @@ inline IdExchange file_id_exchange(const std::filesystem::path& base, double tim
   };
 }
 
-/// A communicator of `world`'s ranks with the same `color` (ordered by `key`); a negative color
-/// leaves this rank out (it gets null). Collective over the world: every rank makes every split,
-/// in the same order. `exchange` is used only where NCCL cannot split communicators.
 /// What a launcher without MPI gives every rank (NcclCommunicator::from_environment): its rank and
 /// the world's size from RANK and WORLD_SIZE, and the world's unique id through the file named by
 /// CUPIPE_NCCL_ID_FILE (rank 0 writes it; the others wait up to CUPIPE_NCCL_ID_TIMEOUT seconds,
@@ -122,6 +119,9 @@ inline EnvironmentLaunch environment_launch() {
   return out;
 }
 
+/// A communicator of `world`'s ranks with the same `color` (ordered by `key`); a negative color
+/// leaves this rank out (it gets null). Collective over the world: every rank makes every split,
+/// in the same order. `exchange` is used only where NCCL cannot split communicators.
 inline ncclComm_t split_group(ncclComm_t world, const IdExchange& exchange, const std::string& name, int color, int key,
                               int size) {
   ncclComm_t out = nullptr;

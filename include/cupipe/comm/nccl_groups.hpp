@@ -15,7 +15,9 @@
 //   this stream does not see that context's queue). start_all_to_all returns once it is enqueued, so
 //   the rank computes while it runs; finish_all_to_all waits for its event on the host, under the
 //   collective timeout, polling NCCL's asynchronous errors: no stream ever waits on an NCCL kernel
-//   (comm/nccl.hpp's rule), and a dead peer fails the wait, aborting the communicators.
+//   (comm/nccl.hpp's rule), and a dead peer fails the wait, aborting the communicators. Like every
+//   collective's, that wait does not stop early on Communicator::interrupt_waits. It refuses host
+//   memory, naming it (NCCL would fault on it).
 // - The counts (a few int64 per peer, in host memory) travel the same way through a small device
 //   buffer and pinned host memory, and are waited for at once.
 // - The sums (the experts' gradients over their holders, the split tensors' norms and values over
@@ -38,6 +40,7 @@
 #include "cupipe/backend/cuda/device_guard.cuh"
 #include "cupipe/backend/cuda/stream.cuh"
 #include "cupipe/comm/nccl_check.hpp"
+#include "cupipe/comm/nccl_pinned.hpp"
 #include "cupipe/comm/topology.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/tensor_group.hpp"
@@ -94,14 +97,14 @@ class NcclExpertGroup final : public moe::ExpertGroup {
   const char* name() const override { return name_.c_str(); }
   bool device_memory() const override { return true; }
 
-  void sum(float* data, std::size_t n) override { owner_.allreduce(data, n, ncclFloat32, false); }
-  void sum(double* data, std::size_t n) override { owner_.allreduce(data, n, ncclFloat64, false); }
-  void sum_over_holders(float* data, std::size_t n) override {
-    if (holders_size_ > 1) owner_.allreduce(data, n, ncclFloat32, true);
-  }
-  void sum_over_holders(double* data, std::size_t n) override {
-    if (holders_size_ > 1) owner_.allreduce(data, n, ncclFloat64, true);
-  }
+  // The sums run on the communicator's collective stream: never while an all-to-all is in flight
+  // on this group's (two communicators' kernels at once can wait on each other).
+  void sum(float* data, std::size_t n) override { summed(data, n, ncclFloat32, false); }
+  void sum(double* data, std::size_t n) override { summed(data, n, ncclFloat64, false); }
+  void sum_over_holders(float* data, std::size_t n) override { summed(data, n, ncclFloat32, true); }
+  void sum_over_holders(double* data, std::size_t n) override { summed(data, n, ncclFloat64, true); }
+  /// Whether an all-to-all was started and not finished.
+  bool open() const { return open_; }
 
   void exchange_counts(const std::int64_t* send, std::int64_t* receive, std::size_t per_rank) override {
     CUPIPE_REQUIRE(!open_, "the counts' exchange over ", name_, ": an all-to-all is still open");
@@ -112,12 +115,12 @@ class NcclExpertGroup final : public moe::ExpertGroup {
     std::memcpy(pinned_, send, bytes);
     CUPIPE_CHECK_CUDA(cudaMemcpyAsync(device, pinned_, bytes, cudaMemcpyHostToDevice, stream_));
     ncclComm_t comm = owner_.comm(false);
-    CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
-    for (int q = 0; q < size_; ++q) {
-      CUPIPE_COMM_CHECK_NCCL(ncclSend(device + per_rank * std::size_t(q), per_rank, ncclInt64, q, comm, stream_));
-      CUPIPE_COMM_CHECK_NCCL(ncclRecv(device + values + per_rank * std::size_t(q), per_rank, ncclInt64, q, comm, stream_));
-    }
-    CUPIPE_COMM_CHECK_NCCL(ncclGroupEnd());
+    grouped([&] {
+      for (int q = 0; q < size_; ++q) {
+        CUPIPE_COMM_CHECK_NCCL(ncclSend(device + per_rank * std::size_t(q), per_rank, ncclInt64, q, comm, stream_));
+        CUPIPE_COMM_CHECK_NCCL(ncclRecv(device + values + per_rank * std::size_t(q), per_rank, ncclInt64, q, comm, stream_));
+      }
+    });
     CUPIPE_CHECK_CUDA(cudaMemcpyAsync(pinned_, device + values, bytes, cudaMemcpyDeviceToHost, stream_));
     done_.record(stream_);
     owner_.wait(done_, "the counts' exchange before an all-to-all over " + name_);
@@ -134,7 +137,10 @@ class NcclExpertGroup final : public moe::ExpertGroup {
   }
   /// NCCL connects a group's peers at their first transfer: one count per pair here (the all-to-alls'
   /// point-to-point connections), and a sum over the holders, while every rank makes its communicator.
+  /// The counts' buffers are made here too, large enough for any layer's exchange (cudaFree inside a
+  /// step would wait for the whole device, pipeline sends included).
   void connect() {
+    reserve(counts_bytes);
     std::vector<std::int64_t> send(std::size_t(size_), rank_), receive(send.size());
     exchange_counts(send.data(), receive.data(), 1);
     double one = 1;
@@ -149,28 +155,58 @@ class NcclExpertGroup final : public moe::ExpertGroup {
   }
 
  private:
-  /// Values a peer's block holds, in elements of `type`.
+  /// Bytes of the counts' device and pinned buffers made by connect(): a layer's exchange needs
+  /// 2 x ranks x (4 + experts / ranks) int64 values, 4.6 KiB for 256 experts over 8 ranks.
+  static constexpr std::size_t counts_bytes = std::size_t(64) << 10;
+
   template <class T>
   void start(const T* send, const std::int64_t* send_counts, T* receive, const std::int64_t* receive_counts,
              ncclDataType_t type) {
     CUPIPE_REQUIRE(!open_, "an all-to-all over ", name_, ": the previous one is still open (finish it first)");
-    const backend::cuda::DeviceGuard guard(owner_.device);
-    ncclComm_t comm = owner_.comm(false);
-    std::int64_t sent = 0, received = 0;
-    CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
+    std::int64_t sending = 0, receiving = 0;
     for (int q = 0; q < size_; ++q) {
       CUPIPE_REQUIRE(send_counts[q] >= 0 && receive_counts[q] >= 0, "an all-to-all over ", name_,
                      ": negative counts for rank ", q);
-      if (send_counts[q] > 0)
-        CUPIPE_COMM_CHECK_NCCL(ncclSend(send + sent, std::size_t(send_counts[q]), type, q, comm, stream_));
-      if (receive_counts[q] > 0)
-        CUPIPE_COMM_CHECK_NCCL(ncclRecv(receive + received, std::size_t(receive_counts[q]), type, q, comm, stream_));
-      sent += send_counts[q];
-      received += receive_counts[q];
+      sending += send_counts[q];
+      receiving += receive_counts[q];
     }
-    CUPIPE_COMM_CHECK_NCCL(ncclGroupEnd());
+    const backend::cuda::DeviceGuard guard(owner_.device);
+    CUPIPE_REQUIRE((sending == 0 || detail::on_device(send)) && (receiving == 0 || detail::on_device(receive)),
+                   "an all-to-all over ", name_, " moves device memory, but was given host memory (a device backend's "
+                   "layers hand it their rows; host buffers go through a group of host memory, such as MPI's)");
+    ncclComm_t comm = owner_.comm(false);
+    grouped([&] {
+      std::int64_t sent = 0, received = 0;
+      for (int q = 0; q < size_; ++q) {
+        if (send_counts[q] > 0)
+          CUPIPE_COMM_CHECK_NCCL(ncclSend(send + sent, std::size_t(send_counts[q]), type, q, comm, stream_));
+        if (receive_counts[q] > 0)
+          CUPIPE_COMM_CHECK_NCCL(ncclRecv(receive + received, std::size_t(receive_counts[q]), type, q, comm, stream_));
+        sent += send_counts[q];
+        received += receive_counts[q];
+      }
+    });
     done_.record(stream_);
     open_ = true;
+  }
+
+  /// `calls` (NCCL point-to-point calls) between ncclGroupStart and ncclGroupEnd; the group is ended
+  /// even when a call fails, so that it does not swallow this thread's later NCCL calls.
+  template <class Calls>
+  static void grouped(Calls&& calls) {
+    CUPIPE_COMM_CHECK_NCCL(ncclGroupStart());
+    try {
+      calls();
+    } catch (...) {
+      (void)ncclGroupEnd();
+      throw;
+    }
+    CUPIPE_COMM_CHECK_NCCL(ncclGroupEnd());
+  }
+
+  void summed(void* data, std::size_t n, ncclDataType_t type, bool holders) {
+    CUPIPE_REQUIRE(!open_, "a sum over ", holders ? "the holders of " : "", name_, ": an all-to-all is still open");
+    if (!holders || holders_size_ > 1) owner_.allreduce(data, n, type, holders);
   }
 
   /// At least `bytes` of device memory and as many of pinned host memory for the counts.
