@@ -126,14 +126,15 @@ class Launcher {
   }
 
   /// Forms the launch's communicator as `stages` x replicas x `tp`, the replicas in context-parallel
-  /// rings of `cp` (again for --plan auto, once it has chosen a tensor-parallel degree and a ring);
-  /// collective. Nothing when MPI is not up.
-  void reshape(int stages, int tp, int cp) {
+  /// rings of `cp` or expert-parallel groups of `ep` (0: the launch's) (again for --plan auto, once
+  /// it has chosen a tensor-parallel degree, a ring or a group); collective. Nothing when MPI is not up.
+  void reshape(int stages, int tp, int cp, int ep = 0) {
     if (!mpi_up()) return;
 #if CUPIPE_HAS_MPI
     cp_ = cp;
+    if (ep > 0) ep_ = ep;
 #else
-    (void)cp;
+    (void)cp, (void)ep;
 #endif
     launch_.communicator.reset();  // its progress thread and MPI communicator end first, on every rank
     launch_.communicator = communicator(stages, tp);

@@ -10,8 +10,12 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <optional>
 #include <type_traits>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli_checks.hpp"
@@ -58,8 +62,8 @@ void take_layout(gpt_trainer::Flags& f, const planner::Layout& best) {
 /// ones at 1 or 2 stages and DualPipeV at 2 (1F1B and DualPipeV with --ep above 1). The report
 /// gives the all-to-all time exposed with and without DualPipeV's pairs.
 template <gpt::Config config>
-planner::Layout plan_experts(gpt_trainer::Flags& f, ConstView<std::int32_t> batch, index_t sequences,
-                             comm::Communicator* comm) {
+planner::Layout plan_experts_in_groups(gpt_trainer::Flags& f, ConstView<std::int32_t> batch, index_t sequences,
+                                       comm::Communicator* comm, std::optional<planner::CostModel>& profiled) {
   using Model = gpt::Model<config>;
   // The all-to-all over the --ep group, alone and inside a step of this rank's share of the model
   // (each exchange waiting for the group's slowest rank, as in training): the planner prices the second.
@@ -78,9 +82,11 @@ planner::Layout plan_experts(gpt_trainer::Flags& f, ConstView<std::int32_t> batc
                   f.ep, alone.latency * 1e6, alone.bytes_per_second / 1e9, exchange.latency * 1e6,
                   exchange.bytes_per_second / 1e9);
   }
-  const auto calibrate = [&] {
-    planner::CostModel model = planner::calibrate<Model, backend::Host<T>>(
-        batch, 3, config.context, cupipe::examples::profiled_microbatch_counts(sequences));
+  const auto calibrate = [&] {  // every expert in one process: profiled once for every group size
+    if (!profiled)
+      profiled = planner::calibrate<Model, backend::Host<T>>(batch, 3, config.context,
+                                                             cupipe::examples::profiled_microbatch_counts(sequences));
+    planner::CostModel model = *profiled;
     if (f.ep == 2) model = planner::sized_as<typename gpt::ExpertParallelModel<config, 2>::body>(std::move(model));
     if (f.ep == 4) model = planner::sized_as<typename gpt::ExpertParallelModel<config, 4>::body>(std::move(model));
     model.expert_ranks = f.ep;
@@ -105,6 +111,43 @@ planner::Layout plan_experts(gpt_trainer::Flags& f, ConstView<std::int32_t> batc
   // refuses ZeRO beside expert groups (and the planner does not propose it).
   const std::vector<int> zero_stages = f.zero_given ? std::vector<int>{f.zero} : std::vector<int>{0, 1, 2, 3};
   return cupipe::examples::plan_auto(comm, calibrate, f.workers, f.batch, {1, 2}, split, schedules, ranks, zero_stages);
+}
+
+/// plan_experts_in_groups for --ep, or with --plan-ep for each group size named (the launch's
+/// communicator re-formed in groups of it, the all-to-all timed inside a step over them): the
+/// fastest predicted plan sets f.ep, and the communicator is left in its groups.
+template <gpt::Config config>
+planner::Layout plan_experts(gpt_trainer::Flags& f, ConstView<std::int32_t> batch, index_t sequences, Launcher* launcher) {
+  std::optional<planner::CostModel> profiled;
+  const auto comm = [&] { return launcher ? launcher->launch().communicator.get() : nullptr; };
+  if (!f.plan_ep_given) return plan_experts_in_groups<config>(f, batch, sequences, comm(), profiled);
+  CUPIPE_REQUIRE(comm() != nullptr, "--plan-ep: expert-parallel groups are processes; run under mpirun or srun");
+  const int stages = comm()->topology().stages;
+  std::vector<std::pair<int, planner::Layout>> tried;
+  for (const int group : f.plan_ep) {
+    if (group != comm()->topology().experts) launcher->reshape(stages, 1, 1, group);
+    f.ep = group;
+    tried.emplace_back(group, plan_experts_in_groups<config>(f, batch, sequences, comm(), profiled));
+  }
+  const auto best = std::min_element(tried.begin(), tried.end(),
+                                     [](const auto& a, const auto& b) { return a.second.step_seconds < b.second.step_seconds; });
+  if (comm()->topology().rank == 0) {
+    std::printf("--plan-ep:");
+    for (const auto& [group, layout] : tried)
+      std::printf(" expert groups of %d: %s p=%d m=%d, step %.2f ms predicted (all-to-all exposed %.3f ms);", group,
+                  layout.schedule.c_str(), layout.stages, layout.microbatches, layout.step_seconds * 1e3,
+                  layout.exposed_all_to_all_seconds * 1e3);
+    std::printf(" chosen: --ep %d\n", best->first);
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    if (best->first > 1 && planner::processes_on_this_node() > int(cores))
+      std::printf("caveat: %d processes share %u cores here, and an exchange inside a step also waits for its partner "
+                  "rank's turn on a core, which the price leaves out: on the 2-core VM groups of 2 measured slower than "
+                  "groups of 1 (docs/benchmarks.md, 2026-12-06 afternoon)\n",
+                  planner::processes_on_this_node(), cores);
+  }
+  f.ep = best->first;
+  if (f.ep != comm()->topology().experts) launcher->reshape(stages, 1, 1, f.ep);
+  return best->second;
 }
 
 /// --plan auto: calibrates the planner's cost model on the first batch of training sequences here
@@ -132,8 +175,8 @@ void plan_layout(gpt_trainer::Flags& f, const std::vector<std::int32_t>& tokens,
     if (f.plan_tensor_given || f.plan_context_given)
       CUPIPE_THROW(f.plan_tensor_given ? "--plan-tensor" : "--plan-context", ": this trainer's mixtures of experts run "
                    "without tensor or context parallelism; leave it out with --experts");
-    take_layout(f, moe_preset(f) == 1 ? plan_experts<moe_top1>(f, batch, sequences, comm)
-                                      : plan_experts<moe_top2>(f, batch, sequences, comm));
+    take_layout(f, moe_preset(f) == 1 ? plan_experts<moe_top1>(f, batch, sequences, launcher)
+                                      : plan_experts<moe_top2>(f, batch, sequences, launcher));
     return;
   }
   const bool bf16 = f.precision == "bf16";
@@ -274,7 +317,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber)
       ->needs(experts);
-  app.add_option("--ep", f.ep,
+  CLI::Option* ep = app.add_option("--ep", f.ep,
                  "with --experts, expert-parallel ranks per group: N of the --dp replicas of a stage share every MoE "
                  "block's experts (each holds experts / N), tokens travel to their expert's rank and back by "
                  "all-to-all; 2 or 4, dividing --dp, with --schedule 1f1b or dualpipev")
@@ -324,6 +367,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2, 4}))
       ->needs(plan);
+  auto* plan_ep = app.add_option("--plan-ep", f.plan_ep,
+                 "with --plan auto --experts under mpirun: the expert-parallel group sizes to weigh (of 1,2,4; each "
+                 "dividing --dp); each one's all-to-all is timed inside a step and the fastest predicted plan sets --ep")
+      ->delimiter(',')
+      ->check(CLI::IsMember({1, 2, 4}))
+      ->needs(plan)
+      ->needs(experts)
+      ->excludes(ep);
   for (const char* name : {"--schedule", "--stages", "--microbatches"}) plan->excludes(app.get_option(name));
   app.add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   app.add_option("--trace", f.trace, "write a Chrome trace (measured vs simulated) of the last step here");
@@ -375,6 +426,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   f.plan_tensor_given = plan_tensor->count() > 0;
   f.plan_context_given = plan_context->count() > 0;
+  f.plan_ep_given = plan_ep->count() > 0;
   f.zero_given = app.count("--zero") > 0;
 
   Launcher launcher;  // outside the try: the catch ends every rank through it
@@ -414,6 +466,12 @@ int main(int argc, char** argv) {
     }
     if (f.experts > 0) {
       if (const std::string why = moe_presets_refusal(f); !why.empty()) CUPIPE_THROW(why);
+      for (const int group : f.plan_ep_given ? f.plan_ep : std::vector<int>{})
+        if (f.dp % group != 0)
+          CUPIPE_THROW("--plan-ep ", group, ": an expert-parallel group is a share of the --dp ", f.dp,
+                       " replicas, so its size must divide it");
+        else if (group > 1 && f.zero > 0)
+          CUPIPE_THROW("--plan-ep ", group, ": expert groups run without --zero (", f.zero, " was given)");
       if (f.backend != "host" || f.precision != "fp32" || f.preset != "tiny" || f.tp > 1 || f.cp > 1)
         CUPIPE_THROW("--experts trains the tiny preset on the host backend in fp32, without --tp and --cp (",
                      f.backend != "host" ? "--backend " + f.backend : f.precision != "fp32" ? "--precision " + f.precision
