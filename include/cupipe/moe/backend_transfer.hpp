@@ -27,27 +27,21 @@ class BackendTransfer {
   BackendTransfer(const BackendTransfer&) = delete;
   BackendTransfer& operator=(const BackendTransfer&) = delete;
 
-  /// Whether the group moves this backend's memory itself (no staging through the host).
-  bool direct() const { return host_accessible<typename B::space> || group_.device_memory(); }
-
   /// Starts the all-to-all of `send` (send_counts[q] values for each rank q, in rank order, in the
   /// backend's memory) into `receive` (receive_counts[q] from each rank q): see moe::Transfer.
   void start(const T* send, const std::vector<std::int64_t>& send_counts, T* receive,
              const std::vector<std::int64_t>& receive_counts) {
-    if constexpr (host_accessible<typename B::space>) {
-      transfer_.start(send, send_counts, receive, receive_counts);
-    } else {
-      if (direct()) {
-        be_.synchronize();  // the group's streams do not wait for this context's
-        transfer_.start(send, send_counts, receive, receive_counts);
-        return;
+    if constexpr (!host_accessible<typename B::space>) {
+      if (!group_.device_memory()) {  // a host group: staged
+        send_.resize(std::size_t(total(send_counts)));
+        receive_.resize(std::size_t(total(receive_counts)));
+        be_.download(send, std::span<T>(send_));
+        device_receive_ = receive;
+        return transfer_.start(send_.data(), send_counts, receive_.data(), receive_counts);
       }
-      send_.resize(std::size_t(total(send_counts)));
-      receive_.resize(std::size_t(total(receive_counts)));
-      be_.download(send, std::span<T>(send_));
-      device_receive_ = receive;
-      transfer_.start(send_.data(), send_counts, receive_.data(), receive_counts);
+      be_.synchronize();  // the group's streams do not wait for this context's
     }
+    transfer_.start(send, send_counts, receive, receive_counts);
   }
   /// Waits for the all-to-all (moe::Transfer::finish); a staged one's rows then go to the device.
   void finish() {
