@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// core/: errors, shapes, views and buffers, memory accounting, dtypes and the RNG.
+// core/: errors, shapes, views and buffers, memory accounting, dtypes, the RNG and the CPUs a thread runs on.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "cupipe/backend/staging.hpp"
 #include "cupipe/comm/topology.hpp"
 #include "cupipe/core/core.hpp"
+#include "cupipe/core/cpus.hpp"
 
 using namespace cupipe;
 using Catch::Contains;
@@ -638,4 +640,36 @@ TEST_CASE("Topology: a context-parallel ring is consecutive replicas of one stag
   CHECK(t.describe().find("world 8 = 2 stage(s) x 2 data-parallel replica(s) x 2 context-parallel rank(s)") != std::string::npos);
   CHECK_THROWS_WITH(comm::Topology::make(6, 0, 2, 1, comm::RankOrder::stages_outermost, 2),
                     Contains("a stage's 3 replica(s) cannot form rings of 2 context-parallel ranks"));
+}
+
+TEST_CASE("cpus: shares deal the CPUs in order, sizes differing by at most one", "[core][cpus]") {
+  using V = std::vector<std::vector<int>>;
+  CHECK(core::cpus::shares({0, 1, 2, 3, 4}, 2) == V{{0, 1}, {2, 3, 4}});
+  CHECK(core::cpus::shares({4, 7}, 2) == V{{4}, {7}});
+  CHECK(core::cpus::shares({0, 1, 2}, 1) == V{{0, 1, 2}});
+  CHECK(core::cpus::shares({0}, 2).empty());  // fewer CPUs than shares
+  CHECK(core::cpus::shares({0, 1}, 0).empty());
+}
+
+TEST_CASE("cpus: a thread bound to one CPU widens to the machine, then takes its share", "[core][cpus]") {
+  const std::vector<int> cpus = core::cpus::allowed();
+  REQUIRE(!cpus.empty());  // Linux says
+  std::vector<int> bound, widened, second;
+  std::thread([&] {
+    if (!core::cpus::pin(pthread_self(), {cpus.back()})) return;
+    bound = core::cpus::allowed();
+    widened = core::cpus::widen_to_machine();
+    (void)core::cpus::pin(pthread_self(), {cpus.back()});
+    second = core::cpus::spread_over_machine(1, 2);
+    if (second != core::cpus::allowed()) second = {-1};  // what it says is what the OS has
+  }).join();
+  if (bound.empty()) {
+    WARN("the OS refused to bind a thread: nothing to check");
+    return;
+  }
+  CHECK(bound == std::vector<int>{cpus.back()});
+  CHECK(widened.size() >= cpus.size());  // this process's CPUs, at least: none were lost
+  for (const int c : cpus) CHECK(std::find(widened.begin(), widened.end(), c) != widened.end());
+  if (widened.size() >= 2) CHECK(second == core::cpus::shares(widened, 2)[1]);
+  else CHECK(second == widened);  // one CPU: the thread runs on it
 }

@@ -7,8 +7,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "cupipe/core/cpus.hpp"
 #include "cupipe/gpt/model.hpp"
 #include "cupipe/pipeline/memory_plan.hpp"
 #include "cupipe/planner/calibrate.hpp"
@@ -437,6 +441,47 @@ TEST_CASE("contention: one factor per worker count, 1 for a worker alone, never 
   CHECK(std::isfinite(f[2]));
   CHECK(planner::contention<Mlp, Host>(x, 1, 1) == std::vector<double>{1.0});
   CHECK_THROWS_WITH((planner::contention<Mlp, Host>(x, 0, 1)), Catch::Contains("at least 1 worker"));
+}
+
+TEST_CASE("contention: threads that stand for a launcher's processes leave the caller's core, a process's workers keep it",
+          "[planner]") {
+  // On a thread of its own, bound to one CPU as Open MPI binds a rank it starts two or fewer of.
+  std::vector<std::vector<int>> spread(2), kept(2);
+  std::vector<int> caller;
+  std::thread([&] {
+    const std::vector<int> cpus = core::cpus::allowed();
+    if (cpus.size() < 2 || !core::cpus::pin(pthread_self(), {cpus[0]})) return;
+    caller = core::cpus::allowed();
+    (void)planner::detail::at_once(2, true, [&](int i) {
+      spread[std::size_t(i)] = core::cpus::allowed();
+      return 0.0;
+    });
+    (void)planner::detail::at_once(2, false, [&](int i) {
+      kept[std::size_t(i)] = core::cpus::allowed();
+      return 0.0;
+    });
+  }).join();
+  if (caller.empty()) {
+    WARN("fewer than 2 CPUs allowed to this test, or the OS refused to bind a thread: nothing to check");
+    return;
+  }
+  REQUIRE(caller.size() == 1);
+  CHECK(kept[0] == caller);
+  CHECK(kept[1] == caller);
+  // Each on its own share: disjoint, and together more than the caller's one core.
+  REQUIRE(!spread[0].empty());
+  REQUIRE(!spread[1].empty());
+  for (const int c : spread[0]) CHECK(std::find(spread[1].begin(), spread[1].end(), c) == spread[1].end());
+  CHECK((spread[0] != caller || spread[1] != caller));
+  // The results come back in the threads' order, and a failure after every thread joined.
+  const std::vector<double> order = planner::detail::at_once(3, true, [](int i) { return double(i); });
+  CHECK(order == std::vector<double>{0.0, 1.0, 2.0});
+  CHECK_THROWS_WITH(planner::detail::at_once(2, false,
+                                             [](int i) -> double {
+                                               if (i == 1) throw std::runtime_error("thread 1 failed");
+                                               return 0.0;
+                                             }),
+                    Catch::Contains("thread 1 failed"));
 }
 
 TEST_CASE("processes_on_this_node reads what the launchers set", "[planner]") {

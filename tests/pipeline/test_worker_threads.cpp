@@ -4,6 +4,8 @@
 // once the pool is, and threads pinned each to its own share of the CPUs where asked.
 #include "cupipe/pipeline/worker_threads.hpp"
 
+#include "cupipe/core/cpus.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -76,30 +78,16 @@ TEST_CASE("worker threads: a job's exception reaches the caller after every work
 }  // namespace
 
 #if defined(__linux__)
-namespace {
-/// The CPUs the calling thread may run on; empty where the OS does not say. No Catch assertion:
-/// worker threads call it, and Catch's assertions are not thread-safe.
-std::vector<int> my_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return {};
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  return cpus;
-}
-}  // namespace
-
 TEST_CASE("worker threads: pinned ones each run on a share of the CPUs of their own, unpinned ones on any",
           "[pipeline][threads]") {
-  const std::vector<int> allowed = my_cpus();
+  const std::vector<int> allowed = cupipe::core::cpus::allowed();
   REQUIRE_FALSE(allowed.empty());
   auto idle = [](int) {};
   for (const std::size_t count : {std::size_t(2), std::size_t(3)}) {
     std::vector<int> workers(count);
     for (std::size_t i = 0; i < count; ++i) workers[i] = int(i);
     std::vector<std::vector<int>> seen(count);
-    auto job = [&](int w) { seen[std::size_t(w)] = my_cpus(); };
+    auto job = [&](int w) { seen[std::size_t(w)] = cupipe::core::cpus::allowed(); };
     {
       WorkerThreads loose(workers);
       loose.run(job);
@@ -131,7 +119,7 @@ TEST_CASE("worker threads: pinned ones each run on a share of the CPUs of their 
     if (allowed.size() == count)
       for (std::size_t i = 0; i < count; ++i) CHECK(seen[i] == std::vector<int>{allowed[i]});
     // The caller's thread (which runs a flush update) stays free.
-    CHECK(my_cpus() == allowed);
+    CHECK(cupipe::core::cpus::allowed() == allowed);
   }
   // One worker is never pinned.
   WorkerThreads one({3}, true);

@@ -25,11 +25,8 @@
 #include <vector>
 
 #include <unistd.h>
-#if defined(__linux__)
-#include <pthread.h>
-#include <sched.h>
-#endif
 
+#include "cupipe/core/cpus.hpp"
 #include "cupipe/core/error.hpp"
 
 namespace cupipe::pipeline {
@@ -96,26 +93,15 @@ class WorkerThreads {
   /// most one. A worker's BLAS threads inherit its share.
   void pin_threads() {
 #if defined(__linux__)
-    cpu_set_t allowed;
-    CPU_ZERO(&allowed);
-    if (threads_.size() < 2 || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-    const std::size_t n = threads_.size();
-    if (cpus.size() < n) return;
-    std::vector<std::vector<int>> shares(n);
-    for (std::size_t i = 0; i < n; ++i)
-      shares[i].assign(cpus.begin() + std::ptrdiff_t(i * cpus.size() / n), cpus.begin() + std::ptrdiff_t((i + 1) * cpus.size() / n));
-    for (std::size_t i = 0; i < n; ++i) {
-      cpu_set_t share;
-      CPU_ZERO(&share);
-      for (const int c : shares[i]) CPU_SET(c, &share);
-      if (pthread_setaffinity_np(threads_[i].native_handle(), sizeof share, &share) != 0) {
-        for (std::size_t j = 0; j < i; ++j) pthread_setaffinity_np(threads_[j].native_handle(), sizeof allowed, &allowed);
+    if (threads_.size() < 2) return;
+    const std::vector<int> allowed = core::cpus::allowed();
+    std::vector<std::vector<int>> shares = core::cpus::shares(allowed, threads_.size());
+    if (shares.empty()) return;
+    for (std::size_t i = 0; i < threads_.size(); ++i)
+      if (!core::cpus::pin(threads_[i].native_handle(), shares[i])) {
+        for (std::size_t j = 0; j < i; ++j) core::cpus::pin(threads_[j].native_handle(), allowed);
         return;
       }
-    }
     pinned_ = std::move(shares);
 #endif
   }

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "cupipe/core/cpus.hpp"
 #include "cupipe/core/rng.hpp"
 #include "cupipe/layers/linear.hpp"
 #include "cupipe/layers/network.hpp"
@@ -381,17 +382,57 @@ inline int processes_on_this_node() {
   return 0;
 }
 
-/// Measured slowdown when `workers` workers compute at once on this machine (CostModel::contention;
-/// threads of one process stand for the processes of a node too): entry n - 1, for n = 2 ...
-/// workers, is the wall time each of n threads takes to profile Model's layers on `x` (each its own
-/// context, all started together) over the wall time one thread takes alone, the fastest of three
-/// rounds that alternate the two for each (never below 1); entry 0 is 1. Workers on cores of
-/// their own still share caches and memory bandwidth, which a profile taken alone does not see;
-/// workers beyond the cores take turns on them. A device backend's workers each have their own
-/// device, and host threads of one process share nothing it times: empty there.
+namespace detail {
+/// Calls work(i) on `n` threads released together and returns each one's result, in order; the
+/// first failure is rethrown once every thread has joined. `processes`: the threads stand for the
+/// processes of this node, each on its own share of the machine's CPUs
+/// (core::cpus::spread_over_machine), not on the CPUs of the calling thread, which a launcher may
+/// have bound to one core (Open MPI does where it starts two or fewer ranks).
+template <class Work>
+std::vector<double> at_once(int n, bool processes, Work&& work) {
+  std::vector<double> each(static_cast<std::size_t>(n), 0.0);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::latch start(n);
+  std::vector<std::thread> threads;
+  try {
+    for (int i = 0; i < n; ++i)
+      threads.emplace_back([&, i] {
+        try {
+          if (processes) (void)core::cpus::spread_over_machine(std::size_t(i), std::size_t(n));
+        } catch (...) {  // nothing above throws but an allocation: the thread runs where it was
+        }
+        start.arrive_and_wait();
+        try {
+          each[std::size_t(i)] = work(i);
+        } catch (...) {
+          errors[std::size_t(i)] = std::current_exception();
+        }
+      });
+  } catch (...) {  // a thread that did not start: release the ones waiting for it, then report
+    start.count_down(std::ptrdiff_t(n) - std::ptrdiff_t(threads.size()));
+    for (std::thread& t : threads) t.join();
+    throw;
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return each;
+}
+}  // namespace detail
+
+/// Measured slowdown when `workers` workers compute at once on this machine (CostModel::contention):
+/// entry n - 1, for n = 2 ... workers, is the wall time each of n threads takes to profile Model's
+/// layers on `x` (each its own context, all started together) over the wall time one thread takes
+/// alone, the fastest of three rounds that alternate the two for each (never below 1); entry 0 is 1.
+/// Workers on cores of their own still share caches and memory bandwidth, which a profile taken
+/// alone does not see; workers beyond the cores take turns on them. `processes`: the threads stand
+/// for the processes a launcher started on this node, each on its own share of the machine's CPUs
+/// (detail::at_once); otherwise they stand for one process's workers and run on its CPUs. A device
+/// backend's workers each have their own device, and host threads of one process share nothing it
+/// times: empty there.
 template <class Model, class Backend>
 std::vector<double> contention(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int workers,
-                               int repeats = 3) {
+                               int repeats = 3, bool processes = false) {
   using Body = typename Model::body;
   CUPIPE_REQUIRE(workers >= 1, "planner: measure contention for at least 1 worker, got ", workers);
   if constexpr (!host_accessible<typename Backend::space>) {
@@ -406,30 +447,8 @@ std::vector<double> contention(ConstView<model_input_t<typename Model::body, typ
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     const auto together = [&](int n) {
-      std::vector<double> each(static_cast<std::size_t>(n), 0.0);
-      std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-      std::latch start(n);
-      std::vector<std::thread> threads;
-      try {
-        for (int i = 0; i < n; ++i)
-          threads.emplace_back([&, i] {
-            try {
-              start.arrive_and_wait();
-              each[std::size_t(i)] = seconds();
-            } catch (...) {
-              errors[std::size_t(i)] = std::current_exception();
-            }
-          });
-      } catch (...) {  // a thread that did not start: release the ones waiting for it, then report
-        start.count_down(std::ptrdiff_t(n) - std::ptrdiff_t(threads.size()));
-        for (std::thread& t : threads) t.join();
-        throw;
-      }
-      for (std::thread& t : threads) t.join();
-      for (const std::exception_ptr& e : errors)
-        if (e) std::rethrow_exception(e);
       double mean = 0;
-      for (double t : each) mean += t / double(n);
+      for (double t : detail::at_once(n, processes, [&](int) { return seconds(); })) mean += t / double(n);
       return mean;
     };
     std::vector<double> factors{1.0};
@@ -475,8 +494,9 @@ CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backe
   // if more (they time-slice), 2 to 8.
   const index_t quarter = std::max<index_t>(1, x.rows() / rows_per_sample / 4) * rows_per_sample, width = x.numel() / x.rows();
   const int cores = std::clamp(std::max(int(std::thread::hardware_concurrency()), processes_on_this_node()), 2, 8);
+  // Under a launcher the threads stand for its processes, each with cores of its own.
   model.contention = contention<Model, Backend>(ConstView<model_input_t<Body, typename Backend::value_type>>{x.data(), Shape{quarter, width}},
-                                                cores, repeats);
+                                                cores, repeats, processes_on_this_node() > 1);
   // Measured with two microbatches: one microbatch of the whole batch is the one layout whose
   // working set is largest, and on a CPU it runs slower than its layers timed alone.
   model.step_overhead_seconds = step_overhead_seconds<Model, Backend>(x, model, 2);
