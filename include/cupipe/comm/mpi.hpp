@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cupipe/comm/communicator.hpp"
@@ -190,7 +191,7 @@ class MpiCommunicator final : public Communicator {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Irecv(data, count(bytes), MPI_BYTE, from_stage, tag(key), pipeline_, &request));
     }
-    MPI_Status status = wait(request, timeout_seconds, describe);
+    MPI_Status status = wait(request, timeout_seconds, describe, double(bytes));
     int received = 0;
     {
       const std::lock_guard lock(mutex_);
@@ -222,12 +223,14 @@ class MpiCommunicator final : public Communicator {
   void finish_sums() override {
     std::vector<MPI_Request> started;
     std::vector<std::function<void()>> then;
+    double bytes = 0;
     {
       const std::lock_guard lock(mutex_);
       started.swap(started_sums_);
       then.swap(after_sums_);
+      bytes = std::exchange(started_bytes_[0], 0.0);
     }
-    for (MPI_Request& request : started) finish_collective(request, "a gradient sum over " + describe(Group::replicas));
+    for (MPI_Request& request : started) finish_collective(request, "a gradient sum over " + describe(Group::replicas), bytes);
     for (const auto& f : then) f();
   }
   bool starts_reduce_scatters() const override { return true; }
@@ -239,11 +242,13 @@ class MpiCommunicator final : public Communicator {
   /// Waits for every started gather under the collective timeout (the progress thread drives them).
   void finish_gathers() override {
     std::vector<MPI_Request> started;
+    double bytes = 0;
     {
       const std::lock_guard lock(mutex_);
       started.swap(started_gathers_);
+      bytes = std::exchange(started_bytes_[1], 0.0);
     }
-    for (MPI_Request& request : started) finish_collective(request, "a gather over " + describe(Group::replicas));
+    for (MPI_Request& request : started) finish_collective(request, "a gather over " + describe(Group::replicas), bytes);
   }
   void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
@@ -282,6 +287,10 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  /// Bytes of `n` values of `type` (float or double: the communicator's sums; 1 byte otherwise).
+  static double bytes_of(std::size_t n, MPI_Datatype type) {
+    return double(n) * (type == MPI_DOUBLE ? sizeof(double) : type == MPI_FLOAT ? sizeof(float) : 1);
+  }
   static int count(std::size_t bytes) {
     if (bytes > std::size_t(INT32_MAX)) CUPIPE_THROW("MPI message of ", bytes, " bytes exceeds 2 GiB; use smaller microbatches");
     return int(bytes);
@@ -295,9 +304,10 @@ class MpiCommunicator final : public Communicator {
     return int(t);
   }
   /// Tests `request` until it completes (true) or `timeout_seconds` pass (false; 0: no deadline),
-  /// sleeping between tests, each test under mutex_. With `interrupted`, also stops (false, setting
-  /// it) once interrupt_waits() was called.
-  bool completes_within(MPI_Request& request, MPI_Status* status, double timeout_seconds, bool* interrupted = nullptr) {
+  /// back to back for `poll_for` seconds, then sleeping between tests (comm/wait.hpp), each test
+  /// under mutex_. With `interrupted`, also stops (false, setting it) once interrupt_waits() was called.
+  bool completes_within(MPI_Request& request, MPI_Status* status, double timeout_seconds, bool* interrupted = nullptr,
+                        double poll_for = poll_seconds) {
     bool completed = false;
     wait_until(
         [&] {
@@ -308,16 +318,17 @@ class MpiCommunicator final : public Communicator {
           if (!completed && interrupted && waits_interrupted()) *interrupted = true;
           return completed || (interrupted && *interrupted);
         },
-        timeout_seconds);
+        timeout_seconds, poll_for);
     return completed;
   }
 
   /// Polls the request until it completes (sleeping between polls); past the timeout, or when
   /// interrupt_waits() was called, cancels it and throws.
-  MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe) {
+  MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe,
+                  double bytes) {
     MPI_Status status{};
     bool interrupted = false;
-    if (!completes_within(request, &status, timeout_seconds, &interrupted)) {
+    if (!completes_within(request, &status, timeout_seconds, &interrupted, poll_window(bytes))) {
       {
         const std::lock_guard lock(mutex_);
         MPI_Cancel(&request);
@@ -353,22 +364,26 @@ class MpiCommunicator final : public Communicator {
     check_usable();
     MPI_Comm comm = group == Group::world ? world_ : group == Group::pipeline ? pipeline_ : group == Group::replicas ? replicas_ : tensor_;
     MPI_Request request = MPI_REQUEST_NULL;
+    double bytes = 0;
     {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, &request));
+      bytes = 2 * bytes_of(n, type);
     }
-    finish_collective(request, "a sum over " + describe(group));
+    finish_collective(request, "a sum over " + describe(group), bytes);
   }
 
   /// In-place gather over the replicas of this stage: n values from each, in replica order.
   void allgather(void* data, std::size_t n, MPI_Datatype type) {
     check_usable();
     MPI_Request request = MPI_REQUEST_NULL;
+    double bytes = 0;
     {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count(n), type, replicas_, &request));
+      bytes = bytes_of(n, type) * topology_.replicas;
     }
-    finish_collective(request, "a gather over " + describe(Group::replicas));
+    finish_collective(request, "a gather over " + describe(Group::replicas), bytes);
   }
 
   /// In-place reduce-scatter over the replicas of this stage: `data` holds replicas x n values; with
@@ -376,15 +391,17 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(void* data, std::size_t n, MPI_Datatype type) {
     check_usable();
     MPI_Request request = MPI_REQUEST_NULL;
+    double bytes = 0;
     {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, &request));
+      bytes = bytes_of(n, type) * topology_.replicas;
     }
-    finish_collective(request, "a reduce-scatter over " + describe(Group::replicas));
+    finish_collective(request, "a reduce-scatter over " + describe(Group::replicas), bytes);
   }
   /// Starts an in-place MPI_Iallreduce over the replicas; finish_sums() completes it.
   void start_sum(void* data, std::size_t n, MPI_Datatype type) {
-    start_over_replicas(n, [&](MPI_Request* request) {
+    start_over_replicas(n, 2 * bytes_of(n, type), [&](MPI_Request* request) {
       CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, request));
     });
   }
@@ -393,7 +410,7 @@ class MpiCommunicator final : public Communicator {
   template <class T>
   void start_reduce_scatter(T* data, std::size_t n, MPI_Datatype type) {
     start_over_replicas(
-        n,
+        n, bytes_of(n, type) * topology_.replicas,
         [&](MPI_Request* request) {
           CUPIPE_CHECK_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, request));
         },
@@ -402,7 +419,7 @@ class MpiCommunicator final : public Communicator {
   /// Starts an in-place MPI_Iallgather over the replicas; finish_gathers() completes it.
   void start_gather(void* data, std::size_t n, MPI_Datatype type) {
     start_over_replicas(
-        n,
+        n, bytes_of(n, type) * topology_.replicas,
         [&](MPI_Request* request) {
           CUPIPE_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count(n), type, replicas_, request));
         },
@@ -412,7 +429,7 @@ class MpiCommunicator final : public Communicator {
   /// under mutex_, into the request it is given) for the progress thread to drive; finish_sums()
   /// waits for it, then runs `then` (`into` &started_gathers_: finish_gathers() waits for it).
   template <class Post>
-  void start_over_replicas(std::size_t n, Post&& post, std::function<void()> then = {},
+  void start_over_replicas(std::size_t n, double bytes, Post&& post, std::function<void()> then = {},
                            std::vector<MPI_Request>* into = nullptr) {
     check_usable();
     if (n == 0) return;
@@ -421,6 +438,7 @@ class MpiCommunicator final : public Communicator {
       MPI_Request request = MPI_REQUEST_NULL;
       post(&request);
       (into ? *into : started_sums_).push_back(request);
+      started_bytes_[into ? 1 : 0] += bytes;
       if (then) after_sums_.push_back(std::move(then));
     }
     in_flight_.notify_one();
@@ -487,8 +505,9 @@ class MpiCommunicator final : public Communicator {
   }
 
   /// Waits at most collective_timeout() for a collective; past it the communicator is unusable.
-  void finish_collective(MPI_Request& request, const std::string& what) {
-    if (!completes_within(request, MPI_STATUS_IGNORE, collective_timeout())) {
+  /// Waits for a collective that moves `bytes` in all (sent and received: its poll_window).
+  void finish_collective(MPI_Request& request, const std::string& what, double bytes) {
+    if (!completes_within(request, MPI_STATUS_IGNORE, collective_timeout(), nullptr, poll_window(bytes))) {
       broken_ = true;  // a collective cannot be cancelled: nothing more may go through these communicators
       const std::string error = ::cupipe::detail::str("rank ", topology_.rank, ": ", what, " did not finish within ",
                                             collective_timeout(), " s (collective timeout): another rank stalled or died before reaching it");
@@ -560,6 +579,7 @@ class MpiCommunicator final : public Communicator {
   PendingSends<Send> pending_;
   std::vector<MPI_Request> started_sums_;  ///< under mutex_: start_sum's requests, until finish_sums
   std::vector<MPI_Request> started_gathers_;  ///< under mutex_: start_gather's requests, until finish_gathers
+  double started_bytes_[2] = {0, 0};          ///< under mutex_: what the started sums and gathers move (their waits' poll_window)
   std::vector<std::function<void()>> after_sums_;  ///< under mutex_: what finish_sums does after its waits
   std::vector<MPI_Request*> ring_requests_;  ///< under mutex_: a ring's pass or an expert all-to-all in flight, for the progress thread
   std::unique_ptr<MpiRing> ring_;             ///< the context-parallel ring (null: none)

@@ -65,7 +65,7 @@ class MpiExpertGroup final : public moe::ExpertGroup {
   }
   void finish_all_to_all() override {
     CUPIPE_REQUIRE(in_flight_, name_, ": finish_all_to_all without an all-to-all in flight");
-    const bool done = owner_.completes(&request_, 1);
+    const bool done = owner_.completes(&request_, 1, in_flight_bytes_);
     {
       const std::lock_guard lock(owner_.mutex);
       std::erase(owner_.progressed, &request_);
@@ -85,9 +85,11 @@ class MpiExpertGroup final : public moe::ExpertGroup {
   }
 
   void allreduce(void* data, std::size_t n, MPI_Datatype type, MPI_Comm comm, const std::string& what) {
-    post_and_finish(what, [&](MPI_Request* request) {
-      CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, request));
-    });
+    post_and_finish(
+        what, [&](MPI_Request* request) {
+          CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, request));
+        },
+        2.0 * double(n) * (type == MPI_DOUBLE ? sizeof(double) : sizeof(float)));
   }
 
   /// Posts MPI_Ialltoallv (its count arrays kept until it completes, as MPI requires) and hands it
@@ -113,13 +115,15 @@ class MpiExpertGroup final : public moe::ExpertGroup {
       owner_.progressed.push_back(&request_);
     }
     in_flight_ = true;
+    in_flight_bytes_ = double(s_at + r_at) * sizeof(T);
     owner_.wake.notify_one();
   }
 
   /// Posts a nonblocking collective (`post`, under the mutex) and waits for it under the collective
-  /// timeout; past it the communicator is marked broken and the error names `what`.
+  /// timeout, polling back to back while its `bytes` move (poll_window); past the timeout the
+  /// communicator is marked broken and the error names `what`.
   template <class Post>
-  void post_and_finish(const std::string& what, Post&& post) {
+  void post_and_finish(const std::string& what, Post&& post, double bytes = 0) {
     owner_.check_usable();
     CUPIPE_REQUIRE(!in_flight_, name_, ": a collective while an all-to-all is in flight (finish_all_to_all first)");
     MPI_Request request = MPI_REQUEST_NULL;
@@ -127,7 +131,7 @@ class MpiExpertGroup final : public moe::ExpertGroup {
       const std::lock_guard lock(owner_.mutex);
       post(&request);
     }
-    if (!owner_.completes(&request, 1)) owner_.expire(what, "group");
+    if (!owner_.completes(&request, 1, bytes)) owner_.expire(what, "group");
   }
 
   MPI_Comm group_, holders_;
@@ -137,6 +141,7 @@ class MpiExpertGroup final : public moe::ExpertGroup {
   MPI_Request request_ = MPI_REQUEST_NULL;  ///< the all-to-all in flight (the progress thread tests it)
   std::vector<int> sc_, sd_, rc_, rd_;       ///< its counts and displacements, alive until it completes
   bool in_flight_ = false;
+  double in_flight_bytes_ = 0;  ///< what the all-to-all in flight sends and receives (its wait's poll_window)
 };
 
 }  // namespace cupipe::comm

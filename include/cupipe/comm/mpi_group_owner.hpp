@@ -28,8 +28,9 @@ struct MpiGroupOwner {
   std::function<void()> check_usable;               ///< throws once the communicator is broken
   std::function<void(const std::string&)> expired;  ///< a wait ran out: mark broken, tell the observers
 
-  /// Tests `count` requests until all complete (true) or the collective timeout passes (false).
-  bool completes(MPI_Request* requests, int count) const {
+  /// Tests `count` requests until all complete (true) or the collective timeout passes (false),
+  /// polling back to back for as long as their `bytes` take (poll_window).
+  bool completes(MPI_Request* requests, int count, double bytes = 0) const {
     return wait_until(
         [&] {
           const std::lock_guard lock(mutex);
@@ -37,7 +38,7 @@ struct MpiGroupOwner {
           for (int i = 0; i < 64 && !flag; ++i) CUPIPE_CHECK_MPI(MPI_Testall(count, requests, &flag, MPI_STATUSES_IGNORE));
           return flag != 0;
         },
-        timeout());
+        timeout(), poll_window(bytes));
   }
   /// Past the timeout: marks the communicator broken (a collective cannot be cancelled) and throws,
   /// naming `what` and the kind of group (`ring`, `group`) whose rank stalled.

@@ -52,6 +52,7 @@ class MpiRing final : public cp::ContextGroup {
       track();
     }
     in_flight_ = true;
+    in_flight_bytes_ = 2.0 * double(bytes);  // sent and received
     owner_.wake.notify_one();
   }
   void finish_pass() override {
@@ -68,6 +69,7 @@ class MpiRing final : public cp::ContextGroup {
       track();
     }
     in_flight_ = true;
+    in_flight_bytes_ = 2.0 * double(count) * sizeof(double);
     owner_.wake.notify_one();
     finish("a sum over " + name_);
   }
@@ -81,7 +83,7 @@ class MpiRing final : public cp::ContextGroup {
   /// thread; past the timeout the communicator is unusable (a posted receive cannot be relied on to
   /// cancel) and the error names the ring.
   void finish(const std::string& what) {
-    const bool done = owner_.completes(requests_.data(), 2);
+    const bool done = owner_.completes(requests_.data(), 2, in_flight_bytes_);
     {
       const std::lock_guard lock(owner_.mutex);
       std::erase_if(owner_.progressed, [&](MPI_Request* r) { return r == &requests_[0] || r == &requests_[1]; });
@@ -96,6 +98,7 @@ class MpiRing final : public cp::ContextGroup {
   MpiGroupOwner owner_;
   std::array<MPI_Request, 2> requests_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   bool in_flight_ = false;
+  double in_flight_bytes_ = 0;  ///< what the requests in flight move (their wait's poll_window)
 };
 
 }  // namespace cupipe::comm

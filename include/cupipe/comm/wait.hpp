@@ -9,6 +9,9 @@
 // at a few fragments per sleep. Measured on the 2-core VM (OpenMPI 4, shared memory, 2 ranks): a
 // 4 MB hand-over at 0.54 GB/s and a 4 KB one in 130 us when every poll sleeps, 6.8 GB/s and 2 us
 // with this first millisecond (MPI_Wait, which spins: 8.1 GB/s and 2.6 us); docs/benchmarks.md.
+// A wait for more data than a millisecond moves polls for as long as the data take at
+// polled_bytes_per_second (poll_window): an 11 MB gradient sum of 2 ranks took 63-90 ms when it
+// slept after its first millisecond, against 2.5 ms for a blocking MPI_Allreduce (AMD EPYC VM).
 #pragma once
 
 #include <algorithm>
@@ -47,17 +50,30 @@ class Backoff {
 /// How long a wait polls, yielding between polls, before it starts sleeping.
 inline constexpr double poll_seconds = 1e-3;
 
-/// Calls `ready()` until it returns true (then returns true): back to back for the first
-/// poll_seconds (yielding the core between calls), then sleeping between calls with Backoff;
-/// returns false once `timeout_seconds` have passed (0 or less: no deadline). `ready` may throw.
+/// The pace at which back-to-back polls keep a transfer moving, at least: the shared-memory rate
+/// of a polled MPI collective is 2-3 GB/s on the 2-core VM (11 MB summed over 2 ranks in 3.8 ms),
+/// and about a tenth of that when every poll sleeps 100 us.
+inline constexpr double polled_bytes_per_second = 1e9;
+
+/// How long a wait for `bytes` of data polls back to back before it sleeps: poll_seconds, or as long
+/// as the data take at polled_bytes_per_second where that is longer, at most a second. Bounded by
+/// the data, so a wait for a stalled peer still sleeps soon.
+inline double poll_window(double bytes) {
+  return std::clamp(bytes / polled_bytes_per_second, poll_seconds, 1.0);
+}
+
+/// Calls `ready()` until it returns true (then returns true): back to back for the first `poll_for`
+/// seconds (yielding the core between calls; poll_window for a wait that moves data), then sleeping
+/// between calls with Backoff; returns false once `timeout_seconds` have passed (0 or less: no
+/// deadline). `ready` may throw.
 template <class Ready>
-bool wait_until(Ready&& ready, double timeout_seconds) {
+bool wait_until(Ready&& ready, double timeout_seconds, double poll_for = poll_seconds) {
   Backoff backoff;
   for (;;) {
     if (ready()) return true;
     const double waited = backoff.waited();
     if (timeout_seconds > 0 && waited > timeout_seconds) return false;
-    if (waited < poll_seconds) std::this_thread::yield();
+    if (waited < poll_for) std::this_thread::yield();
     else backoff.sleep();
   }
 }
