@@ -120,7 +120,7 @@ template <gpt::Config config>
 planner::Layout plan_experts(gpt_trainer::Flags& f, ConstView<std::int32_t> batch, index_t sequences, Launcher* launcher) {
   std::optional<planner::CostModel> profiled;
   const auto comm = [&] { return launcher ? launcher->launch().communicator.get() : nullptr; };
-  if (!f.plan_ep_given) return plan_experts_in_groups<config>(f, batch, sequences, comm(), profiled);
+  if (f.plan_ep.empty()) return plan_experts_in_groups<config>(f, batch, sequences, comm(), profiled);
   CUPIPE_REQUIRE(comm() != nullptr, "--plan-ep: expert-parallel groups are processes; run under mpirun or srun");
   const int stages = comm()->topology().stages;
   std::vector<std::pair<int, planner::Layout>> tried;
@@ -367,7 +367,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2, 4}))
       ->needs(plan);
-  auto* plan_ep = app.add_option("--plan-ep", f.plan_ep,
+  app.add_option("--plan-ep", f.plan_ep,
                  "with --plan auto --experts under mpirun: the expert-parallel group sizes to weigh (of 1,2,4; each "
                  "dividing --dp); each one's all-to-all is timed inside a step and the fastest predicted plan sets --ep")
       ->delimiter(',')
@@ -426,8 +426,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   f.plan_tensor_given = plan_tensor->count() > 0;
   f.plan_context_given = plan_context->count() > 0;
-  f.plan_ep_given = plan_ep->count() > 0;
   f.zero_given = app.count("--zero") > 0;
+  if (f.zero < 0) f.zero = 0;  // CLI11 reads a flag's "=0" as "false" and counts it down to -1: --zero=0 is off
 
   Launcher launcher;  // outside the try: the catch ends every rank through it
   try {
@@ -466,7 +466,7 @@ int main(int argc, char** argv) {
     }
     if (f.experts > 0) {
       if (const std::string why = moe_presets_refusal(f); !why.empty()) CUPIPE_THROW(why);
-      for (const int group : f.plan_ep_given ? f.plan_ep : std::vector<int>{})
+      for (const int group : f.plan_ep)
         if (f.dp % group != 0)
           CUPIPE_THROW("--plan-ep ", group, ": an expert-parallel group is a share of the --dp ", f.dp,
                        " replicas, so its size must divide it");

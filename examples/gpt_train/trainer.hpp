@@ -97,8 +97,7 @@ struct Flags {
   bool plan_tensor_given = false;         ///< --plan-tensor was on the command line
   std::vector<int> plan_context{1, 2, 4};  ///< context-parallel ring sizes --plan auto may choose under mpirun
   bool plan_context_given = false;         ///< --plan-context was on the command line
-  std::vector<int> plan_ep{1, 2, 4};       ///< expert-parallel group sizes --plan auto --experts may choose (--plan-ep)
-  bool plan_ep_given = false;              ///< --plan-ep was on the command line
+  std::vector<int> plan_ep;                ///< expert-parallel group sizes --plan auto --experts weighs (--plan-ep; empty: not given)
   bool zero_given = false;                ///< --zero was on the command line (--plan auto then keeps it)
   std::string rank_order = "stages-outermost";  ///< comm::RankOrder of the ranks
   bool pack = false;  ///< --pack: packed sequences, a document beginning at each separator token
@@ -144,7 +143,7 @@ inline comm::Settings shared_settings(const Flags& f) {
           {"--pack", f.pack ? std::to_string(pack_separator(f)) : "off"},
           {"--experts", std::to_string(f.experts)}, {"--top-k", std::to_string(f.expert_top_k)}, {"--capacity", real(f.capacity)},
           {"--plan-tensor", degree_list(f.plan_tensor)}, {"--plan-context", degree_list(f.plan_context)},
-          {"--plan-ep", f.plan_ep_given ? degree_list(f.plan_ep) : "off"}};
+          {"--plan-ep", f.plan_ep.empty() ? "off" : degree_list(f.plan_ep)}};
 }
 
 /// FNV-1a over a token stream: equal on every rank that loaded the same corpus.
