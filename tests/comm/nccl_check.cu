@@ -14,11 +14,12 @@
 //               --tensor 2 the two ranks split the MLP Megatron's way (column- then row-parallel,
 //               summed over NCCL's tensor group) against the unsplit MLP on the host.
 //   --experts:  one stage, an expert-parallel group of the two ranks (comm/nccl_groups.hpp): an
-//               all-to-all of uneven blocks (one empty, offsets above 0) checked value by value, and
-//               host memory refused with its message; then a mixture-of-
-//               experts layer of 4 experts split over the two (backend::Cuda<float>, rows moved by
-//               NCCL in device memory) against the host's whole layer on each rank's rows: output,
-//               input gradient, the router's gradient and each expert's summed over both ranks' rows.
+//               all-to-all of uneven blocks (one empty, offsets above 0) checked value by value,
+//               host memory refused with its message, and two in flight at once (the group's and
+//               the overlapped F's, paired_expert_group); then a mixture-of-experts layer of 4
+//               experts split over the two (backend::Cuda<float>, rows moved by NCCL in device
+//               memory) against the host's whole layer on each rank's rows: output, input gradient,
+//               the router's gradient and each expert's summed over both ranks' rows.
 // Prints PASS, or "SKIPPED:" when there are fewer GPUs than ranks (ctest reports it as skipped):
 // NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected").
 #include <cuda_runtime_api.h>
@@ -153,6 +154,26 @@ bool experts(cupipe::comm::NcclCommunicator& comm) {
   std::size_t at = 0;
   for (int q = 0; q < 2; ++q)
     for (std::int64_t i = 0; i < receive_counts[std::size_t(q)]; ++i) ok = ok && in[at++] == value(q, me, i);
+  // The overlapped F's group (paired_expert_group): its own communicator, so both groups can have an
+  // all-to-all in flight at once, as a DualPipeV pair taking turns has them (started in the same
+  // order on both ranks, finished in the other order).
+  moe::ExpertGroup* paired = comm.paired_expert_group();
+  ok = ok && paired != nullptr && paired != group && paired->size() == 2 && paired->rank() == me && paired->device_memory();
+  if (paired != nullptr) {
+    std::vector<float> twice(out);
+    for (float& v : twice) v = -v;
+    Device sent2(std::max<std::size_t>(twice.size(), 1)), received2(std::size_t(receive_counts[0] + receive_counts[1]) + 1);
+    if (!twice.empty()) sent2.upload(twice);
+    group->start_all_to_all(sent.data, send_counts.data(), received.data, receive_counts.data());
+    paired->start_all_to_all(sent2.data, send_counts.data(), received2.data, receive_counts.data());
+    paired->finish_all_to_all();
+    group->finish_all_to_all();
+    const std::vector<float> in1 = received.download(), in2 = received2.download();
+    at = 0;
+    for (int q = 0; q < 2; ++q)
+      for (std::int64_t i = 0; i < receive_counts[std::size_t(q)]; ++i, ++at)
+        ok = ok && in1[at] == value(q, me, i) && in2[at] == -value(q, me, i);
+  }
   const bool moved = ok;
 
   // The layer: each rank routes its own two sequences; rank t holds experts 2t, 2t + 1.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <string>
@@ -17,6 +18,8 @@
 #include "cuda_test_support.hpp"
 #include "local_expert_group.hpp"
 #include "moe_slots.hpp"
+
+#include "cupipe/pipeline/paired_turns.hpp"
 
 using namespace cupipe;
 using namespace cupipe::testing;
@@ -698,6 +701,87 @@ TEST_CASE("a mixture-of-experts layer with expert parallelism on CUDA: two ranks
                          std::vector<float>(expert_sums.begin() + std::ptrdiff_t(router), expert_sums.end())) < fp32_tolerance);
   }
   CHECK(tallies[0].dropped + tallies[1].dropped > 0);
+}
+
+TEST_CASE("an overlapped pair taking turns on CUDA equals the pair back to back, bitwise, with tokens in flight beside "
+          "the partner",
+          "[gpu][cuda][moe][experts][turns]") {
+  // Two ranks on threads, each a CUDA context with device-memory groups (as NCCL's). DualPipeV's pair:
+  // the F is microbatch a's forward, the B microbatch b's backward (its forward ran first). Back to
+  // back on one thread, then taking turns (pipeline/paired_turns.hpp): the F on a second thread, on
+  // the side stream and its own group, the B on the main stream, each handing over its turn while
+  // its all-to-all is in flight. Same kernels on the same rows: the same bits.
+  constexpr index_t C = 16, T = 16;
+  using Whole = ExpertsWhole;
+  using Part = ExpertsPart;
+  const index_t n = 2 * T, per_row = Part::saved_per_row(C);
+  const testing::ExpertReference<Whole, float> ref(C, n, 23);
+  const Shape rows{n, C}, saved_shape{n, per_row};
+  const testing::LocalExperts::Copy copy = [](void* to, const void* from, std::size_t bytes) {
+    CUPIPE_CHECK_CUDA(cudaMemcpy(to, from, bytes, cudaMemcpyDefault));
+  };
+  struct Result {
+    std::vector<float> y, dx, g;
+    moe::Tally tally;
+    long hand_overs = 0;
+    bool restored = true;
+  };
+  const auto run = [&](bool turns) {
+    testing::LocalExperts shared(2, copy), paired_shared(2, copy);
+    std::array<Result, 2> out;
+    testing::on_threads(2, [&](int rank) {
+      const std::size_t t = std::size_t(rank);
+      testing::LocalExpertGroup group(shared, rank), paired(paired_shared, rank);
+      Gpu gpu;
+      gpu.math = backend::cuda::MathMode::fp32;
+      gpu.moe_tally = &out[t].tally;
+      gpu.expert_group = &group;
+      const std::vector<float> part = testing::expert_part<Whole, Part>(ref.p, C, rank);
+      DeviceArray<float, Gpu> dp(gpu, part), xa(gpu, ref.x[1 - t]), xb(gpu, ref.x[t]), dyb(gpu, ref.dy[t]),
+          dg(gpu, std::vector<float>(part.size(), 0.0f));
+      auto ya = poisoned<float>(gpu, n * C), yb = poisoned<float>(gpu, n * C), dxb = poisoned<float>(gpu, n * C);
+      auto saved_a = poisoned<float>(gpu, n * per_row), saved_b = poisoned<float>(gpu, n * per_row);
+      Part::forward(gpu, dp.buffer.data(), xb.cview(rows), yb.view(rows), saved_b.view(saved_shape));
+      const auto f = [&] {
+        if (turns) backend::capabilities<Gpu>::overlap_begin(gpu);  // the F's ops on the side stream
+        Part::forward(gpu, dp.buffer.data(), xa.cview(rows), ya.view(rows), saved_a.view(saved_shape));
+      };
+      const auto b = [&] {
+        Part::backward_input(gpu, dp.buffer.data(), xb.cview(rows), saved_b.view(saved_shape), dyb.cview(rows), dxb.view(rows));
+        Part::backward_weight(gpu, xb.cview(rows), saved_b.view(saved_shape), dyb.cview(rows), dg.buffer.data());
+      };
+      if (turns) {
+        gpu.paired_expert_group = &paired;
+        pipeline::PairedTurns pair;
+        const std::array<std::exception_ptr, 2> errors = pipeline::take_turns(gpu, pair, f, b);
+        backend::capabilities<Gpu>::overlap_join(gpu);
+        for (const std::exception_ptr& e : errors)
+          if (e) std::rethrow_exception(e);
+        out[t].hand_overs = pair.hand_overs();
+        out[t].restored = gpu.expert_group == &group && !gpu.side_stream();  // no Catch assertion on a thread
+      } else {
+        f();
+        b();
+      }
+      out[t].y = ya.download();
+      out[t].dx = dxb.download();
+      out[t].g = dg.download();
+    });
+    return out;
+  };
+  const std::array<Result, 2> alone = run(false), paired = run(true);
+  for (std::size_t t = 0; t < 2; ++t) {
+    CAPTURE(t);
+    CHECK(paired[t].y == alone[t].y);
+    CHECK(paired[t].dx == alone[t].dx);
+    CHECK(paired[t].g == alone[t].g);
+    CHECK(paired[t].tally.load == alone[t].tally.load);
+    CHECK(paired[t].tally.all_to_alls == alone[t].tally.all_to_alls);
+    CHECK(alone[t].tally.all_to_alls_beside_partner == 0);
+    CHECK(paired[t].tally.all_to_alls_beside_partner > 0);
+    CHECK(paired[t].hand_overs > 0);
+    CHECK(paired[t].restored);
+  }
 }
 
 TEST_CASE("vocabulary-part embedding and cross-entropy match the host", "[gpu][cuda][ops][tensor_parallel]") {

@@ -28,11 +28,12 @@
 //   pipeline's host gathers) go through a device buffer. ZeRO-1's reduce-scatter and all-gather run
 //   ncclReduceScatter / ncclAllGather in place on the same communicator; a started sum
 //   (start_sum_over_replicas) is an all-reduce enqueued on the collective stream (one for every
-//   collective, so they run in the order every rank issues them) that finish_sums() waits for. Tensor parallelism sums over a third communicator (tensor_group()), which takes
-//   device memory as well as host memory.
-// - Expert parallelism (`experts` > 1) gets two more: the expert-parallel group's, whose all-to-alls
-//   move the mixture-of-experts layers' rows in device memory, and the holders' of this rank's
-//   experts, for their gradient sums (expert_group(): comm/nccl_groups.hpp).
+//   collective, so they run in the order every rank issues them) that finish_sums() waits for.
+//   Tensor parallelism sums over a third communicator (tensor_group()), host or device memory.
+// - Expert parallelism (`experts` > 1) gets three more: the expert-parallel group's, whose all-to-alls
+//   move the mixture-of-experts layers' rows in device memory, its twin for an overlapped F's
+//   (paired_expert_group()), and the holders' of this rank's experts, for their gradient sums
+//   (expert_group(): comm/nccl_groups.hpp).
 // - NCCL connects peers lazily, and a first transfer may wait for its peer: the constructor moves a
 //   byte over every channel (connect_channels), so no pipeline send ever makes the first connection.
 // - Point-to-point waits stop early on Communicator::interrupt_waits (the pipeline's abort), aborting
@@ -97,7 +98,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(int world, int rank, int stages, int device, const ncclUniqueId& world_id, IdExchange exchange = {},
                    int tensor = 1, RankOrder order = RankOrder::stages_outermost, int experts = 1)
       : topology_(Topology::make(world, rank, stages, tensor, order, 1, experts)),
-        device_(select_device(rank, device)),  // before the streams and events below are made
+        device_(detail::select_nccl_device(rank, device)),  // before the streams and events below are made
         exchange_(std::move(exchange)),
         tensor_sum_(topology_.tensor, topology_.tensor_rank(),
                     [this](void* data, std::size_t n, ncclDataType_t type) { allreduce(data, n, type, tensor_); }) {
@@ -118,6 +119,7 @@ class NcclCommunicator final : public Communicator {
       connect_channels();
       connect_collectives();
       if (experts_) experts_->connect();
+      if (paired_experts_) paired_experts_->connect();
     } catch (...) {
       destroy(false);
       throw;
@@ -126,7 +128,8 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   ~NcclCommunicator() override {
-    destroy(!pending_.empty() || aborted_ || sums_started_ || (experts_ && experts_->open()));
+    const bool open = (experts_ && experts_->open()) || (paired_experts_ && paired_experts_->open());
+    destroy(!pending_.empty() || aborted_ || sums_started_ || open);
   }
 
 #if defined(CUPIPE_HAS_MPI)
@@ -276,6 +279,7 @@ class NcclCommunicator final : public Communicator {
 
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
   moe::ExpertGroup* expert_group() override { return experts_.get(); }
+  moe::ExpertGroup* paired_expert_group() override { return paired_experts_.get(); }
   void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, pipeline_); }
   void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, pipeline_); }
   double sum_over_stages(double value) override {
@@ -294,9 +298,7 @@ class NcclCommunicator final : public Communicator {
   static constexpr std::size_t scalar_slots = 64;    // doubles in the device buffer for host sums
 
   using Header = detail::NcclHeader;
-
   using Channel = detail::NcclChannel;
-
   using HeaderRing = detail::NcclHeaderRing;
 
   /// A send in flight: the pooled copy it transmits, its header's slot and the event that marks it done.
@@ -307,35 +309,32 @@ class NcclCommunicator final : public Communicator {
     int to_stage;
   };
 
-  static int select_device(int rank, int device) {
-    int count = 0;
-    CUPIPE_CHECK_CUDA(cudaGetDeviceCount(&count));
-    CUPIPE_REQUIRE(device >= 0 && device < count, "NcclCommunicator: rank ", rank, " asked for CUDA device ", device,
-                   " but ", count, count == 1 ? " device is" : " devices are", " present");
-    CUPIPE_CHECK_CUDA(cudaSetDevice(device));
-    return device;
-  }
-
-  /// A communicator of the world's ranks with the same `color` (ordered by `key`); a negative
-  /// color leaves this rank out (it gets null).
+  /// A communicator of the world's ranks with the same `color` (ordered by `key`; null for a negative color).
   ncclComm_t group(const std::string& name, int color, int key, int size) {
     return detail::split_group(world_, exchange_, name, color, key, size);
   }
 
-  /// The expert-parallel group and the holders of this rank's experts, split as MpiCommunicator's.
+  /// The expert-parallel group and the holders of this rank's experts, split as MpiCommunicator's,
+  /// and the overlapped F's group: the same ranks, its own communicator and stream (paired_expert_group).
   void make_expert_group() {
     const Topology& t = topology_;
     const int groups = t.replicas / t.experts, base = t.stage() * t.tensor + t.tensor_rank();
     experts_comm_ = group("experts", base * groups + t.expert_group_index(), t.expert_rank(), t.experts);
+    paired_comm_ = group("experts-paired", base * groups + t.expert_group_index(), t.expert_rank(), t.experts);
     if (groups > 1) holders_comm_ = group("holders", base * t.experts + t.expert_rank(), t.expert_group_index(), groups);
-    const auto comm = [this](bool holders) { check_alive(); return holders ? holders_comm_ : experts_comm_; };
-    const auto sum = [this, comm](void* data, std::size_t n, ncclDataType_t type, bool h) { allreduce(data, n, type, comm(h)); };
     const auto wait_for = [this](const backend::cuda::Event& event, const std::string& what) {
       wait(event, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": " + what; },
            "not finished", false, "collective timeout: another rank of the group stalled or died before reaching it");
     };
-    experts_ = std::make_unique<NcclExpertGroup>(NcclExpertGroup::Owner{device_, comm, sum, wait_for}, t.experts,
-                                                 t.expert_rank(), groups, expert_group_name(t));
+    const auto make = [&](ncclComm_t NcclCommunicator::*own, std::string name) {
+      const auto comm = [this, own](bool holders) { check_alive(); return holders ? holders_comm_ : this->*own; };
+      const auto sum = [this, comm](void* data, std::size_t n, ncclDataType_t type, bool h) { allreduce(data, n, type, comm(h)); };
+      return std::make_unique<NcclExpertGroup>(NcclExpertGroup::Owner{device_, comm, sum, wait_for}, t.experts,
+                                               t.expert_rank(), groups, std::move(name));
+    };
+    const std::string name = expert_group_name(t);  // "... replicas 2..3)"
+    experts_ = make(&NcclCommunicator::experts_comm_, name);
+    paired_experts_ = make(&NcclCommunicator::paired_comm_, name.substr(0, name.size() - 1) + "; an overlapped forward's)");
   }
 
   /// The two-rank channels to this rank's neighbours in the pipeline ring (ring: interleaved
@@ -532,7 +531,7 @@ class NcclCommunicator final : public Communicator {
 
   std::vector<ncclComm_t> communicators() const {
     std::vector<ncclComm_t> out;
-    for (ncclComm_t c : {world_, pipeline_, replicas_, tensor_, experts_comm_, holders_comm_})
+    for (ncclComm_t c : {world_, pipeline_, replicas_, tensor_, experts_comm_, paired_comm_, holders_comm_})
       if (c) out.push_back(c);
     for (const auto& [key, channel] : channels_)
       if (channel.comm) out.push_back(channel.comm);
@@ -543,7 +542,7 @@ class NcclCommunicator final : public Communicator {
     if (aborted_) return;
     aborted_ = true;
     for (ncclComm_t c : communicators()) (void)ncclCommAbort(c);
-    world_ = pipeline_ = replicas_ = tensor_ = experts_comm_ = holders_comm_ = nullptr;
+    world_ = pipeline_ = replicas_ = tensor_ = experts_comm_ = paired_comm_ = holders_comm_ = nullptr;
     for (auto& [key, channel] : channels_) channel.comm = nullptr;
   }
 
@@ -584,9 +583,11 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t replicas_ = nullptr;
   ncclComm_t tensor_ = nullptr;  ///< with tensor parallelism: this stage's tensor-parallel ranks
   ncclComm_t experts_comm_ = nullptr;   ///< with expert parallelism: this rank's expert-parallel group
+  ncclComm_t paired_comm_ = nullptr;    ///< the same ranks, for the overlapped F's all-to-alls
   ncclComm_t holders_comm_ = nullptr;   ///< and the holders of its experts (null: one group per stage)
   NcclTensorGroup tensor_sum_;
-  std::unique_ptr<NcclExpertGroup> experts_;  ///< the expert-parallel group (null: none)
+  std::unique_ptr<NcclExpertGroup> experts_;         ///< the expert-parallel group (null: none)
+  std::unique_ptr<NcclExpertGroup> paired_experts_;  ///< its twin for the overlapped F (paired_expert_group)
   bool sums_started_ = false;
   std::map<std::tuple<int, Direction, Flow>, Channel> channels_;
   std::optional<HeaderRing> headers_;  // made on the device, after select_device

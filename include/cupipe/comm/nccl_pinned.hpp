@@ -20,6 +20,7 @@
 
 #include "cupipe/backend/cuda/check.cuh"
 #include "cupipe/backend/cuda/stream.cuh"
+#include "cupipe/core/error.hpp"
 
 namespace cupipe::comm::detail {
 
@@ -106,6 +107,16 @@ class PinnedStaging {
   void* pinned_ = nullptr;
   std::size_t bytes_ = 0;
 };
+
+/// Makes `device` this thread's CUDA device for rank `rank`, refusing one that is not present.
+inline int select_nccl_device(int rank, int device) {
+  int count = 0;
+  CUPIPE_CHECK_CUDA(cudaGetDeviceCount(&count));
+  CUPIPE_REQUIRE(device >= 0 && device < count, "NcclCommunicator: rank ", rank, " asked for CUDA device ", device,
+                 " but ", count, count == 1 ? " device is" : " devices are", " present");
+  CUPIPE_CHECK_CUDA(cudaSetDevice(device));
+  return device;
+}
 
 /// Bytes of one value of the types the communicator sums (fp32 or fp64).
 inline std::size_t nccl_size_of(ncclDataType_t type) { return type == ncclFloat64 ? sizeof(double) : sizeof(float); }

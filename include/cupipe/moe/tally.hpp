@@ -30,8 +30,8 @@ struct Tally {
   double all_to_all_seconds = 0;
   double exposed_all_to_all_seconds = 0;
   /// The all-to-alls of tokens (two a layer and pass: the dispatch and the combine), and of those
-  /// the ones during which a paired action computed (DualPipeV's overlapped F&B pairs on the host:
-  /// pipeline/paired_turns.hpp).
+  /// the ones during which a paired action computed (DualPipeV's overlapped F&B pairs that take
+  /// turns: pipeline/paired_turns.hpp; on CUDA, queued its kernels).
   std::int64_t all_to_alls = 0;
   std::int64_t all_to_alls_beside_partner = 0;
 

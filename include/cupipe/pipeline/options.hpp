@@ -135,9 +135,11 @@ struct PipelineOptions {
   /// train_steps with post_validation keeps the records resident.
   std::vector<int> offload{};
   int offload_resident = 1;
-  /// DualPipeV's overlapped F&B pairs on the host with expert parallelism: the F runs on a second
-  /// thread and the two take turns, so that one action's all-to-all is in flight while the other
-  /// computes (pipeline/paired_turns.hpp). The numbers are the same bitwise. Off: the F, then the B.
+  /// DualPipeV's overlapped F&B pairs with expert parallelism: the F runs on a second thread and the
+  /// two take turns, so that one action's all-to-all is in flight while the other computes (on CUDA,
+  /// while the other's kernels are queued and run on its own stream: pipeline/paired_turns.hpp; the
+  /// communicator's paired_expert_group, MPI's or NCCL's). The numbers are the same bitwise. Off: the
+  /// F, then the B.
   /// Off by default: where the ranks have no spare cores, the all-to-all is CPU work (MPI's
   /// shared-memory copies) and each hand-over waits for the scheduler, so the turns hide nothing and
   /// cost time (7% of the step on the 2-core VM with 4 ranks: docs/benchmarks.md). Turn it on where

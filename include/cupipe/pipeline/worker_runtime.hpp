@@ -178,34 +178,50 @@ class WorkerRuntime {
     }
   }
 
-  /// An overlapped F (`f`) and the B after it (`b`) on a host context that takes turns
-  /// (paired_turns.hpp): the F on a second thread, the two handing the turn over at each all-to-all.
-  /// Each is measured from the pair's start (once the F's input is in) to its own end; the flight
-  /// recorder holds the pair as its F. False where one failed (the first to fail, F before B, is
-  /// the step's failure).
+  /// An overlapped F (`f`) and the B after it (`b`) on a context that takes turns (paired_turns.hpp):
+  /// the F on a second thread, the two handing the turn over at each all-to-all (on a device, each on
+  /// its own stream, joined after the pair). Each is measured from the pair's start (once the F's
+  /// input is in) to its own end (on a device timeline, its stream's); the flight recorder holds the
+  /// pair as its F. False where one failed (the first to fail, F before B, is the step's failure).
   template <class Backend, class Execute, class Abort>
   bool run_pair(Backend& be, const schedule::Plan& plan, int w, const schedule::Action& f, const schedule::Action& b,
                 Execute& execute, Abort& abort) {
+    using caps = backend::capabilities<Backend>;
     Worker& worker = workers_[std::size_t(w)];
     input_arrived(w);
     flight_.begin(w, f, worker.action_start);
     double f_end = 0;
+    int f_mark = worker.action_mark, b_mark = worker.action_mark;
     if (!worker.turns) worker.turns = std::make_unique<PairedTurns>();
+    const bool chunks = plan.config.chunks > 1;
     const std::array<std::exception_ptr, 2> errors = take_turns(
         be, *worker.turns,
         [&] {
+          [[maybe_unused]] const auto range = caps::annotate(be, label(f, chunks).c_str());
           execute(w, f);
+          if (measure_) f_mark = caps::timeline_mark(be);  // on the F's stream: its turn is still on
           f_end = now();
         },
-        [&] { execute(w, b); });
+        [&] {
+          [[maybe_unused]] const auto range = caps::annotate(be, label(b, chunks).c_str());
+          execute(w, b);
+          if (measure_) b_mark = caps::timeline_mark(be);
+        });
     for (int i = 0; i < 2; ++i)
-      if (errors[std::size_t(i)]) {
+      if (errors[std::size_t(i)]) {  // walk's CloseOverlap joins the streams
         failed_with(plan, w, i == 0 ? f : b, errors[std::size_t(i)], abort);
         return false;
       }
+    try {
+      caps::overlap_join(be);  // a device's main stream waits for the F's (no overlap on the host)
+    } catch (const std::exception&) {
+      failed_with(plan, w, b, std::current_exception(), abort);
+      return false;
+    }
     const double end = now();
     if (measure_) {
-      for (int i = 0; i < 2; ++i) worker.marks.emplace_back(worker.action_mark, worker.action_mark);
+      worker.marks.emplace_back(worker.action_mark, f_mark);
+      worker.marks.emplace_back(worker.action_mark, b_mark);
       worker.records.push_back({w, f.kind, f.microbatch, f.chunk, worker.action_start, f_end, true});
       worker.records.push_back({w, b.kind, b.microbatch, b.chunk, worker.action_start, end, false});
     }

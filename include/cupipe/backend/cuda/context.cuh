@@ -102,6 +102,12 @@ class Context {
   }
   /// Later ops run on the main stream again, beside what the side stream still has to do.
   void overlap_end() noexcept { on_side_ = false; }
+  /// Whether ops go to the side stream now (an overlap open and not ended).
+  bool on_side() const noexcept { return on_side_; }
+  /// Sends later ops to the side stream (`side`, where an overlap is open) or to the main stream:
+  /// for an overlapped pair whose F and B take turns (pipeline/paired_turns.hpp), each action's own
+  /// stream when it takes its turn.
+  void set_side(bool side) noexcept { on_side_ = side && overlapping_; }
   /// The main stream waits for the side stream; blocks released since overlap_begin() become
   /// reusable. Does nothing when no overlap is open.
   void overlap_join() {

@@ -73,9 +73,14 @@ class Cuda : public ops::Dispatch {
   /// The expert-parallel group this rank's mixture-of-experts layers send their tokens round (null:
   /// none; each layer holds all its experts), moe/expert_group.hpp. A group that takes device memory
   /// (NCCL's) moves the rows where they are; others through host copies (moe/backend_transfer.hpp).
-  /// Not owned. (No paired group: a device's overlapped pair runs from one thread, so its actions'
-  /// all-to-alls never interleave; pipeline/paired_turns.hpp is the host's.)
+  /// Not owned.
   moe::ExpertGroup* expert_group = nullptr;
+  /// A second group of the same ranks (NCCL's: communicators and a stream of their own) for the F
+  /// of an overlapped pair (DualPipeV) whose F and B take turns (pipeline/paired_turns.hpp): the F
+  /// enqueues on the side stream and the B on the main stream, each handing the turn over while its
+  /// all-to-all is in flight, so that the other's kernels are queued beside it. Null: the pair runs
+  /// from one thread, the F's host waits (routing, counts, all-to-all) before the B is queued.
+  moe::ExpertGroup* paired_expert_group = nullptr;
 
   /// Float GEMMs on TF32 tensor cores (about 1e-3 relative; 8x the fp32 rate on an H100) or in exact
   /// fp32. From backend::cuda::default_math() when the context is made: TF32 unless the program changed it.
@@ -165,6 +170,10 @@ class Cuda : public ops::Dispatch {
     context_.overlap_begin();
   }
   void overlap_end() noexcept { context_.overlap_end(); }
+  /// Whether ops go to the side stream now, and sending them there (where an overlap is open) or
+  /// back: each action of a pair that takes turns on its own stream (pipeline/paired_turns.hpp).
+  bool side_stream() const noexcept { return context_.on_side(); }
+  void side_stream(bool side) noexcept { context_.set_side(side); }
   void overlap_join() {
     if (!context_.overlapping()) return;  // the runtime calls it after every action
     // No throw before the context's join: a failed guard must not leave the overlap open for good.
