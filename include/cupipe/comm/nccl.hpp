@@ -30,10 +30,9 @@
 //   (start_sum_over_replicas) is an all-reduce enqueued on the collective stream (one for every
 //   collective, so they run in the order every rank issues them) that finish_sums() waits for.
 //   Tensor parallelism sums over a third communicator (tensor_group()), host or device memory.
-// - Expert parallelism (`experts` > 1) gets three more: the expert-parallel group's, whose all-to-alls
-//   move the mixture-of-experts layers' rows in device memory, its twin for an overlapped F's
-//   (paired_expert_group()), and the holders' of this rank's experts, for their gradient sums
-//   (expert_group(): comm/nccl_groups.hpp).
+// - Expert parallelism (`experts` > 1): the expert group's communicator (the all-to-alls of rows in
+//   device memory), the holders' (their gradient sums), and at first use a twin of the first for an
+//   overlapped F (expert_group(), paired_expert_group(): comm/nccl_groups.hpp).
 // - NCCL connects peers lazily, and a first transfer may wait for its peer: the constructor moves a
 //   byte over every channel (connect_channels), so no pipeline send ever makes the first connection.
 // - Point-to-point waits stop early on Communicator::interrupt_waits (the pipeline's abort), aborting
@@ -119,7 +118,6 @@ class NcclCommunicator final : public Communicator {
       connect_channels();
       connect_collectives();
       if (experts_) experts_->connect();
-      if (paired_experts_) paired_experts_->connect();
     } catch (...) {
       destroy(false);
       throw;
@@ -136,15 +134,9 @@ class NcclCommunicator final : public Communicator {
   /// Every rank of `comm` calls this: rank 0 makes the world's unique id and MPI broadcasts it.
   static std::shared_ptr<NcclCommunicator> from_mpi(MPI_Comm comm, int stages, int device, int tensor = 1,
                                                     RankOrder order = RankOrder::stages_outermost, int experts = 1) {
-    int size = 0, rank = 0;
-    CUPIPE_REQUIRE(MPI_Comm_size(comm, &size) == MPI_SUCCESS && MPI_Comm_rank(comm, &rank) == MPI_SUCCESS,
-                   "NcclCommunicator::from_mpi: MPI_Comm_size/rank failed");
-    ncclUniqueId id{};
-    if (rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&id));
-    CUPIPE_REQUIRE(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
-                   "NcclCommunicator::from_mpi: MPI_Bcast of the NCCL unique id failed");
-    IdExchange exchange = detail::mpi_id_exchange(comm, rank);
-    return std::make_shared<NcclCommunicator>(size, rank, stages, device, id, std::move(exchange), tensor, order, experts);
+    detail::EnvironmentLaunch l = detail::mpi_launch(comm);
+    return std::make_shared<NcclCommunicator>(l.world, l.rank, stages, device, l.id, std::move(l.exchange), tensor, order,
+                                              experts);
   }
 #endif
 
@@ -279,7 +271,18 @@ class NcclCommunicator final : public Communicator {
 
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
   moe::ExpertGroup* expert_group() override { return experts_.get(); }
-  moe::ExpertGroup* paired_expert_group() override { return paired_experts_.get(); }
+  /// The overlapped F's group (null without experts): the same ranks, its own communicator and stream, made
+  /// at the first call, collective over the world (every rank's Pipeline with PipelineOptions::paired_turns).
+  moe::ExpertGroup* paired_expert_group() override {
+    if (experts_ && !paired_experts_) {
+      check_alive();
+      paired_comm_ = group("experts-paired", expert_group_color(topology_), topology_.expert_rank(), topology_.experts);
+      const std::string name = expert_group_name(topology_);  // "... replicas 2..3)"
+      paired_experts_ = make_group(&NcclCommunicator::paired_comm_, name.substr(0, name.size() - 1) + "; an overlapped F's)");
+      paired_experts_->connect();
+    }
+    return paired_experts_.get();
+  }
   void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, pipeline_); }
   void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, pipeline_); }
   double sum_over_stages(double value) override {
@@ -314,27 +317,24 @@ class NcclCommunicator final : public Communicator {
     return detail::split_group(world_, exchange_, name, color, key, size);
   }
 
-  /// The expert-parallel group and the holders of this rank's experts, split as MpiCommunicator's,
-  /// and the overlapped F's group: the same ranks, its own communicator and stream (paired_expert_group).
+  /// The expert-parallel group and the holders of this rank's experts, split as MpiCommunicator's.
   void make_expert_group() {
     const Topology& t = topology_;
     const int groups = t.replicas / t.experts, base = t.stage() * t.tensor + t.tensor_rank();
-    experts_comm_ = group("experts", base * groups + t.expert_group_index(), t.expert_rank(), t.experts);
-    paired_comm_ = group("experts-paired", base * groups + t.expert_group_index(), t.expert_rank(), t.experts);
+    experts_comm_ = group("experts", expert_group_color(topology_), t.expert_rank(), t.experts);
     if (groups > 1) holders_comm_ = group("holders", base * t.experts + t.expert_rank(), t.expert_group_index(), groups);
+    experts_ = make_group(&NcclCommunicator::experts_comm_, expert_group_name(t));
+  }
+  /// An expert group whose all-to-alls and counts go over the communicator `own` (and sums over the holders').
+  std::unique_ptr<NcclExpertGroup> make_group(ncclComm_t NcclCommunicator::*own, std::string name) {
+    const auto comm = [this, own](bool holders) { check_alive(); return holders ? holders_comm_ : this->*own; };
+    const auto sum = [this, comm](void* data, std::size_t n, ncclDataType_t type, bool h) { allreduce(data, n, type, comm(h)); };
     const auto wait_for = [this](const backend::cuda::Event& event, const std::string& what) {
       wait(event, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": " + what; },
            "not finished", false, "collective timeout: another rank of the group stalled or died before reaching it");
     };
-    const auto make = [&](ncclComm_t NcclCommunicator::*own, std::string name) {
-      const auto comm = [this, own](bool holders) { check_alive(); return holders ? holders_comm_ : this->*own; };
-      const auto sum = [this, comm](void* data, std::size_t n, ncclDataType_t type, bool h) { allreduce(data, n, type, comm(h)); };
-      return std::make_unique<NcclExpertGroup>(NcclExpertGroup::Owner{device_, comm, sum, wait_for}, t.experts,
-                                               t.expert_rank(), groups, std::move(name));
-    };
-    const std::string name = expert_group_name(t);  // "... replicas 2..3)"
-    experts_ = make(&NcclCommunicator::experts_comm_, name);
-    paired_experts_ = make(&NcclCommunicator::paired_comm_, name.substr(0, name.size() - 1) + "; an overlapped forward's)");
+    return std::make_unique<NcclExpertGroup>(NcclExpertGroup::Owner{device_, comm, sum, wait_for}, topology_.experts,
+                                             topology_.expert_rank(), topology_.replicas / topology_.experts, std::move(name));
   }
 
   /// The two-rank channels to this rank's neighbours in the pipeline ring (ring: interleaved

@@ -119,6 +119,21 @@ inline EnvironmentLaunch environment_launch() {
   return out;
 }
 
+#if defined(CUPIPE_HAS_MPI)
+/// The same from an MPI communicator (NcclCommunicator::from_mpi): every rank of `comm` calls it;
+/// rank 0 makes the world's unique id and MPI broadcasts it, and the groups' ids go over MPI too.
+inline EnvironmentLaunch mpi_launch(MPI_Comm comm) {
+  EnvironmentLaunch out;
+  CUPIPE_REQUIRE(MPI_Comm_size(comm, &out.world) == MPI_SUCCESS && MPI_Comm_rank(comm, &out.rank) == MPI_SUCCESS,
+                 "NcclCommunicator::from_mpi: MPI_Comm_size/rank failed");
+  if (out.rank == 0) CUPIPE_COMM_CHECK_NCCL(ncclGetUniqueId(&out.id));
+  CUPIPE_REQUIRE(MPI_Bcast(&out.id, int(sizeof out.id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
+                 "NcclCommunicator::from_mpi: MPI_Bcast of the NCCL unique id failed");
+  out.exchange = mpi_id_exchange(comm, out.rank);
+  return out;
+}
+#endif
+
 /// A communicator of `world`'s ranks with the same `color` (ordered by `key`); a negative color
 /// leaves this rank out (it gets null). Collective over the world: every rank makes every split,
 /// in the same order. `exchange` is used only where NCCL cannot split communicators.

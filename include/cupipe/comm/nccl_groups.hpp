@@ -65,6 +65,11 @@ class NcclTensorGroup final : public TensorGroup {
   AllReduce allreduce_;
 };
 
+/// The split color of this rank's expert-parallel group (its stage, tensor place and group of replicas).
+inline int expert_group_color(const Topology& t) {
+  return (t.stage() * t.tensor + t.tensor_rank()) * (t.replicas / t.experts) + t.expert_group_index();
+}
+
 /// "the expert-parallel group of 2 ranks (stage 0, replicas 2..3)": this rank's, for errors.
 inline std::string expert_group_name(const Topology& t) {
   const int first = t.expert_group_index() * t.experts;
@@ -98,7 +103,10 @@ class NcclExpertGroup final : public moe::ExpertGroup {
   bool device_memory() const override { return true; }
 
   // The sums run on the communicator's collective stream: never while an all-to-all is in flight
-  // on this group's (two communicators' kernels at once can wait on each other).
+  // on this group's. Another group's may be (a DualPipeV pair taking turns: the F's all-to-all on the
+  // paired group while the B exchanges counts, or a stage's gradient sum starts): NCCL then runs two
+  // communicators' kernels at once, which is safe only because every rank issues them in the same
+  // order (the turns are the same on every rank); not yet run on GPUs (docs/gpu_notes.md).
   void sum(float* data, std::size_t n) override { summed(data, n, ncclFloat32, false); }
   void sum(double* data, std::size_t n) override { summed(data, n, ncclFloat64, false); }
   void sum_over_holders(float* data, std::size_t n) override { summed(data, n, ncclFloat32, true); }

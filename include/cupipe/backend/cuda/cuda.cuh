@@ -80,6 +80,8 @@ class Cuda : public ops::Dispatch {
   /// enqueues on the side stream and the B on the main stream, each handing the turn over while its
   /// all-to-all is in flight, so that the other's kernels are queued beside it. Null: the pair runs
   /// from one thread, the F's host waits (routing, counts, all-to-all) before the B is queued.
+  /// The two actions share the context's device-error record: a bad input one meets may be reported
+  /// by the other's next check, naming the wrong action.
   moe::ExpertGroup* paired_expert_group = nullptr;
 
   /// Float GEMMs on TF32 tensor cores (about 1e-3 relative; 8x the fp32 rate on an H100) or in exact
