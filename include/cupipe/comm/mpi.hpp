@@ -191,7 +191,7 @@ class MpiCommunicator final : public Communicator {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Irecv(data, count(bytes), MPI_BYTE, from_stage, tag(key), pipeline_, &request));
     }
-    MPI_Status status = wait(request, timeout_seconds, describe, double(bytes));
+    MPI_Status status = wait(request, timeout_seconds, describe);
     int received = 0;
     {
       const std::lock_guard lock(mutex_);
@@ -223,14 +223,15 @@ class MpiCommunicator final : public Communicator {
   void finish_sums() override {
     std::vector<MPI_Request> started;
     std::vector<std::function<void()>> then;
-    double bytes = 0;
+    std::vector<double> bytes;
     {
       const std::lock_guard lock(mutex_);
       started.swap(started_sums_);
       then.swap(after_sums_);
-      bytes = std::exchange(started_bytes_[0], 0.0);
+      bytes.swap(started_bytes_[0]);
     }
-    for (MPI_Request& request : started) finish_collective(request, "a gradient sum over " + describe(Group::replicas), bytes);
+    for (std::size_t i = 0; i < started.size(); ++i)
+      finish_collective(started[i], "a gradient sum over " + describe(Group::replicas), bytes[i]);
     for (const auto& f : then) f();
   }
   bool starts_reduce_scatters() const override { return true; }
@@ -242,13 +243,14 @@ class MpiCommunicator final : public Communicator {
   /// Waits for every started gather under the collective timeout (the progress thread drives them).
   void finish_gathers() override {
     std::vector<MPI_Request> started;
-    double bytes = 0;
+    std::vector<double> bytes;
     {
       const std::lock_guard lock(mutex_);
       started.swap(started_gathers_);
-      bytes = std::exchange(started_bytes_[1], 0.0);
+      bytes.swap(started_bytes_[1]);
     }
-    for (MPI_Request& request : started) finish_collective(request, "a gather over " + describe(Group::replicas), bytes);
+    for (std::size_t i = 0; i < started.size(); ++i)
+      finish_collective(started[i], "a gather over " + describe(Group::replicas), bytes[i]);
   }
   void all_gather_over_replicas(float* data, std::size_t n) override { allgather(data, n, MPI_FLOAT); }
   void all_gather_over_replicas(double* data, std::size_t n) override { allgather(data, n, MPI_DOUBLE); }
@@ -324,11 +326,12 @@ class MpiCommunicator final : public Communicator {
 
   /// Polls the request until it completes (sleeping between polls); past the timeout, or when
   /// interrupt_waits() was called, cancels it and throws.
-  MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe,
-                  double bytes) {
+  /// A receive waits mostly for its sender's compute, not its data, so it polls back to back only
+  /// for poll_seconds (the sender's progress thread pushes the data meanwhile).
+  MPI_Status wait(MPI_Request& request, double timeout_seconds, const std::function<std::string()>& describe) {
     MPI_Status status{};
     bool interrupted = false;
-    if (!completes_within(request, &status, timeout_seconds, &interrupted, poll_window(bytes))) {
+    if (!completes_within(request, &status, timeout_seconds, &interrupted)) {
       {
         const std::lock_guard lock(mutex_);
         MPI_Cancel(&request);
@@ -438,7 +441,7 @@ class MpiCommunicator final : public Communicator {
       MPI_Request request = MPI_REQUEST_NULL;
       post(&request);
       (into ? *into : started_sums_).push_back(request);
-      started_bytes_[into ? 1 : 0] += bytes;
+      started_bytes_[into ? 1 : 0].push_back(bytes);
       if (then) after_sums_.push_back(std::move(then));
     }
     in_flight_.notify_one();
@@ -579,7 +582,7 @@ class MpiCommunicator final : public Communicator {
   PendingSends<Send> pending_;
   std::vector<MPI_Request> started_sums_;  ///< under mutex_: start_sum's requests, until finish_sums
   std::vector<MPI_Request> started_gathers_;  ///< under mutex_: start_gather's requests, until finish_gathers
-  double started_bytes_[2] = {0, 0};          ///< under mutex_: what the started sums and gathers move (their waits' poll_window)
+  std::vector<double> started_bytes_[2];      ///< under mutex_: what each started sum and gather moves (its wait's poll_window)
   std::vector<std::function<void()>> after_sums_;  ///< under mutex_: what finish_sums does after its waits
   std::vector<MPI_Request*> ring_requests_;  ///< under mutex_: a ring's pass or an expert all-to-all in flight, for the progress thread
   std::unique_ptr<MpiRing> ring_;             ///< the context-parallel ring (null: none)

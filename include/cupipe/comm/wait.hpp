@@ -9,9 +9,10 @@
 // at a few fragments per sleep. Measured on the 2-core VM (OpenMPI 4, shared memory, 2 ranks): a
 // 4 MB hand-over at 0.54 GB/s and a 4 KB one in 130 us when every poll sleeps, 6.8 GB/s and 2 us
 // with this first millisecond (MPI_Wait, which spins: 8.1 GB/s and 2.6 us); docs/benchmarks.md.
-// A wait for more data than a millisecond moves polls for as long as the data take at
+// A collective's wait for more data than a millisecond moves polls for as long as the data take at
 // polled_bytes_per_second (poll_window): an 11 MB gradient sum of 2 ranks took 63-90 ms when it
 // slept after its first millisecond, against 2.5 ms for a blocking MPI_Allreduce (AMD EPYC VM).
+// The window starts with the wait: a peer that arrives later than it meets the sleeping pace again.
 #pragma once
 
 #include <algorithm>
