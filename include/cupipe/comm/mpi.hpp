@@ -35,7 +35,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "cupipe/comm/communicator.hpp"
@@ -289,10 +288,6 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  /// Bytes of `n` values of `type` (float or double: the communicator's sums; 1 byte otherwise).
-  static double bytes_of(std::size_t n, MPI_Datatype type) {
-    return double(n) * (type == MPI_DOUBLE ? sizeof(double) : type == MPI_FLOAT ? sizeof(float) : 1);
-  }
   static int count(std::size_t bytes) {
     if (bytes > std::size_t(INT32_MAX)) CUPIPE_THROW("MPI message of ", bytes, " bytes exceeds 2 GiB; use smaller microbatches");
     return int(bytes);
@@ -367,26 +362,22 @@ class MpiCommunicator final : public Communicator {
     check_usable();
     MPI_Comm comm = group == Group::world ? world_ : group == Group::pipeline ? pipeline_ : group == Group::replicas ? replicas_ : tensor_;
     MPI_Request request = MPI_REQUEST_NULL;
-    double bytes = 0;
     {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, &request));
-      bytes = 2 * bytes_of(n, type);
     }
-    finish_collective(request, "a sum over " + describe(group), bytes);
+    finish_collective(request, "a sum over " + describe(group), 2 * detail::mpi_bytes(n, type));
   }
 
   /// In-place gather over the replicas of this stage: n values from each, in replica order.
   void allgather(void* data, std::size_t n, MPI_Datatype type) {
     check_usable();
     MPI_Request request = MPI_REQUEST_NULL;
-    double bytes = 0;
     {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count(n), type, replicas_, &request));
-      bytes = bytes_of(n, type) * topology_.replicas;
     }
-    finish_collective(request, "a gather over " + describe(Group::replicas), bytes);
+    finish_collective(request, "a gather over " + describe(Group::replicas), detail::mpi_bytes(n, type) * topology_.replicas);
   }
 
   /// In-place reduce-scatter over the replicas of this stage: `data` holds replicas x n values; with
@@ -394,17 +385,16 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(void* data, std::size_t n, MPI_Datatype type) {
     check_usable();
     MPI_Request request = MPI_REQUEST_NULL;
-    double bytes = 0;
     {
       const std::lock_guard lock(mutex_);
       CUPIPE_CHECK_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, &request));
-      bytes = bytes_of(n, type) * topology_.replicas;
     }
-    finish_collective(request, "a reduce-scatter over " + describe(Group::replicas), bytes);
+    finish_collective(request, "a reduce-scatter over " + describe(Group::replicas),
+                      detail::mpi_bytes(n, type) * topology_.replicas);
   }
   /// Starts an in-place MPI_Iallreduce over the replicas; finish_sums() completes it.
   void start_sum(void* data, std::size_t n, MPI_Datatype type) {
-    start_over_replicas(n, 2 * bytes_of(n, type), [&](MPI_Request* request) {
+    start_over_replicas(n, 2 * detail::mpi_bytes(n, type), [&](MPI_Request* request) {
       CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, request));
     });
   }
@@ -413,7 +403,7 @@ class MpiCommunicator final : public Communicator {
   template <class T>
   void start_reduce_scatter(T* data, std::size_t n, MPI_Datatype type) {
     start_over_replicas(
-        n, bytes_of(n, type) * topology_.replicas,
+        n, detail::mpi_bytes(n, type) * topology_.replicas,
         [&](MPI_Request* request) {
           CUPIPE_CHECK_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, count(n), type, MPI_SUM, replicas_, request));
         },
@@ -422,7 +412,7 @@ class MpiCommunicator final : public Communicator {
   /// Starts an in-place MPI_Iallgather over the replicas; finish_gathers() completes it.
   void start_gather(void* data, std::size_t n, MPI_Datatype type) {
     start_over_replicas(
-        n, bytes_of(n, type) * topology_.replicas,
+        n, detail::mpi_bytes(n, type) * topology_.replicas,
         [&](MPI_Request* request) {
           CUPIPE_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count(n), type, replicas_, request));
         },

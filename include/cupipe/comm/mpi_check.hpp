@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <string>
 
 #include "cupipe/core/error.hpp"
@@ -17,6 +18,11 @@ inline std::string mpi_error_text(int code) {
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
   return std::string(text, std::size_t(length));
+}
+/// Bytes of `n` values of `type` (float or double: the communicators' sums; 1 byte otherwise), for
+/// a wait's poll_window (comm/wait.hpp).
+inline double mpi_bytes(std::size_t n, MPI_Datatype type) {
+  return double(n) * double(type == MPI_DOUBLE ? sizeof(double) : type == MPI_FLOAT ? sizeof(float) : 1);
 }
 }  // namespace detail
 

@@ -89,7 +89,7 @@ class MpiExpertGroup final : public moe::ExpertGroup {
         what, [&](MPI_Request* request) {
           CUPIPE_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, MPI_SUM, comm, request));
         },
-        2.0 * double(n) * (type == MPI_DOUBLE ? sizeof(double) : sizeof(float)));
+        2 * detail::mpi_bytes(n, type));
   }
 
   /// Posts MPI_Ialltoallv (its count arrays kept until it completes, as MPI requires) and hands it
