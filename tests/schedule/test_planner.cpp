@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <vector>
@@ -135,6 +136,28 @@ TEST_CASE("planner: the report names the best layout, its split, its memory and 
   request.model.calibration_rounds = 5;
   CHECK_THAT(planner::describe(report, request.model), Catch::Contains("calibration: the profiles' repeated rounds (up to 5 "
                                                                       "each) spread by at most 3.25%"));
+  // One round (CUPIPE_CALIBRATION=quick) measured no spread, and the report must not print one.
+  request.model.calibration_spread = 0;
+  request.model.calibration_rounds = 1;
+  const std::string quick = planner::describe(report, request.model);
+  CHECK_THAT(quick, Catch::Contains("calibration: one round of each profile (CUPIPE_CALIBRATION=quick)"));
+  CHECK_THAT(quick, !Catch::Contains("spread by at most"));
+}
+
+TEST_CASE("planner: CUPIPE_CALIBRATION=quick measures each profile once, and only that value does", "[planner]") {
+  int calls = 0;
+  const auto measure = [&] { return double(++calls); };  // every round differs: the rounds go on to `most`
+  const planner::detail::Rounds rounds{3, 7, 0.02};
+  ::unsetenv("CUPIPE_CALIBRATION");
+  CHECK(planner::detail::repeated(rounds, measure).size() == 7);
+  ::setenv("CUPIPE_CALIBRATION", "quick", 1);
+  calls = 0;
+  const std::vector<double> once = planner::detail::repeated(rounds, measure);
+  ::setenv("CUPIPE_CALIBRATION", "Quick", 1);
+  const std::size_t other_value = planner::detail::repeated(rounds, measure).size();
+  ::unsetenv("CUPIPE_CALIBRATION");
+  CHECK(once.size() == 1);
+  CHECK(other_value == 7);
 }
 
 TEST_CASE("planner: a fixed part of each action and the optimizer step enter the step time", "[planner]") {

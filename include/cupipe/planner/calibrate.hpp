@@ -482,6 +482,7 @@ template <class Model, class Backend>
 CostModel calibrate(ConstView<model_input_t<typename Model::body, typename Backend::value_type>> x, int repeats = 3,
                     index_t rows_per_sample = 1, const std::vector<int>& microbatch_counts = {}) {
   using Body = typename Model::body;
+  if (detail::quick_calibration()) repeats = 1;  // one run per measurement, and one round (rounds.hpp)
   detail::RoundsSeen seen;
   CostModel model = detail::profiled_layers<Model, Backend>(x, repeats, rows_per_sample, nullptr, microbatch_counts, &seen);
   model.update_seconds_per_param = update_seconds_per_param<Backend>(std::max<index_t>(1, Body::param_count), std::max(repeats, 5), &seen);

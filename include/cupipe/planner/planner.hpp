@@ -310,7 +310,10 @@ inline std::string describe(const Report& report, const CostModel& model, std::s
         << why_slower(report.ranked[i], best) << "\n";
   out << report.considered << " layouts considered, " << report.ranked.size() << " fit, " << report.rejected.size()
       << " refused\n";
-  if (model.calibration_rounds > 0)
+  if (model.calibration_rounds == 1)
+    out << "calibration: one round of each profile (CUPIPE_CALIBRATION=quick), so how far the prediction may be off "
+           "was not measured\n";
+  else if (model.calibration_rounds > 1)
     out << "calibration: the profiles' repeated rounds (up to " << model.calibration_rounds << " each) spread by at most "
         << 100 * model.calibration_spread << "% (median absolute deviation): read the predicted step as about that sure\n";
   for (const std::string& caveat : report.caveats) out << "caveat: " << caveat << "\n";
