@@ -23,7 +23,7 @@ all=(-DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_BUILD_BENCH=ON)
 # two fifths of the time. Elsewhere they build, for docs/benchmarks.md.
 # In CI the MPI check programs (tests/comm/mpi_checks.cmake) are left to the ASan stage below, which
 # builds and runs every one of them with AddressSanitizer and UBSan on: here they cost 295 CPU-s of
-# compiling and 77 s of tests (2026-12-06) to repeat what that stage checks more strictly. The
+# compiling and 72 s of tests (50 checks, 2026-12-06) to repeat what that stage checks more strictly. The
 # trainers' MPI runs stay here too, with every schedule and bf16 (the ASan stage's trainers have 1F1B).
 host_ci=(-DCUPIPE_QUICK_COMPILE_OPTIONS= -DCUPIPE_TRAINER_SCHEDULES=all -DCUPIPE_BENCH_SYNTAX_ONLY=OFF -DCUPIPE_MPI_CHECKS=ON)  # named either way: a CMake cache keeps the last value
 if [ "${CI:-}" = true ]; then

@@ -42,8 +42,9 @@ struct Rounds {
 
 /// Whether CUPIPE_CALIBRATION=quick is set in the environment: then every measurement that
 /// calibrate repeats in rounds takes one round, planner::calibrate times each action once (its
-/// `repeats` 1), and the report says that the spread was not measured. For runs that check what the planner does, not how
-/// well it predicts: CI's sanitizer stage, whose code runs about ten times slower (scripts/test.sh).
+/// `repeats` 1), and the report says that the spread was not measured. For runs that check what
+/// the planner does, not how well it predicts: CI's sanitizer stage, whose code runs about ten
+/// times slower (scripts/test.sh).
 inline bool quick_calibration() {
   const char* value = std::getenv("CUPIPE_CALIBRATION");
   return value != nullptr && std::string_view(value) == "quick";
