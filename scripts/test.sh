@@ -78,10 +78,10 @@ asan_targets=(mpi_pipeline_check mpi_expert_parallel_check mpi_fault_check mpi_p
 CC=clang CXX=clang++ build "$root/build/asan" -DCUPIPE_ASAN=ON -DCUPIPE_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCUPIPE_BUILD_TESTS=ON -DCUPIPE_BUILD_EXAMPLES=ON -DCUPIPE_TRAINER_SCHEDULES=1f1b -- "${asan_targets[@]}"
 # The MPI checks two at a time, as the host stage runs its own: one at a time they left the cores
-# idle for half the run (452 CPU-s in 352 s), as many of them wait on peers, on their ranks' start,
-# and on the stall checks' 3-s deadlines; two at a time they took 267 s (2026-12-07). The ones that
-# time their ranks run alone (RUN_SERIAL). The fuzzers, which run for a fixed time, 4 at once (7
-# targets: two rounds of CUPIPE_FUZZ_SECONDS).
+# idle a third of the run (454 CPU-s of 704 in 352 s), as many of them wait on peers, on their
+# ranks' start and on the stall checks' 3-s deadlines; two at a time they took 267 s (2026-12-07).
+# The ones that time their ranks run alone (RUN_SERIAL). The fuzzers, which run for a fixed time, 4
+# at once (7 targets: two rounds of CUPIPE_FUZZ_SECONDS).
 # A failure in the first does not skip the second: both report, and the script fails after them.
 failed=0
 # The trainers' --plan auto runs calibrate quickly here (CUPIPE_CALIBRATION=quick, planner/rounds.hpp:
