@@ -20,6 +20,12 @@
 //               experts split over the two (backend::Cuda<float>, rows moved by NCCL in device
 //               memory) against the host's whole layer on each rank's rows: output, input gradient,
 //               the router's gradient and each expert's summed over both ranks' rows.
+//   --context:  one stage, a context-parallel ring of the two ranks (NcclRing, comm/nccl_groups.hpp): a
+//               pass of values that name their sender, host memory refused with its message; then
+//               ring attention on backend::Cuda<float> (backend/cuda/ops_ring.cuh) over the ring,
+//               each rank's rows of two sequences against the host's attention on the whole ones;
+//               then a GPT's Pipeline on the two ranks' chunks of each sequence against one process
+//               on the host with whole sequences: losses, gradient norms and weights over 3 AdamW steps.
 // Prints PASS, or "SKIPPED:" when there are fewer GPUs than ranks (ctest reports it as skipped):
 // NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected").
 #include <cuda_runtime_api.h>
@@ -31,11 +37,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cupipe/comm/nccl.hpp"
 #include "cupipe/cupipe.cuh"
+#include "cupipe/gpt/model.hpp"
 #include "local_expert_group.hpp"
 
 namespace {
@@ -119,6 +127,110 @@ double relative(const std::vector<float>& a, const std::vector<float>& b) {
 
 using ExpertsWhole = cupipe::MixtureOfExperts<32, 64, 16, cupipe::moe::Routing{4, 2, 1.25}>;
 using ExpertsPart = cupipe::MixtureOfExperts<32, 64, 16, cupipe::moe::Routing{4, 2, 1.25}, 2>;
+
+/// The context-parallel ring: a pass, then ring attention against the host's whole sequences.
+bool context(cupipe::comm::NcclCommunicator& comm) {
+  using namespace cupipe;
+  cp::ContextGroup* ring = comm.context_group();
+  if (ring == nullptr || ring->size() != 2 || !ring->device_memory()) return false;
+  const int me = ring->rank(), previous = 1 - me;
+  std::vector<float> mine(100);
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = float(me * 1000) + float(i);
+  Device sent(mine.size()), received(mine.size());
+  sent.upload(mine);
+  ring->start_pass(sent.data, received.data, mine.size() * sizeof(float), nullptr);
+  ring->finish_pass();
+  const std::vector<float> arrived = received.download();
+  bool ok = true;
+  for (std::size_t i = 0; i < arrived.size(); ++i) ok = ok && arrived[i] == float(previous * 1000) + float(i);
+  try {  // host memory is refused before NCCL sees it (both ranks refuse, so neither waits)
+    ring->start_pass(mine.data(), received.data, mine.size() * sizeof(float), nullptr);
+    ok = false;
+  } catch (const std::exception& e) {
+    ok = ok && std::string(e.what()).find("was given host memory") != std::string::npos;
+  }
+  const bool passed = ok;
+
+  constexpr index_t heads = 2, D = 16, C = heads * D, W = 3 * C, T = 64, n = 2 * T, rows = n / 2;
+  Rng rng(23);
+  std::vector<double> qkv(std::size_t(n * W)), dout(std::size_t(n * C));
+  for (double& v : qkv) v = double(float(rng.uniform(-1.5, 1.5)));
+  for (double& v : dout) v = double(float(rng.uniform(-1, 1)));
+  backend::Host<double> ref;
+  std::vector<double> out(std::size_t(n * C)), lse(std::size_t(n * heads)), dqkv(qkv.size());
+  ops::causal_attention_forward(ref, ConstView<double>{qkv.data(), Shape{n, W}}, TensorView<double>{out.data(), Shape{n, C}},
+                                TensorView<double>{lse.data(), Shape{n, heads}}, heads, T);
+  ops::causal_attention_backward(ref, ConstView<double>{qkv.data(), Shape{n, W}}, ConstView<double>{out.data(), Shape{n, C}},
+                                 ConstView<double>{lse.data(), Shape{n, heads}}, ConstView<double>{dout.data(), Shape{n, C}},
+                                 TensorView<double>{dqkv.data(), Shape{n, W}}, heads, T);
+  const auto floats = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  backend::Cuda<float> gpu;
+  const auto upload = [&](const std::vector<double>& whole, index_t width) {
+    const std::vector<float> part = floats(cp::local_rows(std::span<const double>(whole), T, me, 2, width));
+    auto buffer = gpu.allocate<float>(index_t(part.size()), MemoryTag::activations);
+    gpu.upload(std::span<const float>(part), buffer.data());
+    return buffer;
+  };
+  auto dq = upload(qkv, W), dg = upload(dout, C);
+  auto o = gpu.allocate<float>(rows * C, MemoryTag::activations), l = gpu.allocate<float>(rows * heads, MemoryTag::activations);
+  auto d = gpu.allocate<float>(rows * W, MemoryTag::activations);
+  const auto in = [](const auto& buffer, Shape shape) { return buffer.view(shape); };  // a const view
+  ops::ring_attention_forward(gpu, *ring, in(dq, Shape{rows, W}), o.view(Shape{rows, C}), l.view(Shape{rows, heads}), heads, T);
+  ops::ring_attention_backward(gpu, *ring, in(dq, Shape{rows, W}), in(o, Shape{rows, C}), in(l, Shape{rows, heads}),
+                               in(dg, Shape{rows, C}), d.view(Shape{rows, W}), heads, T);
+  const auto error = [&](auto& buffer, const std::vector<double>& whole, index_t width) {
+    std::vector<float> got(std::size_t(buffer.size()));
+    gpu.download(buffer.data(), std::span<float>(got));
+    return relative(got, floats(cp::local_rows(std::span<const double>(whole), T, me, 2, width)));
+  };
+  const double eo = error(o, out, C), el = error(l, lse, heads), ed = error(d, dqkv, W);
+  ok = ok && eo <= 1e-5 && el <= 1e-5 && ed <= 1e-5;
+  std::printf("rank %d: NCCL context-parallel ring of 2: a pass %s; ring attention against the host's whole sequences: "
+              "output %.3g, lse %.3g, dqkv %.3g (relative)\n",
+              me, passed ? "equal" : "DIFFERENT", eo, el, ed);
+  return ok;
+}
+
+/// A GPT on one stage whose ring of 2 holds each sequence's zigzag chunks (Pipeline on
+/// backend::Cuda<float> over the NCCL ring) against one process on the host with whole sequences:
+/// the loss and gradient norm of each of 3 AdamW steps, then the weights, within fp32 rounding.
+/// A template: nvcc's host pass loses a gpt::Config template argument used in a plain function.
+template <cupipe::gpt::Config config>
+bool context_pipeline(std::shared_ptr<cupipe::comm::NcclCommunicator> comm) {
+  using namespace cupipe;
+  using Gpt = gpt::Model<config>;
+  constexpr index_t T = config.context, sequences = 4;
+  const comm::Topology& topo = comm->topology();
+  Rng rng(8);
+  std::vector<std::int32_t> ids(std::size_t(sequences * T)), next(ids.size());
+  for (auto& v : ids) v = std::int32_t(rng.below(std::uint64_t(config.vocab)));
+  for (auto& v : next) v = std::int32_t(rng.below(std::uint64_t(config.vocab)));
+  const auto mine = [&](const std::vector<std::int32_t>& whole) {
+    return cp::local_rows(std::span<const std::int32_t>(whole), T, topo.context_rank(), topo.context);
+  };
+  const std::vector<std::int32_t> my_ids = mine(ids), my_next = mine(next);
+  const index_t n = index_t(my_ids.size());
+  Pipeline<partition<Gpt, 1>, schedule::OneFOneB, backend::Cuda<float>> distributed(
+      {.microbatches = 2, .seed = 4, .devices = {comm->device()}, .transfer_timeout_seconds = 30, .communicator = comm});
+  Pipeline<partition<Gpt, 1>, schedule::OneFOneB, backend::Host<float>> reference({.microbatches = 2, .seed = 4});
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .clip_norm = 0.5});
+  bool ok = relative(distributed.parameters(), reference.parameters()) == 0;
+  for (int s = 0; s < 3; ++s) {
+    const StepStats got = distributed.train_step(ConstView<std::int32_t>{my_ids.data(), Shape{n, 1}},
+                                                 ConstView<std::int32_t>{my_next.data(), Shape{n}}, adamw);
+    const StepStats want = reference.train_step(ConstView<std::int32_t>{ids.data(), Shape{sequences * T, 1}},
+                                                ConstView<std::int32_t>{next.data(), Shape{sequences * T}}, adamw);
+    const bool same = std::abs(got.loss - want.loss) <= 1e-5 * want.loss &&
+                      std::abs(got.grad_norm - want.grad_norm) <= 1e-4 * want.grad_norm;
+    if (topo.rank == 0)
+      std::printf("context parallel over NCCL, step %d: loss %.7g, gradient norm %.7g (host, whole sequences: %.7g, %.7g): %s\n",
+                  s, got.loss, got.grad_norm, want.loss, want.grad_norm, same ? "equal" : "DIFFERENT");
+    ok = ok && same;
+  }
+  const double w = relative(distributed.parameters(), reference.parameters());
+  if (topo.rank == 0) std::printf("context parallel over NCCL: weights after 3 AdamW steps %.3g relative\n", w);
+  return ok && w <= 1e-5;
+}
 
 /// The expert-parallel group: an all-to-all of uneven blocks, then a mixture-of-experts layer.
 bool experts(cupipe::comm::NcclCommunicator& comm) {
@@ -312,13 +424,14 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   int stages = world, tensor = 1;
-  bool run_pipeline = false, run_experts = false;
+  bool run_pipeline = false, run_experts = false, run_context = false;
   int zero = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--stages") == 0 && i + 1 < argc) stages = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--tensor") == 0 && i + 1 < argc) tensor = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--pipeline") == 0) run_pipeline = true;
     if (std::strcmp(argv[i], "--experts") == 0) run_experts = true;
+    if (std::strcmp(argv[i], "--context") == 0) run_context = true;
     if (std::strcmp(argv[i], "--zero") == 0) zero = 1;
     if (std::strcmp(argv[i], "--zero=2") == 0) zero = 2;
     if (std::strcmp(argv[i], "--zero=3") == 0) zero = 3;
@@ -333,8 +446,10 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     auto comm = cupipe::comm::NcclCommunicator::from_mpi(MPI_COMM_WORLD, stages, rank % devices, tensor,
-                                                         cupipe::comm::RankOrder::stages_outermost, run_experts ? world : 1);
-    const bool ok = run_experts    ? experts(*comm)
+                                                         cupipe::comm::RankOrder::stages_outermost, run_experts ? world : 1,
+                                                         run_context ? world : 1);
+    const bool ok = run_context    ? context(*comm) && context_pipeline<cupipe::gpt::Config{64, 16, 2, 2, 32}>(comm)
+                    : run_experts  ? experts(*comm)
                     : run_pipeline ? pipeline(comm, zero)
                     : stages > 1   ? point_to_point(*comm)
                                    : replicas(*comm);

@@ -12,11 +12,13 @@
 #include <exception>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cuda_test_support.hpp"
 #include "local_expert_group.hpp"
+#include "local_ring.hpp"
 #include "moe_slots.hpp"
 
 #include "cupipe/pipeline/paired_turns.hpp"
@@ -277,6 +279,72 @@ TEST_CASE("causal attention forward and backward match the host", "[gpu][cuda][o
   // Deterministic: no atomics, so a second run gives the same bits.
   ops::causal_attention_backward(gpu, dqkv_in.cview(sq), out.cview(so), lse.cview(sl), ddout.cview(so), dqkv.view(sq), heads, T);
   CHECK(dqkv.download() == first);
+}
+
+TEST_CASE("ring attention on CUDA: every rank of a ring of threads equals the host's attention on whole sequences",
+          "[gpu][cuda][ops][attention][cp]") {
+  // Each rank a thread with its own context on one device, the keys and values passed round a local
+  // ring of device memory (as NCCL's ring passes them); its rows against the host op's on the whole
+  // sequences, in double. Chunks of fewer and more than 32 rows (the kernels' key groups), heads of
+  // up to 32 and of 40 columns.
+  const int cp = GENERATE(2, 4);
+  const auto [heads, D, T] = GENERATE(table<index_t, index_t, index_t>({{2, 8, 24}, {1, 40, 144}, {3, 16, 64}}));
+  constexpr index_t S = 2;
+  CAPTURE(cp, heads, D, T);
+  const index_t C = heads * D, n = T * S, W = 3 * C;
+  Rng rng(std::uint64_t(cp * 100 + D + T));
+  const auto qkv = random_floats(rng, n * W, -1.5, 1.5), dout = random_floats(rng, n * C);
+  const auto qkvd = cast<double>(qkv), doutd = cast<double>(dout);
+  Ref ref;
+  std::vector<double> rout(std::size_t(n * C)), rlse(std::size_t(n * heads)), rdqkv(std::size_t(n * W));
+  ops::causal_attention_forward(ref, ConstView<double>{qkvd.data(), Shape{n, W}}, TensorView<double>{rout.data(), Shape{n, C}},
+                                TensorView<double>{rlse.data(), Shape{n, heads}}, heads, T);
+  ops::causal_attention_backward(ref, ConstView<double>{qkvd.data(), Shape{n, W}}, ConstView<double>{rout.data(), Shape{n, C}},
+                                 ConstView<double>{rlse.data(), Shape{n, heads}}, ConstView<double>{doutd.data(), Shape{n, C}},
+                                 TensorView<double>{rdqkv.data(), Shape{n, W}}, heads, T);
+  testing::LocalRing ring(cp, [](void* to, const void* from, std::size_t bytes) {
+    CUPIPE_CHECK_CUDA(cudaDeviceSynchronize());  // the kernels that wrote `from`, and those that last read `to`
+    CUPIPE_CHECK_CUDA(cudaMemcpy(to, from, bytes, cudaMemcpyDefault));
+    CUPIPE_CHECK_CUDA(cudaDeviceSynchronize());
+  });
+  const auto size = std::size_t(cp);
+  std::vector<std::vector<float>> out(size), lse(size), dqkv(size);
+  testing::on_threads(cp, [&](int r) {
+    testing::LocalRing::Rank group(ring, r);
+    Gpu gpu;
+    const index_t rows = n / cp;
+    const Shape sq{rows, W}, so{rows, C}, sl{rows, heads};
+    DeviceArray<float, Gpu> q(gpu, cp::local_rows(std::span<const float>(qkv), T, r, cp, W));
+    DeviceArray<float, Gpu> g(gpu, cp::local_rows(std::span<const float>(dout), T, r, cp, C));
+    auto o = poisoned<float>(gpu, rows * C), l = poisoned<float>(gpu, rows * heads), d = poisoned<float>(gpu, rows * W);
+    ops::ring_attention_forward(gpu, group, q.cview(sq), o.view(so), l.view(sl), heads, T);
+    ops::ring_attention_backward(gpu, group, q.cview(sq), o.cview(so), l.cview(sl), g.cview(so), d.view(sq), heads, T);
+    out[std::size_t(r)] = o.download();
+    lse[std::size_t(r)] = l.download();
+    dqkv[std::size_t(r)] = d.download();
+  });
+  // cp - 1 passes of keys and values forward; backward cp - 1 more, and cp of their gradients.
+  CHECK(ring.passes == 3 * cp - 2);
+  for (int r = 0; r < cp; ++r) {
+    CAPTURE(r);
+    CHECK(relative_error(out[std::size_t(r)], cp::local_rows(std::span<const double>(rout), T, r, cp, C)) <= fp32_tolerance);
+    CHECK(relative_error(lse[std::size_t(r)], cp::local_rows(std::span<const double>(rlse), T, r, cp, heads)) <= fp32_tolerance);
+    CHECK(relative_error(dqkv[std::size_t(r)], cp::local_rows(std::span<const double>(rdqkv), T, r, cp, W)) <= fp32_tolerance);
+  }
+}
+
+TEST_CASE("ring attention on CUDA refuses a ring of host memory and rows that are not sequences' shares, naming them",
+          "[gpu][cuda][ops][attention][cp][errors]") {
+  Gpu gpu;
+  testing::LocalRing host_ring(2), device_ring(2, [](void*, const void*, std::size_t) {});
+  testing::LocalRing::Rank host_rank(host_ring, 0), device_rank(device_ring, 0);
+  auto qkv = poisoned<float>(gpu, 8 * 24), out = poisoned<float>(gpu, 8 * 8), lse = poisoned<float>(gpu, 8 * 2);
+  CHECK_THROWS_WITH(ops::ring_attention_forward(gpu, host_rank, qkv.cview(Shape{8, 24}), out.view(Shape{8, 8}),
+                                                lse.view(Shape{8, 2}), 2, 16),
+                    Catch::Contains("passes host memory (MPI's)"));
+  CHECK_THROWS_WITH(ops::ring_attention_forward(gpu, device_rank, qkv.cview(Shape{6, 24}), out.view(Shape{6, 8}),
+                                                lse.view(Shape{6, 2}), 2, 16),
+                    Catch::Contains("6 rows are not whole sequences' shares (8 rows each: 16 tokens over a context-parallel ring of 2)"));
 }
 
 TEST_CASE("packed documents run in one attention launch and match the host", "[gpu][cuda][ops][attention][documents]") {

@@ -4,10 +4,14 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cuda_test_support.hpp"
+#include "local_ring.hpp"
+
+#include "cupipe/gpt/model.hpp"
 
 using namespace cupipe;
 using namespace cupipe::testing;
@@ -202,4 +206,65 @@ TEST_CASE("a network on backend::Cuda<float> computes what the host computes", "
     using Model = Sequential<Embedding<50, 32>, LayerNorm<32>, Linear<32, 16>, GELU, Linear<16, 5>>;
     compare_with_host<Model>(40, 31);
   }
+}
+
+namespace {
+
+/// Context parallelism on one device: each rank a thread with its own network and context, the
+/// ring's passes cudaMemcpy (as NCCL's move device memory). Each rank holds its zigzag chunks of
+/// two sequences; its logits are the host's at those rows, and the ranks' losses and gradients
+/// (one normalizer: every token of the batch) add up to the host's. A template: nvcc's host pass
+/// loses a gpt::Config template argument used in a plain function (an undeclared __T temporary).
+template <gpt::Config ring_gpt>
+void check_gpt_ring() {
+  using GpuNet = Network<gpt::Model<ring_gpt>, backend::Cuda<float>>;
+  using HostNet = Network<gpt::Model<ring_gpt>, backend::Host<double>>;
+  constexpr index_t T = ring_gpt.context, V = ring_gpt.vocab, n = 2 * T, rows = n / 2;
+  constexpr int cp = 2;
+  Rng rng(41);
+  const auto ids = random_ints(rng, n, V), labels = random_ints(rng, n, V);
+  testing::LocalRing ring(cp, [](void* to, const void* from, std::size_t bytes) {
+    CUPIPE_CHECK_CUDA(cudaDeviceSynchronize());
+    CUPIPE_CHECK_CUDA(cudaMemcpy(to, from, bytes, cudaMemcpyDefault));
+    CUPIPE_CHECK_CUDA(cudaDeviceSynchronize());
+  });
+  std::vector<std::vector<float>> logits(cp), grads(cp), params(cp);
+  std::vector<float> losses(cp);
+  testing::on_threads(cp, [&](int r) {
+    const auto t = std::size_t(r);
+    testing::LocalRing::Rank group(ring, r);
+    GpuNet net(7, 0);
+    backend::Cuda<float>& be = net.backend();
+    be.context_group = &group;
+    DeviceArray<std::int32_t, backend::Cuda<float>> x(be, cp::local_rows(std::span<const std::int32_t>(ids), T, r, cp));
+    DeviceArray<std::int32_t, backend::Cuda<float>> y(be, cp::local_rows(std::span<const std::int32_t>(labels), T, r, cp));
+    auto out = poisoned<float>(be, rows * V);
+    net.forward(x.cview(Shape{rows, 1}), out.view(Shape{rows, V}));
+    logits[t] = out.download();
+    losses[t] = net.forward_backward(x.cview(Shape{rows, 1}), y.cview(Shape{rows}), n);
+    grads[t] = net.gradients();
+    params[t] = net.parameters();
+  });
+  HostNet host(7);
+  host.set_parameters(cast<double>(params[0]));
+  CHECK(params[1] == params[0]);
+  std::vector<double> want(std::size_t(n * V));
+  host.forward(ConstView<std::int32_t>{ids.data(), Shape{n, 1}}, TensorView<double>{want.data(), Shape{n, V}});
+  const double loss = host.forward_backward(ConstView<std::int32_t>{ids.data(), Shape{n, 1}},
+                                            ConstView<std::int32_t>{labels.data(), Shape{n}}, n);
+  std::vector<double> summed(grads[0].size());
+  for (std::size_t i = 0; i < summed.size(); ++i) summed[i] = double(grads[0][i]) + double(grads[1][i]);
+  for (int r = 0; r < cp; ++r) {
+    CAPTURE(r);
+    CHECK(relative_error(logits[std::size_t(r)], cp::local_rows(std::span<const double>(want), T, r, cp, V)) <= fp32_tolerance);
+  }
+  CHECK(std::abs(double(losses[0]) + double(losses[1]) - loss) <= fp32_tolerance * loss);
+  CHECK(relative_error(summed, host.gradients()) <= fp32_tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("a GPT on backend::Cuda<float> over a ring of 2 threads equals the host's GPT on whole sequences",
+          "[gpu][cuda][network][cp]") {
+  check_gpt_ring<gpt::Config{64, 16, 2, 2, 32}>();
 }

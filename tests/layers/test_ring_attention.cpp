@@ -9,9 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <barrier>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <thread>
 #include <vector>
@@ -20,6 +18,7 @@
 #include "cupipe/cp/ring_attention.hpp"
 #include "cupipe/cp/ring_layer.hpp"
 #include "gradcheck.hpp"
+#include "local_ring.hpp"
 
 using namespace cupipe;
 using cupipe::testing::relative_error;
@@ -96,43 +95,6 @@ TEST_CASE("Ring attention: the zigzag split balances the causal work, the contig
 
 namespace {
 
-/// A ring of `cp` threads in one process: a pass posts the rank's buffers, and finish_pass copies
-/// the previous rank's send into this rank's receive between two barriers.
-struct ThreadRing {
-  explicit ThreadRing(int cp) : cp(cp), sync(cp), sends(std::size_t(cp)), receives(std::size_t(cp)), bytes(std::size_t(cp)) {}
-  int cp;
-  std::barrier<> sync;
-  std::vector<const void*> sends;
-  std::vector<void*> receives;
-  std::vector<std::size_t> bytes;
-  int passes = 0;  // rank 0's
-
-  class Rank final : public cp::ContextGroup {
-   public:
-    Rank(ThreadRing& ring, int rank) : ring_(ring), rank_(rank) {}
-    int size() const override { return ring_.cp; }
-    int rank() const override { return rank_; }
-    void start_pass(const void* send, void* receive, std::size_t n) override {
-      ring_.sends[std::size_t(rank_)] = send;
-      ring_.receives[std::size_t(rank_)] = receive;
-      ring_.bytes[std::size_t(rank_)] = n;
-    }
-    void finish_pass() override {
-      ring_.sync.arrive_and_wait();
-      const std::size_t previous = std::size_t((rank_ + ring_.cp - 1) % ring_.cp);
-      if (ring_.bytes[previous] != ring_.bytes[std::size_t(rank_)]) throw std::runtime_error("ring: passes of different sizes");
-      std::memcpy(ring_.receives[std::size_t(rank_)], ring_.sends[previous], ring_.bytes[std::size_t(rank_)]);
-      if (rank_ == 0) ++ring_.passes;
-      ring_.sync.arrive_and_wait();
-    }
-    void sum(double*, std::size_t) override { throw std::runtime_error("ring: no sums in this test"); }
-
-   private:
-    ThreadRing& ring_;
-    int rank_;
-  };
-};
-
 /// `sequences` sequences through ring_forward / ring_backward (the oracle) and through ring_attention_*
 /// on `cp` threads, each with its local rows.
 void check_threaded_ring(int cp, std::uint64_t seed) {
@@ -147,7 +109,7 @@ void check_threaded_ring(int cp, std::uint64_t seed) {
     cp::ring_backward(qkv.data() + s * seq_len * W, seq_len, C, heads, cp, cp::Split::zigzag, out.data() + s * seq_len * C,
                       lse.data() + s * seq_len * heads, dout.data() + s * seq_len * C, dqkv.data() + s * seq_len * W);
   }
-  ThreadRing ring(cp);
+  testing::LocalRing ring(cp);
   const auto size = std::size_t(cp);
   std::vector<Vec> got_out(size), got_lse(size), got_dqkv(size);
   std::vector<std::exception_ptr> failures(size);
@@ -155,7 +117,7 @@ void check_threaded_ring(int cp, std::uint64_t seed) {
   for (int r = 0; r < cp; ++r)
     threads.emplace_back([&, r] {
       try {
-        ThreadRing::Rank group(ring, r);
+        testing::LocalRing::Rank group(ring, r);
         const Vec my_qkv = cp::local_rows(std::span<const double>(qkv), seq_len, r, cp, W);
         const Vec my_dout = cp::local_rows(std::span<const double>(dout), seq_len, r, cp, C);
         const index_t n = rows / cp;
@@ -191,11 +153,16 @@ TEST_CASE("Ring attention across 2 and 4 ranks: each rank's rows equal the oracl
   check_threaded_ring(2, 31);
   check_threaded_ring(4, 32);
   // Local rows that are not whole shares of sequences are refused, naming the ring.
-  ThreadRing ring(2);
-  ThreadRing::Rank group(ring, 0);
+  testing::LocalRing ring(2);
+  testing::LocalRing::Rank group(ring, 0);
   Vec qkv(std::size_t(6 * 24)), out(std::size_t(6 * 8)), lse(std::size_t(6 * 2));
   CHECK_THROWS_WITH(cp::ring_attention_forward(group, qkv.data(), 6, 16, 8, 2, out.data(), lse.data()),
                     Catch::Contains("6 rows are not whole sequences' shares (8 rows each: 16 tokens over a context-parallel ring of 2)"));
+  // A ring of device memory (NCCL's) is the CUDA op's; the host's refuses it, saying so.
+  testing::LocalRing device_ring(2, [](void*, const void*, std::size_t) {});
+  testing::LocalRing::Rank device_rank(device_ring, 0);
+  CHECK_THROWS_WITH(cp::ring_attention_forward(device_rank, qkv.data(), 8, 16, 8, 2, out.data(), lse.data()),
+                    Catch::Contains("this ring passes device memory (NCCL's)"));
 }
 
 TEST_CASE("Context parallel: a rank's rows are its two zigzag chunks of each sequence, and their positions", "[cpu][layers][cp]") {

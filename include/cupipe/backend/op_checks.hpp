@@ -18,6 +18,7 @@
 #include "cupipe/core/shape.hpp"
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/wire.hpp"
+#include "cupipe/cp/zigzag.hpp"
 
 namespace cupipe::ops::checks {
 
@@ -308,6 +309,39 @@ void causal_attention_backward(TensorView<const T, S> qkv, TensorView<const T, S
   check_view(lse, Shape{qkv.rows(), heads}, "causal_attention_backward", "lse");
   check_view(dout, out.shape(), "causal_attention_backward", "dout");
   check_view(dqkv, qkv.shape(), "causal_attention_backward", "dqkv");
+}
+
+// ---- context parallelism's ring attention ----------------------------------------------------------
+// qkv (rows, 3C), out (rows, C), lse (rows, heads): this rank's rows of a ring of `cp` ranks, whole
+// shares of sequences of `seq_len` tokens (2 chunks of seq_len / (2 cp) rows each), cp/ring_layer.hpp.
+
+template <class T, class S>
+void ring_rows(std::string_view op, TensorView<const T, S> qkv, index_t heads, index_t seq_len, int cp) {
+  check_view(qkv, qkv.shape(), op, "qkv");
+  CUPIPE_REQUIRE(heads > 0 && seq_len > 0 && cp >= 1, op, ": heads (", heads, "), sequence length (", seq_len,
+                 ") and ring size (", cp, ") must be positive");
+  if (qkv.cols() % (3 * heads) != 0)
+    CUPIPE_THROW(op, ": qkv is ", qkv.shape(), ": its ", qkv.cols(), " columns are not 3 * C with C a multiple of ",
+                 heads, " heads");
+  cp::check_ring_rows(qkv.rows(), seq_len, cp, op);
+}
+
+template <class T, class S, class M>
+void ring_attention_forward(TensorView<const T, S> qkv, const TensorView<T, S>& out, const TensorView<M, S>& lse,
+                            index_t heads, index_t seq_len, int cp) {
+  ring_rows("ring attention", qkv, heads, seq_len, cp);
+  check_view(out, Shape{qkv.rows(), qkv.cols() / 3}, "ring attention", "out");
+  check_view(lse, Shape{qkv.rows(), heads}, "ring attention", "lse");
+}
+
+template <class T, class S, class M>
+void ring_attention_backward(TensorView<const T, S> qkv, TensorView<const T, S> out, TensorView<const M, S> lse,
+                             TensorView<const T, S> dout, const TensorView<T, S>& dqkv, index_t heads, index_t seq_len, int cp) {
+  ring_rows("ring attention (backward)", qkv, heads, seq_len, cp);
+  check_view(out, Shape{qkv.rows(), qkv.cols() / 3}, "ring attention (backward)", "out");
+  check_view(lse, Shape{qkv.rows(), heads}, "ring attention (backward)", "lse");
+  check_view(dout, out.shape(), "ring attention (backward)", "dout");
+  check_view(dqkv, qkv.shape(), "ring attention (backward)", "dqkv");
 }
 
 // ---- a mixture of experts' token movement ---------------------------------------------------------

@@ -449,14 +449,9 @@ class MpiCommunicator final : public Communicator {
   void make_ring() {
     const Topology& t = topology_;
     MPI_Comm ring = MPI_COMM_NULL;
-    const int color = (t.stage() * t.tensor + t.tensor_rank()) * (t.replicas / t.context) + t.data_replica();
-    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, color, t.context_rank(), &ring));
+    CUPIPE_CHECK_MPI(MPI_Comm_split(world_, t.ring_color(), t.context_rank(), &ring));
     CUPIPE_CHECK_MPI(MPI_Comm_set_errhandler(ring, MPI_ERRORS_RETURN));
-    ring_ = std::make_unique<MpiRing>(
-        ring, t.context, t.context_rank(),
-        "the context-parallel ring of " + std::to_string(t.context) + " ranks (stage " + std::to_string(t.stage()) +
-            ", data-parallel replica " + std::to_string(t.data_replica()) + ")",
-        group_owner());
+    ring_ = std::make_unique<MpiRing>(ring, t.context, t.context_rank(), t.ring_name(), group_owner());
   }
 
   /// What a ring or an expert-parallel group shares with this communicator: its mutex, the

@@ -40,7 +40,7 @@ class MpiRing final : public cp::ContextGroup {
   int rank() const override { return rank_; }
   MPI_Comm communicator() const { return comm_; }
 
-  void start_pass(const void* send, void* receive, std::size_t bytes) override {
+  void start_pass(const void* send, void* receive, std::size_t bytes, void* /*stream: host memory*/) override {
     owner_.check_usable();
     CUPIPE_REQUIRE(!in_flight_, name_, ": a pass started while another is in flight (finish_pass first)");
     CUPIPE_REQUIRE(bytes <= std::size_t(INT32_MAX), name_, ": a pass of ", bytes, " bytes exceeds 2 GiB; use smaller microbatches");

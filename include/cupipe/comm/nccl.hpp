@@ -32,7 +32,8 @@
 //   Tensor parallelism sums over a third communicator (tensor_group()), host or device memory.
 // - Expert parallelism (`experts` > 1): the expert group's communicator (the all-to-alls of rows in
 //   device memory), the holders' (their gradient sums), and at first use a twin of the first for an
-//   overlapped F (expert_group(), paired_expert_group(): comm/nccl_groups.hpp).
+//   overlapped F (expert_group(), paired_expert_group()). Context parallelism (`context` > 1): a
+//   ring's communicator, passing device memory (context_group()). All in comm/nccl_groups.hpp.
 // - NCCL connects peers lazily, and a first transfer may wait for its peer: the constructor moves a
 //   byte over every channel (connect_channels), so no pipeline send ever makes the first connection.
 // - Point-to-point waits stop early on Communicator::interrupt_waits (the pipeline's abort), aborting
@@ -42,7 +43,7 @@
 //
 // Its parts: nccl_check.hpp (CUPIPE_COMM_CHECK_NCCL), nccl_bootstrap.hpp (unique ids, groups),
 // nccl_channels.hpp (the ring's channels), nccl_pinned.hpp (message headers, host staging),
-// nccl_groups.hpp (the tensor- and expert-parallel groups).
+// nccl_groups.hpp (the tensor- and expert-parallel groups, the context-parallel ring).
 //
 // Threads: as with MPI, the stage's worker thread and the caller's thread never use it at once.
 #pragma once
@@ -92,11 +93,11 @@ class NcclCommunicator final : public Communicator {
   /// Splits a world of `world` ranks into pipelines of `stages` stages of `tensor` tensor-parallel
   /// ranks each, mapped by `order` (see Topology), every rank on `device`, from the world's unique
   /// id (made by rank 0 and shared by the bootstrap), with expert-parallel groups of `experts`
-  /// consecutive replicas (expert_group()). `exchange` is needed only where NCCL cannot split
-  /// communicators.
+  /// consecutive replicas (expert_group()) and context-parallel rings of `context` (context_group()).
+  /// `exchange` is needed only where NCCL cannot split communicators.
   NcclCommunicator(int world, int rank, int stages, int device, const ncclUniqueId& world_id, IdExchange exchange = {},
-                   int tensor = 1, RankOrder order = RankOrder::stages_outermost, int experts = 1)
-      : topology_(Topology::make(world, rank, stages, tensor, order, 1, experts)),
+                   int tensor = 1, RankOrder order = RankOrder::stages_outermost, int experts = 1, int context = 1)
+      : topology_(Topology::make(world, rank, stages, tensor, order, context, experts)),
         device_(detail::select_nccl_device(rank, device)),  // before the streams and events below are made
         exchange_(std::move(exchange)),
         tensor_sum_(topology_.tensor, topology_.tensor_rank(),
@@ -109,7 +110,7 @@ class NcclCommunicator final : public Communicator {
       replicas_ = group("replicas", t.stage() * t.tensor + t.tensor_rank(), t.replica(), t.replicas);
       pipeline_ = group("pipeline", t.replica() * t.tensor + t.tensor_rank(), t.stage(), t.stages);
       if (t.tensor > 1) tensor_ = group("tensor", t.stage() * t.replicas + t.replica(), t.tensor_rank(), t.tensor);
-      if (t.experts > 1) make_expert_group();
+      groups_.make();
       CUPIPE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(double) * scalar_slots));
       CUPIPE_CHECK_CUDA(cudaMemset(scalar_, 0, sizeof(double) * scalar_slots));
       headers_.emplace();
@@ -117,7 +118,7 @@ class NcclCommunicator final : public Communicator {
       make_channels();
       connect_channels();
       connect_collectives();
-      if (experts_) experts_->connect();
+      groups_.connect();
     } catch (...) {
       destroy(false);
       throw;
@@ -126,17 +127,17 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   ~NcclCommunicator() override {
-    const bool open = (experts_ && experts_->open()) || (paired_experts_ && paired_experts_->open());
-    destroy(!pending_.empty() || aborted_ || sums_started_ || open);
+    destroy(!pending_.empty() || aborted_ || sums_started_ || groups_.open());
   }
 
 #if defined(CUPIPE_HAS_MPI)
   /// Every rank of `comm` calls this: rank 0 makes the world's unique id and MPI broadcasts it.
   static std::shared_ptr<NcclCommunicator> from_mpi(MPI_Comm comm, int stages, int device, int tensor = 1,
-                                                    RankOrder order = RankOrder::stages_outermost, int experts = 1) {
+                                                    RankOrder order = RankOrder::stages_outermost, int experts = 1,
+                                                    int context = 1) {
     detail::EnvironmentLaunch l = detail::mpi_launch(comm);
     return std::make_shared<NcclCommunicator>(l.world, l.rank, stages, device, l.id, std::move(l.exchange), tensor, order,
-                                              experts);
+                                              experts, context);
   }
 #endif
 
@@ -145,10 +146,11 @@ class NcclCommunicator final : public Communicator {
   /// atomically (remove a stale one before the launch); the others poll until it appears, for at
   /// most CUPIPE_NCCL_ID_TIMEOUT seconds (default 300).
   static std::shared_ptr<NcclCommunicator> from_environment(int stages, int device, int tensor = 1,
-                                                            RankOrder order = RankOrder::stages_outermost, int experts = 1) {
+                                                            RankOrder order = RankOrder::stages_outermost, int experts = 1,
+                                                            int context = 1) {
     detail::EnvironmentLaunch l = detail::environment_launch();
     return std::make_shared<NcclCommunicator>(l.world, l.rank, stages, device, l.id, std::move(l.exchange), tensor, order,
-                                              experts);
+                                              experts, context);
   }
 
   const Topology& topology() const override { return topology_; }
@@ -270,18 +272,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   TensorGroup* tensor_group() override { return topology_.tensor > 1 ? &tensor_sum_ : nullptr; }
-  moe::ExpertGroup* expert_group() override { return experts_.get(); }
-  /// The overlapped F's group (null without experts): the same ranks, its own communicator and stream, made
-  /// at the first call, collective over the world (every rank's Pipeline with PipelineOptions::paired_turns).
+  moe::ExpertGroup* expert_group() override { return groups_.experts(); }
+  cp::ContextGroup* context_group() override { return groups_.ring(); }
+  /// The overlapped F's group (null without experts), made at the first call (NcclGroups::paired_experts).
   moe::ExpertGroup* paired_expert_group() override {
-    if (experts_ && !paired_experts_) {
-      check_alive();
-      paired_comm_ = group("experts-paired", expert_group_color(topology_), topology_.expert_rank(), topology_.experts);
-      const std::string name = expert_group_name(topology_);  // "... replicas 2..3)"
-      paired_experts_ = make_group(&NcclCommunicator::paired_comm_, name.substr(0, name.size() - 1) + "; an overlapped F's)");
-      paired_experts_->connect();
-    }
-    return paired_experts_.get();
+    check_alive();
+    return groups_.paired_experts();
   }
   void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, pipeline_); }
   void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, pipeline_); }
@@ -315,26 +311,6 @@ class NcclCommunicator final : public Communicator {
   /// A communicator of the world's ranks with the same `color` (ordered by `key`; null for a negative color).
   ncclComm_t group(const std::string& name, int color, int key, int size) {
     return detail::split_group(world_, exchange_, name, color, key, size);
-  }
-
-  /// The expert-parallel group and the holders of this rank's experts, split as MpiCommunicator's.
-  void make_expert_group() {
-    const Topology& t = topology_;
-    const int groups = t.replicas / t.experts, base = t.stage() * t.tensor + t.tensor_rank();
-    experts_comm_ = group("experts", expert_group_color(topology_), t.expert_rank(), t.experts);
-    if (groups > 1) holders_comm_ = group("holders", base * t.experts + t.expert_rank(), t.expert_group_index(), groups);
-    experts_ = make_group(&NcclCommunicator::experts_comm_, expert_group_name(t));
-  }
-  /// An expert group whose all-to-alls and counts go over the communicator `own` (and sums over the holders').
-  std::unique_ptr<NcclExpertGroup> make_group(ncclComm_t NcclCommunicator::*own, std::string name) {
-    const auto comm = [this, own](bool holders) { check_alive(); return holders ? holders_comm_ : this->*own; };
-    const auto sum = [this, comm](void* data, std::size_t n, ncclDataType_t type, bool h) { allreduce(data, n, type, comm(h)); };
-    const auto wait_for = [this](const backend::cuda::Event& event, const std::string& what) {
-      wait(event, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": " + what; },
-           "not finished", false, "collective timeout: another rank of the group stalled or died before reaching it");
-    };
-    return std::make_unique<NcclExpertGroup>(NcclExpertGroup::Owner{device_, comm, sum, wait_for}, topology_.experts,
-                                             topology_.expert_rank(), topology_.replicas / topology_.experts, std::move(name));
   }
 
   /// The two-rank channels to this rank's neighbours in the pipeline ring (ring: interleaved
@@ -531,8 +507,9 @@ class NcclCommunicator final : public Communicator {
 
   std::vector<ncclComm_t> communicators() const {
     std::vector<ncclComm_t> out;
-    for (ncclComm_t c : {world_, pipeline_, replicas_, tensor_, experts_comm_, paired_comm_, holders_comm_})
+    for (ncclComm_t c : {world_, pipeline_, replicas_, tensor_})
       if (c) out.push_back(c);
+    groups_.add_communicators(out);
     for (const auto& [key, channel] : channels_)
       if (channel.comm) out.push_back(channel.comm);
     return out;
@@ -542,7 +519,8 @@ class NcclCommunicator final : public Communicator {
     if (aborted_) return;
     aborted_ = true;
     for (ncclComm_t c : communicators()) (void)ncclCommAbort(c);
-    world_ = pipeline_ = replicas_ = tensor_ = experts_comm_ = paired_comm_ = holders_comm_ = nullptr;
+    world_ = pipeline_ = replicas_ = tensor_ = nullptr;
+    groups_.forget();
     for (auto& [key, channel] : channels_) channel.comm = nullptr;
   }
 
@@ -582,12 +560,16 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t pipeline_ = nullptr;
   ncclComm_t replicas_ = nullptr;
   ncclComm_t tensor_ = nullptr;  ///< with tensor parallelism: this stage's tensor-parallel ranks
-  ncclComm_t experts_comm_ = nullptr;   ///< with expert parallelism: this rank's expert-parallel group
-  ncclComm_t paired_comm_ = nullptr;    ///< the same ranks, for the overlapped F's all-to-alls
-  ncclComm_t holders_comm_ = nullptr;   ///< and the holders of its experts (null: one group per stage)
   NcclTensorGroup tensor_sum_;
-  std::unique_ptr<NcclExpertGroup> experts_;         ///< the expert-parallel group (null: none)
-  std::unique_ptr<NcclExpertGroup> paired_experts_;  ///< its twin for the overlapped F (paired_expert_group)
+  /// The expert-parallel groups and the context-parallel ring (after world_ and the waits they use).
+  NcclGroups groups_{topology_, NcclGroups::Parent{
+      device_, [this](const std::string& name, int color, int key, int size) { return group(name, color, key, size); },
+      [this] { check_alive(); },
+      [this](void* data, std::size_t n, ncclDataType_t type, ncclComm_t comm) { allreduce(data, n, type, comm); },
+      [this](const backend::cuda::Event& event, const std::string& what) {
+        wait(event, collective_timeout(), [&] { return "rank " + std::to_string(topology_.rank) + ": " + what; },
+             "not finished", false, "collective timeout: another rank of the group stalled or died before reaching it");
+      }}};
   bool sums_started_ = false;
   std::map<std::tuple<int, Direction, Flow>, Channel> channels_;
   std::optional<HeaderRing> headers_;  // made on the device, after select_device

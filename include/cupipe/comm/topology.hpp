@@ -90,6 +90,13 @@ struct Topology {
   /// replica (the ranks of a ring read the same sequences), 0 .. replicas / context - 1.
   int context_rank() const noexcept { return replica() % context; }
   int data_replica() const noexcept { return replica() / context; }
+  /// The split color of this rank's ring (its stage, tensor place and data-parallel replica), and
+  /// "the context-parallel ring of 2 ranks (stage 0, data-parallel replica 1)", for errors.
+  int ring_color() const noexcept { return (stage() * tensor + tensor_rank()) * (replicas / context) + data_replica(); }
+  std::string ring_name() const {
+    return "the context-parallel ring of " + std::to_string(context) + " ranks (stage " + std::to_string(stage()) +
+           ", data-parallel replica " + std::to_string(data_replica()) + ")";
+  }
   /// This rank's place in its expert-parallel group, 0 .. experts - 1 (it holds that share of the
   /// experts), and the group's index among the stage's groups.
   int expert_rank() const noexcept { return replica() % experts; }

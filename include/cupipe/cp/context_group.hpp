@@ -30,13 +30,18 @@ class ContextGroup {
   /// Ranks in the ring, and this rank's place in it (0 .. size() - 1).
   virtual int size() const = 0;
   virtual int rank() const = 0;
-  /// Starts one hand-over round the ring: `bytes` of `send` (host memory) to the next rank, rank()
-  /// + 1 mod size(), and as many from the previous into `receive`. Returns at once: the caller
-  /// computes meanwhile and then calls finish_pass(), which waits for both (under the
-  /// communicator's collective timeout, naming the ring on expiry). `send` and `receive` must stay
-  /// untouched until then. One pass at a time; every rank of the ring makes the same passes in the
-  /// same order.
-  virtual void start_pass(const void* send, void* receive, std::size_t bytes) = 0;
+  /// Whether the passes move device memory (NCCL's ring) rather than host memory (MPI's).
+  virtual bool device_memory() const { return false; }
+  /// Starts one hand-over round the ring: `bytes` of `send` to the next rank, rank() + 1 mod
+  /// size(), and as many from the previous into `receive`, in host memory or, where
+  /// device_memory(), device memory. Returns at once: the caller computes meanwhile and then calls
+  /// finish_pass(), which waits for both (under the communicator's collective timeout, naming the
+  /// ring on expiry). `send` must not be written and `receive` not touched until then. A device
+  /// ring starts the pass after the work enqueued so far on `stream` (a cudaStream_t: what wrote
+  /// `send` and last read `receive`); a host ring ignores it. No stream ever waits for the pass:
+  /// finish_pass waits on the host, under its deadline. One pass at a time; every rank of the ring
+  /// makes the same passes in the same order.
+  virtual void start_pass(const void* send, void* receive, std::size_t bytes, void* stream) = 0;
   virtual void finish_pass() = 0;
   /// In place, host memory: element-wise sum over the ring (held-out losses, which each rank holds
   /// a share of).

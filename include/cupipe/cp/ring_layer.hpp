@@ -49,10 +49,9 @@ void each_local_block(int rank, int source, int cp, index_t c, index_t rows, F&&
 }
 
 inline void check_rows(const ContextGroup& ring, index_t rows, index_t seq_len, const char* who) {
-  const index_t local = 2 * chunk_rows(seq_len, ring.size());
-  if (rows % local != 0)
-    CUPIPE_THROW(who, ": ", rows, " rows are not whole sequences' shares (", local, " rows each: ", seq_len,
-                 " tokens over a context-parallel ring of ", ring.size(), ")");
+  check_ring_rows(rows, seq_len, ring.size(), who);
+  CUPIPE_REQUIRE(!ring.device_memory(), who, ": this ring passes device memory (NCCL's); the host's ring attention ",
+                 "runs on host memory (a device backend's op, backend/cuda/ops_ring.cuh, runs on a device ring)");
 }
 }  // namespace detail
 
@@ -71,7 +70,7 @@ void ring_attention_forward(ContextGroup& ring, const T* qkv, index_t rows, inde
   std::vector<T> block_out(std::size_t(c * C)), block_lse(std::size_t(c * heads));
   for (int step = 0; step < cp; ++step) {
     const bool more = step + 1 < cp;
-    if (more) ring.start_pass(kv.data(), next.data(), kv.size() * sizeof(T));
+    if (more) ring.start_pass(kv.data(), next.data(), kv.size() * sizeof(T), nullptr);
     detail::each_local_block(rank, ring_source(rank, step, cp), cp, c, rows, [&](index_t qr, index_t qp, index_t kr, index_t kp) {
       block_forward(qkv + qr * W, qp, c, kv.data() + kr * 2 * C, 2 * C, kp, c, C, heads, block_out.data(), block_lse.data());
       merge_block(out + qr * C, lse + qr * heads, block_out.data(), block_lse.data(), c, C, heads);
@@ -96,7 +95,7 @@ void ring_attention_backward(ContextGroup& ring, const T* qkv, index_t rows, ind
   std::fill(dqkv, dqkv + rows * W, T(0));
   for (int step = 0; step < cp; ++step) {
     const bool more = step + 1 < cp;
-    if (more) ring.start_pass(kv.data(), next.data(), kv.size() * sizeof(T));
+    if (more) ring.start_pass(kv.data(), next.data(), kv.size() * sizeof(T), nullptr);
     detail::each_local_block(rank, ring_source(rank, step, cp), cp, c, rows, [&](index_t qr, index_t qp, index_t kr, index_t kp) {
       block_backward(qkv + qr * W, qp, c, kv.data() + kr * 2 * C, 2 * C, kp, c, C, heads, out + qr * C, lse + qr * heads,
                      dout + qr * C, dqkv + qr * W, dkv.data() + kr * 2 * C);
@@ -106,7 +105,7 @@ void ring_attention_backward(ContextGroup& ring, const T* qkv, index_t rows, ind
       kv.swap(next);
     }
     // The gradient of the keys and values in hand goes on with them; after the last step, home.
-    ring.start_pass(dkv.data(), next_dkv.data(), dkv.size() * sizeof(T));
+    ring.start_pass(dkv.data(), next_dkv.data(), dkv.size() * sizeof(T), nullptr);
     ring.finish_pass();
     dkv.swap(next_dkv);
   }

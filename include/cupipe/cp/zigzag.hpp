@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <string_view>
 
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/shape.hpp"
@@ -30,6 +31,15 @@ inline index_t chunk_rows(index_t seq_len, int cp) {
   CUPIPE_REQUIRE(cp >= 1 && seq_len % (2 * cp) == 0, "context parallel: a sequence of ", seq_len,
                  " tokens does not cut into ", 2 * cp, " equal chunks for ", cp, " ranks");
   return seq_len / (2 * cp);
+}
+
+/// Refuses `rows` local rows that are not whole sequences' shares on a ring of `cp` (2 chunks of
+/// sequences of `seq_len`), naming `who`.
+inline void check_ring_rows(index_t rows, index_t seq_len, int cp, std::string_view who) {
+  const index_t local = 2 * chunk_rows(seq_len, cp);
+  if (rows % local != 0)
+    CUPIPE_THROW(who, ": ", rows, " rows are not whole sequences' shares (", local, " rows each: ", seq_len,
+                 " tokens over a context-parallel ring of ", cp, ")");
 }
 
 /// The ring's order: at step s (0 .. cp - 1) rank r works on the keys and values of rank

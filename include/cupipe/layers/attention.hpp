@@ -6,7 +6,8 @@
 // within itself, a causal sequence of its own length; the attention op takes the borders (on CUDA,
 // every document of the microbatch in one launch). Context parallelism (the backend context's
 // context_group, cp/context_group.hpp): the rows are this rank's share of each sequence, and the
-// attention runs round the ring (cp/ring_layer.hpp).
+// attention runs round the ring: ring_attention_forward and its backward (backend/host/ops_ring.hpp,
+// backend/cuda/ops_ring.cuh).
 // Parameters, in nanoGPT's names and layouts: c_attn.weight (3C, C), c_attn.bias (3C),
 // c_proj.weight (C, C), c_proj.bias (C). The one-part case of detail::HeadSplitAttention, which
 // TensorParallelAttention (layers/tensor_parallel.hpp) splits by heads: one code path for both.
@@ -19,7 +20,7 @@
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/memory.hpp"
 #include "cupipe/core/rng.hpp"
-#include "cupipe/cp/ring_layer.hpp"
+#include "cupipe/backend/host/ops_ring.hpp"
 #include "cupipe/layers/layer.hpp"
 #include "cupipe/layers/tensor_group_sum.hpp"
 
@@ -78,7 +79,7 @@ struct HeadSplitAttention {
     bias_add(be, s.qkv, b_attn<B>(p));
     if (in_ring(be)) {
       if constexpr (ring_runs<B, T>)
-        cp::ring_attention_forward(*be.context_group, s.qkv.data(), x.rows(), SeqLen, width, heads, s.att.data(), s.lse.data());
+        ring_attention_forward(be, *be.context_group, ConstViewOn<B, T>(s.qkv), s.att, s.lse, heads, SeqLen);
     } else causal_attention_forward(be, ConstViewOn<B, T>(s.qkv), s.att, s.lse, heads, SeqLen, be.documents);
     gemm(be, ops::Transpose::no, ops::Transpose::yes, T(1), ConstViewOn<B, T>(s.att), w_proj<B>(p), T(0), y);
     tensor_group_sum<Parts>(be, y, "TensorParallelAttention");
@@ -95,8 +96,8 @@ struct HeadSplitAttention {
     gemm(be, ops::Transpose::no, ops::Transpose::no, T(1), dy, w_proj<B>(p), T(0), datt_view);
     if (in_ring(be)) {
       if constexpr (ring_runs<B, T>)
-        cp::ring_attention_backward(*be.context_group, s.qkv.data(), n, SeqLen, width, heads, s.att.data(), s.lse.data(),
-                                    datt_view.data(), s.dqkv.data());
+        ring_attention_backward(be, *be.context_group, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att),
+                                ConstViewOn<B, T>(s.lse), ConstViewOn<B, T>(datt_view), s.dqkv, heads, SeqLen);
     } else causal_attention_backward(be, ConstViewOn<B, T>(s.qkv), ConstViewOn<B, T>(s.att), ConstViewOn<B, grad_t<B>>(s.lse),
                                      ConstViewOn<B, T>(datt_view), s.dqkv, heads, SeqLen, be.documents);
     if (dx.empty()) return;
@@ -118,7 +119,8 @@ struct HeadSplitAttention {
   }
 
  private:
-  /// Whether the ring's attention runs: host memory, and the log-sum-exps in the compute type.
+  /// Whether the ring's attention runs: a backend context with a ring, storing activations in the
+  /// compute type (fp32 or fp64: the running output is stored between the ring's steps).
   template <class B, class T>
   static constexpr bool ring_runs = requires(B& be) { be.context_group; } && std::is_same_v<T, grad_t<B>>;
   /// Whether `be` has a context-parallel ring of 2 or more ranks; refused where the ring cannot run
@@ -127,8 +129,8 @@ struct HeadSplitAttention {
   static bool in_ring(B& be) {
     if (cp::ring_size(be) == 1) return false;
     if constexpr (!ring_runs<B, typename B::value_type>)
-      CUPIPE_THROW("CausalSelfAttention: context parallelism runs in fp32 or fp64 storage on the host; this backend stores ",
-                   "activations in another type");
+      CUPIPE_THROW("CausalSelfAttention: context parallelism runs in fp32 or fp64 storage; this backend stores ",
+                   "activations in another type (bf16)");
     if (!be.documents.empty())
       CUPIPE_THROW("CausalSelfAttention: packed sequences (document borders) with context parallelism are not supported; "
                    "give whole sequences or leave the ring out");

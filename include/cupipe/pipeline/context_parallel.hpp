@@ -6,9 +6,12 @@
 // run over them; what changes is that a sample (a sequence) is T / cp rows here.
 #pragma once
 
+#include <type_traits>
+
 #include "cupipe/comm/communicator.hpp"
 #include "cupipe/core/error.hpp"
 #include "cupipe/core/shape.hpp"
+#include "cupipe/core/tensor.hpp"
 #include "cupipe/core/tensor_group.hpp"
 #include "cupipe/cp/context_group.hpp"
 #include "cupipe/moe/expert_group.hpp"
@@ -25,16 +28,23 @@ struct BatchSplit {
 
 /// The communicator's context-parallel ring for a pipeline on `Backend` whose samples are
 /// `rows_per_sample` rows, or null without one (or with a ring of 1). Refused: a backend without a
-/// ring (device backends, for now), samples that do not cut into 2 cp chunks, packed sequences, and
+/// ring, a ring of the other memory (host rings for host backends, device rings for CUDA), samples that do not cut into 2 cp chunks, packed sequences, and
 /// check_equivalence (its unpipelined model would see only this rank's share of each sequence).
 template <class Backend>
 cp::ContextGroup* context_ring(comm::Communicator* comm, const PipelineOptions& o, index_t rows_per_sample) {
   cp::ContextGroup* ring = comm ? comm->context_group() : nullptr;
   if (!ring || ring->size() == 1) return nullptr;
   const int cp = ring->size();
-  if constexpr (!requires(Backend& be) { be.context_group; })
-    CUPIPE_THROW("Pipeline: context parallelism (rings of ", cp, " ranks) runs on the host backend in fp32 or fp64; this "
-                 "backend has no ring yet");
+  if constexpr (!requires(Backend& be) { be.context_group; }) {
+    CUPIPE_THROW("Pipeline: context parallelism (rings of ", cp, " ranks) runs on the host and CUDA backends; this backend "
+                 "has no ring");
+  } else if (std::is_same_v<typename Backend::space, DeviceSpace> != ring->device_memory()) {
+    if (ring->device_memory())
+      CUPIPE_THROW("Pipeline: context parallelism on the host backend passes host memory, but the communicator's ring "
+                   "passes device memory (NCCL's); use MpiCommunicator");
+    CUPIPE_THROW("Pipeline: context parallelism on a device backend passes keys and values in device memory, but the "
+                 "communicator's ring passes host memory (MPI's); use NcclCommunicator");
+  }
   if (rows_per_sample % (2 * cp) != 0)
     CUPIPE_THROW("Pipeline: context parallelism over rings of ", cp, " ranks cuts each sequence into ", 2 * cp,
                  " equal chunks, but the model's samples are ", rows_per_sample, " row(s)",

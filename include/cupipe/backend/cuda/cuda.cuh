@@ -27,6 +27,7 @@
 #include "cupipe/core/tensor.hpp"
 #include "cupipe/core/documents.hpp"
 #include "cupipe/core/tensor_group.hpp"
+#include "cupipe/cp/context_group.hpp"
 #include "cupipe/moe/expert_group.hpp"
 #include "cupipe/moe/tally.hpp"
 
@@ -83,6 +84,11 @@ class Cuda : public ops::Dispatch {
   /// The two actions share the context's device-error record: a bad input one meets may be reported
   /// by the other's next check, naming the wrong action.
   moe::ExpertGroup* paired_expert_group = nullptr;
+
+  /// The context-parallel ring this rank's attention passes keys and values round (null: none; the
+  /// rows are then whole sequences), cp/context_group.hpp: one of device memory (NCCL's), which
+  /// ops::ring_attention_* (backend/cuda/ops_ring.cuh) takes. Not owned.
+  cp::ContextGroup* context_group = nullptr;
 
   /// Float GEMMs on TF32 tensor cores (about 1e-3 relative; 8x the fp32 rate on an H100) or in exact
   /// fp32. From backend::cuda::default_math() when the context is made: TF32 unless the program changed it.

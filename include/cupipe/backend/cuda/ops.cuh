@@ -574,3 +574,6 @@ void adamw_update_master(backend::Cuda<T, C>& be, DeviceView<float> master, Devi
 
 // A mixture of experts' token movement (moe_permute, moe_unpermute and their backwards).
 #include "cupipe/backend/cuda/ops_moe.cuh"
+
+// Context parallelism's ring attention (ring_attention_forward and its backward).
+#include "cupipe/backend/cuda/ops_ring.cuh"
