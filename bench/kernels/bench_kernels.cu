@@ -356,6 +356,61 @@ void attention(Bench& b, State& state) {
   });
 }
 
+/// One step of context parallelism's ring attention (backend/cuda/kernels/ring_attention.cuh), rank
+/// 0 of a ring of 2 at GPT-2 small's shape (8 sequences of T tokens, 12 heads of 64, fp32): step 0
+/// against its own chunks (0 and 3), step 1 against the other rank's (1 and 2). The pass between
+/// them is NCCL's and needs two GPUs (nccl:np2_context_stages1); this times the kernels it overlaps.
+/// FLOPs as attention's (forward 2 products, backward 5) over the pairs the step's causal mask keeps;
+/// reads, the forward's: each visible key's and value's row once per query (the simple form reads
+/// them from L2/HBM). Prediction (ring_attention.cuh's roofline): a forward step at T 1024 reads
+/// about 6.4 GB, at most 1.3 ms on an H200 at 4.8 TB/s, less where L2 holds the rows.
+void ring_attention(Bench& b, State& state) {
+  Gpu& be = b.be;
+  namespace k = backend::cuda::kernels::ring_attention;
+  constexpr int ring = 2;
+  const index_t T_ = state.integer("context"), heads = 12, width = 768, D = width / heads, rows = 8 * T_ / ring;
+  const int step = int(state.integer("step"));
+  const index_t c = cp::chunk_rows(T_, ring);
+  const auto mine = cp::chunks_of(0, ring), theirs = cp::chunks_of(cp::ring_source(0, step, ring), ring);
+  const k::Step st{c, mine[0], mine[1], theirs[0], theirs[1]};
+  double pairs = 0;  // (query, key) pairs of one sequence and head that this step's mask keeps
+  for (const int q : mine)
+    for (index_t t = 0; t < c; ++t)
+      for (const int key : theirs) pairs += double(std::clamp<index_t>(q * c + t - key * c + 1, 0, c));
+  pairs *= 8.0 * double(heads);
+  auto qkv = be.allocate(rows * 3 * width, MemoryTag::activations), kv = be.allocate(rows * 2 * width, MemoryTag::activations);
+  auto out = be.allocate(rows * width, MemoryTag::activations), lse = be.allocate(rows * heads, MemoryTag::activations);
+  auto dout = be.allocate(rows * width, MemoryTag::activations), dqkv = be.allocate(rows * 3 * width, MemoryTag::activations);
+  auto dkv = be.allocate(rows * 2 * width, MemoryTag::activations), delta = be.allocate(rows * heads, MemoryTag::activations);
+  fill_random(be, qkv.data(), rows * 3 * width, 31);
+  fill_random(be, dout.data(), rows * width, 32);
+  fill_random(be, dkv.data(), rows * 2 * width, 33);
+  k::pack(be.context(), qkv.data(), kv.data(), rows, width);
+  // A whole forward (both steps, the second merged into the first), so that lse and delta are a step's.
+  for (int s = 0; s < ring; ++s) {
+    const auto other = cp::chunks_of(cp::ring_source(0, s, ring), ring);
+    k::forward_step(be.context(), qkv.data(), kv.data(), out.data(), lse.data(), rows, width, int(heads),
+                    k::Step{c, mine[0], mine[1], other[0], other[1]}, s == 0);
+  }
+  k::delta(be.context(), out.data(), dout.data(), delta.data(), rows, width, int(heads));
+  state.summary("shape", "shape", "rank 0 of 2: 8 x " + std::to_string(T_ / ring) + " of " + std::to_string(T_) +
+                                      " tokens, 12 heads x 64, step " + std::to_string(step));
+  if (state.text("pass") == "forward") {
+    state.add_flops(2 * 2 * pairs * double(D));
+    state.add_reads(pairs * 2 * double(D) * sizeof(float));
+    state.exec(b.timer, [&] {
+      k::forward_step(be.context(), qkv.data(), kv.data(), out.data(), lse.data(), rows, width, int(heads), st, step == 0);
+    });
+  } else {
+    state.add_flops(5 * 2 * pairs * double(D));
+    state.exec(b.timer, [&] {
+      k::backward_step(be.context(), qkv.data(), kv.data(), lse.data(), dout.data(), delta.data(), dqkv.data(), dkv.data(),
+                       rows, width, int(heads), st, step == 0);
+    });
+  }
+  be.context().pool().trim();
+}
+
 void adamw(Bench& b, State& state) {
   Gpu& be = b.be;
   const index_t n = state.integer("parameters");
@@ -611,6 +666,12 @@ int run(int argc, char** argv) {
       .axis("pass", {"forward", "backward"})
       .note("Causal attention: simple (a warp per query), tiled (64-row tiles in shared memory), mma (ours on tensor "
             "cores, bf16 only), cudnn (cuDNN's fused SDPA, bf16 only). PyTorch's flash SDPA at the same shape: bench/gpt_step/sdpa_pytorch.py, same lease.");
+  add("ring_attention", ring_attention)
+      .int_axis("context", {quick ? 256 : 1024})
+      .int_axis("step", {0, 1})
+      .axis("pass", {"forward", "backward"})
+      .note("Context parallelism's ring attention, one step's kernels (a warp per query or key, fp32), rank 0 of a ring "
+            "of 2; the pass beside them is NCCL's (two GPUs). Predicted: forward step 1 at T 1024 at most 1.3 ms.");
   std::vector<std::string> problems;
   for (const Problem& p : gpt2_problems) problems.emplace_back(p.name);
   add("gemm", gemm)

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Ring attention across processes, on the host: what CausalSelfAttention runs when its backend
-// context has a context-parallel ring (Host::context_group). Each rank holds its two chunks of
+// Ring attention across processes, on the host: what the host op ring_attention_forward/backward
+// (backend/host/ops_ring.hpp) runs for CausalSelfAttention when its backend context has a
+// context-parallel ring (Host::context_group); the CUDA op (backend/cuda/ops_ring.cuh) does the same
+// on the device. Each rank holds its two chunks of
 // every sequence (cp/context_group.hpp); the keys and values travel round the ring, packed (2C a
 // row), and each rank runs cp/ring_attention.hpp's blocks against what it holds, so its result is
 // the rows of ring_forward and ring_backward, the oracle, that it owns.
