@@ -164,7 +164,7 @@ bool context(cupipe::comm::NcclCommunicator& comm) {
                                  ConstView<double>{lse.data(), Shape{n, heads}}, ConstView<double>{dout.data(), Shape{n, C}},
                                  TensorView<double>{dqkv.data(), Shape{n, W}}, heads, T);
   const auto floats = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
-  backend::Cuda<float> gpu;
+  backend::Cuda<float> gpu(comm.device());  // the communicator's device: the ring's stream and events are there
   const auto upload = [&](const std::vector<double>& whole, index_t width) {
     const std::vector<float> part = floats(cp::local_rows(std::span<const double>(whole), T, me, 2, width));
     auto buffer = gpu.allocate<float>(index_t(part.size()), MemoryTag::activations);
@@ -188,7 +188,10 @@ bool context(cupipe::comm::NcclCommunicator& comm) {
   std::printf("rank %d: NCCL context-parallel ring of 2: a pass %s; ring attention against the host's whole sequences: "
               "output %.3g, lse %.3g, dqkv %.3g (relative)\n",
               me, passed ? "equal" : "DIFFERENT", eo, el, ed);
-  return ok;
+  // Both ranks go on to the pipeline, or neither (one alone would wait out its timeouts).
+  int all = ok ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
 }
 
 /// A GPT on one stage whose ring of 2 holds each sequence's zigzag chunks (Pipeline on

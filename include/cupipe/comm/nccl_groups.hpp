@@ -32,7 +32,9 @@
 // own stream, after the caller's stream's work so far (an event the ring's stream waits for: a
 // compute stream never waits for NCCL). start_pass returns once it is enqueued; finish_pass waits
 // for its event on the host under the collective timeout, polling NCCL's errors, as the expert
-// group's all-to-all does. The sums (held-out losses, host memory) are the owner's all-reduce.
+// group's all-to-all does. The sums (held-out losses, host memory) are the owner's all-reduce. A
+// pass can be in flight beside another communicator's kernels (a stage's gradient sum started in
+// the step): safe, as for the expert groups, only because every rank issues both in the same order.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -3,7 +3,7 @@
 // (backend/host/ops_ring.hpp, the reference), with the kernels of one ring step in
 // backend/cuda/kernels/ring_attention.cuh. Part of ops.cuh, which includes it at its end.
 //
-// The ring passes device memory (cp::ContextGroup::device_memory(): NCCL's, comm/nccl_ring.hpp, or a
+// The ring passes device memory (cp::ContextGroup::device_memory(): NCCL's, comm/nccl_groups.hpp, or a
 // test's ring of threads). Each pass starts after the context's work so far (the ring orders its own
 // stream after this one's) and its wait is the host's, under the ring's deadline: no stream waits
 // for a transfer. Forward: cp - 1 passes of the keys and values, each started before the step's
@@ -17,6 +17,7 @@
 // tests/cuda/test_cuda_ops.cu checks it against the host op on a ring of threads when a GPU is lent.
 #pragma once
 
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -45,6 +46,30 @@ inline kernels::ring_attention::Step ring_step(const cp::ContextGroup& ring, ind
   return {c, mine[0], mine[1], theirs[0], theirs[1]};
 }
 
+/// A pass of `bytes` round `ring`, started on construction, finished by finish() or, should
+/// something throw before that, by the destructor, before the buffers it moves go back to the pool
+/// (declare them first): no pass is left in flight over freed memory, and the ring stays usable.
+class RingPass {
+ public:
+  RingPass(cp::ContextGroup& ring, const void* send, void* receive, std::size_t bytes, cudaStream_t stream) {
+    ring.start_pass(send, receive, bytes, stream);
+    ring_ = &ring;
+  }
+  RingPass(const RingPass&) = delete;
+  RingPass& operator=(const RingPass&) = delete;
+  ~RingPass() {
+    if (!ring_) return;
+    try {
+      ring_->finish_pass();
+    } catch (...) {  // unwinding already: the first error is the one to report
+    }
+  }
+  void finish() { std::exchange(ring_, nullptr)->finish_pass(); }
+
+ private:
+  cp::ContextGroup* ring_ = nullptr;
+};
+
 }  // namespace cupipe::backend::cuda::detail
 
 namespace cupipe::ops {
@@ -64,12 +89,12 @@ void ring_attention_forward(backend::Cuda<T, C>& be, cp::ContextGroup& ring, Dev
   k::pack(be.context(), qkv.data(), kv, rows, C_);
   const int cp = ring.size();
   for (int step = 0; step < cp; ++step) {
-    const bool more = step + 1 < cp;
-    if (more) ring.start_pass(kv, next, std::size_t(rows * 2 * C_) * sizeof(T), be.stream());
+    std::optional<backend::cuda::detail::RingPass> pass;
+    if (step + 1 < cp) pass.emplace(ring, kv, next, std::size_t(rows * 2 * C_) * sizeof(T), be.stream());
     k::forward_step(be.context(), qkv.data(), kv, out.data(), lse.data(), rows, C_, int(heads),
                     backend::cuda::detail::ring_step(ring, rows, seq_len, heads, step, "ring attention"), step == 0);
-    if (more) {
-      ring.finish_pass();
+    if (pass) {
+      pass->finish();
       std::swap(kv, next);
     }
   }
@@ -95,12 +120,12 @@ void ring_attention_backward(backend::Cuda<T, C>& be, cp::ContextGroup& ring, De
   k::delta(be.context(), out.data(), dout.data(), delta.data(), rows, C_, int(heads));
   const int cp = ring.size();
   for (int step = 0; step < cp; ++step) {
-    const bool more = step + 1 < cp;
-    if (more) ring.start_pass(kv, next, bytes, be.stream());
+    std::optional<backend::cuda::detail::RingPass> pass;
+    if (step + 1 < cp) pass.emplace(ring, kv, next, bytes, be.stream());
     k::backward_step(be.context(), qkv.data(), kv, lse.data(), dout.data(), delta.data(), dqkv.data(), dkv, rows, C_, int(heads),
                      backend::cuda::detail::ring_step(ring, rows, seq_len, heads, step, "ring attention (backward)"), step == 0);
-    if (more) {
-      ring.finish_pass();
+    if (pass) {
+      pass->finish();
       std::swap(kv, next);
     }
     // The gradient of the keys and values in hand goes on with them; after the last step, home.
