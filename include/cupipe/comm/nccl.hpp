@@ -275,10 +275,7 @@ class NcclCommunicator final : public Communicator {
   moe::ExpertGroup* expert_group() override { return groups_.experts(); }
   cp::ContextGroup* context_group() override { return groups_.ring(); }
   /// The overlapped F's group (null without experts), made at the first call (NcclGroups::paired_experts).
-  moe::ExpertGroup* paired_expert_group() override {
-    check_alive();
-    return groups_.paired_experts();
-  }
+  moe::ExpertGroup* paired_expert_group() override { return groups_.paired_experts(); }
   void sum_over_stages(float* data, std::size_t n) override { allreduce(data, n, ncclFloat32, pipeline_); }
   void sum_over_stages(double* data, std::size_t n) override { allreduce(data, n, ncclFloat64, pipeline_); }
   double sum_over_stages(double value) override {

@@ -259,7 +259,6 @@ class NcclRing final : public cp::ContextGroup {
   int size() const override { return size_; }
   int rank() const override { return rank_; }
   bool device_memory() const override { return true; }
-  const std::string& name() const { return name_; }
   /// Whether a pass was started and not finished.
   bool open() const { return open_; }
 
@@ -362,6 +361,7 @@ class NcclGroups {
   /// PipelineOptions::paired_turns).
   moe::ExpertGroup* paired_experts() {
     if (experts_ && !paired_experts_) {
+      parent_.check_alive();
       paired_comm_ = parent_.split("experts-paired", expert_group_color(t_), t_.expert_rank(), t_.experts);
       const std::string name = expert_group_name(t_);  // "... replicas 2..3)"
       paired_experts_ = make_experts(&NcclGroups::paired_comm_, name.substr(0, name.size() - 1) + "; an overlapped F's)");
